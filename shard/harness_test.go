@@ -1,0 +1,121 @@
+package shard
+
+import (
+	"testing"
+
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"google.golang.org/protobuf/proto"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// replica drives one StateMachine directly, as Dragonboat would, without
+// Raft: each propose is one Update with the next log index.
+type replica struct {
+	t     fataler
+	dir   string
+	sm    *StateMachine
+	index uint64
+}
+
+// fataler is the part of testing.TB (and *rapid.T) the harness needs.
+type fataler interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
+
+func newReplica(t testing.TB) *replica {
+	t.Helper()
+	r := openReplica(t, t.TempDir())
+	t.Cleanup(func() { r.sm.Close() })
+	return r
+}
+
+// openReplica opens the replica kept in dir; the caller closes r.sm.
+func openReplica(t fataler, dir string) *replica {
+	t.Helper()
+	r := &replica{t: t, dir: dir}
+	r.open()
+	return r
+}
+
+func (r *replica) open() {
+	r.t.Helper()
+	r.sm = NewStateMachine(r.dir)(1, 1).(*StateMachine)
+	idx, err := r.sm.Open(nil)
+	if err != nil {
+		r.t.Fatalf("open: %v", err)
+	}
+	r.index = idx
+}
+
+func (r *replica) proposeRaw(cmds ...[]byte) []*shardv1.Result {
+	r.t.Helper()
+	entries := make([]sm.Entry, len(cmds))
+	for i, c := range cmds {
+		r.index++
+		entries[i] = sm.Entry{Index: r.index, Cmd: c}
+	}
+	out, err := r.sm.Update(entries)
+	if err != nil {
+		r.t.Fatalf("update: %v", err)
+	}
+	results := make([]*shardv1.Result, len(out))
+	for i, e := range out {
+		results[i] = &shardv1.Result{}
+		if err := proto.Unmarshal(e.Result.Data, results[i]); err != nil {
+			r.t.Fatalf("result: %v", err)
+		}
+		if e.Result.Value != uint64(results[i].GetCode()) {
+			r.t.Fatalf("result value %d, code %v", e.Result.Value, results[i].GetCode())
+		}
+	}
+	return results
+}
+
+// propose applies one command stamped with now (nanoseconds).
+func (r *replica) propose(now int64, env *shardv1.Envelope) *shardv1.Result {
+	r.t.Helper()
+	env.Version, env.ShardId, env.Generation, env.NowUnixNano = CommandVersion, 1, 1, now
+	b, err := EncodeCommand(env)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return r.proposeRaw(b)[0]
+}
+
+func (r *replica) query(now int64, q *shardv1.Query) *shardv1.QueryResult {
+	r.t.Helper()
+	q.NowUnixNano = now
+	out, err := r.sm.Lookup(q)
+	if err != nil {
+		r.t.Fatalf("lookup: %v", err)
+	}
+	return out.(*shardv1.QueryResult)
+}
+
+func acquireCmd(resource, reqID string, ttl int64, holder string, leaseID []byte) *shardv1.Envelope {
+	return &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: &shardv1.AcquireCmd{
+		Resource: resource, RequestId: reqID, LeaseTtlNanos: ttl, Holder: holder, LeaseId: leaseID}}}
+}
+
+func renewCmd(resource string, leaseID []byte) *shardv1.Envelope {
+	return &shardv1.Envelope{Command: &shardv1.Envelope_Renew{Renew: &shardv1.RenewCmd{Resource: resource, LeaseId: leaseID}}}
+}
+
+func releaseCmd(resource string, leaseID []byte) *shardv1.Envelope {
+	return &shardv1.Envelope{Command: &shardv1.Envelope_Release{Release: &shardv1.ReleaseCmd{Resource: resource, LeaseId: leaseID}}}
+}
+
+func expireCmd(items ...*shardv1.ExpireItem) *shardv1.Envelope {
+	return &shardv1.Envelope{Command: &shardv1.Envelope_Expire{Expire: &shardv1.ExpireCmd{Items: items}}}
+}
+
+func forgetCmd(c *shardv1.ForgetCmd) *shardv1.Envelope {
+	return &shardv1.Envelope{Command: &shardv1.Envelope_Forget{Forget: c}}
+}
+
+func setConfigCmd(c *shardv1.SetConfigCmd) *shardv1.Envelope {
+	return &shardv1.Envelope{Command: &shardv1.Envelope_SetConfig{SetConfig: c}}
+}

@@ -1,0 +1,456 @@
+package shard
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/cockroachdb/pebble"
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"google.golang.org/protobuf/proto"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// StateMachine is a data shard's replica: a Dragonboat IOnDiskStateMachine
+// whose state lives in a Pebble database under Dir.
+//
+// Concurrency, as Dragonboat calls it: Update, Sync, PrepareSnapshot,
+// RecoverFromSnapshot and Close are mutually exclusive; Lookup and
+// SaveSnapshot may run concurrently with any of them. mu guards the
+// database handle, which RecoverFromSnapshot swaps; the Update side's
+// cached meta (upd) is touched only by the mutually exclusive methods.
+type StateMachine struct {
+	shardID   uint64
+	replicaID uint64
+	dir       string
+
+	mu struct {
+		sync.RWMutex
+		db     *pebble.DB
+		dbName string
+	}
+	upd *records // Update's view; reset whenever the database changes
+	// applied is the Raft index of the last applied entry (Update side).
+	applied uint64
+}
+
+// NewStateMachine returns a factory for Dragonboat's StartOnDiskReplica.
+// Each replica keeps its state in dataDir/shard-<id>-replica-<id>.
+func NewStateMachine(dataDir string) sm.CreateOnDiskStateMachineFunc {
+	return func(shardID, replicaID uint64) sm.IOnDiskStateMachine {
+		return &StateMachine{
+			shardID:   shardID,
+			replicaID: replicaID,
+			dir:       filepath.Join(dataDir, fmt.Sprintf("shard-%d-replica-%d", shardID, replicaID)),
+		}
+	}
+}
+
+// The replica directory holds the live Pebble database in a subdirectory
+// named by the file CURRENT. RecoverFromSnapshot builds the new database
+// beside it and switches CURRENT with an atomic rename, so a crash leaves
+// either the old or the new state, never a mix.
+const currentFile = "CURRENT"
+
+// Open implements sm.IOnDiskStateMachine: it opens (or creates) the
+// database and returns the Raft index of the last applied entry.
+func (s *StateMachine) Open(stopc <-chan struct{}) (uint64, error) {
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return 0, err
+	}
+	name, err := os.ReadFile(filepath.Join(s.dir, currentFile))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		name = []byte("db-1")
+		if err := s.writeCurrent(string(name)); err != nil {
+			return 0, err
+		}
+	case err != nil:
+		return 0, err
+	}
+	dbName := strings.TrimSpace(string(name))
+	if err := s.removeStale(dbName); err != nil {
+		return 0, err
+	}
+	db, err := openDB(filepath.Join(s.dir, dbName))
+	if err != nil {
+		return 0, err
+	}
+	if err := s.setDB(db, dbName); err != nil {
+		return 0, err
+	}
+	return s.applied, nil
+}
+
+func openDB(dir string) (*pebble.DB, error) {
+	return pebble.Open(dir, &pebble.Options{Logger: quietLogger{}})
+}
+
+// setDB installs db as the live database and reloads the Update side.
+func (s *StateMachine) setDB(db *pebble.DB, name string) error {
+	s.mu.Lock()
+	old := s.mu.db
+	s.mu.db, s.mu.dbName = db, name
+	s.mu.Unlock()
+	s.upd = &records{g: db, initial: initialMeta(s.shardID)}
+	applied, err := appliedIndex(db)
+	s.applied = applied
+	if old != nil {
+		if cerr := old.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+// removeStale deletes database directories other than the live one, left
+// by a crash in the middle of RecoverFromSnapshot.
+func (s *StateMachine) removeStale(live string) error {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), "db-") && e.Name() != live {
+			if err := os.RemoveAll(filepath.Join(s.dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *StateMachine) writeCurrent(name string) error {
+	tmp := filepath.Join(s.dir, currentFile+".tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(name + "\n"); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(s.dir, currentFile)); err != nil {
+		return err
+	}
+	d, err := os.Open(s.dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Update implements sm.IOnDiskStateMachine. All entries of the call are
+// applied in one Pebble batch together with the last entry's index, so
+// the applied index never runs ahead of or behind the state. The batch is
+// written without fsync; Sync makes it durable, and Dragonboat replays
+// from its own log whatever a crash lost.
+func (s *StateMachine) Update(entries []sm.Entry) ([]sm.Entry, error) {
+	s.mu.RLock()
+	db := s.mu.db
+	s.mu.RUnlock()
+	b := db.NewIndexedBatch()
+	defer b.Close()
+	view := &records{g: b, meta: s.upd.meta, initial: s.upd.initial}
+	for i := range entries {
+		res, err := s.applyEntry(view, b, entries[i].Cmd)
+		if err != nil {
+			return nil, fmt.Errorf("shard %d replica %d: entry %d: %w", s.shardID, s.replicaID, entries[i].Index, err)
+		}
+		data, err := proto.Marshal(res)
+		if err != nil {
+			return nil, err
+		}
+		entries[i].Result = sm.Result{Value: uint64(res.GetCode()), Data: data}
+	}
+	last := entries[len(entries)-1].Index
+	if err := b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, last), nil); err != nil {
+		return nil, err
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return nil, err
+	}
+	s.upd.meta = view.meta
+	s.applied = last
+	return entries, nil
+}
+
+func (s *StateMachine) applyEntry(view *records, b *pebble.Batch, cmd []byte) (*shardv1.Result, error) {
+	env, err := DecodeCommand(cmd)
+	if err != nil {
+		if errors.Is(err, ErrUnsupportedVersion) {
+			return nil, err
+		}
+		return invalid("command", err.Error()), nil
+	}
+	res, changes, err := Apply(view, env)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range changes {
+		if err := view.write(b, c); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// DecodeCommand decodes a proposed command. It never panics; a malformed
+// command is an error wrapping nothing, a newer format ErrUnsupportedVersion.
+func DecodeCommand(cmd []byte) (*shardv1.Envelope, error) {
+	env := &shardv1.Envelope{}
+	if err := proto.Unmarshal(cmd, env); err != nil {
+		return nil, fmt.Errorf("malformed envelope: %v", err)
+	}
+	if env.GetVersion() > CommandVersion {
+		return nil, fmt.Errorf("%w: %d", ErrUnsupportedVersion, env.GetVersion())
+	}
+	return env, nil
+}
+
+// EncodeCommand encodes an envelope for proposing.
+func EncodeCommand(env *shardv1.Envelope) ([]byte, error) {
+	return proto.Marshal(env)
+}
+
+// Lookup implements sm.IOnDiskStateMachine. The query is a *shardv1.Query;
+// the answer a *shardv1.QueryResult.
+func (s *StateMachine) Lookup(q any) (any, error) {
+	query, ok := q.(*shardv1.Query)
+	if !ok {
+		return nil, fmt.Errorf("shard: lookup of %T", q)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.db == nil {
+		return nil, errors.New("shard: state machine is closed")
+	}
+	snap := s.mu.db.NewSnapshot()
+	defer snap.Close()
+	r := &records{g: snap, initial: initialMeta(s.shardID)}
+	meta, err := r.Meta()
+	if err != nil {
+		return nil, err
+	}
+	now := max(query.GetNowUnixNano(), meta.GetLastNowUnixNano())
+	out := &shardv1.QueryResult{TimeUnixNano: now, Meta: meta}
+	switch qq := query.GetQuery().(type) {
+	case *shardv1.Query_Describe:
+		out.Lock, err = r.Lock(qq.Describe.GetResource())
+	case *shardv1.Query_Expired:
+		out.Expire, err = r.expired(now, int(qq.Expired.GetLimit()))
+	case *shardv1.Query_Forgettable:
+		out.Forget, err = r.forgettable(now, int(qq.Forgettable.GetLimit()))
+	case *shardv1.Query_Meta:
+	default:
+		err = fmt.Errorf("shard: unknown query %T", qq)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Sync implements sm.IOnDiskStateMachine: it makes every applied batch
+// durable.
+func (s *StateMachine) Sync() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.mu.db.LogData(nil, pebble.Sync)
+}
+
+// PrepareSnapshot implements sm.IOnDiskStateMachine: it pins a Pebble
+// snapshot of the current state for SaveSnapshot.
+func (s *StateMachine) PrepareSnapshot() (any, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.mu.db.NewSnapshot(), nil
+}
+
+// Snapshot stream format: the magic line, then each key/value pair as
+// uvarint(len(key)) key uvarint(len(value)) value, then uvarint(0) and the
+// pair count as 8 bytes big-endian, so a truncated stream is detected.
+const snapshotMagic = "warden-shard-snapshot-v1\n"
+
+// SaveSnapshot implements sm.IOnDiskStateMachine. It writes every key of
+// the pinned snapshot (records, indexes, meta and applied index).
+func (s *StateMachine) SaveSnapshot(ctx any, w io.Writer, stopc <-chan struct{}) error {
+	snap := ctx.(*pebble.Snapshot)
+	defer snap.Close()
+	bw := bufio.NewWriterSize(w, 256<<10)
+	if _, err := bw.WriteString(snapshotMagic); err != nil {
+		return err
+	}
+	it := snap.NewIter(nil)
+	var n uint64
+	var buf []byte
+	for it.First(); it.Valid(); it.Next() {
+		if n%1024 == 0 {
+			select {
+			case <-stopc:
+				it.Close()
+				return sm.ErrSnapshotStopped
+			default:
+			}
+		}
+		buf = binary.AppendUvarint(buf[:0], uint64(len(it.Key())))
+		buf = append(buf, it.Key()...)
+		buf = binary.AppendUvarint(buf, uint64(len(it.Value())))
+		buf = append(buf, it.Value()...)
+		if _, err := bw.Write(buf); err != nil {
+			it.Close()
+			return err
+		}
+		n++
+	}
+	if err := it.Close(); err != nil {
+		return err
+	}
+	buf = binary.AppendUvarint(buf[:0], 0)
+	buf = binary.BigEndian.AppendUint64(buf, n)
+	if _, err := bw.Write(buf); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// RecoverFromSnapshot implements sm.IOnDiskStateMachine: it loads the
+// stream into a new database directory and switches to it atomically.
+func (s *StateMachine) RecoverFromSnapshot(r io.Reader, stopc <-chan struct{}) error {
+	s.mu.RLock()
+	cur := s.mu.dbName
+	s.mu.RUnlock()
+	next := nextDBName(cur)
+	dir := filepath.Join(s.dir, next)
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	db, err := openDB(dir)
+	if err != nil {
+		return err
+	}
+	if err := loadSnapshot(db, bufio.NewReaderSize(r, 256<<10), stopc); err != nil {
+		db.Close()
+		os.RemoveAll(dir)
+		return err
+	}
+	if err := db.LogData(nil, pebble.Sync); err != nil {
+		db.Close()
+		return err
+	}
+	if err := s.writeCurrent(next); err != nil {
+		db.Close()
+		return err
+	}
+	if err := s.setDB(db, next); err != nil {
+		return err
+	}
+	return os.RemoveAll(filepath.Join(s.dir, cur))
+}
+
+func nextDBName(cur string) string {
+	n, _ := strconv.Atoi(strings.TrimPrefix(cur, "db-"))
+	return "db-" + strconv.Itoa(n+1)
+}
+
+func loadSnapshot(db *pebble.DB, r *bufio.Reader, stopc <-chan struct{}) error {
+	magic := make([]byte, len(snapshotMagic))
+	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != snapshotMagic {
+		return fmt.Errorf("%w: bad header", ErrCorruptSnapshot)
+	}
+	b := db.NewBatch()
+	var n uint64
+	for {
+		klen, err := binary.ReadUvarint(r)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrCorruptSnapshot, err)
+		}
+		if klen == 0 {
+			break
+		}
+		key, err := readN(r, klen)
+		if err != nil {
+			return err
+		}
+		vlen, err := binary.ReadUvarint(r)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrCorruptSnapshot, err)
+		}
+		val, err := readN(r, vlen)
+		if err != nil {
+			return err
+		}
+		if err := b.Set(key, val, nil); err != nil {
+			return err
+		}
+		n++
+		if b.Len() > 4<<20 {
+			select {
+			case <-stopc:
+				return sm.ErrSnapshotStopped
+			default:
+			}
+			if err := b.Commit(pebble.NoSync); err != nil {
+				return err
+			}
+			b = db.NewBatch()
+		}
+	}
+	var count [8]byte
+	if _, err := io.ReadFull(r, count[:]); err != nil || binary.BigEndian.Uint64(count[:]) != n {
+		return fmt.Errorf("%w: stream ended after %d pairs without a matching count", ErrCorruptSnapshot, n)
+	}
+	return b.Commit(pebble.NoSync)
+}
+
+// maxSnapshotField bounds one key or value read from a snapshot stream,
+// so a corrupt length cannot make the reader allocate without limit.
+const maxSnapshotField = 64 << 20
+
+func readN(r io.Reader, n uint64) ([]byte, error) {
+	if n > maxSnapshotField {
+		return nil, fmt.Errorf("%w: field of %d bytes", ErrCorruptSnapshot, n)
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptSnapshot, err)
+	}
+	return buf, nil
+}
+
+// Close implements sm.IOnDiskStateMachine.
+func (s *StateMachine) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.db == nil {
+		return nil
+	}
+	err := s.mu.db.Close()
+	s.mu.db = nil
+	return err
+}
+
+// quietLogger drops Pebble's informational logging; fatal errors still
+// stop the process.
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any) {}
+func (quietLogger) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,242 @@
+package shard
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/cockroachdb/pebble"
+	"google.golang.org/protobuf/proto"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// getter is the read side shared by *pebble.DB, *pebble.Batch (indexed)
+// and *pebble.Snapshot.
+type getter interface {
+	Get(key []byte) ([]byte, io.Closer, error)
+	NewIter(o *pebble.IterOptions) *pebble.Iterator
+}
+
+// records reads and writes range records, meta and indexes on one getter.
+// It implements Reader.
+type records struct {
+	g    getter
+	meta *shardv1.ShardMeta // cached; loaded on first use
+	// initial is the meta of a shard that has no stored meta yet.
+	initial func() *shardv1.ShardMeta
+}
+
+// initialMeta is a new shard's meta: epoch 1 until placement assigns one
+// (DESIGN.md §2), the whole hash range at generation 1, default config.
+func initialMeta(shardID uint64) func() *shardv1.ShardMeta {
+	return func() *shardv1.ShardMeta {
+		return &shardv1.ShardMeta{
+			Epoch:  1,
+			Config: DefaultConfig(),
+			Range:  &shardv1.RangeDescriptor{ShardId: shardID, Generation: 1},
+		}
+	}
+}
+
+func (s *records) get(key []byte, m proto.Message) (bool, error) {
+	v, closer, err := s.g.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer closer.Close()
+	if err := proto.Unmarshal(v, m); err != nil {
+		return false, fmt.Errorf("%w: key %q: %v", ErrCorruptRecord, key, err)
+	}
+	return true, nil
+}
+
+// Meta implements Reader.
+func (s *records) Meta() (*shardv1.ShardMeta, error) {
+	if s.meta != nil {
+		return s.meta, nil
+	}
+	m := &shardv1.ShardMeta{}
+	ok, err := s.get(keyMeta, m)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		m = s.initial()
+	}
+	s.meta = m
+	return m, nil
+}
+
+// Lock implements Reader.
+func (s *records) Lock(resource string) (*shardv1.LockRecord, error) {
+	l := &shardv1.LockRecord{}
+	ok, err := s.get(lockKey(resource), l)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Dedup implements Reader.
+func (s *records) Dedup(resource, requestID string) (*shardv1.DedupRecord, error) {
+	d := &shardv1.DedupRecord{}
+	ok, err := s.get(dedupKey(resource, requestID), d)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func appliedIndex(g getter) (uint64, error) {
+	v, closer, err := g.Get(keyApplied)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return 0, fmt.Errorf("%w: applied index is %d bytes", ErrCorruptRecord, len(v))
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+// write applies one Change to the batch, keeping the indexes in step with
+// the records. The batch must be indexed so that s reads through it.
+func (s *records) write(b *pebble.Batch, c Change) error {
+	switch c.Kind {
+	case PutMeta:
+		s.meta = c.Meta
+		return set(b, keyMeta, c.Meta)
+	case PutLock:
+		old, err := s.Lock(c.Lock.GetResource())
+		if err != nil {
+			return err
+		}
+		if err := unindexLock(b, old); err != nil {
+			return err
+		}
+		if err := indexLock(b, c.Lock); err != nil {
+			return err
+		}
+		return set(b, lockKey(c.Lock.GetResource()), c.Lock)
+	case DeleteLock:
+		old, err := s.Lock(c.Resource)
+		if err != nil {
+			return err
+		}
+		if err := unindexLock(b, old); err != nil {
+			return err
+		}
+		return b.Delete(lockKey(c.Resource), nil)
+	case PutDedup:
+		old, err := s.Dedup(c.Dedup.GetResource(), c.Dedup.GetRequestId())
+		if err != nil {
+			return err
+		}
+		if old != nil && old.GetEndedAtUnixNano() != 0 {
+			if err := b.Delete(endedDedupKey(old.GetEndedAtUnixNano(), old.GetResource(), old.GetRequestId()), nil); err != nil {
+				return err
+			}
+		}
+		if c.Dedup.GetEndedAtUnixNano() != 0 {
+			if err := b.Set(endedDedupKey(c.Dedup.GetEndedAtUnixNano(), c.Dedup.GetResource(), c.Dedup.GetRequestId()), nil, nil); err != nil {
+				return err
+			}
+		}
+		return set(b, dedupKey(c.Dedup.GetResource(), c.Dedup.GetRequestId()), c.Dedup)
+	case DeleteDedup:
+		old, err := s.Dedup(c.Resource, c.RequestID)
+		if err != nil || old == nil {
+			return err
+		}
+		if old.GetEndedAtUnixNano() != 0 {
+			if err := b.Delete(endedDedupKey(old.GetEndedAtUnixNano(), c.Resource, c.RequestID), nil); err != nil {
+				return err
+			}
+		}
+		return b.Delete(dedupKey(c.Resource, c.RequestID), nil)
+	}
+	return fmt.Errorf("shard: unknown change kind %d", c.Kind)
+}
+
+func indexLock(b *pebble.Batch, l *shardv1.LockRecord) error {
+	if l.GetHeld() {
+		return b.Set(expiryKey(l.GetExpiresAtUnixNano(), l.GetResource()), l.GetLeaseId(), nil)
+	}
+	return b.Set(endedLockKey(l.GetEndedAtUnixNano(), l.GetResource()), nil, nil)
+}
+
+func unindexLock(b *pebble.Batch, l *shardv1.LockRecord) error {
+	if l == nil {
+		return nil
+	}
+	if l.GetHeld() {
+		return b.Delete(expiryKey(l.GetExpiresAtUnixNano(), l.GetResource()), nil)
+	}
+	return b.Delete(endedLockKey(l.GetEndedAtUnixNano(), l.GetResource()), nil)
+}
+
+func set(b *pebble.Batch, key []byte, m proto.Message) error {
+	v, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return b.Set(key, v, nil)
+}
+
+// expired lists up to limit held leases whose expires_at + max_clock_skew
+// is at or before now: the candidates of a leader's Expire command.
+func (s *records) expired(now int64, limit int) (*shardv1.ExpireCmd, error) {
+	meta, err := s.Meta()
+	if err != nil {
+		return nil, err
+	}
+	cmd := &shardv1.ExpireCmd{}
+	hi := timeBound(prefixExpiry, now-meta.GetConfig().GetMaxClockSkewNanos())
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixExpiry}, UpperBound: hi})
+	for it.First(); it.Valid() && len(cmd.Items) < limit; it.Next() {
+		k := it.Key()
+		cmd.Items = append(cmd.Items, &shardv1.ExpireItem{
+			Resource:          string(k[9:]),
+			LeaseId:           bytes.Clone(it.Value()),
+			ExpiresAtUnixNano: decodeTime(k[1:9]),
+		})
+	}
+	return cmd, it.Close()
+}
+
+// forgettable lists up to limit dedup entries and idle lock records whose
+// dedup window has passed at now.
+func (s *records) forgettable(now int64, limit int) (*shardv1.ForgetCmd, error) {
+	meta, err := s.Meta()
+	if err != nil {
+		return nil, err
+	}
+	cmd := &shardv1.ForgetCmd{}
+	hi := timeBound(prefixEnded, now-meta.GetConfig().GetDedupWindowNanos())
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixEnded}, UpperBound: hi})
+	for it.First(); it.Valid() && len(cmd.Dedup)+len(cmd.IdleLocks) < limit; it.Next() {
+		k := it.Key()
+		rest := k[10:]
+		switch k[9] {
+		case kindLock:
+			cmd.IdleLocks = append(cmd.IdleLocks, string(rest))
+		case kindDedup:
+			res, req, ok := bytes.Cut(rest, []byte{0})
+			if !ok {
+				_ = it.Close()
+				return nil, fmt.Errorf("%w: ended index key %q", ErrCorruptRecord, k)
+			}
+			cmd.Dedup = append(cmd.Dedup, &shardv1.DedupRef{Resource: string(res), RequestId: string(req)})
+		}
+	}
+	return cmd, it.Close()
+}

@@ -1,0 +1,64 @@
+package shard
+
+import (
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Input bounds (DESIGN.md §3). They are fixed by the API, not shard config.
+const (
+	// MaxResourceBytes bounds a resource name, in bytes.
+	MaxResourceBytes = 256
+	// MaxRequestIDBytes bounds a request_id, in bytes.
+	MaxRequestIDBytes = 128
+	// MaxHolderBytes bounds the free-text holder, in bytes.
+	MaxHolderBytes = 256
+	// MaxTenantBytes bounds a tenant name, in bytes.
+	MaxTenantBytes = 128
+	// LeaseIDBytes is the size of a lease id: 128 random bits.
+	LeaseIDBytes = 16
+)
+
+// FieldError says which request field was refused and why. Its Field is
+// the API field name (resource, request_id, lease_ttl, holder, ...).
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// CheckName checks an identifier-like field (resource, request_id, tenant):
+// 1..max bytes of valid UTF-8 without control characters. It returns a
+// *FieldError naming field, or nil.
+func CheckName(field, s string, max int) error {
+	switch {
+	case s == "":
+		return &FieldError{field, "is required"}
+	case len(s) > max:
+		return &FieldError{field, fmt.Sprintf("is %d bytes, more than %d", len(s), max)}
+	}
+	return checkText(field, s)
+}
+
+// CheckText checks an optional free-text field (holder): at most max bytes
+// of valid UTF-8 without control characters. It returns a *FieldError or nil.
+func CheckText(field, s string, max int) error {
+	if len(s) > max {
+		return &FieldError{field, fmt.Sprintf("is %d bytes, more than %d", len(s), max)}
+	}
+	return checkText(field, s)
+}
+
+func checkText(field, s string) error {
+	if !utf8.ValidString(s) {
+		return &FieldError{field, "is not valid UTF-8"}
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return &FieldError{field, fmt.Sprintf("contains control character %U", r)}
+		}
+	}
+	return nil
+}
