@@ -1,0 +1,213 @@
+// Command warden is Warden's command-line client.
+//
+//	warden lock acquire orders/42 --ttl 30s --holder worker-a
+//	warden lock renew orders/42 LEASE_ID
+//	warden lock release orders/42 LEASE_ID
+//	warden lock describe orders/42
+//
+// Every command takes --addr (default http://127.0.0.1:7070) and --json,
+// which prints the response as Connect JSON. Errors go to stderr with
+// their Connect code, and the exit status is 1.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/alecthomas/kong"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+)
+
+type globals struct {
+	Addr    string        `default:"http://127.0.0.1:7070" help:"Base URL of a Warden node."`
+	JSON    bool          `name:"json" help:"Print responses as JSON."`
+	Timeout time.Duration `default:"10s" help:"Deadline of the RPC."`
+	out     io.Writer
+}
+
+type cli struct {
+	globals
+	Lock lockCmd `cmd:"" help:"Exclusive locks with leases and fencing tokens."`
+}
+
+type lockCmd struct {
+	Acquire  acquireCmd  `cmd:"" help:"Acquire a lock; fails at once when it is held."`
+	Renew    renewCmd    `cmd:"" help:"Renew a lease by its lease TTL."`
+	Release  releaseCmd  `cmd:"" help:"Release a lease; a stale lease id is a no-op."`
+	Describe describeCmd `cmd:"" help:"Show who holds a lock (never the lease id)."`
+}
+
+type acquireCmd struct {
+	Resource  string        `arg:"" help:"Resource to lock."`
+	RequestID string        `name:"request-id" help:"Idempotency key; reuse it to retry. Default: a random one, printed."`
+	TTL       time.Duration `name:"ttl" help:"Lease TTL (default: the shard's, 30s)."`
+	Wait      time.Duration `help:"How long to wait in the queue when held (0: fail fast)."`
+	Holder    string        `help:"Free text recorded as the holder."`
+	Tenant    string        `help:"Tenant the request counts against."`
+}
+
+type renewCmd struct {
+	Resource string `arg:""`
+	LeaseID  string `arg:"" name:"lease-id"`
+}
+
+type releaseCmd struct {
+	Resource string `arg:""`
+	LeaseID  string `arg:"" name:"lease-id"`
+}
+
+type describeCmd struct {
+	Resource string `arg:""`
+}
+
+func main() {
+	var c cli
+	ctx := kong.Parse(&c, kong.Name("warden"), kong.Description("Command-line client for Warden."), kong.UsageOnError())
+	c.out = os.Stdout
+	if err := ctx.Run(&c.globals); err != nil {
+		fmt.Fprintln(os.Stderr, "warden:", describeErr(err))
+		os.Exit(1)
+	}
+}
+
+func (g *globals) client() wardenv1connect.LockServiceClient {
+	return wardenv1connect.NewLockServiceClient(http.DefaultClient, g.Addr)
+}
+
+func (g *globals) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), g.Timeout)
+}
+
+// print writes m as JSON with --json, else runs human.
+func (g *globals) print(m proto.Message, human func(w io.Writer)) error {
+	if g.JSON {
+		b, err := protojson.Marshal(m)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(g.out, string(b))
+		return err
+	}
+	human(g.out)
+	return nil
+}
+
+func (a *acquireCmd) Run(g *globals) error {
+	req := &wardenv1.AcquireRequest{Resource: a.Resource, RequestId: a.RequestID, Holder: a.Holder, Tenant: a.Tenant}
+	if req.RequestId == "" {
+		b := make([]byte, 12)
+		rand.Read(b)
+		req.RequestId = hex.EncodeToString(b)
+	}
+	if a.TTL != 0 {
+		req.LeaseTtl = durationpb.New(a.TTL)
+	}
+	if a.Wait != 0 {
+		req.WaitTimeout = durationpb.New(a.Wait)
+	}
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.client().Acquire(ctx, connect.NewRequest(req))
+	if err != nil {
+		return fmt.Errorf("acquire %s (request id %s): %w", a.Resource, req.RequestId, err)
+	}
+	m := resp.Msg
+	return g.print(m, func(w io.Writer) {
+		fmt.Fprintf(w, "acquired %s\n", a.Resource)
+		fmt.Fprintf(w, "  lease_id       %s\n", m.GetLeaseId())
+		fmt.Fprintf(w, "  fencing_token  %d\n", m.GetFencingToken())
+		fmt.Fprintf(w, "  expires_at     %s\n", when(m.GetExpiresAt()))
+		fmt.Fprintf(w, "  lease_ttl      %s\n", m.GetLeaseTtl().AsDuration())
+		fmt.Fprintf(w, "  request_id     %s\n", req.RequestId)
+	})
+}
+
+func (r *renewCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.client().Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: r.Resource, LeaseId: r.LeaseID}))
+	if err != nil {
+		return fmt.Errorf("renew %s: %w", r.Resource, err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		fmt.Fprintf(w, "renewed %s until %s\n", r.Resource, when(resp.Msg.GetExpiresAt()))
+	})
+}
+
+func (r *releaseCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.client().Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: r.Resource, LeaseId: r.LeaseID}))
+	if err != nil {
+		return fmt.Errorf("release %s: %w", r.Resource, err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		if resp.Msg.GetReleased() {
+			fmt.Fprintf(w, "released %s\n", r.Resource)
+		} else {
+			fmt.Fprintf(w, "not released: %s is not held by that lease (already released, expired or replaced)\n", r.Resource)
+		}
+	})
+}
+
+func (d *describeCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.client().Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: d.Resource}))
+	if err != nil {
+		return fmt.Errorf("describe %s: %w", d.Resource, err)
+	}
+	m := resp.Msg
+	return g.print(m, func(w io.Writer) {
+		if !m.GetHeld() {
+			fmt.Fprintf(w, "%s is free (last fencing token %d)\n", d.Resource, m.GetFencingToken())
+			return
+		}
+		fmt.Fprintf(w, "%s is held\n", d.Resource)
+		fmt.Fprintf(w, "  holder         %s\n", m.GetHolder())
+		fmt.Fprintf(w, "  fencing_token  %d\n", m.GetFencingToken())
+		fmt.Fprintf(w, "  expires_at     %s\n", when(m.GetExpiresAt()))
+		fmt.Fprintf(w, "  waiters        %d\n", m.GetWaiters())
+	})
+}
+
+func when(ts *timestamppb.Timestamp) string {
+	t := ts.AsTime()
+	return fmt.Sprintf("%s (in %s)", t.Format(time.RFC3339Nano), time.Until(t).Round(time.Millisecond))
+}
+
+// describeErr adds a Connect error's details to its message.
+func describeErr(err error) string {
+	msg := err.Error()
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return msg
+	}
+	for _, d := range ce.Details() {
+		v, derr := d.Value()
+		if derr != nil {
+			continue
+		}
+		switch v := v.(type) {
+		case *wardenv1.LockHeld:
+			msg += fmt.Sprintf(" (held with fencing token %d until %s)", v.GetFencingToken(), when(v.GetExpiresAt()))
+		case *wardenv1.FieldViolation:
+			msg += fmt.Sprintf(" (field %s)", v.GetField())
+		}
+	}
+	return msg
+}

@@ -1,0 +1,145 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"github.com/lni/dragonboat/v4"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// Errors of the routing layer. All of them mean "safe to retry with the
+// same ids" and map to Connect's Unavailable.
+var (
+	// ErrNoLeader: no local replica leads the shard (election under way,
+	// no quorum, or the leader is on another node).
+	ErrNoLeader = errors.New("router: no leader for the shard")
+	// ErrOutcomeUnknown: a proposal was sent but its outcome was not
+	// learned (timeout, leader change, shard closing). It may have
+	// committed; a retry with the same request id finds out.
+	ErrOutcomeUnknown = errors.New("router: proposal outcome unknown")
+)
+
+// resultError is a shard result that refused the command.
+type resultError struct{ res *shardv1.Result }
+
+func (e *resultError) Error() string {
+	if e.res.GetField() != "" {
+		return e.res.GetField() + ": " + e.res.GetReason()
+	}
+	return e.res.GetReason()
+}
+
+// outcome classifies an RPC's result for metrics: ok, conflict, stale
+// (lease not current), invalid, unknown (outcome not learned), unavailable,
+// canceled or error.
+func outcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var re *resultError
+	var fe *shard.FieldError
+	switch {
+	case errors.As(err, &re):
+		switch re.res.GetCode() {
+		case shardv1.Code_CODE_CONFLICT:
+			return "conflict"
+		case shardv1.Code_CODE_FAILED_PRECONDITION:
+			return "stale"
+		case shardv1.Code_CODE_INVALID_ARGUMENT:
+			return "invalid"
+		case shardv1.Code_CODE_WRONG_SHARD, shardv1.Code_CODE_UNAVAILABLE:
+			return "unavailable"
+		}
+		return "error"
+	case errors.As(err, &fe):
+		return "invalid"
+	case errors.Is(err, ErrOutcomeUnknown):
+		return "unknown"
+	case errors.Is(err, ErrNoLeader):
+		return "unavailable"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	return "error"
+}
+
+// toConnect is the one place where Warden's errors become Connect codes
+// (DESIGN.md §3 "Error codes").
+func toConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	var re *resultError
+	var fe *shard.FieldError
+	switch {
+	case errors.As(err, &re):
+		return resultToConnect(re.res)
+	case errors.As(err, &fe):
+		return withDetail(connect.NewError(connect.CodeInvalidArgument, fe),
+			&wardenv1.FieldViolation{Field: fe.Field, Description: fe.Reason})
+	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrNoLeader):
+		return connect.NewError(connect.CodeUnavailable, err)
+	case errors.Is(err, context.Canceled):
+		return connect.NewError(connect.CodeCanceled, err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	}
+	return connect.NewError(connect.CodeInternal, err)
+}
+
+func resultToConnect(res *shardv1.Result) error {
+	err := &resultError{res}
+	switch res.GetCode() {
+	case shardv1.Code_CODE_CONFLICT:
+		return withDetail(connect.NewError(connect.CodeAborted, err), &wardenv1.LockHeld{
+			FencingToken: res.GetLease().GetFencingToken(),
+			ExpiresAt:    timestamp(res.GetLease().GetExpiresAtUnixNano()),
+		})
+	case shardv1.Code_CODE_FAILED_PRECONDITION:
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	case shardv1.Code_CODE_INVALID_ARGUMENT:
+		return withDetail(connect.NewError(connect.CodeInvalidArgument, err),
+			&wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
+	case shardv1.Code_CODE_WRONG_SHARD, shardv1.Code_CODE_UNAVAILABLE:
+		return connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewError(connect.CodeInternal, fmt.Errorf("shard answered %v: %w", res.GetCode(), err))
+}
+
+// proposeError classifies an error of SyncPropose or SyncRead.
+func proposeError(err error) error {
+	switch {
+	case errors.Is(err, dragonboat.ErrShardNotReady), errors.Is(err, dragonboat.ErrSystemBusy),
+		errors.Is(err, dragonboat.ErrShardNotFound), errors.Is(err, dragonboat.ErrClosed),
+		errors.Is(err, dragonboat.ErrRejected):
+		// Not proposed, or refused before commit.
+		return fmt.Errorf("%w: %v", ErrNoLeader, err)
+	case errors.Is(err, context.Canceled):
+		return err
+	}
+	// Timeouts, aborts, dropped proposals, closed shards: it may have
+	// committed.
+	return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+}
+
+func withDetail(e *connect.Error, m proto.Message) *connect.Error {
+	if d, err := connect.NewErrorDetail(m); err == nil {
+		e.AddDetail(d)
+	}
+	return e
+}
+
+func timestamp(unixNano int64) *timestamppb.Timestamp {
+	if unixNano == 0 {
+		return nil
+	}
+	return timestamppb.New(timeFromNanos(unixNano))
+}

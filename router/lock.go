@@ -1,0 +1,135 @@
+package router
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+)
+
+// LockServer implements wardenv1connect.LockServiceHandler on a Router.
+type LockServer struct {
+	r *Router
+}
+
+var _ wardenv1connect.LockServiceHandler = (*LockServer)(nil)
+
+// NewLockServer returns the LockService handler of r.
+func NewLockServer(r *Router) *LockServer { return &LockServer{r: r} }
+
+// observe records an RPC's latency and outcome and maps its error.
+func observe(method string, start time.Time, err error) error {
+	metrics.rpcDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	metrics.rpcOutcomes.WithLabelValues(method, outcome(err)).Inc()
+	return toConnect(err)
+}
+
+// Acquire implements LockService.Acquire.
+func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+	start := time.Now()
+	resp, err := s.acquire(ctx, req.Msg)
+	return resp, observe("Acquire", start, err)
+}
+
+func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*connect.Response[wardenv1.AcquireResponse], error) {
+	if err := validateAcquire(m); err != nil {
+		return nil, err
+	}
+	// The lease id is a bearer secret: 128 bits from the OS's CSPRNG,
+	// drawn here and carried in the command so every replica stores it.
+	leaseID := make([]byte, 16)
+	if _, err := rand.Read(leaseID); err != nil {
+		return nil, err
+	}
+	res, err := s.r.propose(ctx, m.GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: &shardv1.AcquireCmd{
+		Resource:      m.GetResource(),
+		RequestId:     m.GetRequestId(),
+		LeaseTtlNanos: int64(m.GetLeaseTtl().AsDuration()),
+		Holder:        m.GetHolder(),
+		Tenant:        m.GetTenant(),
+		LeaseId:       leaseID,
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	l := res.GetLease()
+	return connect.NewResponse(&wardenv1.AcquireResponse{
+		LeaseId:      hex.EncodeToString(l.GetLeaseId()),
+		FencingToken: l.GetFencingToken(),
+		ExpiresAt:    timestamp(l.GetExpiresAtUnixNano()),
+		LeaseTtl:     durationpb.New(time.Duration(l.GetLeaseTtlNanos())),
+	}), nil
+}
+
+// Renew implements LockService.Renew.
+func (s *LockServer) Renew(ctx context.Context, req *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
+	start := time.Now()
+	resp, err := s.renew(ctx, req.Msg)
+	return resp, observe("Renew", start, err)
+}
+
+func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*connect.Response[wardenv1.RenewResponse], error) {
+	id, err := leaseRef(m.GetResource(), m.GetLeaseId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.r.propose(ctx, m.GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_Renew{Renew: &shardv1.RenewCmd{
+		Resource: m.GetResource(), LeaseId: id}}})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&wardenv1.RenewResponse{ExpiresAt: timestamp(res.GetLease().GetExpiresAtUnixNano())}), nil
+}
+
+// Release implements LockService.Release.
+func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+	start := time.Now()
+	resp, err := s.release(ctx, req.Msg)
+	return resp, observe("Release", start, err)
+}
+
+func (s *LockServer) release(ctx context.Context, m *wardenv1.ReleaseRequest) (*connect.Response[wardenv1.ReleaseResponse], error) {
+	id, err := leaseRef(m.GetResource(), m.GetLeaseId())
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.r.propose(ctx, m.GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_Release{Release: &shardv1.ReleaseCmd{
+		Resource: m.GetResource(), LeaseId: id}}})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&wardenv1.ReleaseResponse{Released: res.GetReleased()}), nil
+}
+
+// Describe implements LockService.Describe with a linearizable read.
+func (s *LockServer) Describe(ctx context.Context, req *connect.Request[wardenv1.DescribeRequest]) (*connect.Response[wardenv1.DescribeResponse], error) {
+	start := time.Now()
+	resp, err := s.describe(ctx, req.Msg)
+	return resp, observe("Describe", start, err)
+}
+
+func (s *LockServer) describe(ctx context.Context, m *wardenv1.DescribeRequest) (*connect.Response[wardenv1.DescribeResponse], error) {
+	if err := validateResource(m.GetResource()); err != nil {
+		return nil, err
+	}
+	q, err := s.r.read(ctx, m.GetResource(), &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: m.GetResource()}}})
+	if err != nil {
+		return nil, err
+	}
+	l := q.GetLock()
+	out := &wardenv1.DescribeResponse{FencingToken: l.GetFencingToken()}
+	// Held until the lock could be granted to someone else.
+	if l.GetHeld() && q.GetTimeUnixNano() < l.GetExpiresAtUnixNano()+q.GetMeta().GetConfig().GetMaxClockSkewNanos() {
+		out.Held = true
+		out.Holder = l.GetHolder()
+		out.ExpiresAt = timestamp(l.GetExpiresAtUnixNano())
+	}
+	return connect.NewResponse(out), nil
+}

@@ -1,0 +1,38 @@
+package router
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// metrics of the router, registered with Prometheus's default registry.
+var metrics = struct {
+	rpcDuration   *prometheus.HistogramVec
+	rpcOutcomes   *prometheus.CounterVec
+	proposal      prometheus.Histogram
+	leaderChanges prometheus.Counter
+	expirations   prometheus.Counter
+}{
+	rpcDuration: promauto.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "warden_rpc_duration_seconds",
+		Help:    "Latency of Warden RPCs, in seconds, by method.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	}, []string{"method"}),
+	rpcOutcomes: promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "warden_rpc_outcomes_total",
+		Help: "Warden RPCs by method and outcome (ok, conflict, stale, invalid, unknown, unavailable, canceled, error).",
+	}, []string{"method", "outcome"}),
+	proposal: promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "warden_proposal_duration_seconds",
+		Help:    "Time from proposing a command to learning its committed result, in seconds.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	}),
+	leaderChanges: promauto.NewCounter(prometheus.CounterOpts{
+		Name: "warden_raft_leader_changes_total",
+		Help: "Terms in which a local replica became a shard leader.",
+	}),
+	expirations: promauto.NewCounter(prometheus.CounterOpts{
+		Name: "warden_lease_expirations_total",
+		Help: "Leases ended by the leader's expiry timer.",
+	}),
+}

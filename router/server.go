@@ -1,0 +1,38 @@
+package router
+
+import (
+	"net/http"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+	"connectrpc.com/grpcreflect"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+)
+
+// NewHandler serves a node's HTTP surface: the Connect services (Connect,
+// gRPC and gRPC-Web protocols), grpc.health.v1, server reflection and
+// Prometheus's /metrics. Extra handler options (interceptors) apply to
+// the Warden services.
+func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), opts...))
+	services := []string{wardenv1connect.LockServiceName}
+	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
+	reflector := grpcreflect.NewStaticReflector(services...)
+	mux.Handle(grpcreflect.NewHandlerV1(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	mux.Handle("/metrics", promhttp.Handler())
+	return mux
+}
+
+// NewServer returns an HTTP server for h that speaks HTTP/1.1 and
+// cleartext HTTP/2 (h2c), as gRPC clients without TLS need.
+func NewServer(addr string, h http.Handler) *http.Server {
+	srv := &http.Server{Addr: addr, Handler: h}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	return srv
+}
