@@ -29,7 +29,7 @@ func (l *raftLogger) log(level slog.Level, format string, args []any) {
 	slog.Default().Log(context.Background(), level, fmt.Sprintf(format, args...), "component", "raft/"+l.pkg)
 }
 
-func (l *raftLogger) SetLevel(logger.LogLevel)             {}
+func (l *raftLogger) SetLevel(logger.LogLevel)            {}
 func (l *raftLogger) Debugf(format string, args ...any)   { l.log(slog.LevelDebug, format, args) }
 func (l *raftLogger) Infof(format string, args ...any)    { l.log(slog.LevelInfo, format, args) }
 func (l *raftLogger) Warningf(format string, args ...any) { l.log(slog.LevelWarn, format, args) }

@@ -3,8 +3,8 @@ package placement
 import (
 	"fmt"
 
-	"github.com/warden-dev/warden/shard"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // FirstDataShard is the id of the data shard a new deployment starts with.
