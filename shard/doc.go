@@ -1,0 +1,69 @@
+// Package shard is Warden's replicated state machine: one data shard's
+// locks, dedup entries and config, stored in Pebble and driven by
+// Dragonboat as an IOnDiskStateMachine.
+//
+// # The contract
+//
+// A caller (the router) and the state machine keep these duties:
+//
+//  1. Every command travels in a versioned Envelope carrying the command
+//     version, the target shard, the placement generation the router used
+//     and the proposing leader's clock (now). A replica refuses to apply a
+//     version newer than CommandVersion by stopping (Update returns
+//     ErrUnsupportedVersion) rather than diverge from newer replicas:
+//     upgrade every replica before proposing a new version.
+//  2. Apply is pure. It reads state through a Reader and returns a Result
+//     and a list of Changes; it reads no clock, draws no random numbers and
+//     does no I/O. Lease ids are drawn by the router and carried in the
+//     command. So every replica that applies the same log reaches the same
+//     state.
+//  3. Time comes only from commands. The shard's time is the largest now
+//     applied so far: max(now, last applied now), so it never runs
+//     backwards, whichever leader stamped it.
+//  4. A refused or invalid command is a Result with a non-OK code and no
+//     changes (beyond the shard's time). Update returns an error only for
+//     failures that must stop the replica: storage errors, corrupt records,
+//     an unsupported version.
+//  5. The Raft index of the last applied entry is written in the same
+//     Pebble batch as the entries' changes, so Open returns an index that
+//     matches the state exactly. Batches are written without fsync; Sync
+//     makes them durable, and Dragonboat replays whatever a crash lost.
+//
+// # Leases and time (DESIGN.md §1 rule 6)
+//
+// A lease is valid while the shard's time is before expires_at; Renew
+// sets expires_at = now + lease TTL. The lock can be granted to another
+// lease only once the shard's time reaches expires_at + max_clock_skew.
+// Leaders' clocks differ by less than max_clock_skew, so the new grant
+// happens after the old expiry on every clock. expires_at is stored
+// state, so a leader change neither shortens nor resets a lease.
+//
+// Expire commands are proposed by the leader's timer; each names the
+// lease and the expiry it saw and applies only if that lease is still
+// current, unchanged, and past expires_at + max_clock_skew. A deposed or
+// paused leader's late proposal is therefore a no-op (etcd #12528, #15247).
+//
+// # Fencing tokens (DESIGN.md §1 rule 2)
+//
+// A token is Token(epoch, revision): the shard's epoch in the high bits and
+// its revision, increased by every grant, in the low bits (see token.go).
+// Each lock record keeps its last token and a grant asserts the new token
+// is greater; the assertion failing refuses the grant with CODE_INTERNAL.
+// Because the revision belongs to the shard, forgetting an idle lock
+// record cannot make a later token smaller.
+//
+// # Idempotency (DESIGN.md §1 rules 5 and 8)
+//
+// An Acquire's request_id is remembered with the lease it got. A retry with
+// the same resource, lease TTL and holder returns that lease (with its
+// current expiry) while it is current, and CODE_FAILED_PRECONDITION once
+// it has ended; other parameters are CODE_INVALID_ARGUMENT. Entries are
+// forgotten one dedup window after their lease ended.
+//
+// # Storage
+//
+// See keys.go for the key layout: every record a hash range owns lies
+// under 'r' + the key's hash, so splits can move one contiguous span.
+// RecoverFromSnapshot builds a new Pebble directory and switches to it
+// with an atomic rename of the CURRENT file.
+package shard
