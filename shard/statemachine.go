@@ -336,6 +336,10 @@ func (s *StateMachine) RecoverFromSnapshot(r io.Reader, stopc <-chan struct{}) e
 	s.mu.RLock()
 	cur := s.mu.dbName
 	s.mu.RUnlock()
+	br := bufio.NewReaderSize(r, 256<<10)
+	if magic, err := br.Peek(len(snapshotMagic)); err != nil || string(magic) != snapshotMagic {
+		return fmt.Errorf("%w: bad header", ErrCorruptSnapshot)
+	}
 	next := nextDBName(cur)
 	dir := filepath.Join(s.dir, next)
 	if err := os.RemoveAll(dir); err != nil {
@@ -345,7 +349,7 @@ func (s *StateMachine) RecoverFromSnapshot(r io.Reader, stopc <-chan struct{}) e
 	if err != nil {
 		return err
 	}
-	if err := loadSnapshot(db, bufio.NewReaderSize(r, 256<<10), stopc); err != nil {
+	if err := loadSnapshot(db, br, stopc); err != nil {
 		db.Close()
 		os.RemoveAll(dir)
 		return err

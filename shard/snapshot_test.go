@@ -1,0 +1,155 @@
+package shard
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/cockroachdb/pebble"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// dump lists every key and value of a replica's database.
+func dump(t testing.TB, r *replica) string {
+	t.Helper()
+	var b bytes.Buffer
+	r.sm.mu.RLock()
+	defer r.sm.mu.RUnlock()
+	it := r.sm.mu.db.NewIter(&pebble.IterOptions{})
+	for it.First(); it.Valid(); it.Next() {
+		fmt.Fprintf(&b, "%q=%x\n", it.Key(), it.Value())
+	}
+	if err := it.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func fill(r *replica) {
+	now := int64(1_700_000_000) * second
+	for i := range 50 {
+		res := fmt.Sprintf("r%d", i%7)
+		out := r.propose(now, acquireCmd(res, fmt.Sprintf("q%d", i), 0, "h", bytes.Repeat([]byte{byte(i)}, 16)))
+		if i%3 == 0 && out.GetCode() == shardv1.Code_CODE_OK {
+			r.propose(now, releaseCmd(res, out.GetLease().GetLeaseId()))
+		}
+		now += second
+	}
+}
+
+func snapshotOf(t testing.TB, r *replica) []byte {
+	t.Helper()
+	ctx, err := r.sm.PrepareSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := r.sm.SaveSnapshot(ctx, &buf, nil); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	src := newReplica(t)
+	fill(src)
+	snap := snapshotOf(t, src)
+
+	dst := newReplica(t)
+	dst.propose(1, acquireCmd("stale", "x", 0, "", make([]byte, 16))) // state to be replaced
+	if err := dst.sm.RecoverFromSnapshot(bytes.NewReader(snap), nil); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := dump(t, src), dump(t, dst); a != b {
+		t.Fatalf("recovered state differs:\n%s\nvs\n%s", a, b)
+	}
+	// The swap survives a reopen, and Open reports the snapshot's index.
+	dst.sm.Close()
+	dst.open()
+	if dst.index != src.index {
+		t.Fatalf("applied index %d after reopen, want %d", dst.index, src.index)
+	}
+	if a, b := dump(t, src), dump(t, dst); a != b {
+		t.Fatal("state differs after reopen")
+	}
+}
+
+func TestCorruptSnapshotKeepsState(t *testing.T) {
+	src := newReplica(t)
+	fill(src)
+	snap := snapshotOf(t, src)
+	dst := newReplica(t)
+	dst.propose(1, acquireCmd("mine", "x", 0, "", make([]byte, 16)))
+	before := dump(t, dst)
+	for _, bad := range [][]byte{nil, snap[:len(snap)/2], snap[:len(snap)-3], append([]byte("nope"), snap...)} {
+		err := dst.sm.RecoverFromSnapshot(bytes.NewReader(bad), nil)
+		if !errors.Is(err, ErrCorruptSnapshot) {
+			t.Fatalf("recover from %d bytes: %v, want ErrCorruptSnapshot", len(bad), err)
+		}
+		if dump(t, dst) != before {
+			t.Fatal("a failed recovery changed the state")
+		}
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	for _, tc := range []struct {
+		in string
+		ok bool
+	}{
+		{"orders/42", true},
+		{"é/ü", true},
+		{string(bytes.Repeat([]byte("x"), 256)), true},
+		{string(bytes.Repeat([]byte("x"), 257)), false},
+		{"", false},
+		{"a\x00b", false},
+		{"a\nb", false},
+		{"a\u0085b", false}, // C1 control
+		{"a\xffb", false},
+	} {
+		err := CheckName("resource", tc.in, MaxResourceBytes)
+		if (err == nil) != tc.ok {
+			t.Errorf("CheckName(%q) = %v", tc.in, err)
+		}
+		var fe *FieldError
+		if err != nil && (!errors.As(err, &fe) || fe.Field != "resource") {
+			t.Errorf("CheckName(%q) error %v does not name the field", tc.in, err)
+		}
+	}
+}
+
+func TestTokenLayout(t *testing.T) {
+	tok := Token(MaxEpoch, MaxRevision)
+	if tok >= 1<<63 {
+		t.Fatalf("largest token %d does not fit a signed BIGINT", tok)
+	}
+	if e, r := SplitToken(tok); e != MaxEpoch || r != MaxRevision {
+		t.Fatalf("SplitToken = %d, %d", e, r)
+	}
+	if Token(2, 0) <= Token(1, MaxRevision) {
+		t.Fatal("a new epoch does not dominate the old epoch's revisions")
+	}
+}
+
+// When the revision space is used up the shard refuses grants (it needs a
+// new epoch) rather than wrap around.
+func TestRevisionExhaustedRefusesGrant(t *testing.T) {
+	r := newReplica(t)
+	meta := initialMeta(1)()
+	meta.Revision = MaxRevision
+	b := r.sm.mu.db.NewBatch()
+	if err := set(b, keyMeta, meta); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	r.sm.Close()
+	r.open()
+	res := r.propose(1, acquireCmd("x", "q", 0, "", make([]byte, 16)))
+	if res.GetCode() != shardv1.Code_CODE_UNAVAILABLE {
+		t.Fatalf("grant at the last revision: %v", res)
+	}
+}
