@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 
 // cluster is a dev cluster in this process behind an HTTP test server.
 type cluster struct {
-	t     *testing.T
+	t     testing.TB
 	dir   string
 	cfg   router.DevConfig
 	opts  []connect.HandlerOption
@@ -42,7 +42,7 @@ type cluster struct {
 	locks wardenv1connect.LockServiceClient
 }
 
-func startCluster(t *testing.T, cfg router.DevConfig, opts ...connect.HandlerOption) *cluster {
+func startCluster(t testing.TB, cfg router.DevConfig, opts ...connect.HandlerOption) *cluster {
 	t.Helper()
 	cfg.DataDir = t.TempDir()
 	if cfg.Router.ScanInterval == 0 {
@@ -126,7 +126,7 @@ func (c *cluster) localLock(i int, resource string) (*shardv1.LockRecord, error)
 	return out.(*shardv1.QueryResult).GetLock(), nil
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	t.Cleanup(cancel)
 	return c

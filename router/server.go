@@ -16,6 +16,8 @@ import (
 // Prometheus's /metrics. Extra handler options (interceptors) apply to
 // the Warden services.
 func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
+	// Compressing Warden's small messages costs more than it saves.
+	opts = append([]connect.HandlerOption{connect.WithCompressMinBytes(1024)}, opts...)
 	mux := http.NewServeMux()
 	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), opts...))
 	services := []string{wardenv1connect.LockServiceName}

@@ -1,0 +1,216 @@
+package router_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/anishathalye/porcupine"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/router"
+)
+
+// The lock as porcupine sees one resource: who holds it and the last
+// token. Leases are long enough never to expire during the test.
+type linState struct {
+	holder string // lease id, "" when free
+	token  uint64
+}
+
+type linInput struct {
+	op       string // acquire, release, describe
+	resource string
+	leaseID  string // release
+}
+
+type linOutput struct {
+	granted  bool   // acquire: granted (else held by another)
+	leaseID  string // acquire
+	token    uint64 // acquire: the grant's; conflict: the holder's; describe: the lock's
+	released *bool  // release: nil when the outcome was learned only through retries
+	held     bool   // describe
+}
+
+var lockModel = porcupine.Model{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		for _, op := range h {
+			r := op.Input.(linInput).resource
+			by[r] = append(by[r], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(by))
+		for _, ops := range by {
+			out = append(out, ops)
+		}
+		return out
+	},
+	Init: func() any { return linState{} },
+	Step: func(s, in, out any) (bool, any) {
+		st, i, o := s.(linState), in.(linInput), out.(linOutput)
+		switch i.op {
+		case "acquire":
+			if o.granted {
+				// Rules 1 and 2: only when free, with a strictly higher token.
+				return st.holder == "" && o.token > st.token, linState{o.leaseID, o.token}
+			}
+			return st.holder != "" && o.token == st.token, st
+		case "release":
+			isHolder := st.holder == i.leaseID
+			if o.released != nil && *o.released != isHolder {
+				return false, st
+			}
+			if isHolder {
+				return true, linState{"", st.token}
+			}
+			return true, st
+		case "describe":
+			return o.held == (st.holder != "") && o.token == st.token, st
+		}
+		return false, st
+	},
+	DescribeOperation: func(in, out any) string {
+		return fmt.Sprintf("%+v -> %+v", in, out)
+	},
+}
+
+// TestLinearizableUnderLeaderChanges records a concurrent history of
+// Acquire, Release and Describe on a few resources while leadership moves
+// every half second, and checks it with porcupine. A request whose outcome
+// is unknown (unavailable) is retried with the same id until it is known,
+// and recorded as one operation from its first call to its last return.
+func TestLinearizableUnderLeaderChanges(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	resources := []string{"lin/a", "lin/b", "lin/c"}
+	var (
+		mu      sync.Mutex
+		history []porcupine.Operation
+	)
+	start := time.Now()
+	since := func() int64 { return int64(time.Since(start)) }
+	record := func(client int, in linInput, out linOutput, call int64) {
+		mu.Lock()
+		history = append(history, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: since()})
+		mu.Unlock()
+	}
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // leader changes
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			lead := c.leader()
+			_ = c.dev.Nodes[lead].Node.NH.RequestLeaderTransfer(shardID, c.dev.Nodes[(lead+1)%router.DevNodes].Node.ID())
+		}
+	}()
+	const clients = 6
+	for cl := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(cl), 7))
+			mine := map[string]string{} // resource → lease id held
+			var old []string            // leases this client released
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r := resources[rng.IntN(len(resources))]
+				call := since()
+				switch k := rng.IntN(10); {
+				case k < 4 && mine[r] == "":
+					in := linInput{op: "acquire", resource: r}
+					out, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n))
+					if !ok {
+						t.Errorf("acquire %s: outcome never learned", r)
+						return
+					}
+					if out.granted {
+						mine[r] = out.leaseID
+					}
+					record(cl, in, out, call)
+				case k < 7 && mine[r] != "" || k == 7 && len(old) > 0:
+					lease := mine[r]
+					if k == 7 {
+						lease = old[rng.IntN(len(old))] // a stale release
+					}
+					in := linInput{op: "release", resource: r, leaseID: lease}
+					out, ok := linRelease(c, r, lease)
+					if !ok {
+						t.Errorf("release %s: outcome never learned", r)
+						return
+					}
+					if lease == mine[r] {
+						delete(mine, r)
+						old = append(old, lease)
+					}
+					record(cl, in, out, call)
+				default:
+					resp, err := c.locks.Describe(ctx(t), connect.NewRequest(&wardenv1.DescribeRequest{Resource: r}))
+					if err != nil {
+						continue // a read with no answer changed nothing
+					}
+					record(cl, linInput{op: "describe", resource: r}, linOutput{held: resp.Msg.GetHeld(), token: resp.Msg.GetFencingToken()}, call)
+				}
+			}
+		}()
+	}
+	time.Sleep(4 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	res, info := porcupine.CheckOperationsVerbose(lockModel, history, time.Minute)
+	if res != porcupine.Ok {
+		f, _ := os.CreateTemp("", "warden-history-*.html") // kept for a person to read
+		_ = porcupine.Visualize(lockModel, info, f)
+		f.Close()
+		path := f.Name()
+		t.Fatalf("history of %d operations is not linearizable (%v); see %s", len(history), res, path)
+	}
+	t.Logf("%d operations linearizable", len(history))
+}
+
+// linAcquire acquires, retrying the same request id while the outcome is
+// unknown. ok is false if the outcome never became known.
+func linAcquire(c *cluster, resource, requestID string) (linOutput, bool) {
+	for range 100 {
+		resp, err := c.acquire(resource, requestID, time.Minute)
+		if err == nil {
+			return linOutput{granted: true, leaseID: resp.GetLeaseId(), token: resp.GetFencingToken()}, true
+		}
+		var ce *connect.Error
+		if connect.CodeOf(err) == connect.CodeAborted && errors.As(err, &ce) {
+			return linOutput{token: detail[*wardenv1.LockHeld](c.t.(*testing.T), ce).GetFencingToken()}, true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return linOutput{}, false
+}
+
+func linRelease(c *cluster, resource, leaseID string) (linOutput, bool) {
+	for attempt := range 100 {
+		released, err := c.release(resource, leaseID)
+		if err == nil {
+			out := linOutput{}
+			if attempt == 0 {
+				out.released = &released
+			}
+			return out, true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return linOutput{}, false
+}
