@@ -1,0 +1,236 @@
+package shard
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// TestScripts runs the scenario files in testdata/*.txt against a replica.
+// Each line is one step:
+//
+//	now 2.5s                               set the proposer's clock (from t0)
+//	acquire RES REQ [ttl=D] [holder=H] [lease=L] -> EXPECT
+//	renew RES L -> EXPECT
+//	release RES L -> EXPECT
+//	expire RES L EXP -> EXPECT             EXP: the expiry the leader saw, or "seen"
+//	forget [dedup=RES/REQ,...] [idle=RES,...] -> EXPECT
+//	set skew=D window=D min_ttl=D max_ttl=D default_ttl=D -> EXPECT
+//	describe RES -> EXPECT                 the stored record
+//	scan expired|forgettable -> EXPECT
+//
+// Lease names (L) stand for 16-byte lease ids. Durations are Go
+// durations from t0; EXPECT is the step's output exactly as the test
+// prints it (see out), so a new case is a new line, not new code.
+func TestScripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) { runScript(t, f) })
+	}
+}
+
+const t0 = int64(1_700_000_000) * second
+
+type script struct {
+	t       *testing.T
+	rep     *replica
+	now     int64
+	expires map[string]int64 // lease name → last expiry seen
+}
+
+func runScript(t *testing.T, path string) {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := &script{t: t, rep: newReplica(t), now: t0, expires: map[string]int64{}}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		cmd, want, hasWant := strings.Cut(line, "->")
+		got := s.step(strings.Fields(cmd))
+		if hasWant && strings.TrimSpace(want) != got {
+			t.Errorf("%s:%d: %s\n\tgot:  %s\n\twant: %s", path, n, strings.TrimSpace(cmd), got, strings.TrimSpace(want))
+		}
+	}
+}
+
+func (s *script) dur(v string) int64 {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		s.t.Fatalf("bad duration %q", v)
+	}
+	return int64(d)
+}
+
+// at prints an absolute time as a duration from t0.
+func at(ns int64) string { return time.Duration(ns - t0).String() }
+
+func leaseID(name string) []byte {
+	id := make([]byte, LeaseIDBytes)
+	copy(id, name)
+	return id
+}
+
+func leaseName(id []byte) string { return strings.TrimRight(string(id), "\x00") }
+
+func kv(args []string) map[string]string {
+	m := map[string]string{}
+	for _, a := range args {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func (s *script) step(f []string) string {
+	switch f[0] {
+	case "now":
+		s.now = t0 + s.dur(f[1])
+		return ""
+	case "acquire":
+		o := kv(f[3:])
+		var ttl int64
+		if v, ok := o["ttl"]; ok {
+			ttl = s.dur(v)
+		}
+		name := o["lease"]
+		if name == "" {
+			name = f[2]
+		}
+		res := s.rep.propose(s.now, acquireCmd(f[1], f[2], ttl, o["holder"], leaseID(name)))
+		if res.GetCode() == shardv1.Code_CODE_OK {
+			s.expires[leaseName(res.GetLease().GetLeaseId())] = res.GetLease().GetExpiresAtUnixNano()
+		}
+		return out(f[0], res)
+	case "renew":
+		res := s.rep.propose(s.now, renewCmd(f[1], leaseID(f[2])))
+		if res.GetCode() == shardv1.Code_CODE_OK {
+			s.expires[f[2]] = res.GetLease().GetExpiresAtUnixNano()
+		}
+		return out(f[0], res)
+	case "release":
+		return out(f[0], s.rep.propose(s.now, releaseCmd(f[1], leaseID(f[2]))))
+	case "expire":
+		exp := s.expires[f[2]]
+		if f[3] != "seen" {
+			exp = t0 + s.dur(f[3])
+		}
+		return out(f[0], s.rep.propose(s.now, expireCmd(&shardv1.ExpireItem{Resource: f[1], LeaseId: leaseID(f[2]), ExpiresAtUnixNano: exp})))
+	case "forget":
+		c := &shardv1.ForgetCmd{}
+		o := kv(f[1:])
+		for _, d := range splitList(o["dedup"]) {
+			r, q, _ := strings.Cut(d, "/")
+			c.Dedup = append(c.Dedup, &shardv1.DedupRef{Resource: r, RequestId: q})
+		}
+		c.IdleLocks = splitList(o["idle"])
+		return out(f[0], s.rep.propose(s.now, forgetCmd(c)))
+	case "set":
+		c := &shardv1.SetConfigCmd{}
+		for k, v := range kv(f[1:]) {
+			d := s.dur(v)
+			switch k {
+			case "skew":
+				c.MaxClockSkewNanos = &d
+			case "window":
+				c.DedupWindowNanos = &d
+			case "min_ttl":
+				c.MinLeaseTtlNanos = &d
+			case "max_ttl":
+				c.MaxLeaseTtlNanos = &d
+			case "default_ttl":
+				c.DefaultLeaseTtlNanos = &d
+			}
+		}
+		return out(f[0], s.rep.propose(s.now, setConfigCmd(c)))
+	case "describe":
+		l := s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: f[1]}}}).GetLock()
+		switch {
+		case l == nil:
+			return "none"
+		case l.GetHeld():
+			return fmt.Sprintf("held lease=%s token=%d expires=%s", leaseName(l.GetLeaseId()), rev(l.GetFencingToken()), at(l.GetExpiresAtUnixNano()))
+		}
+		return fmt.Sprintf("free token=%d ended=%s", rev(l.GetFencingToken()), at(l.GetEndedAtUnixNano()))
+	case "scan":
+		q := &shardv1.Query{}
+		if f[1] == "expired" {
+			q.Query = &shardv1.Query_Expired{Expired: &shardv1.ScanQuery{Limit: 100}}
+			var out []string
+			for _, it := range s.rep.query(s.now, q).GetExpire().GetItems() {
+				out = append(out, it.GetResource()+":"+leaseName(it.GetLeaseId()))
+			}
+			return "[" + strings.Join(out, " ") + "]"
+		}
+		q.Query = &shardv1.Query_Forgettable{Forgettable: &shardv1.ScanQuery{Limit: 100}}
+		fc := s.rep.query(s.now, q).GetForget()
+		var out []string
+		for _, d := range fc.GetDedup() {
+			out = append(out, "dedup:"+d.GetResource()+"/"+d.GetRequestId())
+		}
+		for _, r := range fc.GetIdleLocks() {
+			out = append(out, "idle:"+r)
+		}
+		return "[" + strings.Join(out, " ") + "]"
+	}
+	s.t.Fatalf("unknown verb %q", f[0])
+	return ""
+}
+
+func splitList(v string) []string {
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
+}
+
+// rev prints a token as its revision (tests run in epoch 1).
+func rev(token uint64) uint64 {
+	_, r := SplitToken(token)
+	return r
+}
+
+// out prints a result of verb in the scripts' EXPECT form.
+func out(verb string, r *shardv1.Result) string {
+	code := strings.ToLower(strings.TrimPrefix(r.GetCode().String(), "CODE_"))
+	var b strings.Builder
+	b.WriteString(code)
+	if l := r.GetLease(); l != nil {
+		if len(l.GetLeaseId()) > 0 {
+			b.WriteString(" lease=" + leaseName(l.GetLeaseId()))
+		}
+		b.WriteString(" token=" + strconv.FormatUint(rev(l.GetFencingToken()), 10))
+		b.WriteString(" expires=" + at(l.GetExpiresAtUnixNano()))
+	}
+	if r.GetReplayed() {
+		b.WriteString(" replayed")
+	}
+	if r.GetCode() == shardv1.Code_CODE_OK {
+		switch verb {
+		case "release":
+			b.WriteString(" released=" + strconv.FormatBool(r.GetReleased()))
+		case "expire", "forget":
+			b.WriteString(" count=" + strconv.Itoa(int(r.GetCount())))
+		}
+	}
+	if r.GetField() != "" {
+		b.WriteString(" field=" + r.GetField())
+	}
+	return b.String()
+}
