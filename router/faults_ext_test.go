@@ -348,3 +348,30 @@ func TestLeaderChangesDoNotExtendLease(t *testing.T) {
 		t.Fatalf("token %d after %d", b.GetFencingToken(), a.GetFencingToken())
 	}
 }
+
+// The leader's expiry timer reaps a lease nobody touches once expires_at +
+// max_clock_skew has passed, on every replica, without any client action.
+func TestLeaderTimerExpiresLease(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	a := c.mustAcquire("r", "a", time.Second)
+	skew := time.Duration(shard.DefaultConfig().GetMaxClockSkewNanos())
+	deadline := time.Now().Add(10 * time.Second)
+	for i := range router.DevNodes {
+		for {
+			l, err := c.localLock(i, "r")
+			if err == nil && l != nil && !l.GetHeld() {
+				if ended := time.Unix(0, l.GetEndedAtUnixNano()); ended.Before(a.GetExpiresAt().AsTime().Add(skew)) {
+					t.Fatalf("replica %d: reaped at %v, before expiry + skew %v", i+1, ended, a.GetExpiresAt().AsTime().Add(skew))
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %d still holds the lease: %v %v", i+1, l, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if d := c.describe("r"); d.GetHeld() {
+		t.Fatalf("describe after expiry: %v", d)
+	}
+}

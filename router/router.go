@@ -115,14 +115,20 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 	}
 }
 
+// route finds the shard that owns key and the local node leading it.
+func (r *Router) route(ctx context.Context, key string) (uint64, *LocalNode, leaderTerm, error) {
+	shardID, err := r.pmap.ShardFor(key)
+	if err != nil {
+		return 0, nil, leaderTerm{}, err
+	}
+	n, t, err := r.leader(ctx, shardID)
+	return shardID, n, t, err
+}
+
 // propose sends a command for key to its shard's leader and returns the
 // shard's result; a result that refused the command is a *resultError.
 func (r *Router) propose(ctx context.Context, key string, env *shardv1.Envelope) (*shardv1.Result, error) {
-	shardID, err := r.pmap.ShardFor(key)
-	if err != nil {
-		return nil, err
-	}
-	n, t, err := r.leader(ctx, shardID)
+	shardID, n, t, err := r.route(ctx, key)
 	if err != nil {
 		return nil, err
 	}
@@ -164,11 +170,7 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 // read runs a linearizable read of key's shard on its leader, stamped
 // with the leader's clock.
 func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shardv1.QueryResult, error) {
-	shardID, err := r.pmap.ShardFor(key)
-	if err != nil {
-		return nil, err
-	}
-	n, t, err := r.leader(ctx, shardID)
+	shardID, n, t, err := r.route(ctx, key)
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,6 @@ package shard
 import (
 	"bytes"
 	"errors"
-	"os"
 	"testing"
 
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
@@ -29,13 +28,7 @@ func FuzzDecodeAndApply(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{0xff, 0x01})
-	dir, err := os.MkdirTemp("", "warden-fuzz-")
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { os.RemoveAll(dir) })
-	rep := openReplica(f, dir)
-	f.Cleanup(func() { rep.sm.Close() })
+	rep := newReplica(f)
 	f.Fuzz(func(t *testing.T, cmd []byte) {
 		if _, err := DecodeCommand(cmd); errors.Is(err, ErrUnsupportedVersion) {
 			return
@@ -60,13 +53,7 @@ func FuzzLoadSnapshot(f *testing.F) {
 	f.Add(snap)
 	f.Add(snap[:len(snap)/3])
 	f.Add([]byte(snapshotMagic))
-	dir, err := os.MkdirTemp("", "warden-fuzz-")
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { os.RemoveAll(dir) })
-	rep := openReplica(f, dir)
-	f.Cleanup(func() { rep.sm.Close() })
+	rep := newReplica(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		before := dump(t, rep)
 		if err := rep.sm.RecoverFromSnapshot(bytes.NewReader(data), nil); err != nil && dump(t, rep) != before {
