@@ -2,6 +2,7 @@ package router
 
 import (
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
@@ -16,8 +17,12 @@ import (
 // Prometheus's /metrics. Extra handler options (interceptors) apply to
 // the Warden services.
 func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
-	// Compressing Warden's small messages costs more than it saves.
-	opts = append([]connect.HandlerOption{connect.WithCompressMinBytes(1024)}, opts...)
+	opts = append([]connect.HandlerOption{
+		// Compressing Warden's small messages costs more than it saves.
+		connect.WithCompressMinBytes(1024),
+		// Every valid request is far smaller; refuse the rest unread.
+		connect.WithReadMaxBytes(maxRequestBytes),
+	}, opts...)
 	mux := http.NewServeMux()
 	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), opts...))
 	services := []string{wardenv1connect.LockServiceName}
@@ -29,10 +34,19 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	return mux
 }
 
+// maxRequestBytes bounds a request message, in bytes.
+const maxRequestBytes = 64 << 10
+
 // NewServer returns an HTTP server for h that speaks HTTP/1.1 and
 // cleartext HTTP/2 (h2c), as gRPC clients without TLS need.
 func NewServer(addr string, h http.Handler) *http.Server {
-	srv := &http.Server{Addr: addr, Handler: h}
+	srv := &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)

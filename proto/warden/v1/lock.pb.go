@@ -39,7 +39,8 @@ type AcquireRequest struct {
 	// by default).
 	LeaseTtl *durationpb.Duration `protobuf:"bytes,3,opt,name=lease_ttl,json=leaseTtl,proto3" json:"lease_ttl,omitempty"`
 	// WaitTimeout is how long to wait in the resource's queue when the lock is
-	// held. Zero fails fast with ABORTED.
+	// held, at most 5 min. Zero fails fast with ABORTED. This version has no
+	// wait queues yet: a held lock answers ABORTED at once whatever the value.
 	WaitTimeout *durationpb.Duration `protobuf:"bytes,4,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
 	// Holder is free text recorded for audit and shown by Describe, at most
 	// 256 bytes.
