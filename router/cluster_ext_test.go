@@ -24,11 +24,7 @@ import (
 func TestMain(m *testing.M) {
 	placement.RouteRaftLogs(slog.LevelError + 4) // transport errors of stopped nodes are expected here
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
-	goleak.VerifyTestMain(m,
-		// Pebble's and Dragonboat's process-wide background goroutines.
-		goleak.IgnoreTopFunction("github.com/cockroachdb/pebble/internal/cache.(*shard).runClock"),
-		goleak.IgnoreAnyFunction("github.com/lni/goutils/syncutil.(*Stopper).RunWorker.func1"),
-	)
+	goleak.VerifyTestMain(m)
 }
 
 // cluster is a dev cluster in this process behind an HTTP test server.
