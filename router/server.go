@@ -22,6 +22,8 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 		connect.WithCompressMinBytes(1024),
 		// Every valid request is far smaller; refuse the rest unread.
 		connect.WithReadMaxBytes(maxRequestBytes),
+		connect.WithCodec(jsonCodec{"json"}),
+		connect.WithCodec(jsonCodec{"json; charset=utf-8"}),
 	}, opts...)
 	mux := http.NewServeMux()
 	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), opts...))

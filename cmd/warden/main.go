@@ -11,9 +11,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -45,7 +47,7 @@ type cli struct {
 }
 
 type lockCmd struct {
-	Acquire  acquireCmd  `cmd:"" help:"Acquire a lock; fails at once when it is held."`
+	Acquire  acquireCmd  `cmd:"" help:"Acquire a lock; fails at once (aborted) when it is held."`
 	Renew    renewCmd    `cmd:"" help:"Renew a lease by its lease TTL."`
 	Release  releaseCmd  `cmd:"" help:"Release a lease; a stale lease id is a no-op."`
 	Describe describeCmd `cmd:"" help:"Show who holds a lock (never the lease id)."`
@@ -55,7 +57,6 @@ type acquireCmd struct {
 	Resource  string        `arg:"" help:"Resource to lock."`
 	RequestID string        `name:"request-id" help:"Idempotency key; reuse it to retry. Default: a random one, printed."`
 	TTL       time.Duration `name:"ttl" help:"Lease TTL (default: the shard's, 30s)."`
-	Wait      time.Duration `help:"How long to wait in the queue when held (0: fail fast)."`
 	Holder    string        `help:"Free text recorded as the holder."`
 	Tenant    string        `help:"Tenant the request counts against."`
 }
@@ -95,11 +96,16 @@ func (g *globals) ctx() (context.Context, context.CancelFunc) {
 // print writes m as JSON with --json, else runs human.
 func (g *globals) print(m proto.Message, human func(w io.Writer)) error {
 	if g.JSON {
-		b, err := protojson.Marshal(m)
+		// The server's JSON form: proto field names, zero values written.
+		b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(m)
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintln(g.out, string(b))
+		var out bytes.Buffer
+		if err := json.Compact(&out, b); err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(g.out, out.String())
 		return err
 	}
 	human(g.out)
@@ -115,9 +121,6 @@ func (a *acquireCmd) Run(g *globals) error {
 	}
 	if a.TTL != 0 {
 		req.LeaseTtl = durationpb.New(a.TTL)
-	}
-	if a.Wait != 0 {
-		req.WaitTimeout = durationpb.New(a.Wait)
 	}
 	ctx, cancel := g.ctx()
 	defer cancel()
