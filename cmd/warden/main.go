@@ -76,13 +76,25 @@ type describeCmd struct {
 }
 
 func main() {
-	var c cli
-	ctx := kong.Parse(&c, kong.Name("warden"), kong.Description("Command-line client for Warden."), kong.UsageOnError())
-	c.out = os.Stdout
-	if err := ctx.Run(&c.globals); err != nil {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "warden:", describeErr(err))
 		os.Exit(1)
 	}
+}
+
+// run parses args and runs the command, printing its output to out.
+func run(args []string, out io.Writer) error {
+	var c cli
+	parser, err := kong.New(&c, kong.Name("warden"), kong.Description("Command-line client for Warden."), kong.UsageOnError())
+	if err != nil {
+		return err
+	}
+	ctx, err := parser.Parse(args)
+	if err != nil {
+		return err
+	}
+	c.out = out
+	return ctx.Run(&c.globals)
 }
 
 func (g *globals) client() wardenv1connect.LockServiceClient {
