@@ -117,6 +117,9 @@ func resultToConnect(res *shardv1.Result) error {
 // proposeError classifies an error of SyncPropose or SyncRead.
 func proposeError(err error) error {
 	switch {
+	case errors.Is(err, dragonboat.ErrTimeoutTooSmall):
+		// Not proposed: the caller's deadline left no time to try.
+		return fmt.Errorf("%w: %v", context.DeadlineExceeded, err)
 	case errors.Is(err, dragonboat.ErrShardNotReady), errors.Is(err, dragonboat.ErrSystemBusy),
 		errors.Is(err, dragonboat.ErrShardNotFound), errors.Is(err, dragonboat.ErrClosed),
 		errors.Is(err, dragonboat.ErrRejected):

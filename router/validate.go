@@ -30,8 +30,12 @@ func validateAcquire(m *wardenv1.AcquireRequest) error {
 	if err := shard.CheckText("tenant", m.GetTenant(), shard.MaxTenantBytes); err != nil {
 		return err
 	}
-	if _, err := duration("lease_ttl", m.GetLeaseTtl(), 0); err != nil {
+	// An explicit zero is a mistake, not a request for the default (which
+	// is asked for by leaving lease_ttl unset).
+	if ttl, err := duration("lease_ttl", m.GetLeaseTtl(), 0); err != nil {
 		return err
+	} else if m.GetLeaseTtl() != nil && ttl == 0 {
+		return &shard.FieldError{Field: "lease_ttl", Reason: "must be positive; leave it unset for the shard's default"}
 	}
 	_, err := duration("wait_timeout", m.GetWaitTimeout(), maxWaitTimeout)
 	return err

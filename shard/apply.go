@@ -308,9 +308,9 @@ func (a *applier) release(c *shardv1.ReleaseCmd) (*shardv1.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A lease that expired but is not yet reaped or replaced may still be
-	// released by its holder: that only frees the lock sooner.
-	if lock == nil || !lock.GetHeld() || !bytes.Equal(lock.GetLeaseId(), c.GetLeaseId()) {
+	// Only the current lease releases (DESIGN.md §1 rule 3). An expired one
+	// is over already; the leader's expiry timer frees its record.
+	if !a.current(lock, c.GetLeaseId()) {
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Released: false}, nil
 	}
 	if err := a.endLease(lock); err != nil {

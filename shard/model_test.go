@@ -113,8 +113,7 @@ func (m *model) renew(r string, id []byte) shardv1.Code {
 }
 
 func (m *model) release(r string, id []byte) bool {
-	l := m.locks[r]
-	if l == nil || l.cur == nil || !bytes.Equal(l.cur.id, id) {
+	if v := m.validLease(r); v == nil || !bytes.Equal(v.id, id) {
 		return false
 	}
 	m.end(r)

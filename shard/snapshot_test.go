@@ -107,6 +107,11 @@ func TestCheckName(t *testing.T) {
 		{"a\x00b", false},
 		{"a\nb", false},
 		{"a\u0085b", false}, // C1 control
+		{"a\u202eb", false}, // right-to-left override
+		{"a\u200bb", false}, // zero-width space
+		{"a\u2028b", false}, // line separator
+		{"a\uffffb", false}, // noncharacter
+		{"日本/ü-ß_1 x", true},
 		{"a\xffb", false},
 	} {
 		err := CheckName("resource", tc.in, MaxResourceBytes)

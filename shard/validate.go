@@ -30,7 +30,7 @@ type FieldError struct {
 func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
 
 // CheckName checks an identifier-like field (resource, request_id, tenant):
-// 1..max bytes of valid UTF-8 without control characters. It returns a
+// 1..max bytes of valid UTF-8 without control or format characters. It returns a
 // *FieldError naming field, or nil.
 func CheckName(field, s string, max int) error {
 	switch {
@@ -43,7 +43,7 @@ func CheckName(field, s string, max int) error {
 }
 
 // CheckText checks an optional free-text field (holder): at most max bytes
-// of valid UTF-8 without control characters. It returns a *FieldError or nil.
+// of valid UTF-8 without control or format characters. It returns a *FieldError or nil.
 func CheckText(field, s string, max int) error {
 	if len(s) > max {
 		return &FieldError{field, fmt.Sprintf("is %d bytes, more than %d", len(s), max)}
@@ -56,9 +56,19 @@ func checkText(field, s string) error {
 		return &FieldError{field, "is not valid UTF-8"}
 	}
 	for _, r := range s {
-		if unicode.IsControl(r) {
-			return &FieldError{field, fmt.Sprintf("contains control character %U", r)}
+		if forbidden(r) {
+			return &FieldError{field, fmt.Sprintf("contains control or format character %U", r)}
 		}
 	}
 	return nil
+}
+
+// forbidden reports runes that may not appear in names or holder text:
+// control characters (Cc), invisible format characters such as bidi
+// overrides and zero-width spaces (Cf), line and paragraph separators
+// (Zl, Zp) and noncharacters. They make names that look alike but differ,
+// and let free text spoof audit logs.
+func forbidden(r rune) bool {
+	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) ||
+		(r >= 0xFDD0 && r <= 0xFDEF) || r&0xFFFE == 0xFFFE
 }
