@@ -48,9 +48,9 @@ func NewServer(addr string, h http.Handler) *http.Server {
 		ReadHeaderTimeout: 10 * time.Second,
 		// Requests are small; a body that trickles in is an attack. (There
 		// is no WriteTimeout: a waiting Acquire may answer minutes later.)
-		ReadTimeout:       30 * time.Second,
-		IdleTimeout:       5 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
+		ReadTimeout:    30 * time.Second,
+		IdleTimeout:    5 * time.Minute,
+		MaxHeaderBytes: 64 << 10,
 	}
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
