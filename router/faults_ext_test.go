@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/shard"
 )
@@ -152,31 +153,37 @@ func TestLeaderStopMidStream(t *testing.T) {
 	}
 	checkWorkers(t, c, ws)
 	c.startReplica(stopped)
-	waitSameState(t, c, stopped, ws)
+	checkReplicasAgree(t, c)
 }
 
-// waitSameState waits until replica i holds the same lock records as the
-// leader for every worker resource.
-func waitSameState(t *testing.T, c *cluster, i int, ws []*worker) {
+// checkReplicasAgree waits until every replica has applied the same log
+// index, and fails at once if replicas at the same index hold different
+// state (a divergence), comparing digests of their whole databases.
+func checkReplicasAgree(t *testing.T, c *cluster) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		lead := c.leader()
-		diff := ""
-		for _, w := range ws {
-			for _, r := range w.res {
-				a, errA := c.localLock(lead, r)
-				b, errB := c.localLock(i, r)
-				if errA != nil || errB != nil || a.String() != b.String() {
-					diff = fmt.Sprintf("%s: leader %v (%v), replica %v (%v)", r, a, errA, b, errB)
-				}
+		var idx []any
+		digests := map[uint64]string{}
+		for _, n := range c.dev.Nodes {
+			out, err := n.Node.NH.StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Digest{Digest: &shardv1.DigestQuery{}}})
+			if err != nil { // still starting
+				idx = append(idx, err)
+				digests[^uint64(0)] = ""
+				continue
 			}
+			q := out.(*shardv1.QueryResult)
+			if d, ok := digests[q.GetAppliedIndex()]; ok && d != string(q.GetDigest()) {
+				t.Fatalf("replicas diverged: different state at applied index %d", q.GetAppliedIndex())
+			}
+			digests[q.GetAppliedIndex()] = string(q.GetDigest())
+			idx = append(idx, q.GetAppliedIndex())
 		}
-		if diff == "" {
+		if len(digests) == 1 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("replica %d did not catch up: %s", i+1, diff)
+			t.Fatalf("replicas did not converge: applied indexes %v", idx)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -242,7 +249,7 @@ func TestLaggingReplicaCatchesUpBySnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.startReplica(lagging)
-	waitSameState(t, c, lagging, []*worker{w})
+	checkReplicasAgree(t, c)
 	id := c.dev.Nodes[lagging].Node.ID()
 	cur, err := os.ReadFile(filepath.Join(c.cfg.DataDir, fmt.Sprintf("node-%d", id), "sm", fmt.Sprintf("shard-1-replica-%d", id), "CURRENT"))
 	if err != nil {
@@ -304,6 +311,7 @@ func TestMinorityAnswersUnavailable(t *testing.T) {
 	if _, err := c.renew("r0", before.GetLeaseId()); err != nil {
 		t.Fatalf("lease from before the outage: %v", err)
 	}
+	checkReplicasAgree(t, c)
 }
 
 // Case L3: leadership moves every ~second while a crashed holder's lease

@@ -181,6 +181,7 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 		t.Fatalf("history of %d operations is not linearizable (%v); see %s", len(history), res, path)
 	}
 	t.Logf("%d operations linearizable", len(history))
+	checkReplicasAgree(t, c)
 }
 
 // linAcquire acquires, retrying the same request id while the outcome is

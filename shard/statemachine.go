@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -258,6 +259,11 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 	case *shardv1.Query_Forgettable:
 		out.Forget, err = r.forgettable(now, int(qq.Forgettable.GetLimit()))
 	case *shardv1.Query_Meta:
+	case *shardv1.Query_Digest:
+		out.AppliedIndex, err = appliedIndex(snap)
+		if err == nil {
+			out.Digest, err = digest(snap)
+		}
 	default:
 		err = fmt.Errorf("shard: unknown query %T", qq)
 	}
@@ -265,6 +271,21 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// digest hashes every key and value of g in key order, each preceded by
+// its length.
+func digest(g getter) ([]byte, error) {
+	h := sha256.New()
+	it := g.NewIter(nil)
+	var n [binary.MaxVarintLen64]byte
+	for it.First(); it.Valid(); it.Next() {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(it.Key())))])
+		h.Write(it.Key())
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(it.Value())))])
+		h.Write(it.Value())
+	}
+	return h.Sum(nil), it.Close()
 }
 
 // Sync implements sm.IOnDiskStateMachine: it makes every applied batch

@@ -1399,6 +1399,7 @@ type Query struct {
 	//	*Query_Expired
 	//	*Query_Forgettable
 	//	*Query_Meta
+	//	*Query_Digest
 	Query         isQuery_Query `protobuf_oneof:"query"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1484,6 +1485,15 @@ func (x *Query) GetMeta() *MetaQuery {
 	return nil
 }
 
+func (x *Query) GetDigest() *DigestQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_Digest); ok {
+			return x.Digest
+		}
+	}
+	return nil
+}
+
 type isQuery_Query interface {
 	isQuery_Query()
 }
@@ -1504,6 +1514,10 @@ type Query_Meta struct {
 	Meta *MetaQuery `protobuf:"bytes,13,opt,name=meta,proto3,oneof"`
 }
 
+type Query_Digest struct {
+	Digest *DigestQuery `protobuf:"bytes,14,opt,name=digest,proto3,oneof"`
+}
+
 func (*Query_Describe) isQuery_Query() {}
 
 func (*Query_Expired) isQuery_Query() {}
@@ -1511,6 +1525,46 @@ func (*Query_Expired) isQuery_Query() {}
 func (*Query_Forgettable) isQuery_Query() {}
 
 func (*Query_Meta) isQuery_Query() {}
+
+func (*Query_Digest) isQuery_Query() {}
+
+// DigestQuery asks for a hash of the replica's whole state, to check that
+// replicas which applied the same log index hold the same state.
+type DigestQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DigestQuery) Reset() {
+	*x = DigestQuery{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DigestQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DigestQuery) ProtoMessage() {}
+
+func (x *DigestQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DigestQuery.ProtoReflect.Descriptor instead.
+func (*DigestQuery) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{17}
+}
 
 type DescribeQuery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1521,7 +1575,7 @@ type DescribeQuery struct {
 
 func (x *DescribeQuery) Reset() {
 	*x = DescribeQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +1587,7 @@ func (x *DescribeQuery) String() string {
 func (*DescribeQuery) ProtoMessage() {}
 
 func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +1600,7 @@ func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeQuery.ProtoReflect.Descriptor instead.
 func (*DescribeQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{17}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DescribeQuery) GetResource() string {
@@ -1566,7 +1620,7 @@ type ScanQuery struct {
 
 func (x *ScanQuery) Reset() {
 	*x = ScanQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1578,7 +1632,7 @@ func (x *ScanQuery) String() string {
 func (*ScanQuery) ProtoMessage() {}
 
 func (x *ScanQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1591,7 +1645,7 @@ func (x *ScanQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanQuery.ProtoReflect.Descriptor instead.
 func (*ScanQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ScanQuery) GetLimit() uint32 {
@@ -1609,7 +1663,7 @@ type MetaQuery struct {
 
 func (x *MetaQuery) Reset() {
 	*x = MetaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1675,7 @@ func (x *MetaQuery) String() string {
 func (*MetaQuery) ProtoMessage() {}
 
 func (x *MetaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1688,7 @@ func (x *MetaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaQuery.ProtoReflect.Descriptor instead.
 func (*MetaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
 }
 
 // QueryResult answers a Query.
@@ -1645,14 +1699,18 @@ type QueryResult struct {
 	Expire *ExpireCmd             `protobuf:"bytes,3,opt,name=expire,proto3" json:"expire,omitempty"`
 	Forget *ForgetCmd             `protobuf:"bytes,4,opt,name=forget,proto3" json:"forget,omitempty"`
 	// TimeUnixNano is max(query now, the shard's last applied now).
-	TimeUnixNano  int64 `protobuf:"varint,5,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	TimeUnixNano int64 `protobuf:"varint,5,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	// Digest is the SHA-256 of every stored key and value, as of
+	// applied_index (DigestQuery only).
+	Digest        []byte `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
+	AppliedIndex  uint64 `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueryResult) Reset() {
 	*x = QueryResult{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1722,7 @@ func (x *QueryResult) String() string {
 func (*QueryResult) ProtoMessage() {}
 
 func (x *QueryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1735,7 @@ func (x *QueryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResult.ProtoReflect.Descriptor instead.
 func (*QueryResult) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *QueryResult) GetLock() *LockRecord {
@@ -1711,6 +1769,20 @@ func (x *QueryResult) GetForget() *ForgetCmd {
 func (x *QueryResult) GetTimeUnixNano() int64 {
 	if x != nil {
 		return x.TimeUnixNano
+	}
+	return 0
+}
+
+func (x *QueryResult) GetDigest() []byte {
+	if x != nil {
+		return x.Digest
+	}
+	return nil
+}
+
+func (x *QueryResult) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
 	}
 	return 0
 }
@@ -1834,26 +1906,30 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x0flease_ttl_nanos\x18\x04 \x01(\x03R\rleaseTtlNanos\x12\x16\n" +
 	"\x06holder\x18\x05 \x01(\tR\x06holder\x12#\n" +
 	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\x12+\n" +
-	"\x12ended_at_unix_nano\x18\a \x01(\x03R\x0fendedAtUnixNano\"\x9c\x02\n" +
+	"\x12ended_at_unix_nano\x18\a \x01(\x03R\x0fendedAtUnixNano\"\xd4\x02\n" +
 	"\x05Query\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12<\n" +
 	"\bdescribe\x18\n" +
 	" \x01(\v2\x1e.warden.shard.v1.DescribeQueryH\x00R\bdescribe\x126\n" +
 	"\aexpired\x18\v \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\aexpired\x12>\n" +
 	"\vforgettable\x18\f \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\vforgettable\x120\n" +
-	"\x04meta\x18\r \x01(\v2\x1a.warden.shard.v1.MetaQueryH\x00R\x04metaB\a\n" +
-	"\x05query\"+\n" +
+	"\x04meta\x18\r \x01(\v2\x1a.warden.shard.v1.MetaQueryH\x00R\x04meta\x126\n" +
+	"\x06digest\x18\x0e \x01(\v2\x1c.warden.shard.v1.DigestQueryH\x00R\x06digestB\a\n" +
+	"\x05query\"\r\n" +
+	"\vDigestQuery\"+\n" +
 	"\rDescribeQuery\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\"!\n" +
 	"\tScanQuery\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\v\n" +
-	"\tMetaQuery\"\xfc\x01\n" +
+	"\tMetaQuery\"\xb9\x02\n" +
 	"\vQueryResult\x12/\n" +
 	"\x04lock\x18\x01 \x01(\v2\x1b.warden.shard.v1.LockRecordR\x04lock\x12.\n" +
 	"\x04meta\x18\x02 \x01(\v2\x1a.warden.shard.v1.ShardMetaR\x04meta\x122\n" +
 	"\x06expire\x18\x03 \x01(\v2\x1a.warden.shard.v1.ExpireCmdR\x06expire\x122\n" +
 	"\x06forget\x18\x04 \x01(\v2\x1a.warden.shard.v1.ForgetCmdR\x06forget\x12$\n" +
-	"\x0etime_unix_nano\x18\x05 \x01(\x03R\ftimeUnixNano*\xb4\x01\n" +
+	"\x0etime_unix_nano\x18\x05 \x01(\x03R\ftimeUnixNano\x12\x16\n" +
+	"\x06digest\x18\x06 \x01(\fR\x06digest\x12#\n" +
+	"\rapplied_index\x18\a \x01(\x04R\fappliedIndex*\xb4\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x11\n" +
@@ -1877,7 +1953,7 @@ func file_warden_shard_v1_shard_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(Code)(0),               // 0: warden.shard.v1.Code
 	(*Envelope)(nil),        // 1: warden.shard.v1.Envelope
@@ -1897,10 +1973,11 @@ var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(*LockRecord)(nil),      // 15: warden.shard.v1.LockRecord
 	(*DedupRecord)(nil),     // 16: warden.shard.v1.DedupRecord
 	(*Query)(nil),           // 17: warden.shard.v1.Query
-	(*DescribeQuery)(nil),   // 18: warden.shard.v1.DescribeQuery
-	(*ScanQuery)(nil),       // 19: warden.shard.v1.ScanQuery
-	(*MetaQuery)(nil),       // 20: warden.shard.v1.MetaQuery
-	(*QueryResult)(nil),     // 21: warden.shard.v1.QueryResult
+	(*DigestQuery)(nil),     // 18: warden.shard.v1.DigestQuery
+	(*DescribeQuery)(nil),   // 19: warden.shard.v1.DescribeQuery
+	(*ScanQuery)(nil),       // 20: warden.shard.v1.ScanQuery
+	(*MetaQuery)(nil),       // 21: warden.shard.v1.MetaQuery
+	(*QueryResult)(nil),     // 22: warden.shard.v1.QueryResult
 }
 var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	2,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
@@ -1917,19 +1994,20 @@ var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	13, // 11: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
 	13, // 12: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
 	12, // 13: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
-	18, // 14: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	19, // 15: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	19, // 16: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	20, // 17: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	15, // 18: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	14, // 19: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	5,  // 20: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	7,  // 21: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	19, // 14: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	20, // 15: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	20, // 16: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	21, // 17: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	18, // 18: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	15, // 19: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	14, // 20: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	5,  // 21: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	7,  // 22: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
@@ -1951,6 +2029,7 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Query_Expired)(nil),
 		(*Query_Forgettable)(nil),
 		(*Query_Meta)(nil),
+		(*Query_Digest)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1958,7 +2037,7 @@ func file_warden_shard_v1_shard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_shard_v1_shard_proto_rawDesc), len(file_warden_shard_v1_shard_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
