@@ -25,6 +25,11 @@ var (
 	// learned (timeout, leader change, shard closing). It may have
 	// committed; a retry with the same request id finds out.
 	ErrOutcomeUnknown = errors.New("router: proposal outcome unknown")
+
+	// errDropped marks a request that Dragonboat dropped before proposing
+	// it (shard not ready after a restart, system busy): the router retries
+	// it itself, as it cannot apply twice.
+	errDropped = errors.New("dropped before proposing")
 )
 
 // resultError is a shard result that refused the command.
@@ -124,7 +129,7 @@ func proposeError(err error) error {
 		errors.Is(err, dragonboat.ErrShardNotFound), errors.Is(err, dragonboat.ErrClosed),
 		errors.Is(err, dragonboat.ErrRejected):
 		// Not proposed, or refused before commit.
-		return fmt.Errorf("%w: %v", ErrNoLeader, err)
+		return fmt.Errorf("%w (%w): %v", ErrNoLeader, errDropped, err)
 	case errors.Is(err, context.Canceled):
 		return err
 	}

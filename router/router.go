@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -128,11 +129,15 @@ func (r *Router) route(ctx context.Context, key string) (uint64, *LocalNode, lea
 // propose sends a command for key to its shard's leader and returns the
 // shard's result; a result that refused the command is a *resultError.
 func (r *Router) propose(ctx context.Context, key string, env *shardv1.Envelope) (*shardv1.Result, error) {
-	shardID, n, t, err := r.route(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	res, err := r.proposeOn(ctx, n, t, shardID, env)
+	var res *shardv1.Result
+	err := r.retryDropped(ctx, func() error {
+		shardID, n, t, err := r.route(ctx, key)
+		if err != nil {
+			return err
+		}
+		res, err = r.proposeOn(ctx, n, t, shardID, env)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -170,18 +175,42 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 // read runs a linearizable read of key's shard on its leader, stamped
 // with the leader's clock.
 func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shardv1.QueryResult, error) {
-	shardID, n, t, err := r.route(ctx, key)
+	var out any
+	err := r.retryDropped(ctx, func() error {
+		shardID, n, t, err := r.route(ctx, key)
+		if err != nil {
+			return err
+		}
+		q.NowUnixNano = t.now()
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
+		defer cancel()
+		out, err = n.Node.NH.SyncRead(rctx, shardID, q)
+		if err != nil {
+			return proposeError(err)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	q.NowUnixNano = t.now()
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
-	defer cancel()
-	out, err := n.Node.NH.SyncRead(ctx, shardID, q)
-	if err != nil {
-		return nil, proposeError(err)
-	}
 	return out.(*shardv1.QueryResult), nil
+}
+
+// retryDropped runs f again, for up to LeaderWait, while Dragonboat drops
+// its request before proposing it (a shard still starting, a busy node).
+func (r *Router) retryDropped(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(r.cfg.LeaderWait)
+	for {
+		err := f()
+		if !errors.Is(err, errDropped) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // runTimers drives the leader timers of one node until Stop.
