@@ -73,4 +73,3 @@ func TestBatchingDoesNotChangeResults(t *testing.T) {
 		}
 	})
 }
-
