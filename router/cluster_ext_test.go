@@ -30,7 +30,6 @@ func TestMain(m *testing.M) {
 // cluster is a dev cluster in this process behind an HTTP test server.
 type cluster struct {
 	t     testing.TB
-	dir   string
 	cfg   router.DevConfig
 	opts  []connect.HandlerOption
 	dev   *router.Dev
