@@ -1,6 +1,7 @@
 # Warden — make targets. Everything runs from the Go module proxy alone.
 GO      ?= go
 BUF     := $(GO) tool -modfile=tools/buf/go.mod buf
+STATICCHECK := $(GO) tool -modfile=tools/staticcheck/go.mod staticcheck
 DATA    ?= ./data/dev
 LISTEN  ?= 127.0.0.1:7070
 PKGS    := ./...
@@ -42,10 +43,11 @@ fuzz:
 bench:
 	$(GO) test ./router -run '^$$' -bench 'AcquireRelease' -benchtime 5s -count 3 -timeout 30m
 
-## lint: formatting, vet and the dependency pins of DESIGN.md §7
+## lint: formatting, vet, staticcheck and the dependency pins of DESIGN.md §7
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	$(GO) vet $(PKGS)
+	$(STATICCHECK) $(PKGS)
 	./.ci/check-pins
 
 clean:
