@@ -124,6 +124,7 @@ func (g *globals) print(m proto.Message, human func(w io.Writer)) error {
 	return nil
 }
 
+// Run sends Acquire with a random request id unless --request-id is given.
 func (a *acquireCmd) Run(g *globals) error {
 	req := &wardenv1.AcquireRequest{Resource: a.Resource, RequestId: a.RequestID, Holder: a.Holder, Tenant: a.Tenant}
 	if req.RequestId == "" {
@@ -151,6 +152,7 @@ func (a *acquireCmd) Run(g *globals) error {
 	})
 }
 
+// Run sends Renew.
 func (r *renewCmd) Run(g *globals) error {
 	ctx, cancel := g.ctx()
 	defer cancel()
@@ -163,6 +165,7 @@ func (r *renewCmd) Run(g *globals) error {
 	})
 }
 
+// Run sends Release.
 func (r *releaseCmd) Run(g *globals) error {
 	ctx, cancel := g.ctx()
 	defer cancel()
@@ -179,6 +182,7 @@ func (r *releaseCmd) Run(g *globals) error {
 	})
 }
 
+// Run sends Describe.
 func (d *describeCmd) Run(g *globals) error {
 	ctx, cancel := g.ctx()
 	defer cancel()
