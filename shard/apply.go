@@ -17,11 +17,14 @@ const CommandVersion = 1
 // DefaultConfig is the shard config a new shard starts with.
 func DefaultConfig() *shardv1.ShardConfig {
 	return &shardv1.ShardConfig{
-		MaxClockSkewNanos:    int64(500 * time.Millisecond),
-		MinLeaseTtlNanos:     int64(time.Second),
-		MaxLeaseTtlNanos:     int64(10 * time.Minute),
-		DefaultLeaseTtlNanos: int64(30 * time.Second),
-		DedupWindowNanos:     int64(10 * time.Minute),
+		MaxClockSkewNanos:     int64(500 * time.Millisecond),
+		MinLeaseTtlNanos:      int64(time.Second),
+		MaxLeaseTtlNanos:      int64(10 * time.Minute),
+		DefaultLeaseTtlNanos:  int64(30 * time.Second),
+		DedupWindowNanos:      int64(10 * time.Minute),
+		MaxWaitTimeoutNanos:   int64(5 * time.Minute),
+		MaxWaitersPerResource: 1_000,
+		MaxWaitersPerTenant:   10_000,
 	}
 }
 
@@ -47,6 +50,12 @@ type Reader interface {
 	Lock(resource string) (*shardv1.LockRecord, error)
 	// Dedup returns the dedup record of an Acquire request_id, or nil.
 	Dedup(resource, requestID string) (*shardv1.DedupRecord, error)
+	// Waiter returns the resource's waiter with sequence number seq, or nil.
+	Waiter(resource string, seq uint64) (*shardv1.WaiterRecord, error)
+	// NextWaiter returns the resource's first waiter with seq ≥ from, or nil.
+	NextWaiter(resource string, from uint64) (*shardv1.WaiterRecord, error)
+	// TenantWaiters returns how many waiters the tenant has queued.
+	TenantWaiters(tenant string) (uint32, error)
 }
 
 // ChangeKind says what a Change does.
@@ -59,24 +68,35 @@ const (
 	DeleteLock
 	PutDedup
 	DeleteDedup
+	PutWaiter
+	DeleteWaiter
+	PutTenantWaiters
 )
 
 // Change is one write decided by Apply. Put kinds carry the new record;
-// delete kinds carry the key (Resource, and RequestID for dedup).
+// delete kinds carry the key (Resource, and RequestID for dedup or Seq for
+// waiters); PutTenantWaiters carries Tenant and Count.
 type Change struct {
 	Kind      ChangeKind
 	Meta      *shardv1.ShardMeta
 	Lock      *shardv1.LockRecord
 	Dedup     *shardv1.DedupRecord
+	Waiter    *shardv1.WaiterRecord
 	Resource  string
 	RequestID string
+	Seq       uint64
+	Tenant    string
+	Count     uint32
 }
 
 // Apply decides one command against the state r and returns its result
 // and the changes to write, in order. It is pure: it reads no clock, draws
 // no random numbers and writes nothing; time comes from the envelope. A
-// refused command is a Result with a non-OK code and no changes. The error
-// is only ever a read error of r or ErrUnsupportedVersion.
+// refused command is a Result with a non-OK code; it changes nothing but
+// the shard's time, except that a refused Acquire may first end an expired
+// lease and hand the lock to the head waiter, as any command touching the
+// lock would. The error is only ever a read error of r or
+// ErrUnsupportedVersion.
 func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 	if env.GetVersion() > CommandVersion {
 		return nil, nil, fmt.Errorf("%w: %d (this binary applies up to %d)", ErrUnsupportedVersion, env.GetVersion(), CommandVersion)
@@ -85,7 +105,9 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	a := &applier{r: r, meta: meta}
+	a := &applier{r: r, meta: meta,
+		locks: map[string]*shardv1.LockRecord{}, dedups: map[dedupKeyT]*shardv1.DedupRecord{},
+		gone: map[waiterKeyT]bool{}, tenants: map[string]uint32{}}
 	if env.GetVersion() == 0 {
 		return invalid("version", "is required"), nil, nil
 	}
@@ -116,33 +138,121 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 		res, err = a.forget(c.Forget)
 	case *shardv1.Envelope_SetConfig:
 		res = a.setConfig(c.SetConfig)
+	case *shardv1.Envelope_CancelWait:
+		res, err = a.cancelWait(c.CancelWait)
+	case *shardv1.Envelope_DropWaiters:
+		res, err = a.dropWaiters(c.DropWaiters)
 	default:
 		res = invalid("command", "is missing or unknown")
 	}
 	if err != nil {
 		return nil, nil, err
 	}
-	if res.GetCode() != shardv1.Code_CODE_OK {
-		// A refusal changes nothing but the shard's time.
-		a.changes = a.changes[:0]
-	}
+	res.Granted, res.Dropped = a.granted, a.dropped
 	if a.metaDirty {
 		a.changes = append([]Change{{Kind: PutMeta, Meta: a.meta}}, a.changes...)
 	}
 	return res, a.changes, nil
 }
 
+type dedupKeyT struct{ resource, requestID string }
+
+type waiterKeyT struct {
+	resource string
+	seq      uint64
+}
+
+// applier decides one command. Its maps overlay the Reader with this
+// command's own writes, so that a command touching a record twice (end a
+// lease, then grant the next waiter) reads what it wrote.
 type applier struct {
 	r         Reader
 	meta      *shardv1.ShardMeta
 	metaDirty bool
 	now       int64
 	changes   []Change
+	granted   []*shardv1.WaiterEvent
+	dropped   []*shardv1.WaiterEvent
+
+	locks   map[string]*shardv1.LockRecord // nil value: deleted
+	dedups  map[dedupKeyT]*shardv1.DedupRecord
+	gone    map[waiterKeyT]bool // waiters removed by this command
+	tenants map[string]uint32
 }
 
 func (a *applier) cfg() *shardv1.ShardConfig { return a.meta.GetConfig() }
 
 func (a *applier) put(c Change) { a.changes = append(a.changes, c) }
+
+func (a *applier) lock(resource string) (*shardv1.LockRecord, error) {
+	if l, ok := a.locks[resource]; ok {
+		return l, nil
+	}
+	return a.r.Lock(resource)
+}
+
+func (a *applier) setLock(l *shardv1.LockRecord) {
+	a.locks[l.GetResource()] = l
+	a.put(Change{Kind: PutLock, Lock: l})
+}
+
+func (a *applier) deleteLock(resource string) {
+	a.locks[resource] = nil
+	a.put(Change{Kind: DeleteLock, Resource: resource})
+}
+
+func (a *applier) dedup(resource, requestID string) (*shardv1.DedupRecord, error) {
+	if d, ok := a.dedups[dedupKeyT{resource, requestID}]; ok {
+		return d, nil
+	}
+	return a.r.Dedup(resource, requestID)
+}
+
+func (a *applier) setDedup(d *shardv1.DedupRecord) {
+	a.dedups[dedupKeyT{d.GetResource(), d.GetRequestId()}] = d
+	a.put(Change{Kind: PutDedup, Dedup: d})
+}
+
+func (a *applier) deleteDedup(resource, requestID string) {
+	a.dedups[dedupKeyT{resource, requestID}] = nil
+	a.put(Change{Kind: DeleteDedup, Resource: resource, RequestID: requestID})
+}
+
+func (a *applier) waiter(resource string, seq uint64) (*shardv1.WaiterRecord, error) {
+	if a.gone[waiterKeyT{resource, seq}] {
+		return nil, nil
+	}
+	return a.r.Waiter(resource, seq)
+}
+
+// nextWaiter returns the resource's first queued waiter with seq ≥ from.
+func (a *applier) nextWaiter(resource string, from uint64) (*shardv1.WaiterRecord, error) {
+	for {
+		w, err := a.r.NextWaiter(resource, from)
+		if w == nil || err != nil || !a.gone[waiterKeyT{resource, w.GetSeq()}] {
+			return w, err
+		}
+		from = w.GetSeq() + 1
+	}
+}
+
+func (a *applier) tenantWaiters(tenant string) (uint32, error) {
+	if n, ok := a.tenants[tenant]; ok {
+		return n, nil
+	}
+	return a.r.TenantWaiters(tenant)
+}
+
+func (a *applier) addTenantWaiters(tenant string, delta int) error {
+	n, err := a.tenantWaiters(tenant)
+	if err != nil {
+		return err
+	}
+	n = uint32(int(n) + delta)
+	a.tenants[tenant] = n
+	a.put(Change{Kind: PutTenantWaiters, Tenant: tenant, Count: n})
+	return nil
+}
 
 // checkKey refuses a resource that is malformed or outside the shard's range.
 func (a *applier) checkKey(resource string) *shardv1.Result {
@@ -191,64 +301,188 @@ func (a *applier) acquire(c *shardv1.AcquireCmd) (*shardv1.Result, error) {
 		return invalid("lease_ttl", fmt.Sprintf("%v is outside [%v, %v]",
 			time.Duration(ttl), time.Duration(a.cfg().GetMinLeaseTtlNanos()), time.Duration(a.cfg().GetMaxLeaseTtlNanos()))), nil
 	}
-	lock, err := a.r.Lock(c.GetResource())
+	if w := c.GetWaitTimeoutNanos(); w < 0 || w > a.cfg().GetMaxWaitTimeoutNanos() {
+		return invalid("wait_timeout", fmt.Sprintf("%v is outside [0, %v]", time.Duration(w), time.Duration(a.cfg().GetMaxWaitTimeoutNanos()))), nil
+	}
+	lock, err := a.lock(c.GetResource())
 	if err != nil {
 		return nil, err
 	}
-	d, err := a.r.Dedup(c.GetResource(), c.GetRequestId())
+	d, err := a.dedup(c.GetResource(), c.GetRequestId())
 	if err != nil {
 		return nil, err
 	}
 	if d != nil {
-		// A retry (DESIGN.md §1 rules 5 and 8).
+		// A retry (DESIGN.md §1 rules 5 and 8). wait_timeout is not a
+		// parameter: a retry may carry the time it has left.
 		if d.GetLeaseTtlNanos() != ttl || d.GetHolder() != c.GetHolder() {
 			return invalid("request_id", "was used before with a different lease_ttl or holder"), nil
+		}
+		if d.GetWaiterSeq() != 0 {
+			return &shardv1.Result{Code: shardv1.Code_CODE_QUEUED, WaitDeadlineUnixNano: d.GetWaitDeadlineUnixNano()}, nil
 		}
 		if !a.current(lock, d.GetLeaseId()) {
 			return &shardv1.Result{Code: shardv1.Code_CODE_FAILED_PRECONDITION, Reason: "the lease granted to this request_id has ended"}, nil
 		}
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Replayed: true, Lease: leaseInfo(lock, true)}, nil
 	}
-	if !a.grantable(lock) {
-		return &shardv1.Result{Code: shardv1.Code_CODE_CONFLICT, Reason: "the lock is held", Lease: leaseInfo(lock, false)}, nil
-	}
-	if a.meta.GetRevision() >= MaxRevision {
-		return &shardv1.Result{Code: shardv1.Code_CODE_UNAVAILABLE, Reason: "the shard's revision space is exhausted; it needs a new epoch"}, nil
-	}
-	token := Token(a.meta.GetEpoch(), a.meta.GetRevision()+1)
-	if lock != nil && token <= lock.GetFencingToken() {
-		// Safety rule 2: never reissue or lower a token. Nothing is granted.
-		return &shardv1.Result{Code: shardv1.Code_CODE_INTERNAL,
-			Reason: fmt.Sprintf("fencing token %d would not exceed the last token %d", token, lock.GetFencingToken())}, nil
-	}
-	if lock != nil && lock.GetHeld() {
-		// The previous lease expired but was not yet reaped; end it now.
-		if err := a.endLease(lock); err != nil {
+	if lock != nil && lock.GetHeld() && a.grantable(lock) {
+		// The previous lease is over but was not yet reaped: end it now, and
+		// hand the lock to the queue before this newcomer.
+		if lock, err = a.endLease(lock); err != nil {
+			return nil, err
+		}
+		if lock, err = a.grantNext(lock); err != nil {
 			return nil, err
 		}
 	}
-	a.bumpRevision()
-	l := &shardv1.LockRecord{
-		Resource:          c.GetResource(),
-		Held:              true,
-		LeaseId:           c.GetLeaseId(),
-		RequestId:         c.GetRequestId(),
-		Holder:            c.GetHolder(),
-		FencingToken:      token,
-		LeaseTtlNanos:     ttl,
-		GrantedAtUnixNano: a.now,
-		ExpiresAtUnixNano: a.now + ttl,
+	if lock != nil && lock.GetHeld() {
+		if c.GetWaitTimeoutNanos() == 0 {
+			return &shardv1.Result{Code: shardv1.Code_CODE_CONFLICT, Reason: "the lock is held", Lease: leaseInfo(lock, false)}, nil
+		}
+		return a.enqueue(lock, c, ttl)
 	}
-	a.put(Change{Kind: PutLock, Lock: l})
-	a.put(Change{Kind: PutDedup, Dedup: &shardv1.DedupRecord{
+	l, refused := a.grant(lock, c.GetResource(), c.GetLeaseId(), c.GetRequestId(), c.GetHolder(), ttl)
+	if refused != nil {
+		return refused, nil
+	}
+	a.setDedup(&shardv1.DedupRecord{
 		Resource:      c.GetResource(),
 		RequestId:     c.GetRequestId(),
 		LeaseId:       c.GetLeaseId(),
 		LeaseTtlNanos: ttl,
 		Holder:        c.GetHolder(),
-		FencingToken:  token,
-	}})
+		FencingToken:  l.GetFencingToken(),
+	})
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Lease: leaseInfo(l, true)}, nil
+}
+
+// grant gives a free lock (or nil) to a new lease and writes it. It
+// refuses when the revision space is exhausted or, as an invariant check
+// of rule 2, when the new token would not exceed the lock's last one.
+func (a *applier) grant(free *shardv1.LockRecord, resource string, leaseID []byte, requestID, holder string, ttl int64) (*shardv1.LockRecord, *shardv1.Result) {
+	if a.meta.GetRevision() >= MaxRevision {
+		return nil, &shardv1.Result{Code: shardv1.Code_CODE_UNAVAILABLE, Reason: "the shard's revision space is exhausted; it needs a new epoch"}
+	}
+	token := Token(a.meta.GetEpoch(), a.meta.GetRevision()+1)
+	if free != nil && token <= free.GetFencingToken() {
+		return nil, &shardv1.Result{Code: shardv1.Code_CODE_INTERNAL,
+			Reason: fmt.Sprintf("fencing token %d would not exceed the last token %d", token, free.GetFencingToken())}
+	}
+	a.bumpRevision()
+	l := &shardv1.LockRecord{
+		Resource:          resource,
+		Held:              true,
+		LeaseId:           leaseID,
+		RequestId:         requestID,
+		Holder:            holder,
+		FencingToken:      token,
+		LeaseTtlNanos:     ttl,
+		GrantedAtUnixNano: a.now,
+		ExpiresAtUnixNano: a.now + ttl,
+		Waiters:           free.GetWaiters(),
+		LastWaiterSeq:     free.GetLastWaiterSeq(),
+	}
+	a.setLock(l)
+	return l, nil
+}
+
+// enqueue adds an Acquire to the held lock's queue, within the bounds of
+// the shard config.
+func (a *applier) enqueue(lock *shardv1.LockRecord, c *shardv1.AcquireCmd, ttl int64) (*shardv1.Result, error) {
+	if lock.GetWaiters() >= a.cfg().GetMaxWaitersPerResource() {
+		return &shardv1.Result{Code: shardv1.Code_CODE_RESOURCE_EXHAUSTED, Field: "resource",
+			Reason: fmt.Sprintf("the resource's wait queue is full (%d waiters)", lock.GetWaiters())}, nil
+	}
+	n, err := a.tenantWaiters(c.GetTenant())
+	if err != nil {
+		return nil, err
+	}
+	if n >= a.cfg().GetMaxWaitersPerTenant() {
+		return &shardv1.Result{Code: shardv1.Code_CODE_RESOURCE_EXHAUSTED, Field: "tenant",
+			Reason: fmt.Sprintf("the tenant has %d waiters queued, the most allowed", n)}, nil
+	}
+	l := cloneLock(lock)
+	l.Waiters++
+	l.LastWaiterSeq++
+	deadline := a.now + c.GetWaitTimeoutNanos()
+	a.setLock(l)
+	a.put(Change{Kind: PutWaiter, Waiter: &shardv1.WaiterRecord{
+		Resource:         c.GetResource(),
+		RequestId:        c.GetRequestId(),
+		Seq:              l.GetLastWaiterSeq(),
+		LeaseId:          c.GetLeaseId(),
+		LeaseTtlNanos:    ttl,
+		Holder:           c.GetHolder(),
+		Tenant:           c.GetTenant(),
+		DeadlineUnixNano: deadline,
+	}})
+	a.setDedup(&shardv1.DedupRecord{
+		Resource:             c.GetResource(),
+		RequestId:            c.GetRequestId(),
+		LeaseId:              c.GetLeaseId(),
+		LeaseTtlNanos:        ttl,
+		Holder:               c.GetHolder(),
+		WaiterSeq:            l.GetLastWaiterSeq(),
+		WaitDeadlineUnixNano: deadline,
+	})
+	if err := a.addTenantWaiters(c.GetTenant(), 1); err != nil {
+		return nil, err
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_QUEUED, WaitDeadlineUnixNano: deadline, Count: l.GetWaiters()}, nil
+}
+
+// grantNext hands a free lock to the head of its queue, in this same
+// command: waiters whose deadline has passed are dropped on the way. It
+// writes and returns the lock's new record.
+func (a *applier) grantNext(lock *shardv1.LockRecord) (*shardv1.LockRecord, error) {
+	for from := uint64(0); lock.GetWaiters() > 0 && a.meta.GetRevision() < MaxRevision; {
+		w, err := a.nextWaiter(lock.GetResource(), from)
+		if err != nil {
+			return nil, err
+		}
+		if w == nil {
+			return nil, fmt.Errorf("%w: lock %q counts %d waiters but has none queued", ErrCorruptRecord, lock.GetResource(), lock.GetWaiters())
+		}
+		from = w.GetSeq() + 1
+		if lock, err = a.removeWaiter(lock, w); err != nil {
+			return nil, err
+		}
+		if a.now >= w.GetDeadlineUnixNano() {
+			a.dropped = append(a.dropped, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId()})
+			continue
+		}
+		l, refused := a.grant(lock, w.GetResource(), w.GetLeaseId(), w.GetRequestId(), w.GetHolder(), w.GetLeaseTtlNanos())
+		if refused != nil {
+			return nil, fmt.Errorf("shard: granting to waiter %q of %q: %s", w.GetRequestId(), w.GetResource(), refused.GetReason())
+		}
+		a.setDedup(&shardv1.DedupRecord{
+			Resource:      w.GetResource(),
+			RequestId:     w.GetRequestId(),
+			LeaseId:       w.GetLeaseId(),
+			LeaseTtlNanos: w.GetLeaseTtlNanos(),
+			Holder:        w.GetHolder(),
+			FencingToken:  l.GetFencingToken(),
+		})
+		a.granted = append(a.granted, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Lease: leaseInfo(l, true)})
+		return l, nil
+	}
+	return lock, nil
+}
+
+// removeWaiter takes w out of the queue: its record, its dedup entry (a
+// grant writes a new one) and its count on the lock and the tenant.
+func (a *applier) removeWaiter(lock *shardv1.LockRecord, w *shardv1.WaiterRecord) (*shardv1.LockRecord, error) {
+	a.gone[waiterKeyT{w.GetResource(), w.GetSeq()}] = true
+	a.put(Change{Kind: DeleteWaiter, Resource: w.GetResource(), Seq: w.GetSeq()})
+	if err := a.addTenantWaiters(w.GetTenant(), -1); err != nil {
+		return nil, err
+	}
+	a.deleteDedup(w.GetResource(), w.GetRequestId())
+	l := cloneLock(lock)
+	l.Waiters--
+	a.setLock(l)
+	return l, nil
 }
 
 func (a *applier) bumpRevision() {
@@ -259,17 +493,18 @@ func (a *applier) bumpRevision() {
 	a.meta.Revision++
 }
 
-// endLease frees a held lock record and marks its request's dedup entry
-// ended, starting both records' dedup window.
-func (a *applier) endLease(l *shardv1.LockRecord) error {
-	d, err := a.r.Dedup(l.GetResource(), l.GetRequestId())
+// endLease ends a held lock's lease and marks its request's dedup entry
+// ended, starting the dedup window. It writes and returns the free record,
+// which keeps the last token and the queue.
+func (a *applier) endLease(l *shardv1.LockRecord) (*shardv1.LockRecord, error) {
+	d, err := a.dedup(l.GetResource(), l.GetRequestId())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if d != nil && bytes.Equal(d.GetLeaseId(), l.GetLeaseId()) {
 		d = cloneDedup(d)
 		d.EndedAtUnixNano = a.now
-		a.put(Change{Kind: PutDedup, Dedup: d})
+		a.setDedup(d)
 	}
 	free := &shardv1.LockRecord{
 		Resource:          l.GetResource(),
@@ -278,16 +513,28 @@ func (a *applier) endLease(l *shardv1.LockRecord) error {
 		ExpiresAtUnixNano: l.GetExpiresAtUnixNano(),
 		Holder:            l.GetHolder(),
 		EndedAtUnixNano:   a.now,
+		Waiters:           l.GetWaiters(),
+		LastWaiterSeq:     l.GetLastWaiterSeq(),
 	}
-	a.put(Change{Kind: PutLock, Lock: free})
-	return nil
+	a.setLock(free)
+	return free, nil
+}
+
+// endAndHandOff ends the lock's lease and grants the head waiter.
+func (a *applier) endAndHandOff(l *shardv1.LockRecord) error {
+	free, err := a.endLease(l)
+	if err != nil {
+		return err
+	}
+	_, err = a.grantNext(free)
+	return err
 }
 
 func (a *applier) renew(c *shardv1.RenewCmd) (*shardv1.Result, error) {
 	if res := a.checkKey(c.GetResource()); res != nil {
 		return res, nil
 	}
-	lock, err := a.r.Lock(c.GetResource())
+	lock, err := a.lock(c.GetResource())
 	if err != nil {
 		return nil, err
 	}
@@ -296,7 +543,7 @@ func (a *applier) renew(c *shardv1.RenewCmd) (*shardv1.Result, error) {
 	}
 	l := cloneLock(lock)
 	l.ExpiresAtUnixNano = a.now + l.GetLeaseTtlNanos()
-	a.put(Change{Kind: PutLock, Lock: l})
+	a.setLock(l)
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Lease: leaseInfo(l, false)}, nil
 }
 
@@ -304,7 +551,7 @@ func (a *applier) release(c *shardv1.ReleaseCmd) (*shardv1.Result, error) {
 	if res := a.checkKey(c.GetResource()); res != nil {
 		return res, nil
 	}
-	lock, err := a.r.Lock(c.GetResource())
+	lock, err := a.lock(c.GetResource())
 	if err != nil {
 		return nil, err
 	}
@@ -313,7 +560,7 @@ func (a *applier) release(c *shardv1.ReleaseCmd) (*shardv1.Result, error) {
 	if !a.current(lock, c.GetLeaseId()) {
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Released: false}, nil
 	}
-	if err := a.endLease(lock); err != nil {
+	if err := a.endAndHandOff(lock); err != nil {
 		return nil, err
 	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Released: true}, nil
@@ -322,7 +569,7 @@ func (a *applier) release(c *shardv1.ReleaseCmd) (*shardv1.Result, error) {
 func (a *applier) expire(c *shardv1.ExpireCmd) (*shardv1.Result, error) {
 	var n uint32
 	for _, it := range c.GetItems() {
-		lock, err := a.r.Lock(it.GetResource())
+		lock, err := a.lock(it.GetResource())
 		if err != nil {
 			return nil, err
 		}
@@ -333,9 +580,69 @@ func (a *applier) expire(c *shardv1.ExpireCmd) (*shardv1.Result, error) {
 			lock.GetExpiresAtUnixNano() != it.GetExpiresAtUnixNano() || !a.grantable(lock) {
 			continue
 		}
-		if err := a.endLease(lock); err != nil {
+		if err := a.endAndHandOff(lock); err != nil {
 			return nil, err
 		}
+		n++
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: n}, nil
+}
+
+// cancelWait abandons a waiting Acquire: removes it from the queue, or
+// releases the lease it was granted in a race with the cancel.
+func (a *applier) cancelWait(c *shardv1.CancelWaitCmd) (*shardv1.Result, error) {
+	if res := a.checkKey(c.GetResource()); res != nil {
+		return res, nil
+	}
+	d, err := a.dedup(c.GetResource(), c.GetRequestId())
+	if err != nil || d == nil {
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, err
+	}
+	lock, err := a.lock(c.GetResource())
+	if err != nil {
+		return nil, err
+	}
+	if seq := d.GetWaiterSeq(); seq != 0 {
+		w, err := a.waiter(c.GetResource(), seq)
+		if err != nil {
+			return nil, err
+		}
+		if w == nil || lock == nil {
+			return nil, fmt.Errorf("%w: dedup of %q/%q names waiter %d, which is missing", ErrCorruptRecord, c.GetResource(), c.GetRequestId(), seq)
+		}
+		if _, err := a.removeWaiter(lock, w); err != nil {
+			return nil, err
+		}
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: 1}, nil
+	}
+	if !a.current(lock, d.GetLeaseId()) {
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
+	}
+	if err := a.endAndHandOff(lock); err != nil {
+		return nil, err
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Released: true}, nil
+}
+
+// dropWaiters removes waiters whose deadline passed, as the leader saw them.
+func (a *applier) dropWaiters(c *shardv1.DropWaitersCmd) (*shardv1.Result, error) {
+	var n uint32
+	for _, it := range c.GetItems() {
+		w, err := a.waiter(it.GetResource(), it.GetSeq())
+		if err != nil {
+			return nil, err
+		}
+		if w == nil || w.GetDeadlineUnixNano() != it.GetDeadlineUnixNano() || a.now < w.GetDeadlineUnixNano() {
+			continue
+		}
+		lock, err := a.lock(it.GetResource())
+		if err != nil {
+			return nil, err
+		}
+		if _, err := a.removeWaiter(lock, w); err != nil {
+			return nil, err
+		}
+		a.dropped = append(a.dropped, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId()})
 		n++
 	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: n}, nil
@@ -345,27 +652,27 @@ func (a *applier) forget(c *shardv1.ForgetCmd) (*shardv1.Result, error) {
 	var n uint32
 	window := a.cfg().GetDedupWindowNanos()
 	for _, ref := range c.GetDedup() {
-		d, err := a.r.Dedup(ref.GetResource(), ref.GetRequestId())
+		d, err := a.dedup(ref.GetResource(), ref.GetRequestId())
 		if err != nil {
 			return nil, err
 		}
 		if d == nil || d.GetEndedAtUnixNano() == 0 || a.now < d.GetEndedAtUnixNano()+window {
 			continue
 		}
-		a.put(Change{Kind: DeleteDedup, Resource: ref.GetResource(), RequestID: ref.GetRequestId()})
+		a.deleteDedup(ref.GetResource(), ref.GetRequestId())
 		n++
 	}
 	for _, res := range c.GetIdleLocks() {
-		l, err := a.r.Lock(res)
+		l, err := a.lock(res)
 		if err != nil {
 			return nil, err
 		}
 		// Deleting an idle record is safe for tokens: the revision belongs
 		// to the shard, so the next grant's token is still larger.
-		if l == nil || l.GetHeld() || a.now < l.GetEndedAtUnixNano()+window {
+		if l == nil || l.GetHeld() || l.GetWaiters() > 0 || a.now < l.GetEndedAtUnixNano()+window {
 			continue
 		}
-		a.put(Change{Kind: DeleteLock, Resource: res})
+		a.deleteLock(res)
 		n++
 	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: n}, nil
@@ -383,6 +690,13 @@ func (a *applier) setConfig(c *shardv1.SetConfigCmd) *shardv1.Result {
 	set(&cfg.MaxLeaseTtlNanos, c.MaxLeaseTtlNanos)
 	set(&cfg.DefaultLeaseTtlNanos, c.DefaultLeaseTtlNanos)
 	set(&cfg.DedupWindowNanos, c.DedupWindowNanos)
+	set(&cfg.MaxWaitTimeoutNanos, c.MaxWaitTimeoutNanos)
+	if c.MaxWaitersPerResource != nil {
+		cfg.MaxWaitersPerResource = *c.MaxWaitersPerResource
+	}
+	if c.MaxWaitersPerTenant != nil {
+		cfg.MaxWaitersPerTenant = *c.MaxWaitersPerTenant
+	}
 	if err := CheckConfig(cfg); err != nil {
 		return invalidErr(err)
 	}
@@ -408,6 +722,8 @@ func CheckConfig(c *shardv1.ShardConfig) error {
 		return &FieldError{"default_lease_ttl", "must be within [min_lease_ttl, max_lease_ttl]"}
 	case c.GetDedupWindowNanos() < 0:
 		return &FieldError{"dedup_window", "must not be negative"}
+	case c.GetMaxWaitTimeoutNanos() < int64(time.Millisecond):
+		return &FieldError{"max_wait_timeout", "must be at least 1ms"}
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import "encoding/binary"
 //	'a'                                   applied Raft index (8 bytes BE)
 //	'r' hash 'l' resource                 LockRecord
 //	'r' hash 'd' resource 0x00 request_id DedupRecord
+//	'r' hash 'w' resource 0x00 seq        WaiterRecord (seq: 8 bytes BE)
 //
 // Two secondary indexes serve the leader's timers. They are derived from
 // the range records (written in the same batch) and can be rebuilt from
@@ -18,6 +19,8 @@ import "encoding/binary"
 //	'e' expires_at resource               held lock → its lease id
 //	'f' ended_at 'l' resource             ended lock record
 //	'f' ended_at 'd' resource 0x00 req    ended dedup record
+//	'x' deadline resource 0x00 seq        queued waiter
+//	'n' tenant                            the tenant's queued waiters (4 bytes BE)
 //
 // Times are int64 nanoseconds encoded with the sign bit flipped, so byte
 // order is time order. Resources and request ids never contain 0x00 (no
@@ -28,8 +31,11 @@ const (
 	prefixRange   = 'r'
 	prefixExpiry  = 'e'
 	prefixEnded   = 'f'
+	prefixWaitIdx = 'x'
+	prefixTenant  = 'n'
 	kindLock      = 'l'
 	kindDedup     = 'd'
+	kindWaiter    = 'w'
 )
 
 var (
@@ -59,6 +65,33 @@ func dedupKey(resource, requestID string) []byte {
 	b = append(b, resource...)
 	b = append(b, 0)
 	return append(b, requestID...)
+}
+
+// waiterPrefix is the key prefix of a resource's queue; waiters sort by seq.
+func waiterPrefix(resource string) []byte {
+	b := make([]byte, 0, 19+len(resource))
+	b = append(b, prefixRange)
+	b = binary.BigEndian.AppendUint64(b, KeyHash(resource))
+	b = append(b, kindWaiter)
+	b = append(b, resource...)
+	return append(b, 0)
+}
+
+func waiterKey(resource string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(waiterPrefix(resource), seq)
+}
+
+func waitIdxKey(deadline int64, resource string, seq uint64) []byte {
+	b := make([]byte, 0, 18+len(resource))
+	b = append(b, prefixWaitIdx)
+	b = appendTime(b, deadline)
+	b = append(b, resource...)
+	b = append(b, 0)
+	return binary.BigEndian.AppendUint64(b, seq)
+}
+
+func tenantKey(tenant string) []byte {
+	return append([]byte{prefixTenant}, tenant...)
 }
 
 func expiryKey(expiresAt int64, resource string) []byte {

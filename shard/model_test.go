@@ -25,10 +25,21 @@ type mLease struct {
 	expiresAt int64
 }
 
+type mWaiter struct {
+	reqID    string
+	id       []byte
+	ttl      int64
+	holder   string
+	deadline int64
+	seq      uint64
+}
+
 type mLock struct {
 	cur       *mLease // nil when free
 	lastToken uint64
 	endedAt   int64
+	queue     []*mWaiter // in enqueue order
+	lastSeq   uint64
 }
 
 type mDedup struct {
@@ -36,6 +47,8 @@ type mDedup struct {
 	ttl     int64
 	holder  string
 	endedAt int64
+	waiting bool
+	until   int64
 }
 
 type dedupID struct{ resource, reqID string }
@@ -47,6 +60,7 @@ type model struct {
 	revision uint64
 	locks    map[string]*mLock
 	dedup    map[dedupID]*mDedup
+	events   []string // grants and drops of the current command
 }
 
 const (
@@ -54,7 +68,7 @@ const (
 	testSkew = 500 * int64(time.Millisecond)
 )
 
-func (m *model) tick(now int64) { m.now = max(m.now, now) }
+func (m *model) tick(now int64) { m.now = max(m.now, now); m.events = nil }
 
 func (m *model) validLease(r string) *mLease {
 	l := m.locks[r]
@@ -64,21 +78,51 @@ func (m *model) validLease(r string) *mLease {
 	return l.cur
 }
 
+// end ends the current lease, then hands the lock to the queue's head,
+// dropping waiters past their deadline on the way.
 func (m *model) end(r string) {
 	l := m.locks[r]
 	if d := m.dedup[dedupID{r, l.cur.reqID}]; d != nil && bytes.Equal(d.leaseID, l.cur.id) {
 		d.endedAt = m.now
 	}
 	l.cur, l.endedAt = nil, m.now
+	for len(l.queue) > 0 {
+		w := l.queue[0]
+		l.queue = l.queue[1:]
+		delete(m.dedup, dedupID{r, w.reqID})
+		if m.now >= w.deadline {
+			m.events = append(m.events, "dropped:"+w.reqID)
+			continue
+		}
+		g := m.grant(r, w.reqID, w.ttl, w.holder, w.id)
+		m.events = append(m.events, fmt.Sprintf("granted:%s:%d", w.reqID, g.token))
+		return
+	}
 }
 
-func (m *model) acquire(r, req string, ttl int64, holder string, id []byte) (shardv1.Code, *mLease) {
+func (m *model) grant(r, req string, ttl int64, holder string, id []byte) *mLease {
+	l := m.locks[r]
+	if l == nil {
+		l = &mLock{}
+		m.locks[r] = l
+	}
+	m.revision++
+	l.cur = &mLease{id: id, reqID: req, holder: holder, token: 1<<40 | m.revision, ttl: ttl, expiresAt: m.now + ttl}
+	l.lastToken = l.cur.token
+	m.dedup[dedupID{r, req}] = &mDedup{leaseID: id, ttl: ttl, holder: holder}
+	return l.cur
+}
+
+func (m *model) acquire(r, req string, ttl int64, holder string, id []byte, wait int64) (shardv1.Code, *mLease) {
 	if ttl == 0 {
 		ttl = 30 * second
 	}
 	if d := m.dedup[dedupID{r, req}]; d != nil {
-		if d.ttl != ttl || d.holder != holder {
+		switch {
+		case d.ttl != ttl || d.holder != holder:
 			return shardv1.Code_CODE_INVALID_ARGUMENT, nil
+		case d.waiting:
+			return shardv1.Code_CODE_QUEUED, nil
 		}
 		if v := m.validLease(r); v != nil && bytes.Equal(v.id, d.leaseID) {
 			return shardv1.Code_CODE_OK, v
@@ -86,21 +130,19 @@ func (m *model) acquire(r, req string, ttl int64, holder string, id []byte) (sha
 		return shardv1.Code_CODE_FAILED_PRECONDITION, nil
 	}
 	l := m.locks[r]
-	if l != nil && l.cur != nil && m.now < l.cur.expiresAt+m.skew {
-		return shardv1.Code_CODE_CONFLICT, l.cur
+	if l != nil && l.cur != nil && m.now >= l.cur.expiresAt+m.skew {
+		m.end(r) // over but not reaped: the queue goes first
 	}
-	if l == nil {
-		l = &mLock{}
-		m.locks[r] = l
+	if l != nil && l.cur != nil {
+		if wait == 0 {
+			return shardv1.Code_CODE_CONFLICT, l.cur
+		}
+		l.lastSeq++
+		l.queue = append(l.queue, &mWaiter{reqID: req, id: id, ttl: ttl, holder: holder, deadline: m.now + wait, seq: l.lastSeq})
+		m.dedup[dedupID{r, req}] = &mDedup{leaseID: id, ttl: ttl, holder: holder, waiting: true, until: m.now + wait}
+		return shardv1.Code_CODE_QUEUED, nil
 	}
-	if l.cur != nil {
-		m.end(r)
-	}
-	m.revision++
-	l.cur = &mLease{id: id, reqID: req, holder: holder, token: 1<<40 | m.revision, ttl: ttl, expiresAt: m.now + ttl}
-	l.lastToken = l.cur.token
-	m.dedup[dedupID{r, req}] = &mDedup{leaseID: id, ttl: ttl, holder: holder}
-	return shardv1.Code_CODE_OK, l.cur
+	return shardv1.Code_CODE_OK, m.grant(r, req, ttl, holder, id)
 }
 
 func (m *model) renew(r string, id []byte) shardv1.Code {
@@ -118,6 +160,46 @@ func (m *model) release(r string, id []byte) bool {
 	}
 	m.end(r)
 	return true
+}
+
+// cancel abandons a waiting request: out of the queue, or its lease released.
+func (m *model) cancel(r, req string) (removed, released bool) {
+	d := m.dedup[dedupID{r, req}]
+	switch {
+	case d == nil:
+		return false, false
+	case d.waiting:
+		l := m.locks[r]
+		for i, w := range l.queue {
+			if w.reqID == req {
+				l.queue = append(l.queue[:i:i], l.queue[i+1:]...)
+			}
+		}
+		delete(m.dedup, dedupID{r, req})
+		return true, false
+	}
+	if v := m.validLease(r); v != nil && bytes.Equal(v.id, d.leaseID) {
+		m.end(r)
+		return false, true
+	}
+	return false, false
+}
+
+func (m *model) drop(items []*shardv1.WaiterRef) uint32 {
+	var n uint32
+	for _, it := range items {
+		l := m.locks[it.GetResource()]
+		for i, w := range l.queue {
+			if w.seq == it.GetSeq() && w.deadline == it.GetDeadlineUnixNano() && m.now >= w.deadline {
+				l.queue = append(l.queue[:i:i], l.queue[i+1:]...)
+				delete(m.dedup, dedupID{it.GetResource(), w.reqID})
+				m.events = append(m.events, "dropped:"+w.reqID)
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
 
 func (m *model) expire(items []*shardv1.ExpireItem) uint32 {
@@ -144,12 +226,24 @@ func (m *model) forget(c *shardv1.ForgetCmd) uint32 {
 		}
 	}
 	for _, r := range c.GetIdleLocks() {
-		if l := m.locks[r]; l != nil && l.cur == nil && m.now >= l.endedAt+m.window {
+		if l := m.locks[r]; l != nil && l.cur == nil && len(l.queue) == 0 && m.now >= l.endedAt+m.window {
 			delete(m.locks, r)
 			n++
 		}
 	}
 	return n
+}
+
+// events formats a result's grants and drops like the model's.
+func events(res *shardv1.Result) []string {
+	var out []string
+	for _, g := range res.GetGranted() {
+		out = append(out, fmt.Sprintf("granted:%s:%d", g.GetRequestId(), g.GetLease().GetFencingToken()))
+	}
+	for _, d := range res.GetDropped() {
+		out = append(out, "dropped:"+d.GetRequestId())
+	}
+	return out
 }
 
 // TestApplyMatchesModel runs random command sequences against a replica
@@ -176,6 +270,13 @@ type issuedLease struct {
 	expiresSeen             int64   // an expiry some leader once saw
 }
 
+// request is an Acquire as a client sent it, for retries and cancels.
+type request struct {
+	resource, reqID, holder string
+	ttl, wait               int64
+	id                      []byte
+}
+
 type modelRun struct {
 	t   *rapid.T
 	rep *replica
@@ -186,6 +287,7 @@ type modelRun struct {
 	offset    int64
 	nextID    uint64
 	issued    []*issuedLease
+	requests  []*request
 	maxToken  map[string]uint64 // every token ever granted, never forgotten
 	resources []string
 }
@@ -214,6 +316,32 @@ func (r *modelRun) propose(env *shardv1.Envelope) *shardv1.Result {
 	return r.rep.propose(now, env)
 }
 
+// handOffs checks a command's grants to waiters and drops against the
+// model's, and the token rule for every grant.
+func (r *modelRun) handOffs(t *rapid.T, what string, got *shardv1.Result) {
+	if g, w := fmt.Sprint(events(got)), fmt.Sprint(r.m.events); g != w {
+		t.Fatalf("%s: hand-offs %s, model %s", what, g, w)
+	}
+	for _, g := range got.GetGranted() {
+		for _, q := range r.requests {
+			if q.resource == g.GetResource() && q.reqID == g.GetRequestId() {
+				r.granted(t, q, g.GetLease().GetFencingToken(), r.m.locks[q.resource].cur)
+				break // the first request with this id is the one queued
+			}
+		}
+	}
+}
+
+// granted records a grant after checking rule 2: tokens strictly increase
+// per resource, forever.
+func (r *modelRun) granted(t *rapid.T, q *request, tok uint64, l *mLease) {
+	if tok <= r.maxToken[q.resource] || tok >= 1<<63 {
+		t.Fatalf("token %d for %s after %d", tok, q.resource, r.maxToken[q.resource])
+	}
+	r.maxToken[q.resource] = tok
+	r.issued = append(r.issued, &issuedLease{resource: q.resource, reqID: q.reqID, holder: q.holder, ttl: q.ttl, lease: l, expiresSeen: l.expiresAt})
+}
+
 func (r *modelRun) freshLeaseID() []byte {
 	r.nextID++
 	return binary.BigEndian.AppendUint64(make([]byte, 8), r.nextID)
@@ -224,10 +352,12 @@ func (r *modelRun) run() {
 		"acquire":      r.acquire,
 		"retry":        r.retry,
 		"retryChanged": r.retryChanged,
+		"cancel":       r.cancel,
 		"renew":        r.renew,
 		"release":      r.release,
 		"expireScan":   r.expireScan,
 		"expireStale":  r.expireStale,
+		"dropScan":     r.dropScan,
 		"forgetScan":   r.forgetScan,
 		"advance":      r.advance,
 		"leaderChange": r.leaderChange,
@@ -237,52 +367,60 @@ func (r *modelRun) run() {
 }
 
 func (r *modelRun) acquire(t *rapid.T) {
-	res := rapid.SampledFrom(r.resources).Draw(t, "resource")
-	ttl := rapid.SampledFrom([]int64{0, second, 2 * second, 5 * second}).Draw(t, "ttl")
-	holder := rapid.SampledFrom([]string{"", "w1", "w2"}).Draw(t, "holder")
-	req := fmt.Sprintf("q%d", len(r.issued))
-	r.doAcquire(t, res, req, ttl, holder)
+	q := &request{
+		resource: rapid.SampledFrom(r.resources).Draw(t, "resource"),
+		reqID:    fmt.Sprintf("q%d", len(r.requests)),
+		ttl:      rapid.SampledFrom([]int64{0, second, 2 * second, 5 * second}).Draw(t, "ttl"),
+		holder:   rapid.SampledFrom([]string{"", "w1", "w2"}).Draw(t, "holder"),
+		wait:     rapid.SampledFrom([]int64{0, 0, second, 4 * second}).Draw(t, "wait"),
+		id:       r.freshLeaseID(),
+	}
+	r.requests = append(r.requests, q)
+	r.doAcquire(t, q)
 }
 
-func (r *modelRun) doAcquire(t *rapid.T, res, req string, ttl int64, holder string) {
-	id := r.freshLeaseID()
+func (r *modelRun) doAcquire(t *rapid.T, q *request) {
 	r.m.tick(r.stamp())
-	prev := r.m.validLease(res)
-	prevLock := r.m.locks[res]
+	prev := r.m.validLease(q.resource)
 	var prevLease *mLease
-	if prevLock != nil {
-		prevLease = prevLock.cur
+	if l := r.m.locks[q.resource]; l != nil {
+		prevLease = l.cur
 	}
-	got := r.propose(acquireCmd(res, req, ttl, holder, id))
-	wantCode, want := r.m.acquire(res, req, ttl, holder, id)
+	env := acquireCmd(q.resource, q.reqID, q.ttl, q.holder, q.id)
+	env.GetAcquire().WaitTimeoutNanos = q.wait
+	got := r.propose(env)
+	wantCode, want := r.m.acquire(q.resource, q.reqID, q.ttl, q.holder, q.id, q.wait)
 	if got.GetCode() != wantCode {
-		t.Fatalf("acquire %s %s: code %v, model %v (%v)", res, req, got.GetCode(), wantCode, got.GetReason())
+		t.Fatalf("acquire %s %s: code %v, model %v (%v)", q.resource, q.reqID, got.GetCode(), wantCode, got.GetReason())
 	}
+	r.handOffs(t, "acquire", got)
 	if wantCode != shardv1.Code_CODE_OK {
 		return
 	}
 	if got.GetLease().GetFencingToken() != want.token || got.GetLease().GetExpiresAtUnixNano() != want.expiresAt ||
 		!bytes.Equal(got.GetLease().GetLeaseId(), want.id) {
-		t.Fatalf("acquire %s %s: lease %v, model %+v", res, req, got.GetLease(), want)
+		t.Fatalf("acquire %s %s: lease %v, model %+v", q.resource, q.reqID, got.GetLease(), want)
 	}
 	if got.GetReplayed() {
 		return
 	}
 	// Rule 1: at most one valid lease — a fresh grant only when none was valid.
 	if prev != nil {
-		t.Fatalf("granted %s while lease %x was valid", res, prev.id)
+		t.Fatalf("granted %s while lease %x was valid", q.resource, prev.id)
 	}
 	// Rule 6: grantable to another only once the granting clock passed the
 	// old expiry + skew, which in real time is after the old expiry.
 	if prevLease != nil && r.trueNow <= prevLease.expiresAt {
-		t.Fatalf("granted %s at real time %d, before the old lease's expiry %d", res, r.trueNow, prevLease.expiresAt)
+		t.Fatalf("granted %s at real time %d, before the old lease's expiry %d", q.resource, r.trueNow, prevLease.expiresAt)
 	}
-	// Rule 2: tokens strictly increase per resource, forever.
-	if tok := got.GetLease().GetFencingToken(); tok <= r.maxToken[res] || tok >= 1<<63 {
-		t.Fatalf("token %d for %s after %d", tok, res, r.maxToken[res])
+	r.granted(t, q, got.GetLease().GetFencingToken(), want)
+}
+
+func (r *modelRun) pickRequest(t *rapid.T) *request {
+	if len(r.requests) == 0 {
+		t.Skip("no request sent yet")
 	}
-	r.maxToken[res] = got.GetLease().GetFencingToken()
-	r.issued = append(r.issued, &issuedLease{resource: res, reqID: req, holder: holder, ttl: ttl, lease: want, expiresSeen: want.expiresAt})
+	return rapid.SampledFrom(r.requests).Draw(t, "request")
 }
 
 func (r *modelRun) pickIssued(t *rapid.T) *issuedLease {
@@ -292,16 +430,58 @@ func (r *modelRun) pickIssued(t *rapid.T) *issuedLease {
 	return rapid.SampledFrom(r.issued).Draw(t, "lease")
 }
 
+// retry resends a request with the same id (and a fresh lease id, as a
+// router would draw): it finds its lease, its place in the queue, or that
+// its lease ended.
 func (r *modelRun) retry(t *rapid.T) {
-	il := r.pickIssued(t)
-	r.doAcquire(t, il.resource, il.reqID, il.ttl, il.holder)
+	q := *r.pickRequest(t)
+	q.id = r.freshLeaseID()
+	r.doAcquire(t, &q)
 }
 
 // retryChanged reuses a request id with another holder: refused while
 // the id is remembered, a fresh request once it has been forgotten.
 func (r *modelRun) retryChanged(t *rapid.T) {
-	il := r.pickIssued(t)
-	r.doAcquire(t, il.resource, il.reqID, il.ttl, il.holder+"x")
+	q := *r.pickRequest(t)
+	q.holder += "x"
+	q.id = r.freshLeaseID()
+	r.requests = append(r.requests, &q)
+	r.doAcquire(t, &q)
+}
+
+// cancel is a waiting RPC giving up: its waiter leaves the queue, or the
+// lease it was just granted is released — never left to nobody.
+func (r *modelRun) cancel(t *rapid.T) {
+	q := r.pickRequest(t)
+	got := r.propose(&shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{Resource: q.resource, RequestId: q.reqID}}})
+	removed, released := r.m.cancel(q.resource, q.reqID)
+	if got.GetCode() != shardv1.Code_CODE_OK || (got.GetCount() == 1) != removed || got.GetReleased() != released {
+		t.Fatalf("cancel %s %s: %v, model removed=%v released=%v", q.resource, q.reqID, got, removed, released)
+	}
+	r.handOffs(t, "cancel", got)
+}
+
+// dropScan is the leader's path for waiters past their deadline.
+func (r *modelRun) dropScan(t *rapid.T) {
+	q := r.rep.query(r.stamp(), &shardv1.Query{Query: &shardv1.Query_TimedOut{TimedOut: &shardv1.ScanQuery{Limit: 100}}})
+	items := q.GetDrop().GetItems()
+	want := 0
+	now := max(r.m.now, r.stamp())
+	for _, l := range r.m.locks {
+		for _, w := range l.queue {
+			if now >= w.deadline {
+				want++
+			}
+		}
+	}
+	if len(items) != want {
+		t.Fatalf("timed-out scan found %d, model %d", len(items), want)
+	}
+	got := r.propose(&shardv1.Envelope{Command: &shardv1.Envelope_DropWaiters{DropWaiters: &shardv1.DropWaitersCmd{Items: items}}})
+	if n := r.m.drop(items); got.GetCount() != n {
+		t.Fatalf("drop: %d, model %d", got.GetCount(), n)
+	}
+	r.handOffs(t, "drop", got)
 }
 
 func (r *modelRun) renew(t *rapid.T) {
@@ -331,6 +511,7 @@ func (r *modelRun) release(t *rapid.T) {
 	if got.GetCode() != shardv1.Code_CODE_OK || got.GetReleased() != want {
 		t.Fatalf("release %s: %v, model released=%v", il.resource, got, want)
 	}
+	r.handOffs(t, "release", got)
 }
 
 // expireScan is the leader's path: scan for expired leases, propose them.
@@ -352,6 +533,7 @@ func (r *modelRun) expireScan(t *rapid.T) {
 	if n := r.m.expire(items); got.GetCount() != n {
 		t.Fatalf("expire: %d, model %d", got.GetCount(), n)
 	}
+	r.handOffs(t, "expire", got)
 }
 
 // expireStale proposes an expiry from an old view: a lease id that may have
@@ -364,6 +546,7 @@ func (r *modelRun) expireStale(t *rapid.T) {
 	if n := r.m.expire([]*shardv1.ExpireItem{item}); got.GetCount() != n {
 		t.Fatalf("stale expire: %d, model %d", got.GetCount(), n)
 	}
+	r.handOffs(t, "stale expire", got)
 }
 
 func (r *modelRun) forgetScan(t *rapid.T) {
@@ -416,6 +599,12 @@ func (r *modelRun) check(t *rapid.T) {
 			t.Fatalf("%s: replica %v, model %+v", res, l, ml)
 		case ml.cur != nil && l.GetExpiresAtUnixNano() != ml.cur.expiresAt:
 			t.Fatalf("%s: expiry %d, model %d", res, l.GetExpiresAtUnixNano(), ml.cur.expiresAt)
+		case int(l.GetWaiters()) != len(ml.queue):
+			t.Fatalf("%s: %d waiters, model %d", res, l.GetWaiters(), len(ml.queue))
+		}
+		// A free lock has no queue: every release or expiry hands it on.
+		if ml != nil && ml.cur == nil && len(ml.queue) > 0 {
+			t.Fatalf("%s: free with %d waiters", res, len(ml.queue))
 		}
 	}
 }

@@ -17,14 +17,16 @@ import (
 // Each line is one step:
 //
 //	now 2.5s                               set the proposer's clock (from t0)
-//	acquire RES REQ [ttl=D] [holder=H] [lease=L] -> EXPECT
+//	acquire RES REQ [ttl=D] [wait=D] [holder=H] [tenant=T] [lease=L] -> EXPECT
+//	cancel RES REQ -> EXPECT                abandon a waiting acquire
+//	drop RES SEQ DEADLINE -> EXPECT         the leader drops a timed-out waiter
 //	renew RES L -> EXPECT
 //	release RES L -> EXPECT
 //	expire RES L EXP -> EXPECT             EXP: the expiry the leader saw, or "seen"
 //	forget [dedup=RES/REQ,...] [idle=RES,...] -> EXPECT
 //	set skew=D window=D min_ttl=D max_ttl=D default_ttl=D -> EXPECT
 //	describe RES -> EXPECT                 the stored record
-//	scan expired|forgettable -> EXPECT
+//	scan expired|forgettable|timed_out -> EXPECT
 //
 // Lease names (L) stand for 16-byte lease ids. Durations are Go
 // durations from t0; EXPECT is the step's output exactly as the test
@@ -113,7 +115,12 @@ func (s *script) step(f []string) string {
 		if name == "" {
 			name = f[2]
 		}
-		res := s.rep.propose(s.now, acquireCmd(f[1], f[2], ttl, o["holder"], leaseID(name)))
+		env := acquireCmd(f[1], f[2], ttl, o["holder"], leaseID(name))
+		if v, ok := o["wait"]; ok {
+			env.GetAcquire().WaitTimeoutNanos = s.dur(v)
+		}
+		env.GetAcquire().Tenant = o["tenant"]
+		res := s.rep.propose(s.now, env)
 		if res.GetCode() == shardv1.Code_CODE_OK {
 			s.expires[leaseName(res.GetLease().GetLeaseId())] = res.GetLease().GetExpiresAtUnixNano()
 		}
@@ -132,6 +139,12 @@ func (s *script) step(f []string) string {
 			exp = t0 + s.dur(f[3])
 		}
 		return out(f[0], s.rep.propose(s.now, expireCmd(&shardv1.ExpireItem{Resource: f[1], LeaseId: leaseID(f[2]), ExpiresAtUnixNano: exp})))
+	case "cancel":
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{Resource: f[1], RequestId: f[2]}}}))
+	case "drop":
+		seq, _ := strconv.ParseUint(f[2], 10, 64)
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_DropWaiters{DropWaiters: &shardv1.DropWaitersCmd{Items: []*shardv1.WaiterRef{
+			{Resource: f[1], Seq: seq, DeadlineUnixNano: t0 + s.dur(f[3])}}}}}))
 	case "forget":
 		c := &shardv1.ForgetCmd{}
 		o := kv(f[1:])
@@ -144,6 +157,16 @@ func (s *script) step(f []string) string {
 	case "set":
 		c := &shardv1.SetConfigCmd{}
 		for k, v := range kv(f[1:]) {
+			if n, err := strconv.ParseUint(v, 10, 32); err == nil {
+				n32 := uint32(n)
+				switch k {
+				case "waiters":
+					c.MaxWaitersPerResource = &n32
+				case "tenant_waiters":
+					c.MaxWaitersPerTenant = &n32
+				}
+				continue
+			}
 			d := s.dur(v)
 			switch k {
 			case "skew":
@@ -156,6 +179,8 @@ func (s *script) step(f []string) string {
 				c.MaxLeaseTtlNanos = &d
 			case "default_ttl":
 				c.DefaultLeaseTtlNanos = &d
+			case "max_wait":
+				c.MaxWaitTimeoutNanos = &d
 			}
 		}
 		return out(f[0], s.rep.propose(s.now, setConfigCmd(c)))
@@ -165,9 +190,9 @@ func (s *script) step(f []string) string {
 		case l == nil:
 			return "none"
 		case l.GetHeld():
-			return fmt.Sprintf("held lease=%s token=%d expires=%s", leaseName(l.GetLeaseId()), rev(l.GetFencingToken()), at(l.GetExpiresAtUnixNano()))
+			return fmt.Sprintf("held lease=%s token=%d expires=%s%s", leaseName(l.GetLeaseId()), rev(l.GetFencingToken()), at(l.GetExpiresAtUnixNano()), waiters(l))
 		}
-		return fmt.Sprintf("free token=%d ended=%s", rev(l.GetFencingToken()), at(l.GetEndedAtUnixNano()))
+		return fmt.Sprintf("free token=%d ended=%s%s", rev(l.GetFencingToken()), at(l.GetEndedAtUnixNano()), waiters(l))
 	case "scan":
 		q := &shardv1.Query{}
 		if f[1] == "expired" {
@@ -175,6 +200,14 @@ func (s *script) step(f []string) string {
 			var out []string
 			for _, it := range s.rep.query(s.now, q).GetExpire().GetItems() {
 				out = append(out, it.GetResource()+":"+leaseName(it.GetLeaseId()))
+			}
+			return "[" + strings.Join(out, " ") + "]"
+		}
+		if f[1] == "timed_out" {
+			q.Query = &shardv1.Query_TimedOut{TimedOut: &shardv1.ScanQuery{Limit: 100}}
+			var out []string
+			for _, it := range s.rep.query(s.now, q).GetDrop().GetItems() {
+				out = append(out, fmt.Sprintf("%s:%d@%s", it.GetResource(), it.GetSeq(), at(it.GetDeadlineUnixNano())))
 			}
 			return "[" + strings.Join(out, " ") + "]"
 		}
@@ -191,6 +224,13 @@ func (s *script) step(f []string) string {
 	}
 	s.t.Fatalf("unknown verb %q", f[0])
 	return ""
+}
+
+func waiters(l *shardv1.LockRecord) string {
+	if l.GetWaiters() == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" waiters=%d", l.GetWaiters())
 }
 
 func splitList(v string) []string {
@@ -221,13 +261,28 @@ func out(verb string, r *shardv1.Result) string {
 	if r.GetReplayed() {
 		b.WriteString(" replayed")
 	}
+	if r.GetCode() == shardv1.Code_CODE_QUEUED {
+		fmt.Fprintf(&b, " until=%s", at(r.GetWaitDeadlineUnixNano()))
+		if r.GetCount() > 0 {
+			fmt.Fprintf(&b, " waiters=%d", r.GetCount())
+		}
+	}
 	if r.GetCode() == shardv1.Code_CODE_OK {
 		switch verb {
 		case "release":
 			b.WriteString(" released=" + strconv.FormatBool(r.GetReleased()))
-		case "expire", "forget":
+		case "expire", "forget", "drop", "cancel":
 			b.WriteString(" count=" + strconv.Itoa(int(r.GetCount())))
 		}
+		if verb == "cancel" && r.GetReleased() {
+			b.WriteString(" released")
+		}
+	}
+	for _, g := range r.GetGranted() {
+		fmt.Fprintf(&b, " granted=%s:%s:%d:%s", g.GetRequestId(), leaseName(g.GetLease().GetLeaseId()), rev(g.GetLease().GetFencingToken()), at(g.GetLease().GetExpiresAtUnixNano()))
+	}
+	for _, d := range r.GetDropped() {
+		fmt.Fprintf(&b, " dropped=%s", d.GetRequestId())
 	}
 	if r.GetField() != "" {
 		b.WriteString(" field=" + r.GetField())

@@ -258,6 +258,10 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 		out.Expire, err = r.expired(now, int(qq.Expired.GetLimit()))
 	case *shardv1.Query_Forgettable:
 		out.Forget, err = r.forgettable(now, int(qq.Forgettable.GetLimit()))
+	case *shardv1.Query_TimedOut:
+		out.Drop, err = r.timedOut(now, int(qq.TimedOut.GetLimit()))
+	case *shardv1.Query_Hot:
+		out.Hot, err = r.hot(int(qq.Hot.GetLimit()))
 	case *shardv1.Query_Meta:
 	case *shardv1.Query_Digest:
 		out.AppliedIndex, err = appliedIndex(snap)

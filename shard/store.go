@@ -2,10 +2,13 @@ package shard
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 
 	"github.com/cockroachdb/pebble"
 	"google.golang.org/protobuf/proto"
@@ -41,6 +44,16 @@ func initialMeta(shardID uint64) func() *shardv1.ShardMeta {
 	}
 }
 
+// upgradeConfig gives fields added to ShardConfig after a shard was
+// created their defaults. Every replica does the same, so it stays
+// deterministic.
+func upgradeConfig(c *shardv1.ShardConfig) {
+	d := DefaultConfig()
+	if c.GetMaxWaitTimeoutNanos() == 0 && c.GetMaxWaitersPerResource() == 0 && c.GetMaxWaitersPerTenant() == 0 {
+		c.MaxWaitTimeoutNanos, c.MaxWaitersPerResource, c.MaxWaitersPerTenant = d.MaxWaitTimeoutNanos, d.MaxWaitersPerResource, d.MaxWaitersPerTenant
+	}
+}
+
 func (s *records) get(key []byte, m proto.Message) (bool, error) {
 	v, closer, err := s.g.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
@@ -69,6 +82,7 @@ func (s *records) Meta() (*shardv1.ShardMeta, error) {
 	if !ok {
 		m = s.initial()
 	}
+	upgradeConfig(m.GetConfig())
 	s.meta = m
 	return m, nil
 }
@@ -91,6 +105,58 @@ func (s *records) Dedup(resource, requestID string) (*shardv1.DedupRecord, error
 		return nil, err
 	}
 	return d, nil
+}
+
+// Waiter implements Reader.
+func (s *records) Waiter(resource string, seq uint64) (*shardv1.WaiterRecord, error) {
+	w := &shardv1.WaiterRecord{}
+	ok, err := s.get(waiterKey(resource, seq), w)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// NextWaiter implements Reader.
+func (s *records) NextWaiter(resource string, from uint64) (*shardv1.WaiterRecord, error) {
+	prefix := waiterPrefix(resource)
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: waiterKey(resource, from), UpperBound: prefixEnd(prefix)})
+	defer it.Close()
+	if !it.First() {
+		return nil, it.Error()
+	}
+	w := &shardv1.WaiterRecord{}
+	if err := proto.Unmarshal(it.Value(), w); err != nil {
+		return nil, fmt.Errorf("%w: waiter %q: %v", ErrCorruptRecord, it.Key(), err)
+	}
+	return w, nil
+}
+
+// TenantWaiters implements Reader.
+func (s *records) TenantWaiters(tenant string) (uint32, error) {
+	v, closer, err := s.g.Get(tenantKey(tenant))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer closer.Close()
+	if len(v) != 4 {
+		return 0, fmt.Errorf("%w: tenant count of %q is %d bytes", ErrCorruptRecord, tenant, len(v))
+	}
+	return binary.BigEndian.Uint32(v), nil
+}
+
+// prefixEnd is the first key after every key with the prefix.
+func prefixEnd(prefix []byte) []byte {
+	end := bytes.Clone(prefix)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i]++; end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil
 }
 
 func appliedIndex(g getter) (uint64, error) {
@@ -152,6 +218,26 @@ func (s *records) write(b *pebble.Batch, c Change) error {
 			}
 		}
 		return set(b, dedupKey(c.Dedup.GetResource(), c.Dedup.GetRequestId()), c.Dedup)
+	case PutWaiter:
+		w := c.Waiter
+		if err := b.Set(waitIdxKey(w.GetDeadlineUnixNano(), w.GetResource(), w.GetSeq()), nil, nil); err != nil {
+			return err
+		}
+		return set(b, waiterKey(w.GetResource(), w.GetSeq()), w)
+	case DeleteWaiter:
+		old, err := s.Waiter(c.Resource, c.Seq)
+		if err != nil || old == nil {
+			return err
+		}
+		if err := b.Delete(waitIdxKey(old.GetDeadlineUnixNano(), c.Resource, c.Seq), nil); err != nil {
+			return err
+		}
+		return b.Delete(waiterKey(c.Resource, c.Seq), nil)
+	case PutTenantWaiters:
+		if c.Count == 0 {
+			return b.Delete(tenantKey(c.Tenant), nil)
+		}
+		return b.Set(tenantKey(c.Tenant), binary.BigEndian.AppendUint32(nil, c.Count), nil)
 	case DeleteDedup:
 		old, err := s.Dedup(c.Resource, c.RequestID)
 		if err != nil || old == nil {
@@ -239,4 +325,56 @@ func (s *records) forgettable(now int64, limit int) (*shardv1.ForgetCmd, error) 
 		}
 	}
 	return cmd, it.Close()
+}
+
+// timedOut lists up to limit queued waiters whose deadline is at or
+// before now: the candidates of a leader's DropWaiters command.
+func (s *records) timedOut(now int64, limit int) (*shardv1.DropWaitersCmd, error) {
+	cmd := &shardv1.DropWaitersCmd{}
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixWaitIdx}, UpperBound: timeBound(prefixWaitIdx, now)})
+	for it.First(); it.Valid() && len(cmd.Items) < limit; it.Next() {
+		k := it.Key()
+		rest := k[9:]
+		if len(rest) < 9 || rest[len(rest)-9] != 0 {
+			_ = it.Close()
+			return nil, fmt.Errorf("%w: waiter index key %q", ErrCorruptRecord, k)
+		}
+		cmd.Items = append(cmd.Items, &shardv1.WaiterRef{
+			Resource:         string(rest[:len(rest)-9]),
+			Seq:              binary.BigEndian.Uint64(rest[len(rest)-8:]),
+			DeadlineUnixNano: decodeTime(k[1:9]),
+		})
+	}
+	return cmd, it.Close()
+}
+
+// hot lists up to limit lock records with the most waiters, most first
+// (ties by resource name). It scans every lock record of the shard.
+func (s *records) hot(limit int) ([]*shardv1.LockRecord, error) {
+	var out []*shardv1.LockRecord
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixRange}, UpperBound: []byte{prefixRange + 1}})
+	for it.First(); it.Valid(); it.Next() {
+		if k := it.Key(); len(k) < 10 || k[9] != kindLock {
+			continue
+		}
+		l := &shardv1.LockRecord{}
+		if err := proto.Unmarshal(it.Value(), l); err != nil {
+			_ = it.Close()
+			return nil, fmt.Errorf("%w: lock %q: %v", ErrCorruptRecord, it.Key(), err)
+		}
+		if l.GetWaiters() == 0 {
+			continue
+		}
+		out = append(out, l)
+	}
+	if err := it.Close(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b *shardv1.LockRecord) int {
+		if a.GetWaiters() != b.GetWaiters() {
+			return cmp.Compare(b.GetWaiters(), a.GetWaiters())
+		}
+		return strings.Compare(a.GetResource(), b.GetResource())
+	})
+	return out[:min(limit, len(out))], nil
 }

@@ -49,6 +49,12 @@ const (
 	Code_CODE_UNAVAILABLE Code = 6
 	// CODE_INTERNAL: an invariant check failed; nothing was changed.
 	Code_CODE_INTERNAL Code = 7
+	// CODE_QUEUED: the lock is held and the request waits in its queue;
+	// Result.wait_deadline_unix_nano says until when.
+	Code_CODE_QUEUED Code = 8
+	// CODE_RESOURCE_EXHAUSTED: the resource's or the tenant's wait queue is
+	// full; Result.field names which bound.
+	Code_CODE_RESOURCE_EXHAUSTED Code = 9
 )
 
 // Enum value maps for Code.
@@ -62,6 +68,8 @@ var (
 		5: "CODE_WRONG_SHARD",
 		6: "CODE_UNAVAILABLE",
 		7: "CODE_INTERNAL",
+		8: "CODE_QUEUED",
+		9: "CODE_RESOURCE_EXHAUSTED",
 	}
 	Code_value = map[string]int32{
 		"CODE_UNSPECIFIED":         0,
@@ -72,6 +80,8 @@ var (
 		"CODE_WRONG_SHARD":         5,
 		"CODE_UNAVAILABLE":         6,
 		"CODE_INTERNAL":            7,
+		"CODE_QUEUED":              8,
+		"CODE_RESOURCE_EXHAUSTED":  9,
 	}
 )
 
@@ -123,6 +133,8 @@ type Envelope struct {
 	//	*Envelope_Expire
 	//	*Envelope_Forget
 	//	*Envelope_SetConfig
+	//	*Envelope_CancelWait
+	//	*Envelope_DropWaiters
 	Command       isEnvelope_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -247,6 +259,24 @@ func (x *Envelope) GetSetConfig() *SetConfigCmd {
 	return nil
 }
 
+func (x *Envelope) GetCancelWait() *CancelWaitCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_CancelWait); ok {
+			return x.CancelWait
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetDropWaiters() *DropWaitersCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_DropWaiters); ok {
+			return x.DropWaiters
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Command interface {
 	isEnvelope_Command()
 }
@@ -275,6 +305,14 @@ type Envelope_SetConfig struct {
 	SetConfig *SetConfigCmd `protobuf:"bytes,15,opt,name=set_config,json=setConfig,proto3,oneof"`
 }
 
+type Envelope_CancelWait struct {
+	CancelWait *CancelWaitCmd `protobuf:"bytes,16,opt,name=cancel_wait,json=cancelWait,proto3,oneof"`
+}
+
+type Envelope_DropWaiters struct {
+	DropWaiters *DropWaitersCmd `protobuf:"bytes,17,opt,name=drop_waiters,json=dropWaiters,proto3,oneof"`
+}
+
 func (*Envelope_Acquire) isEnvelope_Command() {}
 
 func (*Envelope_Renew) isEnvelope_Command() {}
@@ -287,6 +325,10 @@ func (*Envelope_Forget) isEnvelope_Command() {}
 
 func (*Envelope_SetConfig) isEnvelope_Command() {}
 
+func (*Envelope_CancelWait) isEnvelope_Command() {}
+
+func (*Envelope_DropWaiters) isEnvelope_Command() {}
+
 type AcquireCmd struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Resource  string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
@@ -296,9 +338,12 @@ type AcquireCmd struct {
 	Holder        string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
 	Tenant        string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// LeaseId is 16 random bytes chosen by the router.
-	LeaseId       []byte `protobuf:"bytes,6,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LeaseId []byte `protobuf:"bytes,6,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// WaitTimeoutNanos > 0 queues the request behind the current holder for
+	// at most this long; 0 fails fast with CODE_CONFLICT.
+	WaitTimeoutNanos int64 `protobuf:"varint,7,opt,name=wait_timeout_nanos,json=waitTimeoutNanos,proto3" json:"wait_timeout_nanos,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *AcquireCmd) Reset() {
@@ -373,6 +418,175 @@ func (x *AcquireCmd) GetLeaseId() []byte {
 	return nil
 }
 
+func (x *AcquireCmd) GetWaitTimeoutNanos() int64 {
+	if x != nil {
+		return x.WaitTimeoutNanos
+	}
+	return 0
+}
+
+// CancelWaitCmd abandons an Acquire whose caller stopped waiting
+// (cancelled, disconnected or timed out): a queued waiter is removed, and a
+// lease already granted to it is released, so no grant is left to nobody.
+type CancelWaitCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelWaitCmd) Reset() {
+	*x = CancelWaitCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelWaitCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelWaitCmd) ProtoMessage() {}
+
+func (x *CancelWaitCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelWaitCmd.ProtoReflect.Descriptor instead.
+func (*CancelWaitCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CancelWaitCmd) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *CancelWaitCmd) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// DropWaitersCmd removes waiters whose deadline the leader saw pass. Each
+// item applies only if that waiter is still queued with that deadline and
+// the shard's time has reached it.
+type DropWaitersCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*WaiterRef           `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropWaitersCmd) Reset() {
+	*x = DropWaitersCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropWaitersCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropWaitersCmd) ProtoMessage() {}
+
+func (x *DropWaitersCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropWaitersCmd.ProtoReflect.Descriptor instead.
+func (*DropWaitersCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DropWaitersCmd) GetItems() []*WaiterRef {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type WaiterRef struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Resource         string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	Seq              uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	DeadlineUnixNano int64                  `protobuf:"varint,3,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *WaiterRef) Reset() {
+	*x = WaiterRef{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaiterRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaiterRef) ProtoMessage() {}
+
+func (x *WaiterRef) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaiterRef.ProtoReflect.Descriptor instead.
+func (*WaiterRef) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *WaiterRef) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *WaiterRef) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *WaiterRef) GetDeadlineUnixNano() int64 {
+	if x != nil {
+		return x.DeadlineUnixNano
+	}
+	return 0
+}
+
 type RenewCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
@@ -383,7 +597,7 @@ type RenewCmd struct {
 
 func (x *RenewCmd) Reset() {
 	*x = RenewCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[2]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +609,7 @@ func (x *RenewCmd) String() string {
 func (*RenewCmd) ProtoMessage() {}
 
 func (x *RenewCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[2]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +622,7 @@ func (x *RenewCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCmd.ProtoReflect.Descriptor instead.
 func (*RenewCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{2}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RenewCmd) GetResource() string {
@@ -435,7 +649,7 @@ type ReleaseCmd struct {
 
 func (x *ReleaseCmd) Reset() {
 	*x = ReleaseCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[3]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +661,7 @@ func (x *ReleaseCmd) String() string {
 func (*ReleaseCmd) ProtoMessage() {}
 
 func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[3]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +674,7 @@ func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{3}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReleaseCmd) GetResource() string {
@@ -489,7 +703,7 @@ type ExpireCmd struct {
 
 func (x *ExpireCmd) Reset() {
 	*x = ExpireCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[4]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +715,7 @@ func (x *ExpireCmd) String() string {
 func (*ExpireCmd) ProtoMessage() {}
 
 func (x *ExpireCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[4]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +728,7 @@ func (x *ExpireCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireCmd.ProtoReflect.Descriptor instead.
 func (*ExpireCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{4}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExpireCmd) GetItems() []*ExpireItem {
@@ -535,7 +749,7 @@ type ExpireItem struct {
 
 func (x *ExpireItem) Reset() {
 	*x = ExpireItem{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[5]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +761,7 @@ func (x *ExpireItem) String() string {
 func (*ExpireItem) ProtoMessage() {}
 
 func (x *ExpireItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[5]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +774,7 @@ func (x *ExpireItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireItem.ProtoReflect.Descriptor instead.
 func (*ExpireItem) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{5}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExpireItem) GetResource() string {
@@ -596,7 +810,7 @@ type ForgetCmd struct {
 
 func (x *ForgetCmd) Reset() {
 	*x = ForgetCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[6]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +822,7 @@ func (x *ForgetCmd) String() string {
 func (*ForgetCmd) ProtoMessage() {}
 
 func (x *ForgetCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[6]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +835,7 @@ func (x *ForgetCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetCmd.ProtoReflect.Descriptor instead.
 func (*ForgetCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{6}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ForgetCmd) GetDedup() []*DedupRef {
@@ -648,7 +862,7 @@ type DedupRef struct {
 
 func (x *DedupRef) Reset() {
 	*x = DedupRef{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[7]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +874,7 @@ func (x *DedupRef) String() string {
 func (*DedupRef) ProtoMessage() {}
 
 func (x *DedupRef) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[7]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +887,7 @@ func (x *DedupRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupRef.ProtoReflect.Descriptor instead.
 func (*DedupRef) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{7}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DedupRef) GetResource() string {
@@ -692,19 +906,22 @@ func (x *DedupRef) GetRequestId() string {
 
 // SetConfigCmd changes the shard config; unset fields keep their value.
 type SetConfigCmd struct {
-	state                protoimpl.MessageState `protogen:"open.v1"`
-	MaxClockSkewNanos    *int64                 `protobuf:"varint,1,opt,name=max_clock_skew_nanos,json=maxClockSkewNanos,proto3,oneof" json:"max_clock_skew_nanos,omitempty"`
-	MinLeaseTtlNanos     *int64                 `protobuf:"varint,2,opt,name=min_lease_ttl_nanos,json=minLeaseTtlNanos,proto3,oneof" json:"min_lease_ttl_nanos,omitempty"`
-	MaxLeaseTtlNanos     *int64                 `protobuf:"varint,3,opt,name=max_lease_ttl_nanos,json=maxLeaseTtlNanos,proto3,oneof" json:"max_lease_ttl_nanos,omitempty"`
-	DefaultLeaseTtlNanos *int64                 `protobuf:"varint,4,opt,name=default_lease_ttl_nanos,json=defaultLeaseTtlNanos,proto3,oneof" json:"default_lease_ttl_nanos,omitempty"`
-	DedupWindowNanos     *int64                 `protobuf:"varint,5,opt,name=dedup_window_nanos,json=dedupWindowNanos,proto3,oneof" json:"dedup_window_nanos,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	MaxClockSkewNanos     *int64                 `protobuf:"varint,1,opt,name=max_clock_skew_nanos,json=maxClockSkewNanos,proto3,oneof" json:"max_clock_skew_nanos,omitempty"`
+	MinLeaseTtlNanos      *int64                 `protobuf:"varint,2,opt,name=min_lease_ttl_nanos,json=minLeaseTtlNanos,proto3,oneof" json:"min_lease_ttl_nanos,omitempty"`
+	MaxLeaseTtlNanos      *int64                 `protobuf:"varint,3,opt,name=max_lease_ttl_nanos,json=maxLeaseTtlNanos,proto3,oneof" json:"max_lease_ttl_nanos,omitempty"`
+	DefaultLeaseTtlNanos  *int64                 `protobuf:"varint,4,opt,name=default_lease_ttl_nanos,json=defaultLeaseTtlNanos,proto3,oneof" json:"default_lease_ttl_nanos,omitempty"`
+	DedupWindowNanos      *int64                 `protobuf:"varint,5,opt,name=dedup_window_nanos,json=dedupWindowNanos,proto3,oneof" json:"dedup_window_nanos,omitempty"`
+	MaxWaitTimeoutNanos   *int64                 `protobuf:"varint,6,opt,name=max_wait_timeout_nanos,json=maxWaitTimeoutNanos,proto3,oneof" json:"max_wait_timeout_nanos,omitempty"`
+	MaxWaitersPerResource *uint32                `protobuf:"varint,7,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3,oneof" json:"max_waiters_per_resource,omitempty"`
+	MaxWaitersPerTenant   *uint32                `protobuf:"varint,8,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3,oneof" json:"max_waiters_per_tenant,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *SetConfigCmd) Reset() {
 	*x = SetConfigCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[8]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +933,7 @@ func (x *SetConfigCmd) String() string {
 func (*SetConfigCmd) ProtoMessage() {}
 
 func (x *SetConfigCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[8]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +946,7 @@ func (x *SetConfigCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConfigCmd.ProtoReflect.Descriptor instead.
 func (*SetConfigCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{8}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SetConfigCmd) GetMaxClockSkewNanos() int64 {
@@ -767,6 +984,27 @@ func (x *SetConfigCmd) GetDedupWindowNanos() int64 {
 	return 0
 }
 
+func (x *SetConfigCmd) GetMaxWaitTimeoutNanos() int64 {
+	if x != nil && x.MaxWaitTimeoutNanos != nil {
+		return *x.MaxWaitTimeoutNanos
+	}
+	return 0
+}
+
+func (x *SetConfigCmd) GetMaxWaitersPerResource() uint32 {
+	if x != nil && x.MaxWaitersPerResource != nil {
+		return *x.MaxWaitersPerResource
+	}
+	return 0
+}
+
+func (x *SetConfigCmd) GetMaxWaitersPerTenant() uint32 {
+	if x != nil && x.MaxWaitersPerTenant != nil {
+		return *x.MaxWaitersPerTenant
+	}
+	return 0
+}
+
 // Result is what the state machine answers to one command.
 type Result struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -779,17 +1017,23 @@ type Result struct {
 	Released bool       `protobuf:"varint,5,opt,name=released,proto3" json:"released,omitempty"`
 	// Replayed is true when Acquire returned an earlier grant of the same
 	// request_id.
-	Replayed      bool             `protobuf:"varint,6,opt,name=replayed,proto3" json:"replayed,omitempty"`
-	Count         uint32           `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
-	Range         *RangeDescriptor `protobuf:"bytes,8,opt,name=range,proto3" json:"range,omitempty"`
-	Config        *ShardConfig     `protobuf:"bytes,9,opt,name=config,proto3" json:"config,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Replayed bool             `protobuf:"varint,6,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	Count    uint32           `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
+	Range    *RangeDescriptor `protobuf:"bytes,8,opt,name=range,proto3" json:"range,omitempty"`
+	Config   *ShardConfig     `protobuf:"bytes,9,opt,name=config,proto3" json:"config,omitempty"`
+	// Granted lists the waiters this command granted the lock to, and
+	// Dropped the waiters it removed because their deadline had passed. A
+	// router wakes exactly those waiting RPCs.
+	Granted              []*WaiterEvent `protobuf:"bytes,10,rep,name=granted,proto3" json:"granted,omitempty"`
+	Dropped              []*WaiterEvent `protobuf:"bytes,11,rep,name=dropped,proto3" json:"dropped,omitempty"`
+	WaitDeadlineUnixNano int64          `protobuf:"varint,12,opt,name=wait_deadline_unix_nano,json=waitDeadlineUnixNano,proto3" json:"wait_deadline_unix_nano,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[9]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +1045,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[9]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +1058,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{9}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Result) GetCode() Code {
@@ -880,6 +1124,88 @@ func (x *Result) GetConfig() *ShardConfig {
 	return nil
 }
 
+func (x *Result) GetGranted() []*WaiterEvent {
+	if x != nil {
+		return x.Granted
+	}
+	return nil
+}
+
+func (x *Result) GetDropped() []*WaiterEvent {
+	if x != nil {
+		return x.Dropped
+	}
+	return nil
+}
+
+func (x *Result) GetWaitDeadlineUnixNano() int64 {
+	if x != nil {
+		return x.WaitDeadlineUnixNano
+	}
+	return 0
+}
+
+// WaiterEvent is a change to a waiter; lease is set for a grant.
+type WaiterEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Lease         *LeaseInfo             `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaiterEvent) Reset() {
+	*x = WaiterEvent{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaiterEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaiterEvent) ProtoMessage() {}
+
+func (x *WaiterEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaiterEvent.ProtoReflect.Descriptor instead.
+func (*WaiterEvent) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *WaiterEvent) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *WaiterEvent) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *WaiterEvent) GetLease() *LeaseInfo {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
 type LeaseInfo struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	LeaseId           []byte                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
@@ -892,7 +1218,7 @@ type LeaseInfo struct {
 
 func (x *LeaseInfo) Reset() {
 	*x = LeaseInfo{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[10]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1230,7 @@ func (x *LeaseInfo) String() string {
 func (*LeaseInfo) ProtoMessage() {}
 
 func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[10]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1243,7 @@ func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
 func (*LeaseInfo) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{10}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeaseInfo) GetLeaseId() []byte {
@@ -962,7 +1288,7 @@ type RangeDescriptor struct {
 
 func (x *RangeDescriptor) Reset() {
 	*x = RangeDescriptor{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[11]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1300,7 @@ func (x *RangeDescriptor) String() string {
 func (*RangeDescriptor) ProtoMessage() {}
 
 func (x *RangeDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[11]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1313,7 @@ func (x *RangeDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeDescriptor.ProtoReflect.Descriptor instead.
 func (*RangeDescriptor) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{11}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RangeDescriptor) GetShardId() uint64 {
@@ -1020,19 +1346,22 @@ func (x *RangeDescriptor) GetGeneration() uint64 {
 
 // ShardConfig is replicated: every replica applies with the same values.
 type ShardConfig struct {
-	state                protoimpl.MessageState `protogen:"open.v1"`
-	MaxClockSkewNanos    int64                  `protobuf:"varint,1,opt,name=max_clock_skew_nanos,json=maxClockSkewNanos,proto3" json:"max_clock_skew_nanos,omitempty"`
-	MinLeaseTtlNanos     int64                  `protobuf:"varint,2,opt,name=min_lease_ttl_nanos,json=minLeaseTtlNanos,proto3" json:"min_lease_ttl_nanos,omitempty"`
-	MaxLeaseTtlNanos     int64                  `protobuf:"varint,3,opt,name=max_lease_ttl_nanos,json=maxLeaseTtlNanos,proto3" json:"max_lease_ttl_nanos,omitempty"`
-	DefaultLeaseTtlNanos int64                  `protobuf:"varint,4,opt,name=default_lease_ttl_nanos,json=defaultLeaseTtlNanos,proto3" json:"default_lease_ttl_nanos,omitempty"`
-	DedupWindowNanos     int64                  `protobuf:"varint,5,opt,name=dedup_window_nanos,json=dedupWindowNanos,proto3" json:"dedup_window_nanos,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	MaxClockSkewNanos     int64                  `protobuf:"varint,1,opt,name=max_clock_skew_nanos,json=maxClockSkewNanos,proto3" json:"max_clock_skew_nanos,omitempty"`
+	MinLeaseTtlNanos      int64                  `protobuf:"varint,2,opt,name=min_lease_ttl_nanos,json=minLeaseTtlNanos,proto3" json:"min_lease_ttl_nanos,omitempty"`
+	MaxLeaseTtlNanos      int64                  `protobuf:"varint,3,opt,name=max_lease_ttl_nanos,json=maxLeaseTtlNanos,proto3" json:"max_lease_ttl_nanos,omitempty"`
+	DefaultLeaseTtlNanos  int64                  `protobuf:"varint,4,opt,name=default_lease_ttl_nanos,json=defaultLeaseTtlNanos,proto3" json:"default_lease_ttl_nanos,omitempty"`
+	DedupWindowNanos      int64                  `protobuf:"varint,5,opt,name=dedup_window_nanos,json=dedupWindowNanos,proto3" json:"dedup_window_nanos,omitempty"`
+	MaxWaitTimeoutNanos   int64                  `protobuf:"varint,6,opt,name=max_wait_timeout_nanos,json=maxWaitTimeoutNanos,proto3" json:"max_wait_timeout_nanos,omitempty"`
+	MaxWaitersPerResource uint32                 `protobuf:"varint,7,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3" json:"max_waiters_per_resource,omitempty"`
+	MaxWaitersPerTenant   uint32                 `protobuf:"varint,8,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3" json:"max_waiters_per_tenant,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ShardConfig) Reset() {
 	*x = ShardConfig{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1373,7 @@ func (x *ShardConfig) String() string {
 func (*ShardConfig) ProtoMessage() {}
 
 func (x *ShardConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1386,7 @@ func (x *ShardConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardConfig.ProtoReflect.Descriptor instead.
 func (*ShardConfig) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{12}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ShardConfig) GetMaxClockSkewNanos() int64 {
@@ -1095,6 +1424,27 @@ func (x *ShardConfig) GetDedupWindowNanos() int64 {
 	return 0
 }
 
+func (x *ShardConfig) GetMaxWaitTimeoutNanos() int64 {
+	if x != nil {
+		return x.MaxWaitTimeoutNanos
+	}
+	return 0
+}
+
+func (x *ShardConfig) GetMaxWaitersPerResource() uint32 {
+	if x != nil {
+		return x.MaxWaitersPerResource
+	}
+	return 0
+}
+
+func (x *ShardConfig) GetMaxWaitersPerTenant() uint32 {
+	if x != nil {
+		return x.MaxWaitersPerTenant
+	}
+	return 0
+}
+
 // ShardMeta is the shard-wide state kept beside the range records.
 type ShardMeta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1112,7 +1462,7 @@ type ShardMeta struct {
 
 func (x *ShardMeta) Reset() {
 	*x = ShardMeta{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1474,7 @@ func (x *ShardMeta) String() string {
 func (*ShardMeta) ProtoMessage() {}
 
 func (x *ShardMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1487,7 @@ func (x *ShardMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMeta.ProtoReflect.Descriptor instead.
 func (*ShardMeta) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{13}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ShardMeta) GetEpoch() uint64 {
@@ -1191,13 +1541,18 @@ type LockRecord struct {
 	// EndedAtUnixNano is when the last lease ended (released, expired or
 	// replaced); 0 while held.
 	EndedAtUnixNano int64 `protobuf:"varint,10,opt,name=ended_at_unix_nano,json=endedAtUnixNano,proto3" json:"ended_at_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Waiters counts the queued requests; a free lock has none.
+	Waiters uint32 `protobuf:"varint,11,opt,name=waiters,proto3" json:"waiters,omitempty"`
+	// LastWaiterSeq is the sequence number of the last enqueued waiter:
+	// queue order is enqueue commit order.
+	LastWaiterSeq uint64 `protobuf:"varint,12,opt,name=last_waiter_seq,json=lastWaiterSeq,proto3" json:"last_waiter_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1209,7 +1564,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1222,7 +1577,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{14}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *LockRecord) GetResource() string {
@@ -1295,6 +1650,121 @@ func (x *LockRecord) GetEndedAtUnixNano() int64 {
 	return 0
 }
 
+func (x *LockRecord) GetWaiters() uint32 {
+	if x != nil {
+		return x.Waiters
+	}
+	return 0
+}
+
+func (x *LockRecord) GetLastWaiterSeq() uint64 {
+	if x != nil {
+		return x.LastWaiterSeq
+	}
+	return 0
+}
+
+// WaiterRecord is one queued Acquire.
+type WaiterRecord struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Resource         string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	RequestId        string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Seq              uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	LeaseId          []byte                 `protobuf:"bytes,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseTtlNanos    int64                  `protobuf:"varint,5,opt,name=lease_ttl_nanos,json=leaseTtlNanos,proto3" json:"lease_ttl_nanos,omitempty"`
+	Holder           string                 `protobuf:"bytes,6,opt,name=holder,proto3" json:"holder,omitempty"`
+	Tenant           string                 `protobuf:"bytes,7,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	DeadlineUnixNano int64                  `protobuf:"varint,8,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *WaiterRecord) Reset() {
+	*x = WaiterRecord{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaiterRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaiterRecord) ProtoMessage() {}
+
+func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaiterRecord.ProtoReflect.Descriptor instead.
+func (*WaiterRecord) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *WaiterRecord) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *WaiterRecord) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *WaiterRecord) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *WaiterRecord) GetLeaseId() []byte {
+	if x != nil {
+		return x.LeaseId
+	}
+	return nil
+}
+
+func (x *WaiterRecord) GetLeaseTtlNanos() int64 {
+	if x != nil {
+		return x.LeaseTtlNanos
+	}
+	return 0
+}
+
+func (x *WaiterRecord) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *WaiterRecord) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *WaiterRecord) GetDeadlineUnixNano() int64 {
+	if x != nil {
+		return x.DeadlineUnixNano
+	}
+	return 0
+}
+
 // DedupRecord remembers one Acquire request_id and the lease it got.
 type DedupRecord struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1306,13 +1776,17 @@ type DedupRecord struct {
 	FencingToken  uint64                 `protobuf:"varint,6,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
 	// EndedAtUnixNano is when the lease ended; 0 while it may be current.
 	EndedAtUnixNano int64 `protobuf:"varint,7,opt,name=ended_at_unix_nano,json=endedAtUnixNano,proto3" json:"ended_at_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// WaiterSeq is the request's place in the queue while it waits; 0 once
+	// granted (or for a request granted at once).
+	WaiterSeq            uint64 `protobuf:"varint,8,opt,name=waiter_seq,json=waiterSeq,proto3" json:"waiter_seq,omitempty"`
+	WaitDeadlineUnixNano int64  `protobuf:"varint,9,opt,name=wait_deadline_unix_nano,json=waitDeadlineUnixNano,proto3" json:"wait_deadline_unix_nano,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *DedupRecord) Reset() {
 	*x = DedupRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1798,7 @@ func (x *DedupRecord) String() string {
 func (*DedupRecord) ProtoMessage() {}
 
 func (x *DedupRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1811,7 @@ func (x *DedupRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupRecord.ProtoReflect.Descriptor instead.
 func (*DedupRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{15}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DedupRecord) GetResource() string {
@@ -1389,6 +1863,20 @@ func (x *DedupRecord) GetEndedAtUnixNano() int64 {
 	return 0
 }
 
+func (x *DedupRecord) GetWaiterSeq() uint64 {
+	if x != nil {
+		return x.WaiterSeq
+	}
+	return 0
+}
+
+func (x *DedupRecord) GetWaitDeadlineUnixNano() int64 {
+	if x != nil {
+		return x.WaitDeadlineUnixNano
+	}
+	return 0
+}
+
 // Query is a read of a replica's state (Dragonboat Lookup).
 type Query struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -1400,6 +1888,8 @@ type Query struct {
 	//	*Query_Forgettable
 	//	*Query_Meta
 	//	*Query_Digest
+	//	*Query_TimedOut
+	//	*Query_Hot
 	Query         isQuery_Query `protobuf_oneof:"query"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1407,7 +1897,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1419,7 +1909,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1432,7 +1922,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{16}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Query) GetNowUnixNano() int64 {
@@ -1494,6 +1984,24 @@ func (x *Query) GetDigest() *DigestQuery {
 	return nil
 }
 
+func (x *Query) GetTimedOut() *ScanQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_TimedOut); ok {
+			return x.TimedOut
+		}
+	}
+	return nil
+}
+
+func (x *Query) GetHot() *HotQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_Hot); ok {
+			return x.Hot
+		}
+	}
+	return nil
+}
+
 type isQuery_Query interface {
 	isQuery_Query()
 }
@@ -1518,6 +2026,14 @@ type Query_Digest struct {
 	Digest *DigestQuery `protobuf:"bytes,14,opt,name=digest,proto3,oneof"`
 }
 
+type Query_TimedOut struct {
+	TimedOut *ScanQuery `protobuf:"bytes,15,opt,name=timed_out,json=timedOut,proto3,oneof"`
+}
+
+type Query_Hot struct {
+	Hot *HotQuery `protobuf:"bytes,16,opt,name=hot,proto3,oneof"`
+}
+
 func (*Query_Describe) isQuery_Query() {}
 
 func (*Query_Expired) isQuery_Query() {}
@@ -1527,6 +2043,10 @@ func (*Query_Forgettable) isQuery_Query() {}
 func (*Query_Meta) isQuery_Query() {}
 
 func (*Query_Digest) isQuery_Query() {}
+
+func (*Query_TimedOut) isQuery_Query() {}
+
+func (*Query_Hot) isQuery_Query() {}
 
 // DigestQuery asks for a hash of the replica's whole state, to check that
 // replicas which applied the same log index hold the same state.
@@ -1538,7 +2058,7 @@ type DigestQuery struct {
 
 func (x *DigestQuery) Reset() {
 	*x = DigestQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +2070,7 @@ func (x *DigestQuery) String() string {
 func (*DigestQuery) ProtoMessage() {}
 
 func (x *DigestQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +2083,7 @@ func (x *DigestQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestQuery.ProtoReflect.Descriptor instead.
 func (*DigestQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{17}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{22}
 }
 
 type DescribeQuery struct {
@@ -1575,7 +2095,7 @@ type DescribeQuery struct {
 
 func (x *DescribeQuery) Reset() {
 	*x = DescribeQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +2107,7 @@ func (x *DescribeQuery) String() string {
 func (*DescribeQuery) ProtoMessage() {}
 
 func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +2120,7 @@ func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeQuery.ProtoReflect.Descriptor instead.
 func (*DescribeQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DescribeQuery) GetResource() string {
@@ -1620,7 +2140,7 @@ type ScanQuery struct {
 
 func (x *ScanQuery) Reset() {
 	*x = ScanQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +2152,7 @@ func (x *ScanQuery) String() string {
 func (*ScanQuery) ProtoMessage() {}
 
 func (x *ScanQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +2165,7 @@ func (x *ScanQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanQuery.ProtoReflect.Descriptor instead.
 func (*ScanQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ScanQuery) GetLimit() uint32 {
@@ -1663,7 +2183,7 @@ type MetaQuery struct {
 
 func (x *MetaQuery) Reset() {
 	*x = MetaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +2195,7 @@ func (x *MetaQuery) String() string {
 func (*MetaQuery) ProtoMessage() {}
 
 func (x *MetaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +2208,52 @@ func (x *MetaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaQuery.ProtoReflect.Descriptor instead.
 func (*MetaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{25}
+}
+
+// HotQuery lists up to limit locks with the most waiters.
+type HotQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Limit         uint32                 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HotQuery) Reset() {
+	*x = HotQuery{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HotQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HotQuery) ProtoMessage() {}
+
+func (x *HotQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HotQuery.ProtoReflect.Descriptor instead.
+func (*HotQuery) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *HotQuery) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
 }
 
 // QueryResult answers a Query.
@@ -1702,15 +2267,17 @@ type QueryResult struct {
 	TimeUnixNano int64 `protobuf:"varint,5,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	// Digest is the SHA-256 of every stored key and value, as of
 	// applied_index (DigestQuery only).
-	Digest        []byte `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
-	AppliedIndex  uint64 `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Digest        []byte          `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
+	AppliedIndex  uint64          `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Drop          *DropWaitersCmd `protobuf:"bytes,8,opt,name=drop,proto3" json:"drop,omitempty"`
+	Hot           []*LockRecord   `protobuf:"bytes,9,rep,name=hot,proto3" json:"hot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueryResult) Reset() {
 	*x = QueryResult{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1722,7 +2289,7 @@ func (x *QueryResult) String() string {
 func (*QueryResult) ProtoMessage() {}
 
 func (x *QueryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1735,7 +2302,7 @@ func (x *QueryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResult.ProtoReflect.Descriptor instead.
 func (*QueryResult) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{21}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *QueryResult) GetLock() *LockRecord {
@@ -1787,11 +2354,25 @@ func (x *QueryResult) GetAppliedIndex() uint64 {
 	return 0
 }
 
+func (x *QueryResult) GetDrop() *DropWaitersCmd {
+	if x != nil {
+		return x.Drop
+	}
+	return nil
+}
+
+func (x *QueryResult) GetHot() []*LockRecord {
+	if x != nil {
+		return x.Hot
+	}
+	return nil
+}
+
 var File_warden_shard_v1_shard_proto protoreflect.FileDescriptor
 
 const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xdf\x03\n" +
+	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xe8\x04\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x19\n" +
 	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12\x1e\n" +
@@ -1806,8 +2387,11 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x06expire\x18\r \x01(\v2\x1a.warden.shard.v1.ExpireCmdH\x00R\x06expire\x124\n" +
 	"\x06forget\x18\x0e \x01(\v2\x1a.warden.shard.v1.ForgetCmdH\x00R\x06forget\x12>\n" +
 	"\n" +
-	"set_config\x18\x0f \x01(\v2\x1d.warden.shard.v1.SetConfigCmdH\x00R\tsetConfigB\t\n" +
-	"\acommand\"\xba\x01\n" +
+	"set_config\x18\x0f \x01(\v2\x1d.warden.shard.v1.SetConfigCmdH\x00R\tsetConfig\x12A\n" +
+	"\vcancel_wait\x18\x10 \x01(\v2\x1e.warden.shard.v1.CancelWaitCmdH\x00R\n" +
+	"cancelWait\x12D\n" +
+	"\fdrop_waiters\x18\x11 \x01(\v2\x1f.warden.shard.v1.DropWaitersCmdH\x00R\vdropWaitersB\t\n" +
+	"\acommand\"\xe8\x01\n" +
 	"\n" +
 	"AcquireCmd\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
@@ -1816,7 +2400,18 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x0flease_ttl_nanos\x18\x03 \x01(\x03R\rleaseTtlNanos\x12\x16\n" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x16\n" +
 	"\x06tenant\x18\x05 \x01(\tR\x06tenant\x12\x19\n" +
-	"\blease_id\x18\x06 \x01(\fR\aleaseId\"A\n" +
+	"\blease_id\x18\x06 \x01(\fR\aleaseId\x12,\n" +
+	"\x12wait_timeout_nanos\x18\a \x01(\x03R\x10waitTimeoutNanos\"J\n" +
+	"\rCancelWaitCmd\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\"B\n" +
+	"\x0eDropWaitersCmd\x120\n" +
+	"\x05items\x18\x01 \x03(\v2\x1a.warden.shard.v1.WaiterRefR\x05items\"g\n" +
+	"\tWaiterRef\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12,\n" +
+	"\x12deadline_unix_nano\x18\x03 \x01(\x03R\x10deadlineUnixNano\"A\n" +
 	"\bRenewCmd\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\fR\aleaseId\"C\n" +
@@ -1838,18 +2433,24 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\bDedupRef\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tR\trequestId\"\x97\x03\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\"\x9c\x05\n" +
 	"\fSetConfigCmd\x124\n" +
 	"\x14max_clock_skew_nanos\x18\x01 \x01(\x03H\x00R\x11maxClockSkewNanos\x88\x01\x01\x122\n" +
 	"\x13min_lease_ttl_nanos\x18\x02 \x01(\x03H\x01R\x10minLeaseTtlNanos\x88\x01\x01\x122\n" +
 	"\x13max_lease_ttl_nanos\x18\x03 \x01(\x03H\x02R\x10maxLeaseTtlNanos\x88\x01\x01\x12:\n" +
 	"\x17default_lease_ttl_nanos\x18\x04 \x01(\x03H\x03R\x14defaultLeaseTtlNanos\x88\x01\x01\x121\n" +
-	"\x12dedup_window_nanos\x18\x05 \x01(\x03H\x04R\x10dedupWindowNanos\x88\x01\x01B\x17\n" +
+	"\x12dedup_window_nanos\x18\x05 \x01(\x03H\x04R\x10dedupWindowNanos\x88\x01\x01\x128\n" +
+	"\x16max_wait_timeout_nanos\x18\x06 \x01(\x03H\x05R\x13maxWaitTimeoutNanos\x88\x01\x01\x12<\n" +
+	"\x18max_waiters_per_resource\x18\a \x01(\rH\x06R\x15maxWaitersPerResource\x88\x01\x01\x128\n" +
+	"\x16max_waiters_per_tenant\x18\b \x01(\rH\aR\x13maxWaitersPerTenant\x88\x01\x01B\x17\n" +
 	"\x15_max_clock_skew_nanosB\x16\n" +
 	"\x14_min_lease_ttl_nanosB\x16\n" +
 	"\x14_max_lease_ttl_nanosB\x1a\n" +
 	"\x18_default_lease_ttl_nanosB\x15\n" +
-	"\x13_dedup_window_nanos\"\xcf\x02\n" +
+	"\x13_dedup_window_nanosB\x19\n" +
+	"\x17_max_wait_timeout_nanosB\x1b\n" +
+	"\x19_max_waiters_per_resourceB\x19\n" +
+	"\x17_max_waiters_per_tenant\"\xf6\x03\n" +
 	"\x06Result\x12)\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x15.warden.shard.v1.CodeR\x04code\x12\x14\n" +
 	"\x05field\x18\x02 \x01(\tR\x05field\x12\x16\n" +
@@ -1859,7 +2460,16 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\breplayed\x18\x06 \x01(\bR\breplayed\x12\x14\n" +
 	"\x05count\x18\a \x01(\rR\x05count\x126\n" +
 	"\x05range\x18\b \x01(\v2 .warden.shard.v1.RangeDescriptorR\x05range\x124\n" +
-	"\x06config\x18\t \x01(\v2\x1c.warden.shard.v1.ShardConfigR\x06config\"\xa4\x01\n" +
+	"\x06config\x18\t \x01(\v2\x1c.warden.shard.v1.ShardConfigR\x06config\x126\n" +
+	"\agranted\x18\n" +
+	" \x03(\v2\x1c.warden.shard.v1.WaiterEventR\agranted\x126\n" +
+	"\adropped\x18\v \x03(\v2\x1c.warden.shard.v1.WaiterEventR\adropped\x125\n" +
+	"\x17wait_deadline_unix_nano\x18\f \x01(\x03R\x14waitDeadlineUnixNano\"z\n" +
+	"\vWaiterEvent\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x120\n" +
+	"\x05lease\x18\x03 \x01(\v2\x1a.warden.shard.v1.LeaseInfoR\x05lease\"\xa4\x01\n" +
 	"\tLeaseInfo\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\fR\aleaseId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12/\n" +
@@ -1871,19 +2481,22 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x03end\x18\x03 \x01(\x04R\x03end\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x04R\n" +
-	"generation\"\x81\x02\n" +
+	"generation\"\xa4\x03\n" +
 	"\vShardConfig\x12/\n" +
 	"\x14max_clock_skew_nanos\x18\x01 \x01(\x03R\x11maxClockSkewNanos\x12-\n" +
 	"\x13min_lease_ttl_nanos\x18\x02 \x01(\x03R\x10minLeaseTtlNanos\x12-\n" +
 	"\x13max_lease_ttl_nanos\x18\x03 \x01(\x03R\x10maxLeaseTtlNanos\x125\n" +
 	"\x17default_lease_ttl_nanos\x18\x04 \x01(\x03R\x14defaultLeaseTtlNanos\x12,\n" +
-	"\x12dedup_window_nanos\x18\x05 \x01(\x03R\x10dedupWindowNanos\"\xd8\x01\n" +
+	"\x12dedup_window_nanos\x18\x05 \x01(\x03R\x10dedupWindowNanos\x123\n" +
+	"\x16max_wait_timeout_nanos\x18\x06 \x01(\x03R\x13maxWaitTimeoutNanos\x127\n" +
+	"\x18max_waiters_per_resource\x18\a \x01(\rR\x15maxWaitersPerResource\x123\n" +
+	"\x16max_waiters_per_tenant\x18\b \x01(\rR\x13maxWaitersPerTenant\"\xd8\x01\n" +
 	"\tShardMeta\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12+\n" +
 	"\x12last_now_unix_nano\x18\x03 \x01(\x03R\x0flastNowUnixNano\x124\n" +
 	"\x06config\x18\x04 \x01(\v2\x1c.warden.shard.v1.ShardConfigR\x06config\x126\n" +
-	"\x05range\x18\x05 \x01(\v2 .warden.shard.v1.RangeDescriptorR\x05range\"\xea\x02\n" +
+	"\x05range\x18\x05 \x01(\v2 .warden.shard.v1.RangeDescriptorR\x05range\"\xac\x03\n" +
 	"\n" +
 	"LockRecord\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x12\n" +
@@ -1897,7 +2510,19 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x14granted_at_unix_nano\x18\b \x01(\x03R\x11grantedAtUnixNano\x12/\n" +
 	"\x14expires_at_unix_nano\x18\t \x01(\x03R\x11expiresAtUnixNano\x12+\n" +
 	"\x12ended_at_unix_nano\x18\n" +
-	" \x01(\x03R\x0fendedAtUnixNano\"\xf5\x01\n" +
+	" \x01(\x03R\x0fendedAtUnixNano\x12\x18\n" +
+	"\awaiters\x18\v \x01(\rR\awaiters\x12&\n" +
+	"\x0flast_waiter_seq\x18\f \x01(\x04R\rlastWaiterSeq\"\xfc\x01\n" +
+	"\fWaiterRecord\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x19\n" +
+	"\blease_id\x18\x04 \x01(\fR\aleaseId\x12&\n" +
+	"\x0flease_ttl_nanos\x18\x05 \x01(\x03R\rleaseTtlNanos\x12\x16\n" +
+	"\x06holder\x18\x06 \x01(\tR\x06holder\x12\x16\n" +
+	"\x06tenant\x18\a \x01(\tR\x06tenant\x12,\n" +
+	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\"\xcb\x02\n" +
 	"\vDedupRecord\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -1906,7 +2531,10 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x0flease_ttl_nanos\x18\x04 \x01(\x03R\rleaseTtlNanos\x12\x16\n" +
 	"\x06holder\x18\x05 \x01(\tR\x06holder\x12#\n" +
 	"\rfencing_token\x18\x06 \x01(\x04R\ffencingToken\x12+\n" +
-	"\x12ended_at_unix_nano\x18\a \x01(\x03R\x0fendedAtUnixNano\"\xd4\x02\n" +
+	"\x12ended_at_unix_nano\x18\a \x01(\x03R\x0fendedAtUnixNano\x12\x1d\n" +
+	"\n" +
+	"waiter_seq\x18\b \x01(\x04R\twaiterSeq\x125\n" +
+	"\x17wait_deadline_unix_nano\x18\t \x01(\x03R\x14waitDeadlineUnixNano\"\xbe\x03\n" +
 	"\x05Query\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12<\n" +
 	"\bdescribe\x18\n" +
@@ -1914,14 +2542,18 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\aexpired\x18\v \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\aexpired\x12>\n" +
 	"\vforgettable\x18\f \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\vforgettable\x120\n" +
 	"\x04meta\x18\r \x01(\v2\x1a.warden.shard.v1.MetaQueryH\x00R\x04meta\x126\n" +
-	"\x06digest\x18\x0e \x01(\v2\x1c.warden.shard.v1.DigestQueryH\x00R\x06digestB\a\n" +
+	"\x06digest\x18\x0e \x01(\v2\x1c.warden.shard.v1.DigestQueryH\x00R\x06digest\x129\n" +
+	"\ttimed_out\x18\x0f \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\btimedOut\x12-\n" +
+	"\x03hot\x18\x10 \x01(\v2\x19.warden.shard.v1.HotQueryH\x00R\x03hotB\a\n" +
 	"\x05query\"\r\n" +
 	"\vDigestQuery\"+\n" +
 	"\rDescribeQuery\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\"!\n" +
 	"\tScanQuery\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\v\n" +
-	"\tMetaQuery\"\xb9\x02\n" +
+	"\tMetaQuery\" \n" +
+	"\bHotQuery\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\"\x9d\x03\n" +
 	"\vQueryResult\x12/\n" +
 	"\x04lock\x18\x01 \x01(\v2\x1b.warden.shard.v1.LockRecordR\x04lock\x12.\n" +
 	"\x04meta\x18\x02 \x01(\v2\x1a.warden.shard.v1.ShardMetaR\x04meta\x122\n" +
@@ -1929,7 +2561,9 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x06forget\x18\x04 \x01(\v2\x1a.warden.shard.v1.ForgetCmdR\x06forget\x12$\n" +
 	"\x0etime_unix_nano\x18\x05 \x01(\x03R\ftimeUnixNano\x12\x16\n" +
 	"\x06digest\x18\x06 \x01(\fR\x06digest\x12#\n" +
-	"\rapplied_index\x18\a \x01(\x04R\fappliedIndex*\xb4\x01\n" +
+	"\rapplied_index\x18\a \x01(\x04R\fappliedIndex\x123\n" +
+	"\x04drop\x18\b \x01(\v2\x1f.warden.shard.v1.DropWaitersCmdR\x04drop\x12-\n" +
+	"\x03hot\x18\t \x03(\v2\x1b.warden.shard.v1.LockRecordR\x03hot*\xe2\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x11\n" +
@@ -1938,7 +2572,9 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x15CODE_INVALID_ARGUMENT\x10\x04\x12\x14\n" +
 	"\x10CODE_WRONG_SHARD\x10\x05\x12\x14\n" +
 	"\x10CODE_UNAVAILABLE\x10\x06\x12\x11\n" +
-	"\rCODE_INTERNAL\x10\aB<Z:github.com/warden-dev/warden/proto/warden/shard/v1;shardv1b\x06proto3"
+	"\rCODE_INTERNAL\x10\a\x12\x0f\n" +
+	"\vCODE_QUEUED\x10\b\x12\x1b\n" +
+	"\x17CODE_RESOURCE_EXHAUSTED\x10\tB<Z:github.com/warden-dev/warden/proto/warden/shard/v1;shardv1b\x06proto3"
 
 var (
 	file_warden_shard_v1_shard_proto_rawDescOnce sync.Once
@@ -1953,61 +2589,77 @@ func file_warden_shard_v1_shard_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(Code)(0),               // 0: warden.shard.v1.Code
 	(*Envelope)(nil),        // 1: warden.shard.v1.Envelope
 	(*AcquireCmd)(nil),      // 2: warden.shard.v1.AcquireCmd
-	(*RenewCmd)(nil),        // 3: warden.shard.v1.RenewCmd
-	(*ReleaseCmd)(nil),      // 4: warden.shard.v1.ReleaseCmd
-	(*ExpireCmd)(nil),       // 5: warden.shard.v1.ExpireCmd
-	(*ExpireItem)(nil),      // 6: warden.shard.v1.ExpireItem
-	(*ForgetCmd)(nil),       // 7: warden.shard.v1.ForgetCmd
-	(*DedupRef)(nil),        // 8: warden.shard.v1.DedupRef
-	(*SetConfigCmd)(nil),    // 9: warden.shard.v1.SetConfigCmd
-	(*Result)(nil),          // 10: warden.shard.v1.Result
-	(*LeaseInfo)(nil),       // 11: warden.shard.v1.LeaseInfo
-	(*RangeDescriptor)(nil), // 12: warden.shard.v1.RangeDescriptor
-	(*ShardConfig)(nil),     // 13: warden.shard.v1.ShardConfig
-	(*ShardMeta)(nil),       // 14: warden.shard.v1.ShardMeta
-	(*LockRecord)(nil),      // 15: warden.shard.v1.LockRecord
-	(*DedupRecord)(nil),     // 16: warden.shard.v1.DedupRecord
-	(*Query)(nil),           // 17: warden.shard.v1.Query
-	(*DigestQuery)(nil),     // 18: warden.shard.v1.DigestQuery
-	(*DescribeQuery)(nil),   // 19: warden.shard.v1.DescribeQuery
-	(*ScanQuery)(nil),       // 20: warden.shard.v1.ScanQuery
-	(*MetaQuery)(nil),       // 21: warden.shard.v1.MetaQuery
-	(*QueryResult)(nil),     // 22: warden.shard.v1.QueryResult
+	(*CancelWaitCmd)(nil),   // 3: warden.shard.v1.CancelWaitCmd
+	(*DropWaitersCmd)(nil),  // 4: warden.shard.v1.DropWaitersCmd
+	(*WaiterRef)(nil),       // 5: warden.shard.v1.WaiterRef
+	(*RenewCmd)(nil),        // 6: warden.shard.v1.RenewCmd
+	(*ReleaseCmd)(nil),      // 7: warden.shard.v1.ReleaseCmd
+	(*ExpireCmd)(nil),       // 8: warden.shard.v1.ExpireCmd
+	(*ExpireItem)(nil),      // 9: warden.shard.v1.ExpireItem
+	(*ForgetCmd)(nil),       // 10: warden.shard.v1.ForgetCmd
+	(*DedupRef)(nil),        // 11: warden.shard.v1.DedupRef
+	(*SetConfigCmd)(nil),    // 12: warden.shard.v1.SetConfigCmd
+	(*Result)(nil),          // 13: warden.shard.v1.Result
+	(*WaiterEvent)(nil),     // 14: warden.shard.v1.WaiterEvent
+	(*LeaseInfo)(nil),       // 15: warden.shard.v1.LeaseInfo
+	(*RangeDescriptor)(nil), // 16: warden.shard.v1.RangeDescriptor
+	(*ShardConfig)(nil),     // 17: warden.shard.v1.ShardConfig
+	(*ShardMeta)(nil),       // 18: warden.shard.v1.ShardMeta
+	(*LockRecord)(nil),      // 19: warden.shard.v1.LockRecord
+	(*WaiterRecord)(nil),    // 20: warden.shard.v1.WaiterRecord
+	(*DedupRecord)(nil),     // 21: warden.shard.v1.DedupRecord
+	(*Query)(nil),           // 22: warden.shard.v1.Query
+	(*DigestQuery)(nil),     // 23: warden.shard.v1.DigestQuery
+	(*DescribeQuery)(nil),   // 24: warden.shard.v1.DescribeQuery
+	(*ScanQuery)(nil),       // 25: warden.shard.v1.ScanQuery
+	(*MetaQuery)(nil),       // 26: warden.shard.v1.MetaQuery
+	(*HotQuery)(nil),        // 27: warden.shard.v1.HotQuery
+	(*QueryResult)(nil),     // 28: warden.shard.v1.QueryResult
 }
 var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	2,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
-	3,  // 1: warden.shard.v1.Envelope.renew:type_name -> warden.shard.v1.RenewCmd
-	4,  // 2: warden.shard.v1.Envelope.release:type_name -> warden.shard.v1.ReleaseCmd
-	5,  // 3: warden.shard.v1.Envelope.expire:type_name -> warden.shard.v1.ExpireCmd
-	7,  // 4: warden.shard.v1.Envelope.forget:type_name -> warden.shard.v1.ForgetCmd
-	9,  // 5: warden.shard.v1.Envelope.set_config:type_name -> warden.shard.v1.SetConfigCmd
-	6,  // 6: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
-	8,  // 7: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
-	0,  // 8: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
-	11, // 9: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
-	12, // 10: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
-	13, // 11: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
-	13, // 12: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
-	12, // 13: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
-	19, // 14: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	20, // 15: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	20, // 16: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	21, // 17: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	18, // 18: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
-	15, // 19: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	14, // 20: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	5,  // 21: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	7,  // 22: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	6,  // 1: warden.shard.v1.Envelope.renew:type_name -> warden.shard.v1.RenewCmd
+	7,  // 2: warden.shard.v1.Envelope.release:type_name -> warden.shard.v1.ReleaseCmd
+	8,  // 3: warden.shard.v1.Envelope.expire:type_name -> warden.shard.v1.ExpireCmd
+	10, // 4: warden.shard.v1.Envelope.forget:type_name -> warden.shard.v1.ForgetCmd
+	12, // 5: warden.shard.v1.Envelope.set_config:type_name -> warden.shard.v1.SetConfigCmd
+	3,  // 6: warden.shard.v1.Envelope.cancel_wait:type_name -> warden.shard.v1.CancelWaitCmd
+	4,  // 7: warden.shard.v1.Envelope.drop_waiters:type_name -> warden.shard.v1.DropWaitersCmd
+	5,  // 8: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
+	9,  // 9: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
+	11, // 10: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
+	0,  // 11: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
+	15, // 12: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
+	16, // 13: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
+	17, // 14: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
+	14, // 15: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
+	14, // 16: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
+	15, // 17: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
+	17, // 18: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
+	16, // 19: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
+	24, // 20: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	25, // 21: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	25, // 22: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	26, // 23: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	23, // 24: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	25, // 25: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
+	27, // 26: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
+	19, // 27: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	18, // 28: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	8,  // 29: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	10, // 30: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	4,  // 31: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
+	19, // 32: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
+	33, // [33:33] is the sub-list for method output_type
+	33, // [33:33] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
@@ -2022,14 +2674,18 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Envelope_Expire)(nil),
 		(*Envelope_Forget)(nil),
 		(*Envelope_SetConfig)(nil),
+		(*Envelope_CancelWait)(nil),
+		(*Envelope_DropWaiters)(nil),
 	}
-	file_warden_shard_v1_shard_proto_msgTypes[8].OneofWrappers = []any{}
-	file_warden_shard_v1_shard_proto_msgTypes[16].OneofWrappers = []any{
+	file_warden_shard_v1_shard_proto_msgTypes[11].OneofWrappers = []any{}
+	file_warden_shard_v1_shard_proto_msgTypes[21].OneofWrappers = []any{
 		(*Query_Describe)(nil),
 		(*Query_Expired)(nil),
 		(*Query_Forgettable)(nil),
 		(*Query_Meta)(nil),
 		(*Query_Digest)(nil),
+		(*Query_TimedOut)(nil),
+		(*Query_Hot)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2037,7 +2693,7 @@ func file_warden_shard_v1_shard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_shard_v1_shard_proto_rawDesc), len(file_warden_shard_v1_shard_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
