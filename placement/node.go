@@ -37,6 +37,8 @@ type NodeConfig struct {
 	CompactionOverhead uint64
 	// Listener receives Raft leader changes.
 	Listener raftio.IRaftEventListener
+	// Observer sees hand-offs to waiters as replicas apply them.
+	Observer shard.ApplyObserver
 }
 
 // Election timing in RTTs: a leader is suspected after ElectionRTT × RTT
@@ -100,7 +102,7 @@ func (n *Node) StartDataShard(shardID uint64, members map[uint64]string) error {
 		SnapshotEntries:    n.cfg.SnapshotEntries,
 		CompactionOverhead: n.cfg.CompactionOverhead,
 	}
-	sm := shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"))
+	sm := shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), n.cfg.Observer)
 	if err := n.NH.StartOnDiskReplica(members, false, sm, rc); err != nil {
 		return fmt.Errorf("placement: node %d: start shard %d: %w", n.cfg.ID, shardID, err)
 	}

@@ -128,11 +128,19 @@ func ctx(t testing.TB) context.Context {
 }
 
 func (c *cluster) acquire(resource, requestID string, ttl time.Duration) (*wardenv1.AcquireResponse, error) {
+	return c.acquireWait(ctx(c.t), resource, requestID, ttl, 0)
+}
+
+// acquireWait is Acquire with a wait_timeout.
+func (c *cluster) acquireWait(ctx context.Context, resource, requestID string, ttl, wait time.Duration) (*wardenv1.AcquireResponse, error) {
 	req := &wardenv1.AcquireRequest{Resource: resource, RequestId: requestID}
 	if ttl != 0 {
 		req.LeaseTtl = durationpb.New(ttl)
 	}
-	resp, err := c.locks.Acquire(ctx(c.t), connect.NewRequest(req))
+	if wait != 0 {
+		req.WaitTimeout = durationpb.New(wait)
+	}
+	resp, err := c.locks.Acquire(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, err
 	}

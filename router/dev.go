@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/placement"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // DevConfig describes a whole cluster in one process: three nodes on
@@ -25,6 +27,9 @@ type DevConfig struct {
 	SnapshotEntries    uint64
 	CompactionOverhead uint64
 	Router             Config
+	// Observer, if set, also sees every hand-off each replica applies
+	// (tests and the load harness use it to watch grants to waiters).
+	Observer shard.ApplyObserver
 }
 
 // DevNodes is the number of nodes of a dev cluster.
@@ -34,6 +39,7 @@ const DevNodes = 3
 type Dev struct {
 	cfg   DevConfig
 	addrs []string
+	waits *WaitRegistry
 	// Router routes over the nodes; Nodes[i] has id i+1 and zone az(i+1).
 	Router *Router
 	Nodes  []LocalNode
@@ -49,14 +55,14 @@ func StartDev(cfg DevConfig) (*Dev, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Dev{cfg: cfg, addrs: addrs, Nodes: make([]LocalNode, DevNodes)}
+	d := &Dev{cfg: cfg, addrs: addrs, Nodes: make([]LocalNode, DevNodes), waits: NewWaitRegistry()}
 	for i := range DevNodes {
 		if err := d.startNode(i); err != nil {
 			d.closeNodes()
 			return nil, err
 		}
 	}
-	d.Router = New(d.Nodes, placement.SingleShard(), cfg.Router)
+	d.Router = New(d.Nodes, placement.SingleShard(), d.waits, cfg.Router)
 	d.Router.Start()
 	return d, nil
 }
@@ -81,6 +87,7 @@ func (d *Dev) startNode(i int) error {
 		SnapshotEntries:    d.cfg.SnapshotEntries,
 		CompactionOverhead: d.cfg.CompactionOverhead,
 		Listener:           lead,
+		Observer:           d.observe,
 	})
 	if err != nil {
 		return err
@@ -93,6 +100,13 @@ func (d *Dev) startNode(i int) error {
 	// fields only through the pointers set here before Start.
 	d.Nodes[i].Node, d.Nodes[i].Leadership = n, lead
 	return nil
+}
+
+func (d *Dev) observe(shardID uint64, res *shardv1.Result) {
+	d.waits.Observe(shardID, res)
+	if d.cfg.Observer != nil {
+		d.cfg.Observer(shardID, res)
+	}
 }
 
 // Close stops the router's timers and every node.

@@ -42,9 +42,9 @@ func (e *resultError) Error() string {
 	return e.res.GetReason()
 }
 
-// outcome classifies an RPC's result for metrics: ok, conflict, stale
-// (lease not current), invalid, unknown (outcome not learned), unavailable,
-// canceled or error.
+// outcome classifies an RPC's result for metrics: ok, conflict, timeout,
+// stale (lease not current), invalid, exhausted, unknown (outcome not
+// learned), unavailable, canceled or error.
 func outcome(err error) string {
 	if err == nil {
 		return "ok"
@@ -62,6 +62,8 @@ func outcome(err error) string {
 			return "invalid"
 		case shardv1.Code_CODE_WRONG_SHARD, shardv1.Code_CODE_UNAVAILABLE:
 			return "unavailable"
+		case shardv1.Code_CODE_RESOURCE_EXHAUSTED:
+			return "exhausted"
 		}
 		return "error"
 	case errors.As(err, &fe):
@@ -70,6 +72,8 @@ func outcome(err error) string {
 		return "unknown"
 	case errors.Is(err, ErrNoLeader):
 		return "unavailable"
+	case errors.Is(err, errWaitTimedOut), errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
 	case errors.Is(err, context.Canceled):
 		return "canceled"
 	}
@@ -92,6 +96,8 @@ func toConnect(err error) error {
 			&wardenv1.FieldViolation{Field: fe.Field, Description: fe.Reason})
 	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrNoLeader):
 		return connect.NewError(connect.CodeUnavailable, err)
+	case errors.Is(err, errWaitTimedOut):
+		return connect.NewError(connect.CodeDeadlineExceeded, err)
 	case errors.Is(err, context.Canceled):
 		return connect.NewError(connect.CodeCanceled, err)
 	case errors.Is(err, context.DeadlineExceeded):
@@ -115,6 +121,9 @@ func resultToConnect(res *shardv1.Result) error {
 			&wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
 	case shardv1.Code_CODE_WRONG_SHARD, shardv1.Code_CODE_UNAVAILABLE:
 		return connect.NewError(connect.CodeUnavailable, err)
+	case shardv1.Code_CODE_RESOURCE_EXHAUSTED:
+		return withDetail(connect.NewError(connect.CodeResourceExhausted, err),
+			&wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
 	}
 	return connect.NewError(connect.CodeInternal, fmt.Errorf("shard answered %v: %w", res.GetCode(), err))
 }

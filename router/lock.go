@@ -42,24 +42,44 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 	if err := validateAcquire(m); err != nil {
 		return nil, err
 	}
+	wait := m.GetWaitTimeout().AsDuration()
 	// The lease id is a bearer secret: 128 bits from the OS's CSPRNG,
 	// drawn here and carried in the command so every replica stores it.
 	leaseID := make([]byte, 16)
 	if _, err := rand.Read(leaseID); err != nil {
 		return nil, err
 	}
-	res, err := s.r.propose(ctx, m.GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: &shardv1.AcquireCmd{
-		Resource:      m.GetResource(),
-		RequestId:     m.GetRequestId(),
-		LeaseTtlNanos: int64(m.GetLeaseTtl().AsDuration()),
-		Holder:        m.GetHolder(),
-		Tenant:        m.GetTenant(),
-		LeaseId:       leaseID,
-	}}})
+	env := &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: &shardv1.AcquireCmd{
+		Resource:         m.GetResource(),
+		RequestId:        m.GetRequestId(),
+		LeaseTtlNanos:    int64(m.GetLeaseTtl().AsDuration()),
+		Holder:           m.GetHolder(),
+		Tenant:           m.GetTenant(),
+		LeaseId:          leaseID,
+		WaitTimeoutNanos: int64(wait),
+	}}}
+	var sub *subscription
+	if wait > 0 {
+		// Subscribe before proposing, so a hand-off applied at once is seen.
+		shardID, err := s.r.pmap.ShardFor(m.GetResource())
+		if err != nil {
+			return nil, err
+		}
+		sub = s.r.waits.subscribe(shardID, m.GetResource(), m.GetRequestId())
+		defer s.r.waits.unsubscribe(sub)
+	}
+	start := time.Now()
+	res, err := s.r.propose(ctx, m.GetResource(), env)
 	if err != nil {
 		return nil, err
 	}
 	l := res.GetLease()
+	if res.GetCode() == shardv1.Code_CODE_QUEUED {
+		if l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), res.GetWaitDeadlineUnixNano()); err != nil {
+			return nil, err
+		}
+		metrics.waitDuration.Observe(time.Since(start).Seconds())
+	}
 	return connect.NewResponse(&wardenv1.AcquireResponse{
 		LeaseId:      hex.EncodeToString(l.GetLeaseId()),
 		FencingToken: l.GetFencingToken(),
@@ -124,7 +144,7 @@ func (s *LockServer) describe(ctx context.Context, m *wardenv1.DescribeRequest) 
 		return nil, err
 	}
 	l := q.GetLock()
-	out := &wardenv1.DescribeResponse{FencingToken: l.GetFencingToken()}
+	out := &wardenv1.DescribeResponse{FencingToken: l.GetFencingToken(), Waiters: l.GetWaiters()}
 	// Held until the lock could be granted to someone else.
 	if l.GetHeld() && q.GetTimeUnixNano() < l.GetExpiresAtUnixNano()+q.GetMeta().GetConfig().GetMaxClockSkewNanos() {
 		out.Held = true

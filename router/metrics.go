@@ -12,6 +12,7 @@ var metrics = struct {
 	proposal      prometheus.Histogram
 	leaderChanges prometheus.Counter
 	expirations   prometheus.Counter
+	waitDuration  prometheus.Histogram
 }{
 	rpcDuration: promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "warden_rpc_duration_seconds",
@@ -20,7 +21,7 @@ var metrics = struct {
 	}, []string{"method"}),
 	rpcOutcomes: promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "warden_rpc_outcomes_total",
-		Help: "Warden RPCs by method and outcome (ok, conflict, stale, invalid, unknown, unavailable, canceled, error).",
+		Help: "Warden RPCs by method and outcome (ok, conflict, timeout, stale, invalid, exhausted, unknown, unavailable, canceled, error).",
 	}, []string{"method", "outcome"}),
 	proposal: promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "warden_proposal_duration_seconds",
@@ -34,5 +35,10 @@ var metrics = struct {
 	expirations: promauto.NewCounter(prometheus.CounterOpts{
 		Name: "warden_lease_expirations_total",
 		Help: "Leases ended by the leader's expiry timer.",
+	}),
+	waitDuration: promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "warden_lock_wait_seconds",
+		Help:    "Time a queued Acquire waited until its grant, in seconds.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 	}),
 }

@@ -63,15 +63,17 @@ type Router struct {
 	cfg   Config
 	nodes []LocalNode
 	pmap  *placement.Map
+	waits *WaitRegistry
 	stop  chan struct{}
 	wg    sync.WaitGroup
 }
 
-// New returns a Router over the local nodes. Call Start to run the leader
-// timers and Stop before closing the nodes.
-func New(nodes []LocalNode, m *placement.Map, cfg Config) *Router {
+// New returns a Router over the local nodes, whose replicas report their
+// hand-offs to waits. Call Start to run the leader timers and Stop before
+// closing the nodes.
+func New(nodes []LocalNode, m *placement.Map, waits *WaitRegistry, cfg Config) *Router {
 	cfg.setDefaults()
-	return &Router{cfg: cfg, nodes: nodes, pmap: m, stop: make(chan struct{})}
+	return &Router{cfg: cfg, nodes: nodes, pmap: m, waits: waits, stop: make(chan struct{})}
 }
 
 // Start runs the leader timers of every local node.
@@ -141,7 +143,7 @@ func (r *Router) propose(ctx context.Context, key string, env *shardv1.Envelope)
 	if err != nil {
 		return nil, err
 	}
-	if res.GetCode() != shardv1.Code_CODE_OK {
+	if c := res.GetCode(); c != shardv1.Code_CODE_OK && c != shardv1.Code_CODE_QUEUED {
 		return res, &resultError{res}
 	}
 	return res, nil
@@ -233,8 +235,8 @@ func (r *Router) runTimers(n *LocalNode) {
 }
 
 // leaderTick confirms a new term with a linearizable read, or, once
-// confirmed, proposes one batch each of expirations and forgotten dedup
-// entries.
+// confirmed, proposes one batch each of expirations, timed-out waiters and
+// forgotten dedup entries.
 func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	if id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID); err != nil || !valid || id != n.Node.ID() || term != t.term {
 		n.Leadership.drop(t.shardID, t.term) // stopped, or deposed without an event yet
@@ -264,6 +266,15 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 		}
 		metrics.expirations.Add(float64(res.GetCount()))
 	}
+	q, err = r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: t.now(), Query: &shardv1.Query_TimedOut{TimedOut: scan}})
+	if err != nil {
+		return err
+	}
+	if d := q.GetDrop(); len(d.GetItems()) > 0 {
+		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Command: &shardv1.Envelope_DropWaiters{DropWaiters: d}}); err != nil {
+			return fmt.Errorf("drop waiters: %w", err)
+		}
+	}
 	q, err = r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: t.now(), Query: &shardv1.Query_Forgettable{Forgettable: scan}})
 	if err != nil {
 		return err
@@ -284,4 +295,10 @@ func (r *Router) localRead(n *LocalNode, shardID uint64, q *shardv1.Query) (*sha
 		return nil, err
 	}
 	return out.(*shardv1.QueryResult), nil
+}
+
+// leads reports whether node n still leads shardID in term t.
+func (r *Router) leads(n *LocalNode, shardID uint64, t leaderTerm) bool {
+	cur, ok := n.Leadership.term(shardID)
+	return ok && cur.term == t.term
 }

@@ -10,10 +10,6 @@ import (
 	"github.com/warden-dev/warden/shard"
 )
 
-// maxWaitTimeout bounds Acquire's wait_timeout until wait queues take
-// their bound from the shard config.
-const maxWaitTimeout = 5 * time.Minute
-
 // validateAcquire checks what can be checked without the shard's config
 // (the lease TTL's bounds are the shard's to check). It returns a
 // *shard.FieldError naming the field, or nil.
@@ -37,7 +33,8 @@ func validateAcquire(m *wardenv1.AcquireRequest) error {
 	} else if m.GetLeaseTtl() != nil && ttl == 0 {
 		return &shard.FieldError{Field: "lease_ttl", Reason: "must be positive; leave it unset for the shard's default"}
 	}
-	_, err := duration("wait_timeout", m.GetWaitTimeout(), maxWaitTimeout)
+	// The bound of wait_timeout is the shard's (max_wait_timeout).
+	_, err := duration("wait_timeout", m.GetWaitTimeout(), 0)
 	return err
 }
 

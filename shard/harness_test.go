@@ -42,7 +42,7 @@ func openReplica(t fataler, dir string) *replica {
 
 func (r *replica) open() {
 	r.t.Helper()
-	r.sm = NewStateMachine(r.dir)(1, 1).(*StateMachine)
+	r.sm = NewStateMachine(r.dir, nil)(1, 1).(*StateMachine)
 	idx, err := r.sm.Open(nil)
 	if err != nil {
 		r.t.Fatalf("open: %v", err)

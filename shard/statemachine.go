@@ -32,6 +32,7 @@ type StateMachine struct {
 	shardID   uint64
 	replicaID uint64
 	dir       string
+	observe   ApplyObserver
 
 	mu struct {
 		sync.RWMutex
@@ -43,14 +44,22 @@ type StateMachine struct {
 	applied uint64
 }
 
+// ApplyObserver sees every applied result that granted the lock to
+// waiters or dropped them, right after its batch is committed, on the
+// apply goroutine: it must not block. Routers use it to wake exactly the
+// waiting RPCs concerned. It never affects state.
+type ApplyObserver func(shardID uint64, res *shardv1.Result)
+
 // NewStateMachine returns a factory for Dragonboat's StartOnDiskReplica.
-// Each replica keeps its state in dataDir/shard-<id>-replica-<id>.
-func NewStateMachine(dataDir string) sm.CreateOnDiskStateMachineFunc {
+// Each replica keeps its state in dataDir/shard-<id>-replica-<id>; observe
+// may be nil.
+func NewStateMachine(dataDir string, observe ApplyObserver) sm.CreateOnDiskStateMachineFunc {
 	return func(shardID, replicaID uint64) sm.IOnDiskStateMachine {
 		return &StateMachine{
 			shardID:   shardID,
 			replicaID: replicaID,
 			dir:       filepath.Join(dataDir, fmt.Sprintf("shard-%d-replica-%d", shardID, replicaID)),
+			observe:   observe,
 		}
 	}
 }
@@ -169,10 +178,14 @@ func (s *StateMachine) Update(entries []sm.Entry) ([]sm.Entry, error) {
 	b := db.NewIndexedBatch()
 	defer b.Close()
 	view := &records{g: b, meta: s.upd.meta, initial: s.upd.initial}
+	var handOffs []*shardv1.Result
 	for i := range entries {
 		res, err := s.applyEntry(view, b, entries[i].Cmd)
 		if err != nil {
 			return nil, fmt.Errorf("shard %d replica %d: entry %d: %w", s.shardID, s.replicaID, entries[i].Index, err)
+		}
+		if len(res.GetGranted())+len(res.GetDropped()) > 0 {
+			handOffs = append(handOffs, res)
 		}
 		data, err := proto.Marshal(res)
 		if err != nil {
@@ -189,6 +202,11 @@ func (s *StateMachine) Update(entries []sm.Entry) ([]sm.Entry, error) {
 	}
 	s.upd.meta = view.meta
 	s.applied = last
+	if s.observe != nil {
+		for _, res := range handOffs {
+			s.observe(s.shardID, res)
+		}
+	}
 	return entries, nil
 }
 

@@ -1,0 +1,229 @@
+package router_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/router"
+)
+
+// handOffLog records every hand-off result one replica applied.
+type handOffLog struct {
+	mu      sync.Mutex
+	results []*shardv1.Result
+}
+
+func (h *handOffLog) observe(_ uint64, res *shardv1.Result) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.results = append(h.results, res)
+}
+
+// grantedBy returns the hand-off result that granted requestID.
+func (h *handOffLog) grantedBy(requestID string) *shardv1.Result {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.results {
+		for _, g := range r.GetGranted() {
+			if g.GetRequestId() == requestID {
+				return r
+			}
+		}
+	}
+	return nil
+}
+
+// Case L1: a waiter is granted when the holder's lease expires, with a
+// lease clock that starts at the grant and a higher token; a cancelled
+// waiter is removed and never granted.
+func TestWaiterGrantedAtExpiry(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	const ttlA = 2 * time.Second
+	a := c.mustAcquire("r", "a1", ttlA) // A never renews
+	// C waits too, but gives up (its RPC is cancelled) before A expires.
+	cctx, cancelC := context.WithCancel(context.Background())
+	cdone := make(chan error, 1)
+	go func() {
+		_, err := c.acquireWait(cctx, "r", "c1", 5*time.Second, time.Minute)
+		cdone <- err
+	}()
+	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
+	b := make(chan *wardenv1.AcquireResponse, 1)
+	go func() {
+		resp, err := c.acquireWait(ctx(t), "r", "b1", 5*time.Second, time.Minute)
+		if err != nil {
+			t.Errorf("B: %v", err)
+		}
+		b <- resp
+	}()
+	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 2 })
+	cancelC()
+	if err := <-cdone; connect.CodeOf(err) != connect.CodeCanceled {
+		t.Fatalf("C after cancel: %v", err)
+	}
+	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
+
+	got := <-b
+	now := time.Now()
+	exp := got.GetExpiresAt().AsTime()
+	if got.GetFencingToken() <= a.GetFencingToken() {
+		t.Fatalf("B's token %d after A's %d", got.GetFencingToken(), a.GetFencingToken())
+	}
+	if !now.After(a.GetExpiresAt().AsTime()) {
+		t.Fatalf("B granted at %v, before A's expiry %v", now, a.GetExpiresAt().AsTime())
+	}
+	// The lease clock starts at the grant: about 5 s from now, never past.
+	if left := exp.Sub(now); left <= 4*time.Second || left > 5*time.Second {
+		t.Fatalf("B's lease has %v left at its grant, want ≈5s", left)
+	}
+	d := c.describe("r")
+	if d.GetFencingToken() != got.GetFencingToken() || d.GetWaiters() != 0 {
+		t.Fatalf("after the hand-off: %v", d)
+	}
+	// C was never granted: its request id has no lease.
+	if _, err := c.acquire("r", "c1", 5*time.Second); connect.CodeOf(err) != connect.CodeAborted {
+		t.Fatalf("C's request after cancel: %v, want a fresh (refused) attempt", err)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Case L8: one release wakes exactly one waiter, in arrival order; each
+// grant is in the same log entry as the release before it, and tokens
+// strictly increase.
+func TestHandOffOrder(t *testing.T) {
+	log := &handOffLog{}
+	c := startCluster(t, router.DevConfig{Observer: log.observe})
+	const n = 200
+	a := c.mustAcquire("hot", "holder", 30*time.Second)
+	type grant struct {
+		i    int
+		resp *wardenv1.AcquireResponse
+	}
+	grants := make(chan grant, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		// Enqueue one at a time (commit order is the queue order).
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := c.acquireWait(ctx(t), "hot", fmt.Sprintf("w%d", i), 30*time.Second, 2*time.Minute)
+			if err != nil {
+				t.Errorf("w%d: %v", i, err)
+				return
+			}
+			grants <- grant{i, resp}
+			// Release right after the grant, handing on to the next.
+			if ok, err := c.release("hot", resp.GetLeaseId()); err != nil || !ok {
+				t.Errorf("w%d release: %v %v", i, ok, err)
+			}
+		}()
+		waitFor(t, func() bool { return c.describe("hot").GetWaiters() == uint32(i+1) })
+	}
+	if ok, err := c.release("hot", a.GetLeaseId()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	wg.Wait()
+	close(grants)
+	prev := a.GetFencingToken()
+	next := 0
+	for g := range grants {
+		if g.i != next {
+			t.Fatalf("grant %d came where w%d was due", g.i, next)
+		}
+		if g.resp.GetFencingToken() <= prev {
+			t.Fatalf("w%d: token %d after %d", g.i, g.resp.GetFencingToken(), prev)
+		}
+		prev = g.resp.GetFencingToken()
+		// The grant is in the very entry of the release before it.
+		if res := log.grantedBy(fmt.Sprintf("w%d", g.i)); res == nil || !res.GetReleased() {
+			t.Fatalf("w%d was not granted by a release's own entry: %v", g.i, res)
+		}
+		next++
+	}
+	if next != n {
+		t.Fatalf("%d of %d waiters granted", next, n)
+	}
+}
+
+// wait_timeout passes without a grant: deadline_exceeded, and the waiter
+// is gone from the queue (it is never granted afterwards).
+func TestWaitTimeout(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	a := c.mustAcquire("r", "a", 5*time.Second)
+	start := time.Now()
+	_, err := c.acquireWait(ctx(t), "r", "b", 5*time.Second, 500*time.Millisecond)
+	if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+		t.Fatalf("wait past wait_timeout: %v", err)
+	}
+	if took := time.Since(start); took < 500*time.Millisecond {
+		t.Fatalf("gave up after %v", took)
+	}
+	if d := c.describe("r"); d.GetWaiters() != 0 {
+		t.Fatalf("timed-out waiter still queued: %v", d)
+	}
+	if ok, err := c.release("r", a.GetLeaseId()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if d := c.describe("r"); d.GetHeld() {
+		t.Fatalf("the lock went to a waiter that timed out: %v", d)
+	}
+}
+
+// A waiting RPC ends with unavailable when the leader changes; its retry
+// with the same request_id finds its place in the queue, not a new one,
+// and then its grant.
+func TestWaiterRetryAcrossLeaderChange(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	a := c.mustAcquire("r", "a", 30*time.Second)
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.acquireWait(ctx(t), "r", "b", 5*time.Second, time.Minute)
+		first <- err
+	}()
+	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
+	c.transferLeader((c.leader() + 1) % router.DevNodes)
+	if err := <-first; connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("waiting through a leader change: %v, want unavailable", err)
+	}
+	second := make(chan *wardenv1.AcquireResponse, 1)
+	go func() {
+		resp, err := c.acquireWait(ctx(t), "r", "b", 5*time.Second, time.Minute)
+		if err != nil {
+			t.Errorf("retry: %v", err)
+		}
+		second <- resp
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if d := c.describe("r"); d.GetWaiters() != 1 {
+		t.Fatalf("the retry queued again: %d waiters", d.GetWaiters())
+	}
+	if ok, err := c.release("r", a.GetLeaseId()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	got := <-second
+	if got == nil || got.GetFencingToken() <= a.GetFencingToken() {
+		t.Fatalf("retry's grant %v", got)
+	}
+	// Once more: the same request id replays the grant.
+	again, err := c.acquireWait(ctx(t), "r", "b", 5*time.Second, time.Minute)
+	if err != nil || again.GetLeaseId() != got.GetLeaseId() {
+		t.Fatalf("replay: %v %v", again, err)
+	}
+}
