@@ -47,7 +47,7 @@ type cli struct {
 }
 
 type lockCmd struct {
-	Acquire  acquireCmd  `cmd:"" help:"Acquire a lock; fails at once (aborted) when it is held."`
+	Acquire  acquireCmd  `cmd:"" help:"Acquire a lock; when it is held, wait in its queue (--wait) or fail at once."`
 	Renew    renewCmd    `cmd:"" help:"Renew a lease by its lease TTL."`
 	Release  releaseCmd  `cmd:"" help:"Release a lease; a stale lease id is a no-op."`
 	Describe describeCmd `cmd:"" help:"Show who holds a lock (never the lease id)."`
@@ -57,6 +57,7 @@ type acquireCmd struct {
 	Resource  string        `arg:"" help:"Resource to lock."`
 	RequestID string        `name:"request-id" help:"Idempotency key; reuse it to retry. Default: a random one, printed."`
 	TTL       time.Duration `name:"ttl" help:"Lease TTL (default: the shard's, 30s)."`
+	Wait      time.Duration `help:"How long to wait in the lock's queue when it is held (0: fail at once)."`
 	Holder    string        `help:"Free text recorded as the holder."`
 	Tenant    string        `help:"Tenant the request counts against."`
 }
@@ -134,6 +135,10 @@ func (a *acquireCmd) Run(g *globals) error {
 	}
 	if a.TTL != 0 {
 		req.LeaseTtl = durationpb.New(a.TTL)
+	}
+	if a.Wait != 0 {
+		req.WaitTimeout = durationpb.New(a.Wait)
+		g.Timeout = max(g.Timeout, a.Wait+10*time.Second)
 	}
 	ctx, cancel := g.ctx()
 	defer cancel()

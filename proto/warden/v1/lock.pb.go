@@ -39,14 +39,17 @@ type AcquireRequest struct {
 	// by default).
 	LeaseTtl *durationpb.Duration `protobuf:"bytes,3,opt,name=lease_ttl,json=leaseTtl,proto3" json:"lease_ttl,omitempty"`
 	// WaitTimeout is how long to wait in the resource's queue when the lock is
-	// held, at most 5 min. Zero fails fast with ABORTED. This version has no
-	// wait queues yet: a held lock answers ABORTED at once whatever the value.
+	// held (at most the shard's max_wait_timeout, 5 min by default). Zero
+	// fails fast with ABORTED. Waiters are granted in the order they were
+	// queued; past the timeout the answer is DEADLINE_EXCEEDED, a full queue
+	// answers RESOURCE_EXHAUSTED, and a leader change UNAVAILABLE (retry with
+	// the same request_id and the time left: the retry keeps its place).
 	WaitTimeout *durationpb.Duration `protobuf:"bytes,4,opt,name=wait_timeout,json=waitTimeout,proto3" json:"wait_timeout,omitempty"`
 	// Holder is free text recorded for audit and shown by Describe, at most
 	// 256 bytes.
 	Holder string `protobuf:"bytes,5,opt,name=holder,proto3" json:"holder,omitempty"`
-	// Tenant optionally names the caller's tenant (waiter limits are per
-	// tenant), at most 128 bytes.
+	// Tenant optionally names the caller's tenant, at most 128 bytes. The
+	// shard bounds the waiters each tenant may have queued.
 	Tenant        string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
