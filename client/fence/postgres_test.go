@@ -1,0 +1,199 @@
+package fence
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// startPostgres runs a throwaway PostgreSQL server on a free loopback port
+// and returns its connection string. It uses the server binaries of the
+// machine (Debian's postgresql package); initdb and postgres refuse to run
+// as root, so as root they run as the postgres user. Without the binaries
+// the test is skipped, except in CI, where .ci/run installs them.
+func startPostgres(t *testing.T) string {
+	t.Helper()
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(bins) == 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("PostgreSQL server binaries are missing; .ci/run installs the postgresql package")
+		}
+		t.Skip("no PostgreSQL server binaries (apt-get install postgresql)")
+	}
+	bin := filepath.Dir(bins[len(bins)-1])
+	dir, err := os.MkdirTemp("", "warden-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	asUser := func(name string, args ...string) *exec.Cmd {
+		if os.Geteuid() != 0 {
+			return exec.Command(filepath.Join(bin, name), args...)
+		}
+		return exec.Command("runuser", append([]string{"-u", "postgres", "--", filepath.Join(bin, name)}, args...)...)
+	}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatalf("running as root needs the postgres user: %v", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data := filepath.Join(dir, "data")
+	if out, err := asUser("initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	srv := asUser("postgres", "-D", data, "-p", strconv.Itoa(port), "-k", dir,
+		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off")
+	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	logf, _ := os.Create(filepath.Join(dir, "postgres.log"))
+	srv.Stdout, srv.Stderr = logf, logf
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-srv.Process.Pid, syscall.SIGTERM)
+		_ = srv.Wait()
+		logf.Close()
+	})
+	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := pgx.Connect(context.Background(), dsn)
+		if err == nil {
+			conn.Close(context.Background())
+			return dsn
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
+			t.Fatalf("postgres did not start: %v\n%s", err, log)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func pgConnect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func TestSQLGuard(t *testing.T) {
+	dsn := startPostgres(t)
+	ctx := context.Background()
+	db := pgConnect(t, dsn)
+	g, err := NewSQL("warden_fences")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.CreateTable(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		token uint64
+		ok    bool
+	}{{5, true}, {5, true}, {4, false}, {1 << 62, true}, {1<<62 - 1, false}, {1 << 63, false}} {
+		if err := g.Check(ctx, db, "orders/42", step.token); (err == nil) != step.ok {
+			t.Fatalf("Check(%d) = %v", step.token, err)
+		}
+	}
+	if n := testutil.ToFloat64(rejections.WithLabelValues("sql")); n < 2 {
+		t.Fatalf("warden_fencing_rejections_total{guard=sql} = %v after two refusals", n)
+	}
+	if _, err := NewSQL("x; DROP TABLE y"); err == nil {
+		t.Fatal("accepted a table name that is not an identifier")
+	}
+
+	// Concurrent writers, each checking in its own transaction before
+	// logging its write: in commit order the logged tokens never go down.
+	if _, err := db.Exec(ctx, `CREATE TABLE writes (seq bigserial PRIMARY KEY, token bigint)`); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 20)
+	for i := range 20 {
+		go func() {
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close(ctx)
+			errs <- pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				tok := uint64(1<<62 + i*7%20)
+				if err := g.Check(ctx, tx, "orders/7", tok); err != nil {
+					return nil // refused: nothing written
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO writes (token) VALUES ($1)`, int64(tok))
+				return err
+			})
+		}()
+	}
+	for range 20 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := db.Query(ctx, `SELECT token FROM writes ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(toks) == 0 {
+		t.Fatalf("writes: %v %v", toks, err)
+	}
+	for i := 1; i < len(toks); i++ {
+		if toks[i] < toks[i-1] {
+			t.Fatalf("write with token %d committed after %d", toks[i], toks[i-1])
+		}
+	}
+}
+
+// readLine reads one line from a child's output, failing after a timeout.
+func readLine(t *testing.T, r *bufio.Reader) string {
+	t.Helper()
+	type res struct {
+		s   string
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		s, err := r.ReadString('\n')
+		ch <- res{s, err}
+	}()
+	select {
+	case got := <-ch:
+		if got.err != nil {
+			t.Fatalf("child: %v", got.err)
+		}
+		return got.s[:len(got.s)-1]
+	case <-time.After(30 * time.Second):
+		t.Fatal("child said nothing for 30 s")
+		return ""
+	}
+}
