@@ -1,0 +1,158 @@
+// Package client is Warden's Go SDK.
+//
+//	c, err := client.New("http://127.0.0.1:7070")
+//	lease, err := c.Lock(ctx, "orders/42", client.LockOptions{TTL: 30 * time.Second, Wait: time.Minute})
+//	if err != nil { ... }
+//	defer lease.Unlock(context.Background())
+//	select {
+//	case <-lease.Done():
+//		// The lease is lost or its renewal became uncertain: stop work now.
+//	case <-work(ctx, lease.Token()):
+//	}
+//
+// What a user must know:
+//
+//   - A Lease renews itself in the background every TTL/3 (±10 % jitter).
+//     Its local deadline is the send time of the last successful renewal
+//     (or of the first Acquire attempt) plus the TTL, on this process's
+//     monotonic clock. When renewals fail, it keeps trying until that
+//     deadline minus a safety margin, then closes Done. The server cannot
+//     grant the lock to anyone else before the lease's expiry plus the
+//     shard's max clock skew, so Done always closes first (case L5) —
+//     provided this process is not itself paused; for that, pass Token to
+//     the protected resource and check it there (package client/fence).
+//   - Every request that may be retried carries the same id: an Acquire
+//     retried after an unavailable answer or a lost response returns the
+//     lease the first attempt got, never a second one.
+//   - Unlock releases the lease (retrying while the service is
+//     unavailable); a lease that already ended is not an error.
+//   - Locks are not re-entrant: locking a resource you hold fails with
+//     ErrHeld (or waits for yourself until Wait passes).
+package client
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+)
+
+// Errors returned by the SDK. Use errors.Is; a *HeldError carries more.
+var (
+	// ErrHeld: the lock is held by someone else and the caller asked not
+	// to wait (LockOptions.Wait is 0). The error is a *HeldError.
+	ErrHeld = errors.New("warden: lock is held")
+	// ErrWaitTimeout: the lock was not granted within LockOptions.Wait.
+	ErrWaitTimeout = errors.New("warden: wait timed out without a grant")
+	// ErrLeaseLost: the server says the lease is no longer current
+	// (expired, released or replaced). Work under it must stop.
+	ErrLeaseLost = errors.New("warden: lease lost")
+	// ErrLeaseUncertain: renewals failed until the local deadline; the
+	// lease may have expired. Work under it must stop.
+	ErrLeaseUncertain = errors.New("warden: lease renewal uncertain")
+	// ErrUnlocked: the lease was released by Unlock.
+	ErrUnlocked = errors.New("warden: lease released")
+)
+
+// HeldError says who holds a lock the caller did not wait for.
+type HeldError struct {
+	Resource     string
+	FencingToken uint64    // the holder's token
+	ExpiresAt    time.Time // the holder's lease expiry
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("warden: %s is held (fencing token %d, until %s)", e.Resource, e.FencingToken, e.ExpiresAt.Format(time.RFC3339Nano))
+}
+
+// Is makes errors.Is(err, ErrHeld) true.
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// Config configures a Client. Only Endpoints is required.
+type Config struct {
+	// Endpoints are base URLs of Warden nodes ("http://10.0.0.1:7070").
+	// Requests go to one and move to the next when it is unavailable.
+	Endpoints []string
+	// HTTPClient carries the requests (default: a client with HTTP/2
+	// over cleartext and keep-alive).
+	HTTPClient connect.HTTPClient
+	// RetryBase and RetryMax bound the exponential backoff, with jitter,
+	// between retries of an unavailable service (default 50 ms and 2 s).
+	RetryBase, RetryMax time.Duration
+}
+
+// Client talks to a Warden cluster. It is safe for concurrent use.
+type Client struct {
+	cfg   Config
+	locks []wardenv1connect.LockServiceClient
+	next  atomic.Uint32 // index of the endpoint to try first
+}
+
+// New returns a client for the given node URLs.
+func New(endpoints ...string) (*Client, error) {
+	return NewWithConfig(Config{Endpoints: endpoints})
+}
+
+// NewWithConfig returns a client configured by cfg.
+func NewWithConfig(cfg Config) (*Client, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, errors.New("warden: no endpoints")
+	}
+	if cfg.HTTPClient == nil {
+		tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
+		tr.Protocols.SetHTTP1(true)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+		cfg.HTTPClient = &http.Client{Transport: tr}
+	}
+	if cfg.RetryBase == 0 {
+		cfg.RetryBase = 50 * time.Millisecond
+	}
+	if cfg.RetryMax == 0 {
+		cfg.RetryMax = 2 * time.Second
+	}
+	c := &Client{cfg: cfg}
+	for _, e := range cfg.Endpoints {
+		c.locks = append(c.locks, wardenv1connect.NewLockServiceClient(cfg.HTTPClient, e))
+	}
+	return c, nil
+}
+
+// call runs f against the current endpoint, retrying with backoff on
+// Unavailable (moving to the next endpoint each time) until it gets
+// another answer or ctx ends. f must be safe to repeat: it carries the
+// same request or lease id every time.
+func (c *Client) call(ctx context.Context, f func(context.Context, wardenv1connect.LockServiceClient) error) error {
+	backoff := c.cfg.RetryBase
+	for {
+		i := c.next.Load() % uint32(len(c.locks))
+		err := f(ctx, c.locks[i])
+		if connect.CodeOf(err) != connect.CodeUnavailable {
+			return err
+		}
+		c.next.CompareAndSwap(i, i+1)
+		// Full jitter: a random wait up to the current backoff.
+		wait := time.Duration(rand.Int64N(int64(backoff)) + 1)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last answer: %v)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+		backoff = min(2*backoff, c.cfg.RetryMax)
+	}
+}
+
+// newRequestID draws a random request id (96 bits, hex).
+func newRequestID() string {
+	b := make([]byte, 12)
+	crand.Read(b) // never fails (crypto/rand, Go 1.24+)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,307 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+)
+
+var renewFailures = promauto.NewCounterVec(prometheus.CounterOpts{
+	Name: "warden_renew_failures_total",
+	Help: "Lease renewals the Go SDK could not complete, by reason (unavailable: will retry; lost: the server refused; uncertain: gave up at the local deadline).",
+}, []string{"reason"})
+
+// LockOptions tune Lock. The zero value asks for the shard's default TTL
+// and fails at once when the lock is held.
+type LockOptions struct {
+	// TTL is the lease TTL (default 30 s; the shard bounds it, 1 s – 10 min
+	// by default).
+	TTL time.Duration
+	// Wait is how long to wait in the lock's queue when it is held; 0
+	// fails at once with a *HeldError.
+	Wait time.Duration
+	// Holder is free text shown by Describe and in the audit log.
+	Holder string
+	// Tenant counts this request's waiting against a tenant's bound.
+	Tenant string
+	// RequestID makes the acquisition idempotent (default: a random id).
+	RequestID string
+	// SafetyMargin is how long before the local deadline Done closes when
+	// renewals fail (default TTL/10, at least 100 ms).
+	SafetyMargin time.Duration
+}
+
+// Lease is a held lock. Its methods are safe for concurrent use.
+type Lease struct {
+	c        *Client
+	resource string
+	leaseID  string
+	token    uint64
+	ttl      time.Duration
+	margin   time.Duration
+
+	done chan struct{}
+	stop chan struct{} // closed by Unlock to end the renew loop
+	wg   sync.WaitGroup
+
+	mu struct {
+		sync.Mutex
+		expiresAt time.Time // the server's, from the last answer
+		deadline  time.Time // local: monotonic send time of the last success + TTL
+		err       error     // why Done closed
+	}
+}
+
+// Resource returns the locked resource's name.
+func (l *Lease) Resource() string { return l.resource }
+
+// Token returns the lease's fencing token. Pass it to the protected
+// resource with every write; it stays the same for the lease's life.
+func (l *Lease) Token() uint64 { return l.token }
+
+// ExpiresAt returns the server's expiry of the lease as of the last
+// successful renewal, on the server's clock.
+func (l *Lease) ExpiresAt() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.expiresAt
+}
+
+// Done is closed when the lease is lost, its renewal became uncertain, or
+// it was unlocked. The holder must stop work under the lease at once.
+func (l *Lease) Done() <-chan struct{} { return l.done }
+
+// Err says why Done closed: ErrLeaseLost, ErrLeaseUncertain or
+// ErrUnlocked; nil while the lease is held.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.err
+}
+
+// Lock acquires resource and starts renewing the lease in the background.
+// Retries of an unavailable service carry the same request id, with
+// exponential backoff, until ctx ends; a wait continues with the time it
+// has left. Errors: a *HeldError (ErrHeld) when held and opts.Wait is 0,
+// ErrWaitTimeout, a Connect error for bad input, or ctx's error.
+func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*Lease, error) {
+	if opts.RequestID == "" {
+		opts.RequestID = newRequestID()
+	}
+	// Every attempt's grant happens after the first attempt was sent, so
+	// its send time + TTL is a safe local deadline.
+	firstSend := time.Now()
+	var resp *wardenv1.AcquireResponse
+	err := c.call(ctx, func(ctx context.Context, locks wardenv1connect.LockServiceClient) error {
+		req := &wardenv1.AcquireRequest{Resource: resource, RequestId: opts.RequestID, Holder: opts.Holder, Tenant: opts.Tenant}
+		if opts.TTL != 0 {
+			req.LeaseTtl = durationpb.New(opts.TTL)
+		}
+		if opts.Wait > 0 {
+			left := opts.Wait - time.Since(firstSend)
+			if left <= 0 {
+				return ErrWaitTimeout
+			}
+			req.WaitTimeout = durationpb.New(left)
+		}
+		r, err := locks.Acquire(ctx, connect.NewRequest(req))
+		if err != nil {
+			return err
+		}
+		resp = r.Msg
+		return nil
+	})
+	switch {
+	case err == nil:
+	case connect.CodeOf(err) == connect.CodeAborted:
+		return nil, heldError(resource, err)
+	case connect.CodeOf(err) == connect.CodeDeadlineExceeded && ctx.Err() == nil:
+		return nil, fmt.Errorf("%w: %s: %v", ErrWaitTimeout, resource, err)
+	default:
+		return nil, fmt.Errorf("warden: acquire %s: %w", resource, err)
+	}
+	l := &Lease{
+		c: c, resource: resource, leaseID: resp.GetLeaseId(), token: resp.GetFencingToken(),
+		ttl:  resp.GetLeaseTtl().AsDuration(),
+		done: make(chan struct{}), stop: make(chan struct{}),
+	}
+	l.margin = opts.SafetyMargin
+	if l.margin == 0 {
+		l.margin = max(l.ttl/10, 100*time.Millisecond)
+	}
+	l.mu.expiresAt = resp.GetExpiresAt().AsTime()
+	l.mu.deadline = firstSend.Add(l.ttl)
+	if time.Since(firstSend) > l.ttl/3 {
+		// A long wait used up much of the conservative deadline: renew now
+		// to measure a fresh one. The caller has not seen the lease yet, so
+		// no work depends on the old deadline.
+		if err := l.renew(ctx, time.Now().Add(l.ttl-l.margin)); err != nil {
+			l.close(err)
+			return nil, fmt.Errorf("warden: renewing %s right after a long wait: %w", resource, err)
+		}
+	}
+	l.wg.Add(1)
+	go l.keepAlive()
+	return l, nil
+}
+
+func heldError(resource string, err error) error {
+	he := &HeldError{Resource: resource}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		for _, d := range ce.Details() {
+			if v, derr := d.Value(); derr == nil {
+				if h, ok := v.(*wardenv1.LockHeld); ok {
+					he.FencingToken, he.ExpiresAt = h.GetFencingToken(), h.GetExpiresAt().AsTime()
+				}
+			}
+		}
+	}
+	return he
+}
+
+// renew sends one renewal, retrying while unavailable until cutoff, and
+// moves the local deadline on success.
+func (l *Lease) renew(ctx context.Context, cutoff time.Time) error {
+	ctx, cancel := context.WithDeadline(ctx, cutoff)
+	defer cancel()
+	var sent time.Time
+	var resp *wardenv1.RenewResponse
+	err := l.c.call(ctx, func(ctx context.Context, locks wardenv1connect.LockServiceClient) error {
+		sent = time.Now()
+		r, err := locks.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: l.resource, LeaseId: l.leaseID}))
+		if err != nil {
+			if connect.CodeOf(err) == connect.CodeUnavailable {
+				renewFailures.WithLabelValues("unavailable").Inc()
+			}
+			return err
+		}
+		resp = r.Msg
+		return nil
+	})
+	switch {
+	case err == nil:
+		l.mu.Lock()
+		l.mu.deadline = sent.Add(l.ttl)
+		l.mu.expiresAt = resp.GetExpiresAt().AsTime()
+		l.mu.Unlock()
+		return nil
+	case connect.CodeOf(err) == connect.CodeFailedPrecondition:
+		renewFailures.WithLabelValues("lost").Inc()
+		return fmt.Errorf("%w: %v", ErrLeaseLost, err)
+	}
+	renewFailures.WithLabelValues("uncertain").Inc()
+	return fmt.Errorf("%w: %v", ErrLeaseUncertain, err)
+}
+
+// cutoff is when Done must close unless a renewal succeeds first.
+func (l *Lease) cutoff() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.deadline.Add(-l.margin)
+}
+
+// keepAlive renews every TTL/3 with ±10 % jitter until Unlock or loss.
+func (l *Lease) keepAlive() {
+	defer l.wg.Done()
+	for {
+		period := l.ttl / 3
+		jitter := time.Duration(rand.Int64N(int64(period)/5+1)) - period/10
+		select {
+		case <-l.stop:
+			return
+		case <-time.After(period + jitter):
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { // Unlock interrupts a renewal in flight
+			select {
+			case <-l.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		err := l.renew(ctx, l.cutoff())
+		cancel()
+		select {
+		case <-l.stop:
+			return
+		default:
+		}
+		if err != nil {
+			l.close(err)
+			return
+		}
+	}
+}
+
+// close closes Done once, recording why.
+func (l *Lease) close(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.mu.err != nil {
+		return
+	}
+	l.mu.err = err
+	close(l.done)
+}
+
+// Unlock stops renewing and releases the lease, retrying while the
+// service is unavailable, until ctx ends. Done closes with ErrUnlocked (if
+// it was not closed before). A lease the server no longer holds is not an
+// error: there is nothing to release.
+func (l *Lease) Unlock(ctx context.Context) error {
+	l.mu.Lock()
+	select {
+	case <-l.stop:
+		l.mu.Unlock()
+		return nil // already unlocked
+	default:
+		close(l.stop)
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+	l.close(ErrUnlocked)
+	return l.c.call(ctx, func(ctx context.Context, locks wardenv1connect.LockServiceClient) error {
+		_, err := locks.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: l.resource, LeaseId: l.leaseID}))
+		return err
+	})
+}
+
+// LockAll locks every resource, in sorted order and each once, under ctx
+// (one overall timeout). On any failure it unlocks what it locked, in
+// reverse order, and returns the error. A fixed order avoids deadlock
+// between callers that lock overlapping sets; it is not atomic: others
+// may see some of the locks held before all are.
+func (c *Client) LockAll(ctx context.Context, resources []string, opts LockOptions) ([]*Lease, error) {
+	sorted := slices.Clone(resources)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	leases := make([]*Lease, 0, len(sorted))
+	for _, r := range sorted {
+		o := opts
+		o.RequestID = "" // one id per resource
+		l, err := c.Lock(ctx, r, o)
+		if err != nil {
+			for i := len(leases) - 1; i >= 0; i-- {
+				uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = leases[i].Unlock(uctx)
+				cancel()
+			}
+			return nil, err
+		}
+		leases = append(leases, l)
+	}
+	return leases, nil
+}
