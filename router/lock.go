@@ -35,6 +35,11 @@ func observe(method string, start time.Time, err error) error {
 func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
 	start := time.Now()
 	resp, err := s.acquire(ctx, req.Msg)
+	e := auditEntry{method: "Acquire", resource: req.Msg.GetResource(), requestID: req.Msg.GetRequestId(), holder: req.Msg.GetHolder()}
+	if err == nil {
+		e.leaseID, e.token = resp.Msg.GetLeaseId(), resp.Msg.GetFencingToken()
+	}
+	s.audit(ctx, req.Peer(), e, err)
 	return resp, observe("Acquire", start, err)
 }
 
@@ -92,6 +97,7 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 func (s *LockServer) Renew(ctx context.Context, req *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
 	start := time.Now()
 	resp, err := s.renew(ctx, req.Msg)
+	s.audit(ctx, req.Peer(), auditEntry{method: "Renew", resource: req.Msg.GetResource(), leaseID: req.Msg.GetLeaseId()}, err)
 	return resp, observe("Renew", start, err)
 }
 
@@ -112,6 +118,12 @@ func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*conn
 func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 	start := time.Now()
 	resp, err := s.release(ctx, req.Msg)
+	e := auditEntry{method: "Release", resource: req.Msg.GetResource(), leaseID: req.Msg.GetLeaseId()}
+	if err == nil {
+		released := resp.Msg.GetReleased()
+		e.released = &released
+	}
+	s.audit(ctx, req.Peer(), e, err)
 	return resp, observe("Release", start, err)
 }
 

@@ -13,6 +13,8 @@ var metrics = struct {
 	leaderChanges prometheus.Counter
 	expirations   prometheus.Counter
 	waitDuration  prometheus.Histogram
+	activeLocks   *prometheus.GaugeVec
+	waiters       *prometheus.GaugeVec
 }{
 	rpcDuration: promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "warden_rpc_duration_seconds",
@@ -41,4 +43,12 @@ var metrics = struct {
 		Help:    "Time a queued Acquire waited until its grant, in seconds.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 	}),
+	activeLocks: promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "warden_active_locks",
+		Help: "Locks held (including leases expired but not yet reaped), as the shard's leader last applied.",
+	}, []string{"shard"}),
+	waiters: promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "warden_waiters",
+		Help: "Acquire requests queued for a lock, as the shard's leader last applied.",
+	}, []string{"shard"}),
 }

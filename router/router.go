@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -37,6 +38,9 @@ type Config struct {
 	// ScanLimit bounds the items of one Expire or Forget command (default 256).
 	ScanLimit uint32
 	Logger    *slog.Logger
+	// Audit, if set, receives one record per Acquire, Renew and Release
+	// (see audit.go); wardend writes it as JSON lines to --audit-log.
+	Audit *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -259,6 +263,9 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	if err != nil {
 		return err
 	}
+	shardLabel := strconv.FormatUint(t.shardID, 10)
+	metrics.activeLocks.WithLabelValues(shardLabel).Set(float64(q.GetMeta().GetHeldLocks()))
+	metrics.waiters.WithLabelValues(shardLabel).Set(float64(q.GetMeta().GetQueuedWaiters()))
 	if items := q.GetExpire().GetItems(); len(items) > 0 {
 		res, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Command: &shardv1.Envelope_Expire{Expire: q.GetExpire()}})
 		if err != nil {

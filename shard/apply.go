@@ -120,9 +120,8 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 	// Time never runs backwards inside the state machine (DESIGN.md "Time").
 	a.now = max(env.GetNowUnixNano(), meta.GetLastNowUnixNano())
 	if a.now != meta.GetLastNowUnixNano() {
-		a.meta = cloneMeta(meta)
+		a.dirtyMeta()
 		a.meta.LastNowUnixNano = a.now
-		a.metaDirty = true
 	}
 	var res *shardv1.Result
 	switch c := env.GetCommand().(type) {
@@ -370,6 +369,7 @@ func (a *applier) grant(free *shardv1.LockRecord, resource string, leaseID []byt
 			Reason: fmt.Sprintf("fencing token %d would not exceed the last token %d", token, free.GetFencingToken())}
 	}
 	a.bumpRevision()
+	a.meta.HeldLocks++
 	l := &shardv1.LockRecord{
 		Resource:          resource,
 		Held:              true,
@@ -402,6 +402,8 @@ func (a *applier) enqueue(lock *shardv1.LockRecord, c *shardv1.AcquireCmd, ttl i
 		return &shardv1.Result{Code: shardv1.Code_CODE_RESOURCE_EXHAUSTED, Field: "tenant",
 			Reason: fmt.Sprintf("the tenant has %d waiters queued, the most allowed", n)}, nil
 	}
+	a.dirtyMeta()
+	a.meta.QueuedWaiters++
 	l := cloneLock(lock)
 	l.Waiters++
 	l.LastWaiterSeq++
@@ -479,6 +481,8 @@ func (a *applier) removeWaiter(lock *shardv1.LockRecord, w *shardv1.WaiterRecord
 		return nil, err
 	}
 	a.deleteDedup(w.GetResource(), w.GetRequestId())
+	a.dirtyMeta()
+	a.meta.QueuedWaiters--
 	l := cloneLock(lock)
 	l.Waiters--
 	a.setLock(l)
@@ -486,11 +490,16 @@ func (a *applier) removeWaiter(lock *shardv1.LockRecord, w *shardv1.WaiterRecord
 }
 
 func (a *applier) bumpRevision() {
+	a.dirtyMeta()
+	a.meta.Revision++
+}
+
+// dirtyMeta makes a.meta this command's own copy, to be written.
+func (a *applier) dirtyMeta() {
 	if !a.metaDirty {
 		a.meta = cloneMeta(a.meta)
 		a.metaDirty = true
 	}
-	a.meta.Revision++
 }
 
 // endLease ends a held lock's lease and marks its request's dedup entry
@@ -506,6 +515,8 @@ func (a *applier) endLease(l *shardv1.LockRecord) (*shardv1.LockRecord, error) {
 		d.EndedAtUnixNano = a.now
 		a.setDedup(d)
 	}
+	a.dirtyMeta()
+	a.meta.HeldLocks--
 	free := &shardv1.LockRecord{
 		Resource:          l.GetResource(),
 		FencingToken:      l.GetFencingToken(),
@@ -700,10 +711,7 @@ func (a *applier) setConfig(c *shardv1.SetConfigCmd) *shardv1.Result {
 	if err := CheckConfig(cfg); err != nil {
 		return invalidErr(err)
 	}
-	if !a.metaDirty {
-		a.meta = cloneMeta(a.meta)
-		a.metaDirty = true
-	}
+	a.dirtyMeta()
 	a.meta.Config = cfg
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Config: cfg}
 }

@@ -584,8 +584,20 @@ func (r *modelRun) setConfig(t *rapid.T) {
 	r.offset = max(-skew/2, min(skew/2, r.offset))
 }
 
-// check compares every resource's lock as Describe reads it with the model.
+// check compares every resource's lock as Describe reads it with the model,
+// and the shard's counts of held locks and waiters.
 func (r *modelRun) check(t *rapid.T) {
+	meta := r.rep.query(0, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}).GetMeta()
+	var held, queued uint64
+	for _, l := range r.m.locks {
+		if l.cur != nil {
+			held++
+		}
+		queued += uint64(len(l.queue))
+	}
+	if meta.GetHeldLocks() != held || meta.GetQueuedWaiters() != queued {
+		t.Fatalf("shard counts %d held, %d queued; model %d, %d", meta.GetHeldLocks(), meta.GetQueuedWaiters(), held, queued)
+	}
 	for _, res := range r.resources {
 		q := r.rep.query(0, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: res}}})
 		l, ml := q.GetLock(), r.m.locks[res]

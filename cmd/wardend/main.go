@@ -34,6 +34,7 @@ type cli struct {
 	LogLevel     slog.Level    `default:"info" help:"Log level: debug, info, warn, error."`
 	RaftLogLevel slog.Level    `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
 	ShutdownWait time.Duration `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
+	AuditLog     string        `help:"Write the audit log (one JSON line per Acquire, Renew, Release) to this file, or - for stderr."`
 }
 
 func main() {
@@ -54,7 +55,12 @@ func run(c cli) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	dev, err := router.StartDev(router.DevConfig{DataDir: c.DataDir})
+	audit, closeAudit, err := openAudit(c.AuditLog)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
+	dev, err := router.StartDev(router.DevConfig{DataDir: c.DataDir, Router: router.Config{Audit: audit}})
 	if err != nil {
 		return err
 	}
@@ -81,4 +87,20 @@ func run(c cli) error {
 		return err
 	}
 	return nil
+}
+
+// openAudit opens the audit log: nil when path is empty, stderr for "-",
+// else the file, appended to.
+func openAudit(path string) (*slog.Logger, func(), error) {
+	switch path {
+	case "":
+		return nil, func() {}, nil
+	case "-":
+		return slog.New(slog.NewJSONHandler(os.Stderr, nil)), func() {}, nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o640)
+	if err != nil {
+		return nil, nil, fmt.Errorf("audit log: %w", err)
+	}
+	return slog.New(slog.NewJSONHandler(f, nil)), func() { f.Close() }, nil
 }

@@ -1456,8 +1456,12 @@ type ShardMeta struct {
 	LastNowUnixNano int64            `protobuf:"varint,3,opt,name=last_now_unix_nano,json=lastNowUnixNano,proto3" json:"last_now_unix_nano,omitempty"`
 	Config          *ShardConfig     `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
 	Range           *RangeDescriptor `protobuf:"bytes,5,opt,name=range,proto3" json:"range,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// HeldLocks and QueuedWaiters count the shard's held lock records and
+	// queued waiters, for the leader's gauges.
+	HeldLocks     uint64 `protobuf:"varint,6,opt,name=held_locks,json=heldLocks,proto3" json:"held_locks,omitempty"`
+	QueuedWaiters uint64 `protobuf:"varint,7,opt,name=queued_waiters,json=queuedWaiters,proto3" json:"queued_waiters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShardMeta) Reset() {
@@ -1523,6 +1527,20 @@ func (x *ShardMeta) GetRange() *RangeDescriptor {
 		return x.Range
 	}
 	return nil
+}
+
+func (x *ShardMeta) GetHeldLocks() uint64 {
+	if x != nil {
+		return x.HeldLocks
+	}
+	return 0
+}
+
+func (x *ShardMeta) GetQueuedWaiters() uint64 {
+	if x != nil {
+		return x.QueuedWaiters
+	}
+	return 0
 }
 
 // LockRecord is one resource's lock. A free record keeps the last token
@@ -2490,13 +2508,16 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x12dedup_window_nanos\x18\x05 \x01(\x03R\x10dedupWindowNanos\x123\n" +
 	"\x16max_wait_timeout_nanos\x18\x06 \x01(\x03R\x13maxWaitTimeoutNanos\x127\n" +
 	"\x18max_waiters_per_resource\x18\a \x01(\rR\x15maxWaitersPerResource\x123\n" +
-	"\x16max_waiters_per_tenant\x18\b \x01(\rR\x13maxWaitersPerTenant\"\xd8\x01\n" +
+	"\x16max_waiters_per_tenant\x18\b \x01(\rR\x13maxWaitersPerTenant\"\x9e\x02\n" +
 	"\tShardMeta\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12+\n" +
 	"\x12last_now_unix_nano\x18\x03 \x01(\x03R\x0flastNowUnixNano\x124\n" +
 	"\x06config\x18\x04 \x01(\v2\x1c.warden.shard.v1.ShardConfigR\x06config\x126\n" +
-	"\x05range\x18\x05 \x01(\v2 .warden.shard.v1.RangeDescriptorR\x05range\"\xac\x03\n" +
+	"\x05range\x18\x05 \x01(\v2 .warden.shard.v1.RangeDescriptorR\x05range\x12\x1d\n" +
+	"\n" +
+	"held_locks\x18\x06 \x01(\x04R\theldLocks\x12%\n" +
+	"\x0equeued_waiters\x18\a \x01(\x04R\rqueuedWaiters\"\xac\x03\n" +
 	"\n" +
 	"LockRecord\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x12\n" +

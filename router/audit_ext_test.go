@@ -1,0 +1,73 @@
+package router_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warden-dev/warden/router"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// The audit log has one JSON line per state-changing RPC with resource,
+// lease hash, token, holder, caller and outcome, and never the lease id.
+func TestAuditLog(t *testing.T) {
+	var buf syncBuffer
+	c := startCluster(t, router.DevConfig{Router: router.Config{Audit: slog.New(slog.NewJSONHandler(&buf, nil))}})
+	a := c.mustAcquire("orders/42", "q1", 5*time.Second)
+	c.acquire("orders/42", "q2", 5*time.Second) // conflict
+	if _, err := c.renew("orders/42", a.GetLeaseId()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.release("orders/42", a.GetLeaseId()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	out := buf.String()
+	if strings.Contains(out, a.GetLeaseId()) {
+		t.Fatal("the audit log contains a lease id")
+	}
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("not a JSON line: %q", l)
+		}
+		lines = append(lines, m)
+	}
+	if len(lines) != 4 {
+		t.Fatalf("%d audit lines, want 4:\n%s", len(lines), out)
+	}
+	want := []struct{ method, outcome string }{{"Acquire", "ok"}, {"Acquire", "conflict"}, {"Renew", "ok"}, {"Release", "ok"}}
+	for i, w := range want {
+		l := lines[i]
+		if l["method"] != w.method || l["outcome"] != w.outcome || l["resource"] != "orders/42" || l["caller"] == "" {
+			t.Fatalf("line %d: %v, want %s %s", i, l, w.method, w.outcome)
+		}
+	}
+	if lines[0]["fencing_token"] != float64(a.GetFencingToken()) || lines[0]["lease_hash"] != lines[3]["lease_hash"] || lines[0]["lease_hash"] == nil {
+		t.Fatalf("grant and release lines do not identify the same lease: %v / %v", lines[0], lines[3])
+	}
+	if lines[3]["released"] != true {
+		t.Fatalf("release line: %v", lines[3])
+	}
+}
