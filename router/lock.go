@@ -47,6 +47,7 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 	if err := validateAcquire(m); err != nil {
 		return nil, err
 	}
+	s.r.acquires.add(m.GetResource())
 	wait := m.GetWaitTimeout().AsDuration()
 	// The lease id is a bearer secret: 128 bits from the OS's CSPRNG,
 	// drawn here and carried in the command so every replica stores it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -68,8 +69,10 @@ type Router struct {
 	nodes []LocalNode
 	pmap  *placement.Map
 	waits *WaitRegistry
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	// acquires estimates the Acquire rate of the busiest resources.
+	acquires *rateTracker
+	stop     chan struct{}
+	wg       sync.WaitGroup
 }
 
 // New returns a Router over the local nodes, whose replicas report their
@@ -77,7 +80,7 @@ type Router struct {
 // closing the nodes.
 func New(nodes []LocalNode, m *placement.Map, waits *WaitRegistry, cfg Config) *Router {
 	cfg.setDefaults()
-	return &Router{cfg: cfg, nodes: nodes, pmap: m, waits: waits, stop: make(chan struct{})}
+	return &Router{cfg: cfg, nodes: nodes, pmap: m, waits: waits, acquires: newRateTracker(1024, 10*time.Second), stop: make(chan struct{})}
 }
 
 // Start runs the leader timers of every local node.
@@ -181,9 +184,19 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 // read runs a linearizable read of key's shard on its leader, stamped
 // with the leader's clock.
 func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	shardID, err := r.pmap.ShardFor(key)
+	if err != nil {
+		return nil, err
+	}
+	return r.readShard(ctx, shardID, q)
+}
+
+// readShard runs a linearizable read of a shard on its leader, stamped
+// with the leader's clock.
+func (r *Router) readShard(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
 	var out any
 	err := r.retryDropped(ctx, func() error {
-		shardID, n, t, err := r.route(ctx, key)
+		n, t, err := r.leader(ctx, shardID)
 		if err != nil {
 			return err
 		}
@@ -200,6 +213,17 @@ func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shard
 		return nil, err
 	}
 	return out.(*shardv1.QueryResult), nil
+}
+
+// shardIDs lists the data shards of the placement map, each once.
+func (r *Router) shardIDs() []uint64 {
+	var ids []uint64
+	for _, rg := range r.pmap.Ranges {
+		if !slices.Contains(ids, rg.GetShardId()) {
+			ids = append(ids, rg.GetShardId())
+		}
+	}
+	return ids
 }
 
 // retryDropped runs f again, for up to LeaderWait, while Dragonboat drops

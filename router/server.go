@@ -27,7 +27,8 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	}, opts...)
 	mux := http.NewServeMux()
 	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), opts...))
-	services := []string{wardenv1connect.LockServiceName}
+	mux.Handle(wardenv1connect.NewAdminServiceHandler(NewAdminServer(r), opts...))
+	services := []string{wardenv1connect.LockServiceName, wardenv1connect.AdminServiceName}
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))

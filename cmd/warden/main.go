@@ -43,7 +43,37 @@ type globals struct {
 
 type cli struct {
 	globals
-	Lock lockCmd `cmd:"" help:"Exclusive locks with leases and fencing tokens."`
+	Lock  lockCmd  `cmd:"" help:"Exclusive locks with leases and fencing tokens."`
+	Admin adminCmd `cmd:"" help:"Operator commands."`
+}
+
+type adminCmd struct {
+	HotResources hotCmd `cmd:"" name:"hot-resources" help:"Locks with the most waiters and the highest acquire rate."`
+}
+
+type hotCmd struct {
+	Limit uint32 `default:"10" help:"How many resources in each list (at most 100)."`
+}
+
+// Run sends AdminService.HotResources.
+func (h *hotCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := wardenv1connect.NewAdminServiceClient(http.DefaultClient, g.Addr).HotResources(ctx,
+		connect.NewRequest(&wardenv1.HotResourcesRequest{Limit: h.Limit}))
+	if err != nil {
+		return fmt.Errorf("hot-resources: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		fmt.Fprintln(w, "by waiters:")
+		for _, r := range resp.Msg.GetByWaiters() {
+			fmt.Fprintf(w, "  %6d  %s\n", r.GetWaiters(), r.GetResource())
+		}
+		fmt.Fprintln(w, "by acquires per second (this node):")
+		for _, r := range resp.Msg.GetByAcquireRate() {
+			fmt.Fprintf(w, "  %6.1f  %s\n", r.GetAcquiresPerSecond(), r.GetResource())
+		}
+	})
 }
 
 type lockCmd struct {

@@ -70,6 +70,9 @@ func TestCLI(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(describeErr(err), "field lease_id") {
 		t.Fatalf("bad lease id: %v", describeErr(err))
 	}
+	if out, err := cli("admin", "hot-resources", "--limit", "3"); err != nil || !strings.Contains(out, "orders/42") {
+		t.Fatalf("hot-resources printed %q (%v)", out, err)
+	}
 	if _, err := cli("lock", "frobnicate"); err == nil {
 		t.Fatal("an unknown command was accepted")
 	}
