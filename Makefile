@@ -39,9 +39,9 @@ fuzz:
 	$(GO) test ./shard -run '^$$' -fuzz '^FuzzLoadSnapshot$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME)
 
-## bench: acquire+release throughput and latency on a dev cluster, 1 and 64 clients
+## bench: acquire+release throughput and latency (1 and 64 clients) and waiter hand-off latency on a dev cluster
 bench:
-	$(GO) test ./router -run '^$$' -bench 'AcquireRelease' -benchtime 5s -count 3 -timeout 30m
+	$(GO) test ./router -run '^$$' -bench 'AcquireRelease|HandOff' -benchtime 5s -count 3 -timeout 30m
 
 ## lint: formatting, vet, staticcheck and the dependency pins of DESIGN.md §7
 lint:
