@@ -22,6 +22,9 @@ func FuzzDecodeAndApply(f *testing.F) {
 		expireCmd(&shardv1.ExpireItem{Resource: "r", LeaseId: id, ExpiresAtUnixNano: 5}),
 		forgetCmd(&shardv1.ForgetCmd{Dedup: []*shardv1.DedupRef{{Resource: "r", RequestId: "q"}}, IdleLocks: []string{"r"}}),
 		setConfigCmd(&shardv1.SetConfigCmd{MaxClockSkewNanos: &skew}),
+		{Command: &shardv1.Envelope_Acquire{Acquire: &shardv1.AcquireCmd{Resource: "r", RequestId: "w", LeaseId: id, WaitTimeoutNanos: second, Tenant: "t"}}},
+		{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{Resource: "r", RequestId: "w"}}},
+		{Command: &shardv1.Envelope_DropWaiters{DropWaiters: &shardv1.DropWaitersCmd{Items: []*shardv1.WaiterRef{{Resource: "r", Seq: 1, DeadlineUnixNano: 2}}}}},
 	} {
 		env.Version, env.ShardId, env.Generation, env.NowUnixNano = CommandVersion, 1, 1, 1
 		b, _ := EncodeCommand(env)
