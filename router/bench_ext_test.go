@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
@@ -30,7 +31,8 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			hist := hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3)
 			var mu sync.Mutex
 			var next atomic.Int64
-			bctx := ctx(b)
+			bctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
 			b.ResetTimer()
 			start := time.Now()
 			var wg sync.WaitGroup
@@ -80,7 +82,8 @@ func BenchmarkHandOff(b *testing.B) {
 	c := startCluster(b, router.DevConfig{})
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
 	locks := wardenv1connect.NewLockServiceClient(hc, c.srv.URL)
-	bctx := ctx(b)
+	bctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
 	cur, err := locks.Acquire(bctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "h", RequestId: "h0"}))
 	if err != nil {
 		b.Fatal(err)
@@ -103,7 +106,10 @@ func BenchmarkHandOff(b *testing.B) {
 		b.StopTimer()
 		for {
 			d, err := locks.Describe(bctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "h"}))
-			if err == nil && d.Msg.GetWaiters() == 1 {
+			if err != nil {
+				b.Fatal(err)
+			}
+			if d.Msg.GetWaiters() == 1 {
 				break
 			}
 		}
