@@ -566,10 +566,16 @@ func (a *applier) release(c *shardv1.ReleaseCmd) (*shardv1.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Only the current lease releases (DESIGN.md §1 rule 3). An expired one
-	// is over already; the leader's expiry timer frees its record.
-	if !a.current(lock, c.GetLeaseId()) {
-		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Released: false}, nil
+	return a.releaseCurrent(lock, c.GetLeaseId())
+}
+
+// releaseCurrent ends the lock's lease and hands the lock on, if leaseID is
+// its current lease. Only the current lease releases (DESIGN.md §1 rule
+// 3): an expired one is over already, and the leader's expiry timer frees
+// its record; anything else answers released=false and changes nothing.
+func (a *applier) releaseCurrent(lock *shardv1.LockRecord, leaseID []byte) (*shardv1.Result, error) {
+	if !a.current(lock, leaseID) {
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
 	}
 	if err := a.endAndHandOff(lock); err != nil {
 		return nil, err
@@ -626,13 +632,7 @@ func (a *applier) cancelWait(c *shardv1.CancelWaitCmd) (*shardv1.Result, error) 
 		}
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: 1}, nil
 	}
-	if !a.current(lock, d.GetLeaseId()) {
-		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
-	}
-	if err := a.endAndHandOff(lock); err != nil {
-		return nil, err
-	}
-	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Released: true}, nil
+	return a.releaseCurrent(lock, d.GetLeaseId())
 }
 
 // dropWaiters removes waiters whose deadline passed, as the leader saw them.
