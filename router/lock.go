@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"time"
 
 	"connectrpc.com/connect"
@@ -77,11 +78,17 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 	start := time.Now()
 	res, err := s.r.propose(ctx, m.GetResource(), env)
 	if err != nil {
+		if wait > 0 && (errors.Is(err, ErrOutcomeUnknown) || ctx.Err() != nil) {
+			// The enqueue may have committed with nobody left to wait for
+			// it: take this attempt's place back.
+			s.r.cancelWait(m.GetResource(), m.GetRequestId(), leaseID)
+		}
 		return nil, err
 	}
 	l := res.GetLease()
 	if res.GetCode() == shardv1.Code_CODE_QUEUED {
-		if l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), res.GetWaitDeadlineUnixNano()); err != nil {
+		l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), leaseID, res.GetWaiterSeq(), res.GetWaitDeadlineUnixNano())
+		if err != nil {
 			return nil, err
 		}
 		metrics.waitDuration.Observe(time.Since(start).Seconds())

@@ -16,15 +16,19 @@ var errWaitTimedOut = errors.New("router: waited wait_timeout without a grant")
 // through still leads.
 const leaderPoll = 250 * time.Millisecond
 
-// awaitGrant waits for the queued request's hand-off. It returns the
-// granted lease, or:
+// awaitGrant waits for the hand-off of queue entry seq of the request. It
+// returns the granted lease, or:
 //   - errWaitTimedOut when the wait deadline (shard time, Unix ns) passes
 //     or the shard dropped the waiter; the waiter is removed by a cancel
 //     command, which also releases a grant that raced it;
-//   - the context's error when the caller gave up, after the same cancel;
+//   - the context's error when the caller gave up, after the same cancel
+//     (also when the grant arrived just as the caller left);
 //   - ErrNoLeader when the shard's leader changed: the client retries with
 //     the same request_id and finds its place in the queue or its grant.
-func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, requestID string, deadline int64) (*shardv1.LeaseInfo, error) {
+//
+// attempt is this attempt's lease id: a cancel counts only while no later
+// attempt of the request has arrived.
+func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, requestID string, attempt []byte, seq uint64, deadline int64) (*shardv1.LeaseInfo, error) {
 	_, n, t, err := r.route(ctx, resource)
 	if err != nil {
 		return nil, err
@@ -33,25 +37,30 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 	defer timer.Stop()
 	poll := time.NewTicker(leaderPoll)
 	defer poll.Stop()
+	outcome := func(ev *shardv1.WaiterEvent) (*shardv1.LeaseInfo, error) {
+		if ev.GetLease() == nil {
+			return nil, errWaitTimedOut
+		}
+		if ctx.Err() != nil { // granted as the caller left: nobody will get it
+			r.cancelWait(resource, requestID, attempt)
+			return nil, ctx.Err()
+		}
+		return ev.GetLease(), nil
+	}
 	for {
 		select {
-		case ev := <-sub.ch:
-			if ev.GetLease() != nil {
-				return ev.GetLease(), nil
+		case <-sub.notify:
+			if ev := sub.find(seq); ev != nil {
+				return outcome(ev)
 			}
-			return nil, errWaitTimedOut
 		case <-timer.C:
-			select {
-			case ev := <-sub.ch: // granted just in time
-				if ev.GetLease() != nil {
-					return ev.GetLease(), nil
-				}
-			default:
+			if ev := sub.find(seq); ev != nil && ev.GetLease() != nil { // granted just in time
+				return outcome(ev)
 			}
-			r.cancelWait(resource, requestID)
+			r.cancelWait(resource, requestID, attempt)
 			return nil, errWaitTimedOut
 		case <-ctx.Done():
-			r.cancelWait(resource, requestID)
+			r.cancelWait(resource, requestID, attempt)
 			return nil, ctx.Err()
 		case <-poll.C:
 			if !r.leads(n, sub.key.shardID, t) {
@@ -61,14 +70,15 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 	}
 }
 
-// cancelWait proposes the removal of an abandoned waiter. If it fails, the
-// leader's timer drops the waiter at its deadline, and a lease granted to
-// nobody ends with its TTL.
-func (r *Router) cancelWait(resource, requestID string) {
+// cancelWait proposes the removal of an abandoned attempt's waiter (or the
+// release of a grant nobody received). If it fails, the leader's timer
+// drops the waiter at its deadline, and a lease granted to nobody ends
+// with its TTL.
+func (r *Router) cancelWait(resource, requestID string, attempt []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ProposeTimeout)
 	defer cancel()
 	_, err := r.propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{
-		Resource: resource, RequestId: requestID}}})
+		Resource: resource, RequestId: requestID, AttemptId: attempt}}})
 	if err != nil {
 		r.cfg.Logger.Warn("cancelling an abandoned wait", "resource", resource, "request_id", requestID, "err", err)
 	}

@@ -227,3 +227,70 @@ func TestWaiterRetryAcrossLeaderChange(t *testing.T) {
 		t.Fatalf("replay: %v %v", again, err)
 	}
 }
+
+// Two attempts of one request id wait at once (a client retried over a
+// new connection); the first one's connection drops. The later attempt
+// keeps the place and gets the grant: a stale attempt's cancel is ignored.
+func TestAbandonedAttemptKeepsLiveRetry(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	h := c.mustAcquire("r", "holder", 30*time.Second)
+	actx, cancelA := context.WithCancel(context.Background())
+	adone := make(chan error, 1)
+	go func() {
+		_, err := c.acquireWait(actx, "r", "same", 5*time.Second, 30*time.Second)
+		adone <- err
+	}()
+	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
+	b := make(chan *wardenv1.AcquireResponse, 1)
+	go func() {
+		resp, err := c.acquireWait(ctx(t), "r", "same", 5*time.Second, 30*time.Second)
+		if err != nil {
+			t.Errorf("live retry: %v", err)
+		}
+		b <- resp
+	}()
+	time.Sleep(300 * time.Millisecond) // the retry's attempt is applied
+	cancelA()
+	if err := <-adone; connect.CodeOf(err) != connect.CodeCanceled {
+		t.Fatalf("abandoned attempt: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if d := c.describe("r"); d.GetWaiters() != 1 {
+		t.Fatalf("the abandoned attempt took the live retry's place: %v", d)
+	}
+	if ok, err := c.release("r", h.GetLeaseId()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	got := <-b
+	if got == nil || got.GetFencingToken() <= h.GetFencingToken() {
+		t.Fatalf("live retry's grant: %v", got)
+	}
+	if d := c.describe("r"); !d.GetHeld() || d.GetFencingToken() != got.GetFencingToken() {
+		t.Fatalf("the live retry's lease was released: %v", d)
+	}
+}
+
+// Waiting clients that give up within milliseconds — during their
+// enqueue, before its outcome is known — leave nothing behind: no waiter,
+// and no grant held by nobody.
+func TestClientsGivingUpLeaveNoWaiters(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	h := c.mustAcquire("r", "holder", 30*time.Second)
+	var wg sync.WaitGroup
+	for i := range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+i%5)*time.Millisecond)
+			defer cancel()
+			_, _ = c.acquireWait(cctx, "r", fmt.Sprintf("w%d", i), 30*time.Second, time.Minute)
+		}()
+	}
+	wg.Wait()
+	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 0 })
+	if ok, err := c.release("r", h.GetLeaseId()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	// A grant that raced a cancel is released by it at once.
+	waitFor(t, func() bool { return !c.describe("r").GetHeld() })
+}

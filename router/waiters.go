@@ -22,13 +22,40 @@ type waitKey struct {
 	resource, requestID string
 }
 
-// subscription receives the one event its RPC waits for. The channel has
-// room for one event; every local replica reports the same hand-off, and
-// only the first is kept.
+// subscription collects the events of its request: every local replica
+// reports each hand-off, and events of an earlier queue entry of the same
+// request id (an earlier attempt's timeout) may still arrive, so the
+// waiting RPC filters by the entry's seq. notify is signalled whenever an
+// event is added.
 type subscription struct {
-	key waitKey
-	ch  chan *shardv1.WaiterEvent
+	key    waitKey
+	notify chan struct{}
+	mu     sync.Mutex
+	events []*shardv1.WaiterEvent
 }
+
+// take returns and clears the events received so far.
+func (s *subscription) take() []*shardv1.WaiterEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	evs := s.events
+	s.events = nil
+	return evs
+}
+
+// find returns the first received event of queue entry seq, or nil.
+func (s *subscription) find(seq uint64) *shardv1.WaiterEvent {
+	for _, ev := range s.take() {
+		if ev.GetSeq() == seq {
+			return ev
+		}
+	}
+	return nil
+}
+
+// maxPendingEvents bounds the events a subscription keeps between two
+// looks: a hand-off is reported once per local replica.
+const maxPendingEvents = 64
 
 // NewWaitRegistry returns an empty registry.
 func NewWaitRegistry() *WaitRegistry {
@@ -40,7 +67,7 @@ func NewWaitRegistry() *WaitRegistry {
 // subscribe registers interest in a request's hand-off. Subscribe before
 // proposing, so that a grant applied at once is not missed.
 func (w *WaitRegistry) subscribe(shardID uint64, resource, requestID string) *subscription {
-	s := &subscription{key: waitKey{shardID, resource, requestID}, ch: make(chan *shardv1.WaiterEvent, 1)}
+	s := &subscription{key: waitKey{shardID, resource, requestID}, notify: make(chan struct{}, 1)}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.mu.subs[s.key] == nil {
@@ -66,9 +93,14 @@ func (w *WaitRegistry) Observe(shardID uint64, res *shardv1.Result) {
 	defer w.mu.Unlock()
 	notify := func(ev *shardv1.WaiterEvent) {
 		for s := range w.mu.subs[waitKey{shardID, ev.GetResource(), ev.GetRequestId()}] {
+			s.mu.Lock()
+			if len(s.events) < maxPendingEvents {
+				s.events = append(s.events, ev)
+			}
+			s.mu.Unlock()
 			select {
-			case s.ch <- ev:
-			default: // already told, by another replica
+			case s.notify <- struct{}{}:
+			default: // already signalled
 			}
 		}
 	}

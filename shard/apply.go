@@ -317,11 +317,19 @@ func (a *applier) acquire(c *shardv1.AcquireCmd) (*shardv1.Result, error) {
 		if d.GetLeaseTtlNanos() != ttl || d.GetHolder() != c.GetHolder() {
 			return invalid("request_id", "was used before with a different lease_ttl or holder"), nil
 		}
-		if d.GetWaiterSeq() != 0 {
-			return &shardv1.Result{Code: shardv1.Code_CODE_QUEUED, WaitDeadlineUnixNano: d.GetWaitDeadlineUnixNano()}, nil
-		}
-		if !a.current(lock, d.GetLeaseId()) {
+		queued := d.GetWaiterSeq() != 0
+		if !queued && !a.current(lock, d.GetLeaseId()) {
 			return &shardv1.Result{Code: shardv1.Code_CODE_FAILED_PRECONDITION, Reason: "the lease granted to this request_id has ended"}, nil
+		}
+		// This attempt is now the request's latest: an earlier attempt's
+		// cancel must no longer take its place or its grant away.
+		if !bytes.Equal(d.GetAttemptId(), c.GetLeaseId()) {
+			d = cloneDedup(d)
+			d.AttemptId = c.GetLeaseId()
+			a.setDedup(d)
+		}
+		if queued {
+			return &shardv1.Result{Code: shardv1.Code_CODE_QUEUED, WaitDeadlineUnixNano: d.GetWaitDeadlineUnixNano(), WaiterSeq: d.GetWaiterSeq()}, nil
 		}
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Replayed: true, Lease: leaseInfo(lock, true)}, nil
 	}
@@ -352,6 +360,7 @@ func (a *applier) acquire(c *shardv1.AcquireCmd) (*shardv1.Result, error) {
 		LeaseTtlNanos: ttl,
 		Holder:        c.GetHolder(),
 		FencingToken:  l.GetFencingToken(),
+		AttemptId:     c.GetLeaseId(),
 	})
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Lease: leaseInfo(l, true)}, nil
 }
@@ -427,11 +436,12 @@ func (a *applier) enqueue(lock *shardv1.LockRecord, c *shardv1.AcquireCmd, ttl i
 		Holder:               c.GetHolder(),
 		WaiterSeq:            l.GetLastWaiterSeq(),
 		WaitDeadlineUnixNano: deadline,
+		AttemptId:            c.GetLeaseId(),
 	})
 	if err := a.addTenantWaiters(c.GetTenant(), 1); err != nil {
 		return nil, err
 	}
-	return &shardv1.Result{Code: shardv1.Code_CODE_QUEUED, WaitDeadlineUnixNano: deadline, Count: l.GetWaiters()}, nil
+	return &shardv1.Result{Code: shardv1.Code_CODE_QUEUED, WaitDeadlineUnixNano: deadline, Count: l.GetWaiters(), WaiterSeq: l.GetLastWaiterSeq()}, nil
 }
 
 // grantNext hands a free lock to the head of its queue, in this same
@@ -447,11 +457,15 @@ func (a *applier) grantNext(lock *shardv1.LockRecord) (*shardv1.LockRecord, erro
 			return nil, fmt.Errorf("%w: lock %q counts %d waiters but has none queued", ErrCorruptRecord, lock.GetResource(), lock.GetWaiters())
 		}
 		from = w.GetSeq() + 1
+		queued, err := a.dedup(w.GetResource(), w.GetRequestId())
+		if err != nil {
+			return nil, err
+		}
 		if lock, err = a.removeWaiter(lock, w); err != nil {
 			return nil, err
 		}
 		if a.now >= w.GetDeadlineUnixNano() {
-			a.dropped = append(a.dropped, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId()})
+			a.dropped = append(a.dropped, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Seq: w.GetSeq()})
 			continue
 		}
 		l, refused := a.grant(lock, w.GetResource(), w.GetLeaseId(), w.GetRequestId(), w.GetHolder(), w.GetLeaseTtlNanos())
@@ -465,8 +479,9 @@ func (a *applier) grantNext(lock *shardv1.LockRecord) (*shardv1.LockRecord, erro
 			LeaseTtlNanos: w.GetLeaseTtlNanos(),
 			Holder:        w.GetHolder(),
 			FencingToken:  l.GetFencingToken(),
+			AttemptId:     queued.GetAttemptId(),
 		})
-		a.granted = append(a.granted, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Lease: leaseInfo(l, true)})
+		a.granted = append(a.granted, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Seq: w.GetSeq(), Lease: leaseInfo(l, true)})
 		return l, nil
 	}
 	return lock, nil
@@ -615,6 +630,10 @@ func (a *applier) cancelWait(c *shardv1.CancelWaitCmd) (*shardv1.Result, error) 
 	if err != nil || d == nil {
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, err
 	}
+	if len(c.GetAttemptId()) > 0 && !bytes.Equal(c.GetAttemptId(), d.GetAttemptId()) {
+		// A later attempt of the same request is alive: it keeps the place.
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
+	}
 	lock, err := a.lock(c.GetResource())
 	if err != nil {
 		return nil, err
@@ -653,7 +672,7 @@ func (a *applier) dropWaiters(c *shardv1.DropWaitersCmd) (*shardv1.Result, error
 		if _, err := a.removeWaiter(lock, w); err != nil {
 			return nil, err
 		}
-		a.dropped = append(a.dropped, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId()})
+		a.dropped = append(a.dropped, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Seq: w.GetSeq()})
 		n++
 	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: n}, nil

@@ -52,6 +52,7 @@ type mDedup struct {
 	endedAt int64
 	waiting bool
 	until   int64
+	attempt []byte // the latest attempt's lease id
 }
 
 type dedupID struct{ resource, reqID string }
@@ -92,12 +93,14 @@ func (m *model) end(r string) {
 	for len(l.queue) > 0 {
 		w := l.queue[0]
 		l.queue = l.queue[1:]
+		attempt := m.dedup[dedupID{r, w.reqID}].attempt
 		delete(m.dedup, dedupID{r, w.reqID})
 		if m.now >= w.deadline {
 			m.events = append(m.events, "dropped:"+w.reqID)
 			continue
 		}
 		g := m.grant(r, w.reqID, w.ttl, w.holder, w.id)
+		m.dedup[dedupID{r, w.reqID}].attempt = attempt // the request's latest attempt
 		m.events = append(m.events, fmt.Sprintf("granted:%s:%d", w.reqID, g.token))
 		return
 	}
@@ -112,7 +115,7 @@ func (m *model) grant(r, req string, ttl int64, holder string, id []byte) *mLeas
 	m.revision++
 	l.cur = &mLease{id: id, reqID: req, holder: holder, token: 1<<40 | m.revision, ttl: ttl, expiresAt: m.now + ttl}
 	l.lastToken = l.cur.token
-	m.dedup[dedupID{r, req}] = &mDedup{leaseID: id, ttl: ttl, holder: holder}
+	m.dedup[dedupID{r, req}] = &mDedup{leaseID: id, ttl: ttl, holder: holder, attempt: id}
 	return l.cur
 }
 
@@ -125,9 +128,11 @@ func (m *model) acquire(r, req string, ttl int64, holder string, id []byte, wait
 		case d.ttl != ttl || d.holder != holder:
 			return shardv1.Code_CODE_INVALID_ARGUMENT, nil
 		case d.waiting:
+			d.attempt = id
 			return shardv1.Code_CODE_QUEUED, nil
 		}
 		if v := m.validLease(r); v != nil && bytes.Equal(v.id, d.leaseID) {
+			d.attempt = id
 			return shardv1.Code_CODE_OK, v
 		}
 		return shardv1.Code_CODE_FAILED_PRECONDITION, nil
@@ -142,7 +147,7 @@ func (m *model) acquire(r, req string, ttl int64, holder string, id []byte, wait
 		}
 		l.lastSeq++
 		l.queue = append(l.queue, &mWaiter{reqID: req, id: id, ttl: ttl, holder: holder, deadline: m.now + wait, seq: l.lastSeq})
-		m.dedup[dedupID{r, req}] = &mDedup{leaseID: id, ttl: ttl, holder: holder, waiting: true, until: m.now + wait}
+		m.dedup[dedupID{r, req}] = &mDedup{leaseID: id, ttl: ttl, holder: holder, waiting: true, until: m.now + wait, attempt: id}
 		return shardv1.Code_CODE_QUEUED, nil
 	}
 	return shardv1.Code_CODE_OK, m.grant(r, req, ttl, holder, id)
@@ -165,11 +170,12 @@ func (m *model) release(r string, id []byte) bool {
 	return true
 }
 
-// cancel abandons a waiting request: out of the queue, or its lease released.
-func (m *model) cancel(r, req string) (removed, released bool) {
+// cancel abandons an attempt of a waiting request: out of the queue, or its
+// lease released — unless a later attempt of the request is alive.
+func (m *model) cancel(r, req string, attempt []byte) (removed, released bool) {
 	d := m.dedup[dedupID{r, req}]
 	switch {
-	case d == nil:
+	case d == nil, !bytes.Equal(d.attempt, attempt):
 		return false, false
 	case d.waiting:
 		l := m.locks[r]
@@ -291,6 +297,7 @@ type request struct {
 	resource, reqID, holder string
 	ttl, wait               int64
 	id                      []byte
+	attempts                *[][]byte // lease ids of every attempt, shared by retries
 }
 
 type modelRun struct {
@@ -392,6 +399,7 @@ func (r *modelRun) acquire(t *rapid.T) {
 		holder:   rapid.SampledFrom([]string{"", "w1", "w2"}).Draw(t, "holder"),
 		wait:     rapid.SampledFrom([]int64{0, 0, second, 4 * second}).Draw(t, "wait"),
 		id:       r.freshLeaseID(),
+		attempts: new([][]byte),
 	}
 	r.requests = append(r.requests, q)
 	r.doAcquire(t, q)
@@ -404,6 +412,7 @@ func (r *modelRun) doAcquire(t *rapid.T, q *request) {
 	if l := r.m.locks[q.resource]; l != nil {
 		prevLease = l.cur
 	}
+	*q.attempts = append(*q.attempts, q.id)
 	env := acquireCmd(q.resource, q.reqID, q.ttl, q.holder, q.id)
 	env.GetAcquire().WaitTimeoutNanos = q.wait
 	got := r.propose(env)
@@ -463,16 +472,19 @@ func (r *modelRun) retryChanged(t *rapid.T) {
 	q := *r.pickRequest(t)
 	q.holder += "x"
 	q.id = r.freshLeaseID()
+	q.attempts = new([][]byte)
 	r.requests = append(r.requests, &q)
 	r.doAcquire(t, &q)
 }
 
 // cancel is a waiting RPC giving up: its waiter leaves the queue, or the
-// lease it was just granted is released — never left to nobody.
+// lease it was just granted is released — never left to nobody — unless a
+// later attempt of the same request is alive.
 func (r *modelRun) cancel(t *rapid.T) {
 	q := r.pickRequest(t)
-	got := r.propose(&shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{Resource: q.resource, RequestId: q.reqID}}})
-	removed, released := r.m.cancel(q.resource, q.reqID)
+	attempt := rapid.SampledFrom(*q.attempts).Draw(t, "attempt")
+	got := r.propose(&shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{Resource: q.resource, RequestId: q.reqID, AttemptId: attempt}}})
+	removed, released := r.m.cancel(q.resource, q.reqID, attempt)
 	if got.GetCode() != shardv1.Code_CODE_OK || (got.GetCount() == 1) != removed || got.GetReleased() != released {
 		t.Fatalf("cancel %s %s: %v, model removed=%v released=%v", q.resource, q.reqID, got, removed, released)
 	}

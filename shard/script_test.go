@@ -18,7 +18,7 @@ import (
 //
 //	now 2.5s                               set the proposer's clock (from t0)
 //	acquire RES REQ [ttl=D] [wait=D] [holder=H] [tenant=T] [lease=L] -> EXPECT
-//	cancel RES REQ -> EXPECT                abandon a waiting acquire
+//	cancel RES REQ [attempt=L] -> EXPECT    abandon a waiting acquire (attempt: its lease name)
 //	drop RES SEQ DEADLINE -> EXPECT         the leader drops a timed-out waiter
 //	renew RES L -> EXPECT
 //	release RES L -> EXPECT
@@ -140,7 +140,11 @@ func (s *script) step(f []string) string {
 		}
 		return out(f[0], s.rep.propose(s.now, expireCmd(&shardv1.ExpireItem{Resource: f[1], LeaseId: leaseID(f[2]), ExpiresAtUnixNano: exp})))
 	case "cancel":
-		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{Resource: f[1], RequestId: f[2]}}}))
+		c := &shardv1.CancelWaitCmd{Resource: f[1], RequestId: f[2]}
+		if a := kv(f[3:])["attempt"]; a != "" {
+			c.AttemptId = leaseID(a)
+		}
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: c}}))
 	case "drop":
 		seq, _ := strconv.ParseUint(f[2], 10, 64)
 		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_DropWaiters{DropWaiters: &shardv1.DropWaitersCmd{Items: []*shardv1.WaiterRef{

@@ -429,9 +429,13 @@ func (x *AcquireCmd) GetWaitTimeoutNanos() int64 {
 // (cancelled, disconnected or timed out): a queued waiter is removed, and a
 // lease already granted to it is released, so no grant is left to nobody.
 type CancelWaitCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
-	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Resource  string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// AttemptId is the lease id the abandoned attempt carried. The cancel
+	// applies only if that attempt is still the request's latest: a retry
+	// that came after it keeps the place (or the grant).
+	AttemptId     []byte `protobuf:"bytes,3,opt,name=attempt_id,json=attemptId,proto3" json:"attempt_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -478,6 +482,13 @@ func (x *CancelWaitCmd) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *CancelWaitCmd) GetAttemptId() []byte {
+	if x != nil {
+		return x.AttemptId
+	}
+	return nil
 }
 
 // DropWaitersCmd removes waiters whose deadline the leader saw pass. Each
@@ -1027,8 +1038,10 @@ type Result struct {
 	Granted              []*WaiterEvent `protobuf:"bytes,10,rep,name=granted,proto3" json:"granted,omitempty"`
 	Dropped              []*WaiterEvent `protobuf:"bytes,11,rep,name=dropped,proto3" json:"dropped,omitempty"`
 	WaitDeadlineUnixNano int64          `protobuf:"varint,12,opt,name=wait_deadline_unix_nano,json=waitDeadlineUnixNano,proto3" json:"wait_deadline_unix_nano,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// WaiterSeq identifies the queue entry of a CODE_QUEUED request.
+	WaiterSeq     uint64 `protobuf:"varint,13,opt,name=waiter_seq,json=waiterSeq,proto3" json:"waiter_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
@@ -1145,12 +1158,21 @@ func (x *Result) GetWaitDeadlineUnixNano() int64 {
 	return 0
 }
 
+func (x *Result) GetWaiterSeq() uint64 {
+	if x != nil {
+		return x.WaiterSeq
+	}
+	return 0
+}
+
 // WaiterEvent is a change to a waiter; lease is set for a grant.
 type WaiterEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
-	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Lease         *LeaseInfo             `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Resource  string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Lease     *LeaseInfo             `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	// Seq is the waiter's place, as Result.waiter_seq told its request.
+	Seq           uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1204,6 +1226,13 @@ func (x *WaiterEvent) GetLease() *LeaseInfo {
 		return x.Lease
 	}
 	return nil
+}
+
+func (x *WaiterEvent) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
 }
 
 type LeaseInfo struct {
@@ -1798,8 +1827,10 @@ type DedupRecord struct {
 	// granted (or for a request granted at once).
 	WaiterSeq            uint64 `protobuf:"varint,8,opt,name=waiter_seq,json=waiterSeq,proto3" json:"waiter_seq,omitempty"`
 	WaitDeadlineUnixNano int64  `protobuf:"varint,9,opt,name=wait_deadline_unix_nano,json=waitDeadlineUnixNano,proto3" json:"wait_deadline_unix_nano,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// AttemptId is the lease id carried by the request's latest attempt.
+	AttemptId     []byte `protobuf:"bytes,10,opt,name=attempt_id,json=attemptId,proto3" json:"attempt_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DedupRecord) Reset() {
@@ -1893,6 +1924,13 @@ func (x *DedupRecord) GetWaitDeadlineUnixNano() int64 {
 		return x.WaitDeadlineUnixNano
 	}
 	return 0
+}
+
+func (x *DedupRecord) GetAttemptId() []byte {
+	if x != nil {
+		return x.AttemptId
+	}
+	return nil
 }
 
 // Query is a read of a replica's state (Dragonboat Lookup).
@@ -2419,11 +2457,13 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x16\n" +
 	"\x06tenant\x18\x05 \x01(\tR\x06tenant\x12\x19\n" +
 	"\blease_id\x18\x06 \x01(\fR\aleaseId\x12,\n" +
-	"\x12wait_timeout_nanos\x18\a \x01(\x03R\x10waitTimeoutNanos\"J\n" +
+	"\x12wait_timeout_nanos\x18\a \x01(\x03R\x10waitTimeoutNanos\"i\n" +
 	"\rCancelWaitCmd\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tR\trequestId\"B\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"attempt_id\x18\x03 \x01(\fR\tattemptId\"B\n" +
 	"\x0eDropWaitersCmd\x120\n" +
 	"\x05items\x18\x01 \x03(\v2\x1a.warden.shard.v1.WaiterRefR\x05items\"g\n" +
 	"\tWaiterRef\x12\x1a\n" +
@@ -2468,7 +2508,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x13_dedup_window_nanosB\x19\n" +
 	"\x17_max_wait_timeout_nanosB\x1b\n" +
 	"\x19_max_waiters_per_resourceB\x19\n" +
-	"\x17_max_waiters_per_tenant\"\xf6\x03\n" +
+	"\x17_max_waiters_per_tenant\"\x95\x04\n" +
 	"\x06Result\x12)\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x15.warden.shard.v1.CodeR\x04code\x12\x14\n" +
 	"\x05field\x18\x02 \x01(\tR\x05field\x12\x16\n" +
@@ -2482,12 +2522,15 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\agranted\x18\n" +
 	" \x03(\v2\x1c.warden.shard.v1.WaiterEventR\agranted\x126\n" +
 	"\adropped\x18\v \x03(\v2\x1c.warden.shard.v1.WaiterEventR\adropped\x125\n" +
-	"\x17wait_deadline_unix_nano\x18\f \x01(\x03R\x14waitDeadlineUnixNano\"z\n" +
+	"\x17wait_deadline_unix_nano\x18\f \x01(\x03R\x14waitDeadlineUnixNano\x12\x1d\n" +
+	"\n" +
+	"waiter_seq\x18\r \x01(\x04R\twaiterSeq\"\x8c\x01\n" +
 	"\vWaiterEvent\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x120\n" +
-	"\x05lease\x18\x03 \x01(\v2\x1a.warden.shard.v1.LeaseInfoR\x05lease\"\xa4\x01\n" +
+	"\x05lease\x18\x03 \x01(\v2\x1a.warden.shard.v1.LeaseInfoR\x05lease\x12\x10\n" +
+	"\x03seq\x18\x04 \x01(\x04R\x03seq\"\xa4\x01\n" +
 	"\tLeaseInfo\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\fR\aleaseId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12/\n" +
@@ -2543,7 +2586,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x0flease_ttl_nanos\x18\x05 \x01(\x03R\rleaseTtlNanos\x12\x16\n" +
 	"\x06holder\x18\x06 \x01(\tR\x06holder\x12\x16\n" +
 	"\x06tenant\x18\a \x01(\tR\x06tenant\x12,\n" +
-	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\"\xcb\x02\n" +
+	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\"\xea\x02\n" +
 	"\vDedupRecord\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -2555,7 +2598,10 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x12ended_at_unix_nano\x18\a \x01(\x03R\x0fendedAtUnixNano\x12\x1d\n" +
 	"\n" +
 	"waiter_seq\x18\b \x01(\x04R\twaiterSeq\x125\n" +
-	"\x17wait_deadline_unix_nano\x18\t \x01(\x03R\x14waitDeadlineUnixNano\"\xbe\x03\n" +
+	"\x17wait_deadline_unix_nano\x18\t \x01(\x03R\x14waitDeadlineUnixNano\x12\x1d\n" +
+	"\n" +
+	"attempt_id\x18\n" +
+	" \x01(\fR\tattemptId\"\xbe\x03\n" +
 	"\x05Query\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12<\n" +
 	"\bdescribe\x18\n" +
