@@ -28,6 +28,12 @@
 //     unavailable); a lease that already ended is not an error.
 //   - Locks are not re-entrant: locking a resource you hold fails with
 //     ErrHeld (or waits for yourself until Wait passes).
+//   - A waiting Lock keeps its place in the queue across retries only if
+//     the retry reaches the server before the abandoned attempt's cancel:
+//     when a connection breaks, the server cancels that attempt (so that
+//     no grant goes to nobody), unless a later attempt of the same request
+//     id has already arrived. After a leader change the retry always keeps
+//     its place.
 package client
 
 import (
