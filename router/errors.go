@@ -68,14 +68,14 @@ func outcome(err error) string {
 		return "error"
 	case errors.As(err, &fe):
 		return "invalid"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, errWaitTimedOut), errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
 	case errors.Is(err, ErrOutcomeUnknown):
 		return "unknown"
 	case errors.Is(err, ErrNoLeader):
 		return "unavailable"
-	case errors.Is(err, errWaitTimedOut), errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	case errors.Is(err, context.Canceled):
-		return "canceled"
 	}
 	return "error"
 }
@@ -94,14 +94,12 @@ func toConnect(err error) error {
 	case errors.As(err, &fe):
 		return withDetail(connect.NewError(connect.CodeInvalidArgument, fe),
 			&wardenv1.FieldViolation{Field: fe.Field, Description: fe.Reason})
-	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrNoLeader):
-		return connect.NewError(connect.CodeUnavailable, err)
-	case errors.Is(err, errWaitTimedOut):
-		return connect.NewError(connect.CodeDeadlineExceeded, err)
 	case errors.Is(err, context.Canceled):
 		return connect.NewError(connect.CodeCanceled, err)
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errWaitTimedOut):
 		return connect.NewError(connect.CodeDeadlineExceeded, err)
+	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrNoLeader):
+		return connect.NewError(connect.CodeUnavailable, err)
 	}
 	return connect.NewError(connect.CodeInternal, err)
 }

@@ -232,6 +232,10 @@ func (r *Router) retryDropped(ctx context.Context, f func() error) error {
 	deadline := time.Now().Add(r.cfg.LeaderWait)
 	for {
 		err := f()
+		if err != nil && ctx.Err() != nil {
+			// The caller's own deadline or cancel decides what it is told.
+			return fmt.Errorf("%w: %w", ctx.Err(), err)
+		}
 		if !errors.Is(err, errDropped) || time.Now().After(deadline) {
 			return err
 		}
