@@ -60,6 +60,20 @@
 // it has ended; other parameters are CODE_INVALID_ARGUMENT. Entries are
 // forgotten one dedup window after their lease ended.
 //
+// # Wait queues (DESIGN.md §3, §5)
+//
+// An Acquire with a wait timeout on a held lock is queued: a waiter record
+// per request, numbered in commit order, carrying the lease id it will get
+// and its deadline. Whatever command ends the current lease (Release,
+// Expire, CancelWait, or an Acquire that finds the lease over) grants the
+// head waiter in that same command — dropping waiters past their deadline
+// on the way — and reports the hand-off in Result.granted and
+// Result.dropped, which an ApplyObserver passes on to the waiting RPCs. A
+// free lock never has waiters, and a newcomer never jumps the queue.
+// CancelWait removes an abandoned waiter, or releases the lease it was
+// granted in a race, but only for the request's latest attempt, so a live
+// retry keeps its place. Queue bounds come from the shard config.
+//
 // # Storage
 //
 // See keys.go for the key layout: every record a hash range owns lies
