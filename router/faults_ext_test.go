@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/shard"
 )
@@ -286,7 +287,11 @@ func TestMinorityAnswersUnavailable(t *testing.T) {
 	c.stopReplica(a)
 	c.stopReplica(b)
 	for range 3 {
-		_, err := c.acquire("r", "q", 0)
+		// A minority does not guess, not even for a read — also while the
+		// old leader has not yet noticed it lost its quorum.
+		_, err := c.locks.Describe(ctx(t), connect.NewRequest(&wardenv1.DescribeRequest{Resource: "r0"}))
+		wantCode(t, err, connect.CodeUnavailable)
+		_, err = c.acquire("r", "q", 0)
 		wantCode(t, err, connect.CodeUnavailable)
 		_, err = c.renew("r0", before.GetLeaseId())
 		wantCode(t, err, connect.CodeUnavailable)
