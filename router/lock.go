@@ -13,6 +13,7 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/shard"
 )
 
 // LockServer implements wardenv1connect.LockServiceHandler on a Router.
@@ -166,7 +167,7 @@ func (s *LockServer) describe(ctx context.Context, m *wardenv1.DescribeRequest) 
 	l := q.GetLock()
 	out := &wardenv1.DescribeResponse{FencingToken: l.GetFencingToken(), Waiters: l.GetWaiters()}
 	// Held until the lock could be granted to someone else.
-	if l.GetHeld() && q.GetTimeUnixNano() < l.GetExpiresAtUnixNano()+q.GetMeta().GetConfig().GetMaxClockSkewNanos() {
+	if shard.Holds(l, q.GetMeta().GetConfig(), q.GetTimeUnixNano()) {
 		out.Held = true
 		out.Holder = l.GetHolder()
 		out.ExpiresAt = timestamp(l.GetExpiresAtUnixNano())

@@ -264,12 +264,16 @@ func (a *applier) checkKey(resource string) *shardv1.Result {
 	return nil
 }
 
-// grantable reports whether the lock may be granted to a new lease now:
-// it is free, or its lease's expiry plus max_clock_skew has passed on the
-// shard's clock (DESIGN.md §1 rule 6).
-func (a *applier) grantable(l *shardv1.LockRecord) bool {
-	return l == nil || !l.GetHeld() || a.now >= l.GetExpiresAtUnixNano()+a.cfg().GetMaxClockSkewNanos()
+// Holds reports whether lock l keeps everyone else out at shard time now
+// (Unix ns) under config c: it is held and its lease's expiry plus
+// max_clock_skew has not passed (DESIGN.md §1 rule 6). A nil record holds
+// nothing. Describe answers held with it; a grant needs it false.
+func Holds(l *shardv1.LockRecord, c *shardv1.ShardConfig, now int64) bool {
+	return l.GetHeld() && now < l.GetExpiresAtUnixNano()+c.GetMaxClockSkewNanos()
 }
+
+// grantable reports whether the lock may be granted to a new lease now.
+func (a *applier) grantable(l *shardv1.LockRecord) bool { return !Holds(l, a.cfg(), a.now) }
 
 // current reports whether lease is the lock's current, unexpired lease.
 func (a *applier) current(l *shardv1.LockRecord, leaseID []byte) bool {
@@ -353,15 +357,9 @@ func (a *applier) acquire(c *shardv1.AcquireCmd) (*shardv1.Result, error) {
 	if refused != nil {
 		return refused, nil
 	}
-	a.setDedup(&shardv1.DedupRecord{
-		Resource:      c.GetResource(),
-		RequestId:     c.GetRequestId(),
-		LeaseId:       c.GetLeaseId(),
-		LeaseTtlNanos: ttl,
-		Holder:        c.GetHolder(),
-		FencingToken:  l.GetFencingToken(),
-		AttemptId:     c.GetLeaseId(),
-	})
+	d = requestRecord(c.GetResource(), c.GetRequestId(), c.GetLeaseId(), ttl, c.GetHolder(), c.GetLeaseId())
+	d.FencingToken = l.GetFencingToken()
+	a.setDedup(d)
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Lease: leaseInfo(l, true)}, nil
 }
 
@@ -428,16 +426,9 @@ func (a *applier) enqueue(lock *shardv1.LockRecord, c *shardv1.AcquireCmd, ttl i
 		Tenant:           c.GetTenant(),
 		DeadlineUnixNano: deadline,
 	}})
-	a.setDedup(&shardv1.DedupRecord{
-		Resource:             c.GetResource(),
-		RequestId:            c.GetRequestId(),
-		LeaseId:              c.GetLeaseId(),
-		LeaseTtlNanos:        ttl,
-		Holder:               c.GetHolder(),
-		WaiterSeq:            l.GetLastWaiterSeq(),
-		WaitDeadlineUnixNano: deadline,
-		AttemptId:            c.GetLeaseId(),
-	})
+	d := requestRecord(c.GetResource(), c.GetRequestId(), c.GetLeaseId(), ttl, c.GetHolder(), c.GetLeaseId())
+	d.WaiterSeq, d.WaitDeadlineUnixNano = l.GetLastWaiterSeq(), deadline
+	a.setDedup(d)
 	if err := a.addTenantWaiters(c.GetTenant(), 1); err != nil {
 		return nil, err
 	}
@@ -472,15 +463,9 @@ func (a *applier) grantNext(lock *shardv1.LockRecord) (*shardv1.LockRecord, erro
 		if refused != nil {
 			return nil, fmt.Errorf("shard: granting to waiter %q of %q: %s", w.GetRequestId(), w.GetResource(), refused.GetReason())
 		}
-		a.setDedup(&shardv1.DedupRecord{
-			Resource:      w.GetResource(),
-			RequestId:     w.GetRequestId(),
-			LeaseId:       w.GetLeaseId(),
-			LeaseTtlNanos: w.GetLeaseTtlNanos(),
-			Holder:        w.GetHolder(),
-			FencingToken:  l.GetFencingToken(),
-			AttemptId:     queued.GetAttemptId(),
-		})
+		d := requestRecord(w.GetResource(), w.GetRequestId(), w.GetLeaseId(), w.GetLeaseTtlNanos(), w.GetHolder(), queued.GetAttemptId())
+		d.FencingToken = l.GetFencingToken()
+		a.setDedup(d)
 		a.granted = append(a.granted, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Seq: w.GetSeq(), Lease: leaseInfo(l, true)})
 		return l, nil
 	}
@@ -753,6 +738,19 @@ func CheckConfig(c *shardv1.ShardConfig) error {
 		return &FieldError{"max_wait_timeout", "must be at least 1ms"}
 	}
 	return nil
+}
+
+// requestRecord is the dedup record of an Acquire request: the parameters
+// a retry must repeat, the lease id it gets, and its latest attempt.
+func requestRecord(resource, requestID string, leaseID []byte, ttl int64, holder string, attempt []byte) *shardv1.DedupRecord {
+	return &shardv1.DedupRecord{
+		Resource:      resource,
+		RequestId:     requestID,
+		LeaseId:       leaseID,
+		LeaseTtlNanos: ttl,
+		Holder:        holder,
+		AttemptId:     attempt,
+	}
 }
 
 // leaseInfo reports a lock's lease; withID says whether the bearer secret
