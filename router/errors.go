@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/lni/dragonboat/v4"
@@ -156,5 +157,5 @@ func timestamp(unixNano int64) *timestamppb.Timestamp {
 	if unixNano == 0 {
 		return nil
 	}
-	return timestamppb.New(timeFromNanos(unixNano))
+	return timestamppb.New(time.Unix(0, unixNano))
 }

@@ -69,8 +69,6 @@ func leaseRef(resource, leaseID string) ([]byte, error) {
 	return id, nil
 }
 
-func timeFromNanos(n int64) time.Time { return time.Unix(0, n) }
-
 func validateResource(resource string) error {
 	return shard.CheckName("resource", resource, shard.MaxResourceBytes)
 }
