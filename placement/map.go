@@ -8,7 +8,7 @@ import (
 )
 
 // FirstDataShard is the id of the data shard a new deployment starts with.
-const FirstDataShard uint64 = 1
+const FirstDataShard = shard.FirstShard
 
 // Map is a placement map: which shard owns which hash range. Routers cache
 // it and send its Generation with every proposal; a shard refuses a

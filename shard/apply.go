@@ -56,6 +56,10 @@ type Reader interface {
 	NextWaiter(resource string, from uint64) (*shardv1.WaiterRecord, error)
 	// TenantWaiters returns how many waiters the tenant has queued.
 	TenantWaiters(tenant string) (uint32, error)
+	// Records returns up to limit (0: all) range records with hashes in
+	// [start, end) (end 0: 2^64) after storage key after (nil: from the
+	// start), in key order, and the key to resume after (nil at the end).
+	Records(start, end uint64, after []byte, limit int) (*shardv1.RangeRecords, []byte, error)
 }
 
 // ChangeKind says what a Change does.
@@ -141,6 +145,16 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 		res, err = a.cancelWait(c.CancelWait)
 	case *shardv1.Envelope_DropWaiters:
 		res, err = a.dropWaiters(c.DropWaiters)
+	case *shardv1.Envelope_FenceRange:
+		res = a.fenceRange(c.FenceRange)
+	case *shardv1.Envelope_UnfenceRange:
+		res = a.unfenceRange(c.UnfenceRange)
+	case *shardv1.Envelope_ImportRange:
+		res, err = a.importRange(c.ImportRange)
+	case *shardv1.Envelope_ActivateRange:
+		res = a.activateRange(c.ActivateRange)
+	case *shardv1.Envelope_ReleaseRange:
+		res, err = a.releaseRange(c.ReleaseRange)
 	default:
 		res = invalid("command", "is missing or unknown")
 	}
@@ -253,15 +267,13 @@ func (a *applier) addTenantWaiters(tenant string, delta int) error {
 	return nil
 }
 
-// checkKey refuses a resource that is malformed or outside the shard's range.
+// checkKey refuses a resource that is malformed, outside the shard's
+// range, or fenced by a move.
 func (a *applier) checkKey(resource string) *shardv1.Result {
 	if err := CheckName("resource", resource, MaxResourceBytes); err != nil {
 		return invalidErr(err)
 	}
-	if !InRange(a.meta.GetRange(), KeyHash(resource)) {
-		return wrongShard(a.meta, "resource is outside the shard's hash range")
-	}
-	return nil
+	return serves(a.meta, KeyHash(resource))
 }
 
 // Holds reports whether lock l keeps everyone else out at shard time now
@@ -323,7 +335,7 @@ func (a *applier) acquire(c *shardv1.AcquireCmd) (*shardv1.Result, error) {
 		}
 		queued := d.GetWaiterSeq() != 0
 		if !queued && !a.current(lock, d.GetLeaseId()) {
-			return &shardv1.Result{Code: shardv1.Code_CODE_FAILED_PRECONDITION, Reason: "the lease granted to this request_id has ended"}, nil
+			return failed("the lease granted to this request_id has ended"), nil
 		}
 		// This attempt is now the request's latest: an earlier attempt's
 		// cancel must no longer take its place or its grant away.
@@ -550,7 +562,7 @@ func (a *applier) renew(c *shardv1.RenewCmd) (*shardv1.Result, error) {
 		return nil, err
 	}
 	if !a.current(lock, c.GetLeaseId()) {
-		return &shardv1.Result{Code: shardv1.Code_CODE_FAILED_PRECONDITION, Reason: "the lease is not current (expired, released or replaced)"}, nil
+		return failed("the lease is not current (expired, released or replaced)"), nil
 	}
 	l := cloneLock(lock)
 	l.ExpiresAtUnixNano = a.now + l.GetLeaseTtlNanos()
@@ -593,7 +605,7 @@ func (a *applier) expire(c *shardv1.ExpireCmd) (*shardv1.Result, error) {
 		// Only the exact lease the leader saw, with the expiry it saw, and
 		// only once the skew bound has passed: a deposed or paused leader's
 		// late proposal is a no-op (etcd #12528, #15247).
-		if lock == nil || !lock.GetHeld() || !bytes.Equal(lock.GetLeaseId(), it.GetLeaseId()) ||
+		if !Serves(a.meta, it.GetResource()) || lock == nil || !lock.GetHeld() || !bytes.Equal(lock.GetLeaseId(), it.GetLeaseId()) ||
 			lock.GetExpiresAtUnixNano() != it.GetExpiresAtUnixNano() || !a.grantable(lock) {
 			continue
 		}
@@ -647,7 +659,7 @@ func (a *applier) dropWaiters(c *shardv1.DropWaitersCmd) (*shardv1.Result, error
 		if err != nil {
 			return nil, err
 		}
-		if w == nil || w.GetDeadlineUnixNano() != it.GetDeadlineUnixNano() || a.now < w.GetDeadlineUnixNano() {
+		if !Serves(a.meta, it.GetResource()) || w == nil || w.GetDeadlineUnixNano() != it.GetDeadlineUnixNano() || a.now < w.GetDeadlineUnixNano() {
 			continue
 		}
 		lock, err := a.lock(it.GetResource())
@@ -671,7 +683,7 @@ func (a *applier) forget(c *shardv1.ForgetCmd) (*shardv1.Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		if d == nil || d.GetEndedAtUnixNano() == 0 || a.now < d.GetEndedAtUnixNano()+window {
+		if !Serves(a.meta, ref.GetResource()) || d == nil || d.GetEndedAtUnixNano() == 0 || a.now < d.GetEndedAtUnixNano()+window {
 			continue
 		}
 		a.deleteDedup(ref.GetResource(), ref.GetRequestId())
@@ -684,7 +696,7 @@ func (a *applier) forget(c *shardv1.ForgetCmd) (*shardv1.Result, error) {
 		}
 		// Deleting an idle record is safe for tokens: the revision belongs
 		// to the shard, so the next grant's token is still larger.
-		if l == nil || l.GetHeld() || l.GetWaiters() > 0 || a.now < l.GetEndedAtUnixNano()+window {
+		if !Serves(a.meta, res) || l == nil || l.GetHeld() || l.GetWaiters() > 0 || a.now < l.GetEndedAtUnixNano()+window {
 			continue
 		}
 		a.deleteLock(res)

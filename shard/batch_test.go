@@ -16,9 +16,9 @@ import (
 // applying it one entry at a time.
 func TestBatchingDoesNotChangeResults(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		one := openReplica(rt, t.TempDir())
+		one := openReplica(rt, t.TempDir(), FirstShard)
 		defer one.sm.Close()
-		batched := openReplica(rt, t.TempDir())
+		batched := openReplica(rt, t.TempDir(), FirstShard)
 		defer batched.sm.Close()
 
 		now := t0

@@ -16,6 +16,9 @@ type replica struct {
 	dir   string
 	sm    *StateMachine
 	index uint64
+	// shardID and generation stamp every proposal (1 and 1 unless a
+	// test moves ranges).
+	shardID, generation uint64
 }
 
 // fataler is the part of testing.TB (and *rapid.T) the harness needs.
@@ -27,22 +30,29 @@ type fataler interface {
 
 func newReplica(t testing.TB) *replica {
 	t.Helper()
-	r := openReplica(t, t.TempDir())
+	return newShardReplica(t, FirstShard)
+}
+
+// newShardReplica starts a replica of shardID in a temporary directory.
+func newShardReplica(t testing.TB, shardID uint64) *replica {
+	t.Helper()
+	r := openReplica(t, t.TempDir(), shardID)
 	t.Cleanup(func() { r.sm.Close() })
 	return r
 }
 
-// openReplica opens the replica kept in dir; the caller closes r.sm.
-func openReplica(t fataler, dir string) *replica {
+// openReplica opens the replica of shardID kept in dir; the caller closes
+// r.sm.
+func openReplica(t fataler, dir string, shardID uint64) *replica {
 	t.Helper()
-	r := &replica{t: t, dir: dir}
+	r := &replica{t: t, dir: dir, shardID: shardID, generation: 1}
 	r.open()
 	return r
 }
 
 func (r *replica) open() {
 	r.t.Helper()
-	r.sm = NewStateMachine(r.dir, nil)(1, 1).(*StateMachine)
+	r.sm = NewStateMachine(r.dir, nil)(r.shardID, 1).(*StateMachine)
 	idx, err := r.sm.Open(nil)
 	if err != nil {
 		r.t.Fatalf("open: %v", err)
@@ -77,7 +87,7 @@ func (r *replica) proposeRaw(cmds ...[]byte) []*shardv1.Result {
 // propose applies one command stamped with now (nanoseconds).
 func (r *replica) propose(now int64, env *shardv1.Envelope) *shardv1.Result {
 	r.t.Helper()
-	env.Version, env.ShardId, env.Generation, env.NowUnixNano = CommandVersion, 1, 1, now
+	env.Version, env.ShardId, env.Generation, env.NowUnixNano = CommandVersion, r.shardID, r.generation, now
 	b, err := EncodeCommand(env)
 	if err != nil {
 		r.t.Fatal(err)

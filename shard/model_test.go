@@ -279,7 +279,7 @@ func TestApplyMatchesModel(t *testing.T) {
 			rt.Fatal(err)
 		}
 		defer os.RemoveAll(dir)
-		rep := openReplica(rt, dir)
+		rep := openReplica(rt, dir, FirstShard)
 		defer func() { rep.sm.Close() }()
 		newModelRun(rt, rep).run()
 	})

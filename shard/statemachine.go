@@ -280,6 +280,9 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 		out.Drop, err = r.timedOut(now, int(qq.TimedOut.GetLimit()))
 	case *shardv1.Query_Hot:
 		out.Hot, err = r.hot(int(qq.Hot.GetLimit()))
+	case *shardv1.Query_Export:
+		e := qq.Export
+		out.Records, out.Next, err = r.Records(e.GetStart(), e.GetEnd(), e.GetAfter(), int(max(e.GetLimit(), 1)))
 	case *shardv1.Query_Meta:
 	case *shardv1.Query_Digest:
 		out.AppliedIndex, err = appliedIndex(snap)

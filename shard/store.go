@@ -32,15 +32,23 @@ type records struct {
 	initial func() *shardv1.ShardMeta
 }
 
-// initialMeta is a new shard's meta: epoch 1 until placement assigns one
-// (DESIGN.md §2), the whole hash range at generation 1, default config.
+// FirstShard is the id of a deployment's first data shard, the one shard
+// that starts owning a hash range: all of it.
+const FirstShard uint64 = 1
+
+// initialMeta is a new shard's meta: epoch 1, default config, and for
+// FirstShard the whole hash range at generation 1 (DESIGN.md §2). Every
+// other shard starts inactive, owning nothing until a move activates it
+// with a range and a fresh epoch.
 func initialMeta(shardID uint64) func() *shardv1.ShardMeta {
 	return func() *shardv1.ShardMeta {
-		return &shardv1.ShardMeta{
-			Epoch:  1,
-			Config: DefaultConfig(),
-			Range:  &shardv1.RangeDescriptor{ShardId: shardID, Generation: 1},
+		m := &shardv1.ShardMeta{Epoch: 1, Config: DefaultConfig(), Range: &shardv1.RangeDescriptor{ShardId: shardID}}
+		if shardID == FirstShard {
+			m.Range.Generation = 1
+		} else {
+			m.Inactive = true
 		}
+		return m
 	}
 }
 
@@ -377,4 +385,54 @@ func (s *records) hot(limit int) ([]*shardv1.LockRecord, error) {
 		return strings.Compare(a.GetResource(), b.GetResource())
 	})
 	return out[:min(limit, len(out))], nil
+}
+
+// rangeBounds are the storage keys spanning the records with hashes in
+// [start, end) (end 0: 2^64).
+func rangeBounds(start, end uint64) (lower, upper []byte) {
+	lower = binary.BigEndian.AppendUint64([]byte{prefixRange}, start)
+	if end == 0 {
+		return lower, []byte{prefixRange + 1}
+	}
+	return lower, binary.BigEndian.AppendUint64([]byte{prefixRange}, end)
+}
+
+// Records implements Reader.
+func (s *records) Records(start, end uint64, after []byte, limit int) (*shardv1.RangeRecords, []byte, error) {
+	lower, upper := rangeBounds(start, end)
+	if len(after) > 0 {
+		lower = append(bytes.Clone(after), 0) // the first key after it
+	}
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	defer it.Close()
+	out := &shardv1.RangeRecords{}
+	var last []byte
+	for ok := it.First(); ok; ok = it.Next() {
+		if limit > 0 && len(last) > 0 && len(out.Locks)+len(out.Dedups)+len(out.Waiters) == limit {
+			return out, last, nil
+		}
+		k := it.Key()
+		if len(k) < 10 {
+			return nil, nil, fmt.Errorf("%w: range key %q is too short", ErrCorruptRecord, k)
+		}
+		var m proto.Message
+		switch k[9] {
+		case kindLock:
+			l := &shardv1.LockRecord{}
+			out.Locks, m = append(out.Locks, l), l
+		case kindDedup:
+			d := &shardv1.DedupRecord{}
+			out.Dedups, m = append(out.Dedups, d), d
+		case kindWaiter:
+			w := &shardv1.WaiterRecord{}
+			out.Waiters, m = append(out.Waiters, w), w
+		default:
+			return nil, nil, fmt.Errorf("%w: range key %q has kind %q", ErrCorruptRecord, k, k[9])
+		}
+		if err := proto.Unmarshal(it.Value(), m); err != nil {
+			return nil, nil, fmt.Errorf("%w: key %q: %v", ErrCorruptRecord, k, err)
+		}
+		last = bytes.Clone(k)
+	}
+	return out, nil, it.Error()
 }

@@ -135,6 +135,11 @@ type Envelope struct {
 	//	*Envelope_SetConfig
 	//	*Envelope_CancelWait
 	//	*Envelope_DropWaiters
+	//	*Envelope_FenceRange
+	//	*Envelope_UnfenceRange
+	//	*Envelope_ImportRange
+	//	*Envelope_ActivateRange
+	//	*Envelope_ReleaseRange
 	Command       isEnvelope_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -277,6 +282,51 @@ func (x *Envelope) GetDropWaiters() *DropWaitersCmd {
 	return nil
 }
 
+func (x *Envelope) GetFenceRange() *FenceRangeCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_FenceRange); ok {
+			return x.FenceRange
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetUnfenceRange() *UnfenceRangeCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_UnfenceRange); ok {
+			return x.UnfenceRange
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetImportRange() *ImportRangeCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_ImportRange); ok {
+			return x.ImportRange
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetActivateRange() *ActivateRangeCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_ActivateRange); ok {
+			return x.ActivateRange
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetReleaseRange() *ReleaseRangeCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_ReleaseRange); ok {
+			return x.ReleaseRange
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Command interface {
 	isEnvelope_Command()
 }
@@ -313,6 +363,26 @@ type Envelope_DropWaiters struct {
 	DropWaiters *DropWaitersCmd `protobuf:"bytes,17,opt,name=drop_waiters,json=dropWaiters,proto3,oneof"`
 }
 
+type Envelope_FenceRange struct {
+	FenceRange *FenceRangeCmd `protobuf:"bytes,18,opt,name=fence_range,json=fenceRange,proto3,oneof"`
+}
+
+type Envelope_UnfenceRange struct {
+	UnfenceRange *UnfenceRangeCmd `protobuf:"bytes,19,opt,name=unfence_range,json=unfenceRange,proto3,oneof"`
+}
+
+type Envelope_ImportRange struct {
+	ImportRange *ImportRangeCmd `protobuf:"bytes,20,opt,name=import_range,json=importRange,proto3,oneof"`
+}
+
+type Envelope_ActivateRange struct {
+	ActivateRange *ActivateRangeCmd `protobuf:"bytes,21,opt,name=activate_range,json=activateRange,proto3,oneof"`
+}
+
+type Envelope_ReleaseRange struct {
+	ReleaseRange *ReleaseRangeCmd `protobuf:"bytes,22,opt,name=release_range,json=releaseRange,proto3,oneof"`
+}
+
 func (*Envelope_Acquire) isEnvelope_Command() {}
 
 func (*Envelope_Renew) isEnvelope_Command() {}
@@ -328,6 +398,16 @@ func (*Envelope_SetConfig) isEnvelope_Command() {}
 func (*Envelope_CancelWait) isEnvelope_Command() {}
 
 func (*Envelope_DropWaiters) isEnvelope_Command() {}
+
+func (*Envelope_FenceRange) isEnvelope_Command() {}
+
+func (*Envelope_UnfenceRange) isEnvelope_Command() {}
+
+func (*Envelope_ImportRange) isEnvelope_Command() {}
+
+func (*Envelope_ActivateRange) isEnvelope_Command() {}
+
+func (*Envelope_ReleaseRange) isEnvelope_Command() {}
 
 type AcquireCmd struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1489,6 +1569,18 @@ type ShardMeta struct {
 	// queued waiters, for the leader's gauges.
 	HeldLocks     uint64 `protobuf:"varint,6,opt,name=held_locks,json=heldLocks,proto3" json:"held_locks,omitempty"`
 	QueuedWaiters uint64 `protobuf:"varint,7,opt,name=queued_waiters,json=queuedWaiters,proto3" json:"queued_waiters,omitempty"`
+	// Fence, while set, is a part of the range being moved to another shard
+	// by placement operator fence.operator_id: commands on its keys answer
+	// CODE_UNAVAILABLE (retryable) and the leader's timers skip them, so the
+	// copy stays exact (DESIGN.md "Placement and routing").
+	Fence *RangeFence `protobuf:"bytes,8,opt,name=fence,proto3" json:"fence,omitempty"`
+	// Inactive marks a shard created by a split that owns no range yet: it
+	// takes ImportRange commands and then one ActivateRange. Every shard but
+	// the first starts inactive.
+	Inactive bool `protobuf:"varint,9,opt,name=inactive,proto3" json:"inactive,omitempty"`
+	// OperatorId is the placement operator that imported into and activated
+	// this shard (0 for the first shard).
+	OperatorId    uint64 `protobuf:"varint,10,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1572,6 +1664,433 @@ func (x *ShardMeta) GetQueuedWaiters() uint64 {
 	return 0
 }
 
+func (x *ShardMeta) GetFence() *RangeFence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+func (x *ShardMeta) GetInactive() bool {
+	if x != nil {
+		return x.Inactive
+	}
+	return false
+}
+
+func (x *ShardMeta) GetOperatorId() uint64 {
+	if x != nil {
+		return x.OperatorId
+	}
+	return 0
+}
+
+// RangeFence is the [start, end) part of a shard's range (end 0: 2^64)
+// that placement operator operator_id is moving out.
+type RangeFence struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OperatorId    uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	Start         uint64                 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint64                 `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeFence) Reset() {
+	*x = RangeFence{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeFence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeFence) ProtoMessage() {}
+
+func (x *RangeFence) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeFence.ProtoReflect.Descriptor instead.
+func (*RangeFence) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RangeFence) GetOperatorId() uint64 {
+	if x != nil {
+		return x.OperatorId
+	}
+	return 0
+}
+
+func (x *RangeFence) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *RangeFence) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+// FenceRangeCmd starts moving a part of the shard's range: it must be the
+// lower or the upper end of the range, and the shard must have no other
+// fence. Repeating it with the same operator id is a no-op.
+type FenceRangeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fence         *RangeFence            `protobuf:"bytes,1,opt,name=fence,proto3" json:"fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceRangeCmd) Reset() {
+	*x = FenceRangeCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceRangeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceRangeCmd) ProtoMessage() {}
+
+func (x *FenceRangeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceRangeCmd.ProtoReflect.Descriptor instead.
+func (*FenceRangeCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *FenceRangeCmd) GetFence() *RangeFence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
+}
+
+// UnfenceRangeCmd rolls back operator_id's fence; any other id is a no-op.
+type UnfenceRangeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OperatorId    uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnfenceRangeCmd) Reset() {
+	*x = UnfenceRangeCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnfenceRangeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnfenceRangeCmd) ProtoMessage() {}
+
+func (x *UnfenceRangeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnfenceRangeCmd.ProtoReflect.Descriptor instead.
+func (*UnfenceRangeCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *UnfenceRangeCmd) GetOperatorId() uint64 {
+	if x != nil {
+		return x.OperatorId
+	}
+	return 0
+}
+
+// RangeRecords are the records of a part of a hash range, in key order.
+type RangeRecords struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Locks         []*LockRecord          `protobuf:"bytes,1,rep,name=locks,proto3" json:"locks,omitempty"`
+	Dedups        []*DedupRecord         `protobuf:"bytes,2,rep,name=dedups,proto3" json:"dedups,omitempty"`
+	Waiters       []*WaiterRecord        `protobuf:"bytes,3,rep,name=waiters,proto3" json:"waiters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeRecords) Reset() {
+	*x = RangeRecords{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeRecords) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeRecords) ProtoMessage() {}
+
+func (x *RangeRecords) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeRecords.ProtoReflect.Descriptor instead.
+func (*RangeRecords) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RangeRecords) GetLocks() []*LockRecord {
+	if x != nil {
+		return x.Locks
+	}
+	return nil
+}
+
+func (x *RangeRecords) GetDedups() []*DedupRecord {
+	if x != nil {
+		return x.Dedups
+	}
+	return nil
+}
+
+func (x *RangeRecords) GetWaiters() []*WaiterRecord {
+	if x != nil {
+		return x.Waiters
+	}
+	return nil
+}
+
+// ImportRangeCmd writes records copied from a fenced source into an
+// inactive shard. Writing the same records again is a no-op, so an
+// interrupted copy can start over.
+type ImportRangeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OperatorId    uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	Records       *RangeRecords          `protobuf:"bytes,2,opt,name=records,proto3" json:"records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImportRangeCmd) Reset() {
+	*x = ImportRangeCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImportRangeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImportRangeCmd) ProtoMessage() {}
+
+func (x *ImportRangeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImportRangeCmd.ProtoReflect.Descriptor instead.
+func (*ImportRangeCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ImportRangeCmd) GetOperatorId() uint64 {
+	if x != nil {
+		return x.OperatorId
+	}
+	return 0
+}
+
+func (x *ImportRangeCmd) GetRecords() *RangeRecords {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+// ActivateRangeCmd makes an inactive shard own range with a fresh epoch
+// from the placement allocator (so its tokens exceed every token the
+// source granted), the source's config, and a time no earlier than the
+// source's. Repeating it once active with the same operator is a no-op.
+type ActivateRangeCmd struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	OperatorId            uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	Range                 *RangeDescriptor       `protobuf:"bytes,2,opt,name=range,proto3" json:"range,omitempty"`
+	Epoch                 uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Config                *ShardConfig           `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	SourceLastNowUnixNano int64                  `protobuf:"varint,5,opt,name=source_last_now_unix_nano,json=sourceLastNowUnixNano,proto3" json:"source_last_now_unix_nano,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *ActivateRangeCmd) Reset() {
+	*x = ActivateRangeCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ActivateRangeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ActivateRangeCmd) ProtoMessage() {}
+
+func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ActivateRangeCmd.ProtoReflect.Descriptor instead.
+func (*ActivateRangeCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ActivateRangeCmd) GetOperatorId() uint64 {
+	if x != nil {
+		return x.OperatorId
+	}
+	return 0
+}
+
+func (x *ActivateRangeCmd) GetRange() *RangeDescriptor {
+	if x != nil {
+		return x.Range
+	}
+	return nil
+}
+
+func (x *ActivateRangeCmd) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ActivateRangeCmd) GetConfig() *ShardConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+func (x *ActivateRangeCmd) GetSourceLastNowUnixNano() int64 {
+	if x != nil {
+		return x.SourceLastNowUnixNano
+	}
+	return 0
+}
+
+// ReleaseRangeCmd ends a move in the source: the shard's range becomes
+// keep (the old range minus operator_id's fence, at the new map
+// generation), the fence is cleared and the moved records are deleted.
+// Repeating it once done is a no-op.
+type ReleaseRangeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OperatorId    uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	Keep          *RangeDescriptor       `protobuf:"bytes,2,opt,name=keep,proto3" json:"keep,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRangeCmd) Reset() {
+	*x = ReleaseRangeCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRangeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRangeCmd) ProtoMessage() {}
+
+func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRangeCmd.ProtoReflect.Descriptor instead.
+func (*ReleaseRangeCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ReleaseRangeCmd) GetOperatorId() uint64 {
+	if x != nil {
+		return x.OperatorId
+	}
+	return 0
+}
+
+func (x *ReleaseRangeCmd) GetKeep() *RangeDescriptor {
+	if x != nil {
+		return x.Keep
+	}
+	return nil
+}
+
 // LockRecord is one resource's lock. A free record keeps the last token
 // until it is forgotten after the dedup window.
 type LockRecord struct {
@@ -1599,7 +2118,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +2130,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +2143,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *LockRecord) GetResource() string {
@@ -1728,7 +2247,7 @@ type WaiterRecord struct {
 
 func (x *WaiterRecord) Reset() {
 	*x = WaiterRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +2259,7 @@ func (x *WaiterRecord) String() string {
 func (*WaiterRecord) ProtoMessage() {}
 
 func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +2272,7 @@ func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterRecord.ProtoReflect.Descriptor instead.
 func (*WaiterRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WaiterRecord) GetResource() string {
@@ -1835,7 +2354,7 @@ type DedupRecord struct {
 
 func (x *DedupRecord) Reset() {
 	*x = DedupRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1847,7 +2366,7 @@ func (x *DedupRecord) String() string {
 func (*DedupRecord) ProtoMessage() {}
 
 func (x *DedupRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1860,7 +2379,7 @@ func (x *DedupRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupRecord.ProtoReflect.Descriptor instead.
 func (*DedupRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DedupRecord) GetResource() string {
@@ -1946,6 +2465,7 @@ type Query struct {
 	//	*Query_Digest
 	//	*Query_TimedOut
 	//	*Query_Hot
+	//	*Query_Export
 	Query         isQuery_Query `protobuf_oneof:"query"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1953,7 +2473,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2485,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2498,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{21}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Query) GetNowUnixNano() int64 {
@@ -2058,6 +2578,15 @@ func (x *Query) GetHot() *HotQuery {
 	return nil
 }
 
+func (x *Query) GetExport() *ExportQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_Export); ok {
+			return x.Export
+		}
+	}
+	return nil
+}
+
 type isQuery_Query interface {
 	isQuery_Query()
 }
@@ -2090,6 +2619,10 @@ type Query_Hot struct {
 	Hot *HotQuery `protobuf:"bytes,16,opt,name=hot,proto3,oneof"`
 }
 
+type Query_Export struct {
+	Export *ExportQuery `protobuf:"bytes,17,opt,name=export,proto3,oneof"`
+}
+
 func (*Query_Describe) isQuery_Query() {}
 
 func (*Query_Expired) isQuery_Query() {}
@@ -2104,6 +2637,79 @@ func (*Query_TimedOut) isQuery_Query() {}
 
 func (*Query_Hot) isQuery_Query() {}
 
+func (*Query_Export) isQuery_Query() {}
+
+// ExportQuery reads up to limit records of each kind with hashes in
+// [start, end) (end 0: 2^64), resuming after the storage key after
+// (empty: from the start).
+type ExportQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Start         uint64                 `protobuf:"varint,1,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint64                 `protobuf:"varint,2,opt,name=end,proto3" json:"end,omitempty"`
+	After         []byte                 `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
+	Limit         uint32                 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportQuery) Reset() {
+	*x = ExportQuery{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportQuery) ProtoMessage() {}
+
+func (x *ExportQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportQuery.ProtoReflect.Descriptor instead.
+func (*ExportQuery) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ExportQuery) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *ExportQuery) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+func (x *ExportQuery) GetAfter() []byte {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *ExportQuery) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
 // DigestQuery asks for a hash of the replica's whole state, to check that
 // replicas which applied the same log index hold the same state.
 type DigestQuery struct {
@@ -2114,7 +2720,7 @@ type DigestQuery struct {
 
 func (x *DigestQuery) Reset() {
 	*x = DigestQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2732,7 @@ func (x *DigestQuery) String() string {
 func (*DigestQuery) ProtoMessage() {}
 
 func (x *DigestQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2745,7 @@ func (x *DigestQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestQuery.ProtoReflect.Descriptor instead.
 func (*DigestQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{22}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{30}
 }
 
 type DescribeQuery struct {
@@ -2151,7 +2757,7 @@ type DescribeQuery struct {
 
 func (x *DescribeQuery) Reset() {
 	*x = DescribeQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2769,7 @@ func (x *DescribeQuery) String() string {
 func (*DescribeQuery) ProtoMessage() {}
 
 func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2782,7 @@ func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeQuery.ProtoReflect.Descriptor instead.
 func (*DescribeQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{23}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DescribeQuery) GetResource() string {
@@ -2196,7 +2802,7 @@ type ScanQuery struct {
 
 func (x *ScanQuery) Reset() {
 	*x = ScanQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2208,7 +2814,7 @@ func (x *ScanQuery) String() string {
 func (*ScanQuery) ProtoMessage() {}
 
 func (x *ScanQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2221,7 +2827,7 @@ func (x *ScanQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanQuery.ProtoReflect.Descriptor instead.
 func (*ScanQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{24}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ScanQuery) GetLimit() uint32 {
@@ -2239,7 +2845,7 @@ type MetaQuery struct {
 
 func (x *MetaQuery) Reset() {
 	*x = MetaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2857,7 @@ func (x *MetaQuery) String() string {
 func (*MetaQuery) ProtoMessage() {}
 
 func (x *MetaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2870,7 @@ func (x *MetaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaQuery.ProtoReflect.Descriptor instead.
 func (*MetaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{25}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{33}
 }
 
 // HotQuery lists up to limit locks with the most waiters.
@@ -2277,7 +2883,7 @@ type HotQuery struct {
 
 func (x *HotQuery) Reset() {
 	*x = HotQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2289,7 +2895,7 @@ func (x *HotQuery) String() string {
 func (*HotQuery) ProtoMessage() {}
 
 func (x *HotQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2302,7 +2908,7 @@ func (x *HotQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotQuery.ProtoReflect.Descriptor instead.
 func (*HotQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{26}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HotQuery) GetLimit() uint32 {
@@ -2323,17 +2929,20 @@ type QueryResult struct {
 	TimeUnixNano int64 `protobuf:"varint,5,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
 	// Digest is the SHA-256 of every stored key and value, as of
 	// applied_index (DigestQuery only).
-	Digest        []byte          `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
-	AppliedIndex  uint64          `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	Drop          *DropWaitersCmd `protobuf:"bytes,8,opt,name=drop,proto3" json:"drop,omitempty"`
-	Hot           []*LockRecord   `protobuf:"bytes,9,rep,name=hot,proto3" json:"hot,omitempty"`
+	Digest       []byte          `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
+	AppliedIndex uint64          `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Drop         *DropWaitersCmd `protobuf:"bytes,8,opt,name=drop,proto3" json:"drop,omitempty"`
+	Hot          []*LockRecord   `protobuf:"bytes,9,rep,name=hot,proto3" json:"hot,omitempty"`
+	// Records and next answer an ExportQuery; next is empty at the end.
+	Records       *RangeRecords `protobuf:"bytes,10,opt,name=records,proto3" json:"records,omitempty"`
+	Next          []byte        `protobuf:"bytes,11,opt,name=next,proto3" json:"next,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueryResult) Reset() {
 	*x = QueryResult{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2345,7 +2954,7 @@ func (x *QueryResult) String() string {
 func (*QueryResult) ProtoMessage() {}
 
 func (x *QueryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2358,7 +2967,7 @@ func (x *QueryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResult.ProtoReflect.Descriptor instead.
 func (*QueryResult) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{27}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *QueryResult) GetLock() *LockRecord {
@@ -2424,11 +3033,25 @@ func (x *QueryResult) GetHot() []*LockRecord {
 	return nil
 }
 
+func (x *QueryResult) GetRecords() *RangeRecords {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *QueryResult) GetNext() []byte {
+	if x != nil {
+		return x.Next
+	}
+	return nil
+}
+
 var File_warden_shard_v1_shard_proto protoreflect.FileDescriptor
 
 const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xe8\x04\n" +
+	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xcf\a\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x19\n" +
 	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12\x1e\n" +
@@ -2446,7 +3069,13 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"set_config\x18\x0f \x01(\v2\x1d.warden.shard.v1.SetConfigCmdH\x00R\tsetConfig\x12A\n" +
 	"\vcancel_wait\x18\x10 \x01(\v2\x1e.warden.shard.v1.CancelWaitCmdH\x00R\n" +
 	"cancelWait\x12D\n" +
-	"\fdrop_waiters\x18\x11 \x01(\v2\x1f.warden.shard.v1.DropWaitersCmdH\x00R\vdropWaitersB\t\n" +
+	"\fdrop_waiters\x18\x11 \x01(\v2\x1f.warden.shard.v1.DropWaitersCmdH\x00R\vdropWaiters\x12A\n" +
+	"\vfence_range\x18\x12 \x01(\v2\x1e.warden.shard.v1.FenceRangeCmdH\x00R\n" +
+	"fenceRange\x12G\n" +
+	"\runfence_range\x18\x13 \x01(\v2 .warden.shard.v1.UnfenceRangeCmdH\x00R\funfenceRange\x12D\n" +
+	"\fimport_range\x18\x14 \x01(\v2\x1f.warden.shard.v1.ImportRangeCmdH\x00R\vimportRange\x12J\n" +
+	"\x0eactivate_range\x18\x15 \x01(\v2!.warden.shard.v1.ActivateRangeCmdH\x00R\ractivateRange\x12G\n" +
+	"\rrelease_range\x18\x16 \x01(\v2 .warden.shard.v1.ReleaseRangeCmdH\x00R\freleaseRangeB\t\n" +
 	"\acommand\"\xe8\x01\n" +
 	"\n" +
 	"AcquireCmd\x12\x1a\n" +
@@ -2551,7 +3180,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x12dedup_window_nanos\x18\x05 \x01(\x03R\x10dedupWindowNanos\x123\n" +
 	"\x16max_wait_timeout_nanos\x18\x06 \x01(\x03R\x13maxWaitTimeoutNanos\x127\n" +
 	"\x18max_waiters_per_resource\x18\a \x01(\rR\x15maxWaitersPerResource\x123\n" +
-	"\x16max_waiters_per_tenant\x18\b \x01(\rR\x13maxWaitersPerTenant\"\x9e\x02\n" +
+	"\x16max_waiters_per_tenant\x18\b \x01(\rR\x13maxWaitersPerTenant\"\x8e\x03\n" +
 	"\tShardMeta\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12+\n" +
@@ -2560,7 +3189,42 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05range\x18\x05 \x01(\v2 .warden.shard.v1.RangeDescriptorR\x05range\x12\x1d\n" +
 	"\n" +
 	"held_locks\x18\x06 \x01(\x04R\theldLocks\x12%\n" +
-	"\x0equeued_waiters\x18\a \x01(\x04R\rqueuedWaiters\"\xac\x03\n" +
+	"\x0equeued_waiters\x18\a \x01(\x04R\rqueuedWaiters\x121\n" +
+	"\x05fence\x18\b \x01(\v2\x1b.warden.shard.v1.RangeFenceR\x05fence\x12\x1a\n" +
+	"\binactive\x18\t \x01(\bR\binactive\x12\x1f\n" +
+	"\voperator_id\x18\n" +
+	" \x01(\x04R\n" +
+	"operatorId\"U\n" +
+	"\n" +
+	"RangeFence\x12\x1f\n" +
+	"\voperator_id\x18\x01 \x01(\x04R\n" +
+	"operatorId\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\x03 \x01(\x04R\x03end\"B\n" +
+	"\rFenceRangeCmd\x121\n" +
+	"\x05fence\x18\x01 \x01(\v2\x1b.warden.shard.v1.RangeFenceR\x05fence\"2\n" +
+	"\x0fUnfenceRangeCmd\x12\x1f\n" +
+	"\voperator_id\x18\x01 \x01(\x04R\n" +
+	"operatorId\"\xb0\x01\n" +
+	"\fRangeRecords\x121\n" +
+	"\x05locks\x18\x01 \x03(\v2\x1b.warden.shard.v1.LockRecordR\x05locks\x124\n" +
+	"\x06dedups\x18\x02 \x03(\v2\x1c.warden.shard.v1.DedupRecordR\x06dedups\x127\n" +
+	"\awaiters\x18\x03 \x03(\v2\x1d.warden.shard.v1.WaiterRecordR\awaiters\"j\n" +
+	"\x0eImportRangeCmd\x12\x1f\n" +
+	"\voperator_id\x18\x01 \x01(\x04R\n" +
+	"operatorId\x127\n" +
+	"\arecords\x18\x02 \x01(\v2\x1d.warden.shard.v1.RangeRecordsR\arecords\"\xf1\x01\n" +
+	"\x10ActivateRangeCmd\x12\x1f\n" +
+	"\voperator_id\x18\x01 \x01(\x04R\n" +
+	"operatorId\x126\n" +
+	"\x05range\x18\x02 \x01(\v2 .warden.shard.v1.RangeDescriptorR\x05range\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x124\n" +
+	"\x06config\x18\x04 \x01(\v2\x1c.warden.shard.v1.ShardConfigR\x06config\x128\n" +
+	"\x19source_last_now_unix_nano\x18\x05 \x01(\x03R\x15sourceLastNowUnixNano\"h\n" +
+	"\x0fReleaseRangeCmd\x12\x1f\n" +
+	"\voperator_id\x18\x01 \x01(\x04R\n" +
+	"operatorId\x124\n" +
+	"\x04keep\x18\x02 \x01(\v2 .warden.shard.v1.RangeDescriptorR\x04keep\"\xac\x03\n" +
 	"\n" +
 	"LockRecord\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x12\n" +
@@ -2601,7 +3265,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x17wait_deadline_unix_nano\x18\t \x01(\x03R\x14waitDeadlineUnixNano\x12\x1d\n" +
 	"\n" +
 	"attempt_id\x18\n" +
-	" \x01(\fR\tattemptId\"\xbe\x03\n" +
+	" \x01(\fR\tattemptId\"\xf6\x03\n" +
 	"\x05Query\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12<\n" +
 	"\bdescribe\x18\n" +
@@ -2611,8 +3275,14 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x04meta\x18\r \x01(\v2\x1a.warden.shard.v1.MetaQueryH\x00R\x04meta\x126\n" +
 	"\x06digest\x18\x0e \x01(\v2\x1c.warden.shard.v1.DigestQueryH\x00R\x06digest\x129\n" +
 	"\ttimed_out\x18\x0f \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\btimedOut\x12-\n" +
-	"\x03hot\x18\x10 \x01(\v2\x19.warden.shard.v1.HotQueryH\x00R\x03hotB\a\n" +
-	"\x05query\"\r\n" +
+	"\x03hot\x18\x10 \x01(\v2\x19.warden.shard.v1.HotQueryH\x00R\x03hot\x126\n" +
+	"\x06export\x18\x11 \x01(\v2\x1c.warden.shard.v1.ExportQueryH\x00R\x06exportB\a\n" +
+	"\x05query\"a\n" +
+	"\vExportQuery\x12\x14\n" +
+	"\x05start\x18\x01 \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\x02 \x01(\x04R\x03end\x12\x14\n" +
+	"\x05after\x18\x03 \x01(\fR\x05after\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\"\r\n" +
 	"\vDigestQuery\"+\n" +
 	"\rDescribeQuery\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\"!\n" +
@@ -2620,7 +3290,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\v\n" +
 	"\tMetaQuery\" \n" +
 	"\bHotQuery\x12\x14\n" +
-	"\x05limit\x18\x01 \x01(\rR\x05limit\"\x9d\x03\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\"\xea\x03\n" +
 	"\vQueryResult\x12/\n" +
 	"\x04lock\x18\x01 \x01(\v2\x1b.warden.shard.v1.LockRecordR\x04lock\x12.\n" +
 	"\x04meta\x18\x02 \x01(\v2\x1a.warden.shard.v1.ShardMetaR\x04meta\x122\n" +
@@ -2630,7 +3300,10 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x06digest\x18\x06 \x01(\fR\x06digest\x12#\n" +
 	"\rapplied_index\x18\a \x01(\x04R\fappliedIndex\x123\n" +
 	"\x04drop\x18\b \x01(\v2\x1f.warden.shard.v1.DropWaitersCmdR\x04drop\x12-\n" +
-	"\x03hot\x18\t \x03(\v2\x1b.warden.shard.v1.LockRecordR\x03hot*\xe2\x01\n" +
+	"\x03hot\x18\t \x03(\v2\x1b.warden.shard.v1.LockRecordR\x03hot\x127\n" +
+	"\arecords\x18\n" +
+	" \x01(\v2\x1d.warden.shard.v1.RangeRecordsR\arecords\x12\x12\n" +
+	"\x04next\x18\v \x01(\fR\x04next*\xe2\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x11\n" +
@@ -2656,37 +3329,45 @@ func file_warden_shard_v1_shard_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_warden_shard_v1_shard_proto_goTypes = []any{
-	(Code)(0),               // 0: warden.shard.v1.Code
-	(*Envelope)(nil),        // 1: warden.shard.v1.Envelope
-	(*AcquireCmd)(nil),      // 2: warden.shard.v1.AcquireCmd
-	(*CancelWaitCmd)(nil),   // 3: warden.shard.v1.CancelWaitCmd
-	(*DropWaitersCmd)(nil),  // 4: warden.shard.v1.DropWaitersCmd
-	(*WaiterRef)(nil),       // 5: warden.shard.v1.WaiterRef
-	(*RenewCmd)(nil),        // 6: warden.shard.v1.RenewCmd
-	(*ReleaseCmd)(nil),      // 7: warden.shard.v1.ReleaseCmd
-	(*ExpireCmd)(nil),       // 8: warden.shard.v1.ExpireCmd
-	(*ExpireItem)(nil),      // 9: warden.shard.v1.ExpireItem
-	(*ForgetCmd)(nil),       // 10: warden.shard.v1.ForgetCmd
-	(*DedupRef)(nil),        // 11: warden.shard.v1.DedupRef
-	(*SetConfigCmd)(nil),    // 12: warden.shard.v1.SetConfigCmd
-	(*Result)(nil),          // 13: warden.shard.v1.Result
-	(*WaiterEvent)(nil),     // 14: warden.shard.v1.WaiterEvent
-	(*LeaseInfo)(nil),       // 15: warden.shard.v1.LeaseInfo
-	(*RangeDescriptor)(nil), // 16: warden.shard.v1.RangeDescriptor
-	(*ShardConfig)(nil),     // 17: warden.shard.v1.ShardConfig
-	(*ShardMeta)(nil),       // 18: warden.shard.v1.ShardMeta
-	(*LockRecord)(nil),      // 19: warden.shard.v1.LockRecord
-	(*WaiterRecord)(nil),    // 20: warden.shard.v1.WaiterRecord
-	(*DedupRecord)(nil),     // 21: warden.shard.v1.DedupRecord
-	(*Query)(nil),           // 22: warden.shard.v1.Query
-	(*DigestQuery)(nil),     // 23: warden.shard.v1.DigestQuery
-	(*DescribeQuery)(nil),   // 24: warden.shard.v1.DescribeQuery
-	(*ScanQuery)(nil),       // 25: warden.shard.v1.ScanQuery
-	(*MetaQuery)(nil),       // 26: warden.shard.v1.MetaQuery
-	(*HotQuery)(nil),        // 27: warden.shard.v1.HotQuery
-	(*QueryResult)(nil),     // 28: warden.shard.v1.QueryResult
+	(Code)(0),                // 0: warden.shard.v1.Code
+	(*Envelope)(nil),         // 1: warden.shard.v1.Envelope
+	(*AcquireCmd)(nil),       // 2: warden.shard.v1.AcquireCmd
+	(*CancelWaitCmd)(nil),    // 3: warden.shard.v1.CancelWaitCmd
+	(*DropWaitersCmd)(nil),   // 4: warden.shard.v1.DropWaitersCmd
+	(*WaiterRef)(nil),        // 5: warden.shard.v1.WaiterRef
+	(*RenewCmd)(nil),         // 6: warden.shard.v1.RenewCmd
+	(*ReleaseCmd)(nil),       // 7: warden.shard.v1.ReleaseCmd
+	(*ExpireCmd)(nil),        // 8: warden.shard.v1.ExpireCmd
+	(*ExpireItem)(nil),       // 9: warden.shard.v1.ExpireItem
+	(*ForgetCmd)(nil),        // 10: warden.shard.v1.ForgetCmd
+	(*DedupRef)(nil),         // 11: warden.shard.v1.DedupRef
+	(*SetConfigCmd)(nil),     // 12: warden.shard.v1.SetConfigCmd
+	(*Result)(nil),           // 13: warden.shard.v1.Result
+	(*WaiterEvent)(nil),      // 14: warden.shard.v1.WaiterEvent
+	(*LeaseInfo)(nil),        // 15: warden.shard.v1.LeaseInfo
+	(*RangeDescriptor)(nil),  // 16: warden.shard.v1.RangeDescriptor
+	(*ShardConfig)(nil),      // 17: warden.shard.v1.ShardConfig
+	(*ShardMeta)(nil),        // 18: warden.shard.v1.ShardMeta
+	(*RangeFence)(nil),       // 19: warden.shard.v1.RangeFence
+	(*FenceRangeCmd)(nil),    // 20: warden.shard.v1.FenceRangeCmd
+	(*UnfenceRangeCmd)(nil),  // 21: warden.shard.v1.UnfenceRangeCmd
+	(*RangeRecords)(nil),     // 22: warden.shard.v1.RangeRecords
+	(*ImportRangeCmd)(nil),   // 23: warden.shard.v1.ImportRangeCmd
+	(*ActivateRangeCmd)(nil), // 24: warden.shard.v1.ActivateRangeCmd
+	(*ReleaseRangeCmd)(nil),  // 25: warden.shard.v1.ReleaseRangeCmd
+	(*LockRecord)(nil),       // 26: warden.shard.v1.LockRecord
+	(*WaiterRecord)(nil),     // 27: warden.shard.v1.WaiterRecord
+	(*DedupRecord)(nil),      // 28: warden.shard.v1.DedupRecord
+	(*Query)(nil),            // 29: warden.shard.v1.Query
+	(*ExportQuery)(nil),      // 30: warden.shard.v1.ExportQuery
+	(*DigestQuery)(nil),      // 31: warden.shard.v1.DigestQuery
+	(*DescribeQuery)(nil),    // 32: warden.shard.v1.DescribeQuery
+	(*ScanQuery)(nil),        // 33: warden.shard.v1.ScanQuery
+	(*MetaQuery)(nil),        // 34: warden.shard.v1.MetaQuery
+	(*HotQuery)(nil),         // 35: warden.shard.v1.HotQuery
+	(*QueryResult)(nil),      // 36: warden.shard.v1.QueryResult
 }
 var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	2,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
@@ -2697,36 +3378,52 @@ var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	12, // 5: warden.shard.v1.Envelope.set_config:type_name -> warden.shard.v1.SetConfigCmd
 	3,  // 6: warden.shard.v1.Envelope.cancel_wait:type_name -> warden.shard.v1.CancelWaitCmd
 	4,  // 7: warden.shard.v1.Envelope.drop_waiters:type_name -> warden.shard.v1.DropWaitersCmd
-	5,  // 8: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
-	9,  // 9: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
-	11, // 10: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
-	0,  // 11: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
-	15, // 12: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
-	16, // 13: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
-	17, // 14: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
-	14, // 15: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
-	14, // 16: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
-	15, // 17: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
-	17, // 18: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
-	16, // 19: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
-	24, // 20: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	25, // 21: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	25, // 22: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	26, // 23: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	23, // 24: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
-	25, // 25: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
-	27, // 26: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
-	19, // 27: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	18, // 28: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	8,  // 29: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	10, // 30: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	4,  // 31: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
-	19, // 32: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
-	33, // [33:33] is the sub-list for method output_type
-	33, // [33:33] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	20, // 8: warden.shard.v1.Envelope.fence_range:type_name -> warden.shard.v1.FenceRangeCmd
+	21, // 9: warden.shard.v1.Envelope.unfence_range:type_name -> warden.shard.v1.UnfenceRangeCmd
+	23, // 10: warden.shard.v1.Envelope.import_range:type_name -> warden.shard.v1.ImportRangeCmd
+	24, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
+	25, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
+	5,  // 13: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
+	9,  // 14: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
+	11, // 15: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
+	0,  // 16: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
+	15, // 17: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
+	16, // 18: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
+	17, // 19: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
+	14, // 20: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
+	14, // 21: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
+	15, // 22: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
+	17, // 23: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
+	16, // 24: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
+	19, // 25: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
+	19, // 26: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
+	26, // 27: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
+	28, // 28: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
+	27, // 29: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
+	22, // 30: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
+	16, // 31: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
+	17, // 32: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
+	16, // 33: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
+	32, // 34: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	33, // 35: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	33, // 36: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	34, // 37: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	31, // 38: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	33, // 39: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
+	35, // 40: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
+	30, // 41: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
+	26, // 42: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	18, // 43: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	8,  // 44: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	10, // 45: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	4,  // 46: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
+	26, // 47: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
+	22, // 48: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
+	49, // [49:49] is the sub-list for method output_type
+	49, // [49:49] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
@@ -2743,9 +3440,14 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Envelope_SetConfig)(nil),
 		(*Envelope_CancelWait)(nil),
 		(*Envelope_DropWaiters)(nil),
+		(*Envelope_FenceRange)(nil),
+		(*Envelope_UnfenceRange)(nil),
+		(*Envelope_ImportRange)(nil),
+		(*Envelope_ActivateRange)(nil),
+		(*Envelope_ReleaseRange)(nil),
 	}
 	file_warden_shard_v1_shard_proto_msgTypes[11].OneofWrappers = []any{}
-	file_warden_shard_v1_shard_proto_msgTypes[21].OneofWrappers = []any{
+	file_warden_shard_v1_shard_proto_msgTypes[28].OneofWrappers = []any{
 		(*Query_Describe)(nil),
 		(*Query_Expired)(nil),
 		(*Query_Forgettable)(nil),
@@ -2753,6 +3455,7 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Query_Digest)(nil),
 		(*Query_TimedOut)(nil),
 		(*Query_Hot)(nil),
+		(*Query_Export)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2760,7 +3463,7 @@ func file_warden_shard_v1_shard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_shard_v1_shard_proto_rawDesc), len(file_warden_shard_v1_shard_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
