@@ -1,0 +1,342 @@
+package placement
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"google.golang.org/protobuf/proto"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// MetaShardID is the Raft shard id of the placement group (the "meta"
+// shard). Data shard ids are allocated from 1 upwards and stay below it.
+const MetaShardID uint64 = 1 << 32
+
+// EpochWindow is how many epochs a placement leader reserves in one
+// placement entry (the window TiKV PD's timestamp oracle persists ahead).
+const EpochWindow = 32
+
+// ApplyMeta decides one placement command against st and returns the new
+// state (st itself is never modified) and the result; a refused command
+// returns st unchanged and a Result whose Error says why. It is pure, like
+// shard.Apply: no clock, no randomness, no I/O.
+func ApplyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.State, *placementv1.Result) {
+	next := proto.CloneOf(st)
+	res, err := applyMeta(next, cmd)
+	if err != nil {
+		return st, &placementv1.Result{Error: err.Error()}
+	}
+	return next, res
+}
+
+func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Result, error) {
+	ok := &placementv1.Result{}
+	switch c := cmd.GetCommand().(type) {
+	case *placementv1.Command_Bootstrap:
+		return ok, bootstrap(st, c.Bootstrap)
+	case *placementv1.Command_RegisterNode:
+		return ok, registerNode(st, c.RegisterNode.GetNode())
+	case *placementv1.Command_ReserveEpochs:
+		return reserveEpochs(st, c.ReserveEpochs)
+	case *placementv1.Command_BeginSplit:
+		return beginSplit(st, c.BeginSplit)
+	case *placementv1.Command_AdvanceSplit:
+		return ok, advanceSplit(st, c.AdvanceSplit)
+	case *placementv1.Command_EndOperator:
+		return ok, endOperator(st, c.EndOperator)
+	}
+	return nil, errors.New("command: missing or unknown")
+}
+
+// ErrBootstrapped is the Error of a BootstrapCmd on a state that has a map.
+var ErrBootstrapped = errors.New("placement is bootstrapped already")
+
+func bootstrap(st *placementv1.State, c *placementv1.BootstrapCmd) error {
+	if st.GetGeneration() != 0 {
+		return ErrBootstrapped
+	}
+	if len(c.GetNodes()) == 0 {
+		return errors.New("nodes: at least one is required")
+	}
+	first := &placementv1.Shard{Id: FirstDataShard, Epoch: 1, State: placementv1.ShardState_SHARD_STATE_ACTIVE}
+	for _, n := range c.GetNodes() {
+		if err := registerNode(st, n); err != nil {
+			return err
+		}
+		if slices.ContainsFunc(first.Replicas, func(r *placementv1.Replica) bool { return r.GetNodeId() == n.GetId() }) {
+			return fmt.Errorf("nodes: node %d is named twice", n.GetId())
+		}
+		first.Replicas = append(first.Replicas, &placementv1.Replica{ReplicaId: n.GetId(), NodeId: n.GetId()})
+		first.NextReplicaId = max(first.NextReplicaId, n.GetId()+1)
+	}
+	st.Generation = 1
+	st.Ranges = []*shardv1.RangeDescriptor{{ShardId: FirstDataShard, Generation: 1}}
+	st.Shards = []*placementv1.Shard{first}
+	st.NextShardId, st.NextOperatorId, st.EpochLimit, st.LastEpoch = FirstDataShard+1, 1, 2, 1
+	return nil
+}
+
+func registerNode(st *placementv1.State, n *placementv1.Node) error {
+	if n.GetId() == 0 {
+		return errors.New("node.id: is required")
+	}
+	if n.GetRaftAddr() == "" || n.GetListenAddr() == "" {
+		return fmt.Errorf("node %d: raft_addr and listen_addr are required", n.GetId())
+	}
+	if i := slices.IndexFunc(st.Nodes, func(m *placementv1.Node) bool { return m.GetId() == n.GetId() }); i >= 0 {
+		if n.GetZone() == "" {
+			n = proto.CloneOf(n)
+			n.Zone = st.Nodes[i].GetZone()
+		}
+		st.Nodes[i] = n
+		return nil
+	}
+	st.Nodes = append(st.Nodes, n)
+	slices.SortFunc(st.Nodes, func(a, b *placementv1.Node) int { return cmp.Compare(a.GetId(), b.GetId()) })
+	return nil
+}
+
+func reserveEpochs(st *placementv1.State, c *placementv1.ReserveEpochsCmd) (*placementv1.Result, error) {
+	if st.GetGeneration() == 0 {
+		return nil, errors.New("placement is not bootstrapped")
+	}
+	if st.GetEpochLimit() != c.GetExpectedLimit() {
+		return nil, fmt.Errorf("epoch limit is %d, not %d: another leader reserved a window", st.GetEpochLimit(), c.GetExpectedLimit())
+	}
+	if c.GetCount() == 0 || c.GetCount() > 1024 || st.GetEpochLimit()+c.GetCount() > shard.MaxEpoch+1 {
+		return nil, fmt.Errorf("count: %d epochs from %d do not fit (at most 1024, up to epoch %d)", c.GetCount(), st.GetEpochLimit(), shard.MaxEpoch)
+	}
+	start := st.EpochLimit
+	st.EpochLimit += c.GetCount()
+	return &placementv1.Result{EpochStart: start}, nil
+}
+
+// Shard returns the shard with id, or nil.
+func shardByID(st *placementv1.State, id uint64) *placementv1.Shard {
+	for _, s := range st.GetShards() {
+		if s.GetId() == id {
+			return s
+		}
+	}
+	return nil
+}
+
+// rangeOf returns the index of the range owned by shard id (each shard
+// owns one contiguous range), or -1.
+func rangeOf(st *placementv1.State, id uint64) int {
+	return slices.IndexFunc(st.GetRanges(), func(r *shardv1.RangeDescriptor) bool { return r.GetShardId() == id })
+}
+
+// Middle returns the hash halfway through [start, end) (end 0: 2^64).
+func Middle(start, end uint64) uint64 {
+	if start == end { // the whole space: [0, 2^64)
+		return start + 1<<63
+	}
+	return start + (end-start)/2 // end-start wraps to the size when end is 0
+}
+
+func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd) (*placementv1.Result, error) {
+	if len(st.GetOperators()) > 0 {
+		return nil, fmt.Errorf("operator %d is in progress; one operator runs at a time", st.GetOperators()[0].GetId())
+	}
+	src := shardByID(st, c.GetSource())
+	i := rangeOf(st, c.GetSource())
+	if src == nil || i < 0 {
+		return nil, fmt.Errorf("source: shard %d owns no range", c.GetSource())
+	}
+	r := st.Ranges[i]
+	at := c.GetSplitAt()
+	if at == 0 {
+		at = Middle(r.GetStart(), r.GetEnd())
+	}
+	if at <= r.GetStart() || (r.GetEnd() != 0 && at >= r.GetEnd()) {
+		return nil, fmt.Errorf("split_at: %#x is not inside shard %d's range [%#x, %#x)", at, src.GetId(), r.GetStart(), r.GetEnd())
+	}
+	if c.GetEpoch() <= st.GetLastEpoch() {
+		return nil, fmt.Errorf("epoch: %d is not above the last one assigned, %d", c.GetEpoch(), st.GetLastEpoch())
+	}
+	if c.GetEpoch() >= st.GetEpochLimit() {
+		return nil, fmt.Errorf("epoch: %d was not reserved (limit %d)", c.GetEpoch(), st.GetEpochLimit())
+	}
+	target := &placementv1.Shard{Id: st.NextShardId, Epoch: c.GetEpoch(), State: placementv1.ShardState_SHARD_STATE_PENDING, NextReplicaId: 1}
+	zones := map[string]bool{}
+	for _, id := range c.GetNodes() {
+		n := nodeByID(st, id)
+		if n == nil {
+			return nil, fmt.Errorf("nodes: node %d is not registered", id)
+		}
+		if zones[n.GetZone()] {
+			return nil, fmt.Errorf("nodes: two replicas in zone %q", n.GetZone())
+		}
+		zones[n.GetZone()] = true
+		target.Replicas = append(target.Replicas, &placementv1.Replica{ReplicaId: target.NextReplicaId, NodeId: id})
+		target.NextReplicaId++
+	}
+	if len(target.Replicas) == 0 {
+		return nil, errors.New("nodes: at least one is required")
+	}
+	st.LastEpoch = c.GetEpoch()
+	st.NextShardId++
+	if st.NextShardId >= MetaShardID {
+		return nil, errors.New("shard ids are exhausted")
+	}
+	st.Shards = append(st.Shards, target)
+	op := &placementv1.Operator{Id: st.NextOperatorId, Kind: &placementv1.Operator_Split{Split: &placementv1.SplitOp{
+		Source: src.GetId(), Target: target.GetId(), SplitAt: at, Epoch: c.GetEpoch(),
+		Step: placementv1.SplitStep_SPLIT_STEP_PREPARED, Generation: st.GetGeneration() + 1}}}
+	st.NextOperatorId++
+	st.Operators = append(st.Operators, op)
+	return &placementv1.Result{Operator: op}, nil
+}
+
+func nodeByID(st *placementv1.State, id uint64) *placementv1.Node {
+	for _, n := range st.GetNodes() {
+		if n.GetId() == id {
+			return n
+		}
+	}
+	return nil
+}
+
+func operatorByID(st *placementv1.State, id uint64) (*placementv1.Operator, int) {
+	for i, op := range st.GetOperators() {
+		if op.GetId() == id {
+			return op, i
+		}
+	}
+	return nil, -1
+}
+
+func advanceSplit(st *placementv1.State, c *placementv1.AdvanceSplitCmd) error {
+	op, _ := operatorByID(st, c.GetOperatorId())
+	s := op.GetSplit()
+	if s == nil {
+		return fmt.Errorf("operator_id: no split %d is in progress", c.GetOperatorId())
+	}
+	if c.GetTo() != s.GetStep()+1 || c.GetTo() > placementv1.SplitStep_SPLIT_STEP_COMMITTED {
+		return fmt.Errorf("to: split %d is at %v, it cannot go to %v", op.GetId(), s.GetStep(), c.GetTo())
+	}
+	if c.GetTo() == placementv1.SplitStep_SPLIT_STEP_COMMITTED {
+		if err := commitSplit(st, s); err != nil {
+			return err
+		}
+	}
+	s.Step = c.GetTo()
+	return nil
+}
+
+// commitSplit gives [split_at, end) of the source's range to the target
+// at the split's generation.
+func commitSplit(st *placementv1.State, s *placementv1.SplitOp) error {
+	i := rangeOf(st, s.GetSource())
+	if i < 0 || st.GetGeneration()+1 != s.GetGeneration() {
+		return fmt.Errorf("split of shard %d: the map moved on (generation %d, source range %d)", s.GetSource(), st.GetGeneration(), i)
+	}
+	r := st.Ranges[i]
+	lower := &shardv1.RangeDescriptor{ShardId: r.GetShardId(), Start: r.GetStart(), End: s.GetSplitAt(), Generation: s.GetGeneration()}
+	upper := &shardv1.RangeDescriptor{ShardId: s.GetTarget(), Start: s.GetSplitAt(), End: r.GetEnd(), Generation: s.GetGeneration()}
+	st.Ranges = slices.Replace(st.Ranges, i, i+1, lower, upper)
+	st.Generation = s.GetGeneration()
+	shardByID(st, s.GetTarget()).State = placementv1.ShardState_SHARD_STATE_ACTIVE
+	return nil
+}
+
+func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd) error {
+	op, i := operatorByID(st, c.GetOperatorId())
+	if op == nil {
+		return fmt.Errorf("operator_id: %d is not in progress", c.GetOperatorId())
+	}
+	s := op.GetSplit()
+	switch {
+	case c.GetRollback() && s.GetStep() >= placementv1.SplitStep_SPLIT_STEP_ACTIVATED:
+		return fmt.Errorf("rollback: split %d is at %v, past its point of no return", op.GetId(), s.GetStep())
+	case c.GetRollback():
+		st.Shards = slices.DeleteFunc(st.Shards, func(sh *placementv1.Shard) bool { return sh.GetId() == s.GetTarget() })
+	case s.GetStep() != placementv1.SplitStep_SPLIT_STEP_COMMITTED:
+		return fmt.Errorf("operator_id: split %d is at %v, not done", op.GetId(), s.GetStep())
+	}
+	st.Operators = slices.Delete(st.Operators, i, i+1)
+	return nil
+}
+
+// CheckMap reports whether st's ranges cover the hash space exactly once,
+// each owned by an active shard: the invariant of every committed map.
+func CheckMap(st *placementv1.State) error {
+	var next uint64
+	for i, r := range st.GetRanges() {
+		if r.GetStart() != next || (i > 0 && next == 0) {
+			return fmt.Errorf("range %d of shard %d starts at %#x, want %#x", i, r.GetShardId(), r.GetStart(), next)
+		}
+		if s := shardByID(st, r.GetShardId()); s.GetState() != placementv1.ShardState_SHARD_STATE_ACTIVE {
+			return fmt.Errorf("range %d is owned by shard %d, which is %v", i, r.GetShardId(), s.GetState())
+		}
+		if r.GetEnd() != 0 && r.GetEnd() <= r.GetStart() {
+			return fmt.Errorf("range %d of shard %d is empty", i, r.GetShardId())
+		}
+		next = r.GetEnd()
+		if next == 0 && i != len(st.GetRanges())-1 {
+			return fmt.Errorf("range %d of shard %d ends the space before the last range", i, r.GetShardId())
+		}
+	}
+	if len(st.GetRanges()) > 0 && next != 0 {
+		return fmt.Errorf("the ranges stop at %#x", next)
+	}
+	return nil
+}
+
+// metaSM is the placement group's state machine: the whole State in
+// memory (it is small), recovered by Dragonboat from snapshots and the log.
+type metaSM struct {
+	st *placementv1.State
+}
+
+// NewMetaStateMachine creates placement state machines for Dragonboat.
+func NewMetaStateMachine(shardID, replicaID uint64) sm.IStateMachine {
+	return &metaSM{st: &placementv1.State{}}
+}
+
+func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
+	cmd := &placementv1.Command{}
+	var res *placementv1.Result
+	if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
+		res = &placementv1.Result{Error: "malformed command: " + err.Error()}
+	} else {
+		m.st, res = ApplyMeta(m.st, cmd)
+	}
+	data, err := proto.Marshal(res)
+	return sm.Result{Data: data}, err
+}
+
+// Lookup answers any query with a copy of the state.
+func (m *metaSM) Lookup(any) (any, error) { return proto.CloneOf(m.st), nil }
+
+func (m *metaSM) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, _ <-chan struct{}) error {
+	b, err := proto.Marshal(m.st)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+func (m *metaSM) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, _ <-chan struct{}) error {
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	st := &placementv1.State{}
+	if err := proto.Unmarshal(b, st); err != nil {
+		return fmt.Errorf("placement snapshot: %w", err)
+	}
+	m.st = st
+	return nil
+}
+
+func (m *metaSM) Close() error { return nil }

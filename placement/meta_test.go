@@ -1,0 +1,139 @@
+package placement
+
+import (
+	"fmt"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+)
+
+// TestMetaKeepsTheMapWhole applies random placement commands, valid and
+// not, and checks after every one that: the ranges cover the hash space
+// exactly once, each owned by an active shard; a refused command changed
+// nothing; the generation and the epoch limit never go down; every new
+// shard's epoch is above every earlier shard's and below the limit; a
+// pending shard owns no range; and ids are never reused.
+func TestMetaKeepsTheMapWhole(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		st := &placementv1.State{}
+		zones := []string{"az1", "az2", "az3"}
+		boot := &placementv1.BootstrapCmd{}
+		for i := range 3 {
+			boot.Nodes = append(boot.Nodes, &placementv1.Node{Id: uint64(i + 1), Zone: zones[i], RaftAddr: "r", ListenAddr: "l"})
+		}
+		st, res := ApplyMeta(st, &placementv1.Command{Command: &placementv1.Command_Bootstrap{Bootstrap: boot}})
+		if res.GetError() != "" || CheckMap(st) != nil {
+			rt.Fatalf("bootstrap: %s %v", res.GetError(), CheckMap(st))
+		}
+		seenShards := map[uint64]bool{FirstDataShard: true}
+		maxEpoch := uint64(1)
+		for range rapid.IntRange(1, 80).Draw(rt, "steps") {
+			var cmd *placementv1.Command
+			opID := func() uint64 {
+				if len(st.GetOperators()) > 0 && rapid.Bool().Draw(rt, "current op") {
+					return st.GetOperators()[0].GetId()
+				}
+				return rapid.Uint64Range(0, 5).Draw(rt, "op")
+			}
+			switch rapid.IntRange(0, 5).Draw(rt, "kind") {
+			case 0:
+				cmd = &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{Node: &placementv1.Node{
+					Id: rapid.Uint64Range(1, 5).Draw(rt, "node"), Zone: rapid.SampledFrom(zones).Draw(rt, "zone"), RaftAddr: "r", ListenAddr: "l"}}}}
+			case 1:
+				expected := st.GetEpochLimit()
+				if rapid.Bool().Draw(rt, "stale limit") {
+					expected = rapid.Uint64Range(0, 200).Draw(rt, "expected")
+				}
+				cmd = &placementv1.Command{Command: &placementv1.Command_ReserveEpochs{ReserveEpochs: &placementv1.ReserveEpochsCmd{
+					ExpectedLimit: expected, Count: rapid.Uint64Range(0, 40).Draw(rt, "count")}}}
+			case 2:
+				var nodes []uint64
+				for range rapid.IntRange(0, 4).Draw(rt, "replicas") {
+					nodes = append(nodes, rapid.Uint64Range(1, 5).Draw(rt, "replica node"))
+				}
+				var at uint64
+				if rapid.Bool().Draw(rt, "explicit split") {
+					at = rapid.Uint64().Draw(rt, "split at")
+				}
+				cmd = &placementv1.Command{Command: &placementv1.Command_BeginSplit{BeginSplit: &placementv1.BeginSplitCmd{
+					Source: rapid.Uint64Range(1, 6).Draw(rt, "source"), SplitAt: at,
+					Epoch: rapid.Uint64Range(0, st.GetEpochLimit()+1).Draw(rt, "epoch"), Nodes: nodes}}}
+			case 3, 4:
+				cmd = &placementv1.Command{Command: &placementv1.Command_AdvanceSplit{AdvanceSplit: &placementv1.AdvanceSplitCmd{
+					OperatorId: opID(), To: placementv1.SplitStep(rapid.IntRange(0, 5).Draw(rt, "to"))}}}
+			case 5:
+				cmd = &placementv1.Command{Command: &placementv1.Command_EndOperator{EndOperator: &placementv1.EndOperatorCmd{
+					OperatorId: opID(), Rollback: rapid.Bool().Draw(rt, "rollback")}}}
+			}
+			next, res := ApplyMeta(st, cmd)
+			if res.GetError() != "" && next != st {
+				rt.Fatalf("refused %v (%s) but changed the state", cmd, res.GetError())
+			}
+			if err := CheckMap(next); err != nil {
+				rt.Fatalf("after %v: %v\n%v", cmd, err, next)
+			}
+			if next.GetGeneration() < st.GetGeneration() || next.GetEpochLimit() < st.GetEpochLimit() {
+				rt.Fatalf("after %v: generation %d→%d, epoch limit %d→%d", cmd, st.GetGeneration(), next.GetGeneration(), st.GetEpochLimit(), next.GetEpochLimit())
+			}
+			for _, s := range next.GetShards() {
+				if !seenShards[s.GetId()] {
+					if s.GetEpoch() <= maxEpoch || s.GetEpoch() >= next.GetEpochLimit() {
+						rt.Fatalf("new shard %d has epoch %d; earlier shards reached %d, limit %d", s.GetId(), s.GetEpoch(), maxEpoch, next.GetEpochLimit())
+					}
+					seenShards[s.GetId()] = true
+					maxEpoch = s.GetEpoch()
+				}
+				if s.GetState() == placementv1.ShardState_SHARD_STATE_PENDING && rangeOf(next, s.GetId()) >= 0 {
+					rt.Fatalf("pending shard %d owns a range", s.GetId())
+				}
+			}
+			if next.GetNextShardId() <= maxShardID(next) {
+				rt.Fatalf("next shard id %d is not above every shard's", next.GetNextShardId())
+			}
+			st = next
+		}
+	})
+}
+
+func maxShardID(st *placementv1.State) uint64 {
+	var m uint64
+	for _, s := range st.GetShards() {
+		m = max(m, s.GetId())
+	}
+	return m
+}
+
+// TestSplitOperatorCommits walks one split through its steps and checks
+// the map it commits.
+func TestSplitOperatorCommits(t *testing.T) {
+	st := &placementv1.State{}
+	apply := func(c *placementv1.Command) *placementv1.Result {
+		t.Helper()
+		var res *placementv1.Result
+		st, res = ApplyMeta(st, c)
+		if res.GetError() != "" {
+			t.Fatalf("%v: %s", c, res.GetError())
+		}
+		if err := CheckMap(st); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	var nodes []*placementv1.Node
+	for i := range 3 {
+		nodes = append(nodes, &placementv1.Node{Id: uint64(i + 1), Zone: fmt.Sprintf("az%d", i+1), RaftAddr: "r", ListenAddr: "l"})
+	}
+	apply(&placementv1.Command{Command: &placementv1.Command_Bootstrap{Bootstrap: &placementv1.BootstrapCmd{Nodes: nodes}}})
+	w := apply(&placementv1.Command{Command: &placementv1.Command_ReserveEpochs{ReserveEpochs: &placementv1.ReserveEpochsCmd{ExpectedLimit: 2, Count: EpochWindow}}})
+	op := apply(&placementv1.Command{Command: &placementv1.Command_BeginSplit{BeginSplit: &placementv1.BeginSplitCmd{
+		Source: 1, Epoch: w.GetEpochStart(), Nodes: []uint64{1, 2, 3}}}}).GetOperator()
+	for to := placementv1.SplitStep_SPLIT_STEP_FENCED; to <= placementv1.SplitStep_SPLIT_STEP_COMMITTED; to++ {
+		apply(&placementv1.Command{Command: &placementv1.Command_AdvanceSplit{AdvanceSplit: &placementv1.AdvanceSplitCmd{OperatorId: op.GetId(), To: to}}})
+	}
+	apply(&placementv1.Command{Command: &placementv1.Command_EndOperator{EndOperator: &placementv1.EndOperatorCmd{OperatorId: op.GetId()}}})
+	if st.GetGeneration() != 2 || len(st.GetRanges()) != 2 || st.GetRanges()[1].GetStart() != 1<<63 || st.GetRanges()[1].GetShardId() != 2 || len(st.GetOperators()) != 0 {
+		t.Fatalf("after the split: %v", st)
+	}
+}
