@@ -3,6 +3,7 @@ package placement
 import (
 	"fmt"
 
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	"github.com/warden-dev/warden/shard"
 )
@@ -10,28 +11,68 @@ import (
 // FirstDataShard is the id of the data shard a new deployment starts with.
 const FirstDataShard = shard.FirstShard
 
-// Map is a placement map: which shard owns which hash range. Routers cache
-// it and send its Generation with every proposal; a shard refuses a
-// proposal routed by an older generation than its own range's.
+// Map is a placement map as routers use it: a read-only view of one
+// placement State. Routers cache it and send its Generation with every
+// proposal; a shard refuses a proposal routed by an older generation than
+// its own range's.
 type Map struct {
-	Generation uint64
-	Ranges     []*shardv1.RangeDescriptor // sorted by Start, covering 0..2^64
+	st *placementv1.State
 }
 
-// SingleShard is the map of a new deployment: FirstDataShard owns the whole
-// hash range at generation 1 (the initial range a shard state machine
-// assumes, see shard.initialMeta).
-func SingleShard() *Map {
-	return &Map{Generation: 1, Ranges: []*shardv1.RangeDescriptor{{ShardId: FirstDataShard, Generation: 1}}}
-}
+// NewMap wraps a placement state; the caller must not modify st afterwards.
+func NewMap(st *placementv1.State) *Map { return &Map{st: st} }
 
-// ShardFor returns the shard that owns key's hash.
-func (m *Map) ShardFor(key string) (uint64, error) {
+// State returns the placement state the map shows; do not modify it.
+func (m *Map) State() *placementv1.State { return m.st }
+
+// Generation returns the map's generation (0 before bootstrap).
+func (m *Map) Generation() uint64 { return m.st.GetGeneration() }
+
+// ShardFor returns the range that owns key's hash.
+func (m *Map) ShardFor(key string) (*shardv1.RangeDescriptor, error) {
 	h := shard.KeyHash(key)
-	for _, r := range m.Ranges {
+	for _, r := range m.st.GetRanges() {
 		if shard.InRange(r, h) {
-			return r.GetShardId(), nil
+			return r, nil
 		}
 	}
-	return 0, fmt.Errorf("placement: no shard owns hash %#x (generation %d)", h, m.Generation)
+	return nil, fmt.Errorf("placement: no shard owns hash %#x (generation %d)", h, m.Generation())
+}
+
+// Shard returns the shard with id, or nil.
+func (m *Map) Shard(id uint64) *placementv1.Shard { return shardByID(m.st, id) }
+
+// Node returns the node with id, or nil.
+func (m *Map) Node(id uint64) *placementv1.Node { return nodeByID(m.st, id) }
+
+// ReplicaNode returns the node that hosts replica replicaID of shard
+// shardID, or nil.
+func (m *Map) ReplicaNode(shardID, replicaID uint64) *placementv1.Node {
+	for _, r := range m.Shard(shardID).GetReplicas() {
+		if r.GetReplicaId() == replicaID {
+			return m.Node(r.GetNodeId())
+		}
+	}
+	return nil
+}
+
+// DataShards lists the ids of the shards that own ranges, in range order.
+func (m *Map) DataShards() []uint64 {
+	var ids []uint64
+	for _, r := range m.st.GetRanges() {
+		ids = append(ids, r.GetShardId())
+	}
+	return ids
+}
+
+// Members maps replica id → Raft address for the replicas of shard s
+// that start with its group (not those added later).
+func (m *Map) Members(s *placementv1.Shard) map[uint64]string {
+	members := map[uint64]string{}
+	for _, r := range s.GetReplicas() {
+		if !r.GetJoin() {
+			members[r.GetReplicaId()] = m.Node(r.GetNodeId()).GetRaftAddr()
+		}
+	}
+	return members
 }

@@ -220,7 +220,7 @@ func advanceSplit(st *placementv1.State, c *placementv1.AdvanceSplitCmd) error {
 	if s == nil {
 		return fmt.Errorf("operator_id: no split %d is in progress", c.GetOperatorId())
 	}
-	if c.GetTo() != s.GetStep()+1 || c.GetTo() > placementv1.SplitStep_SPLIT_STEP_COMMITTED {
+	if s.GetRollingBack() || c.GetTo() != s.GetStep()+1 || c.GetTo() > placementv1.SplitStep_SPLIT_STEP_COMMITTED {
 		return fmt.Errorf("to: split %d is at %v, it cannot go to %v", op.GetId(), s.GetStep(), c.GetTo())
 	}
 	if c.GetTo() == placementv1.SplitStep_SPLIT_STEP_COMMITTED {
@@ -259,7 +259,9 @@ func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd) error {
 		return fmt.Errorf("rollback: split %d is at %v, past its point of no return", op.GetId(), s.GetStep())
 	case c.GetRollback():
 		st.Shards = slices.DeleteFunc(st.Shards, func(sh *placementv1.Shard) bool { return sh.GetId() == s.GetTarget() })
-	case s.GetStep() != placementv1.SplitStep_SPLIT_STEP_COMMITTED:
+		s.RollingBack = true
+		return nil
+	case s.GetStep() != placementv1.SplitStep_SPLIT_STEP_COMMITTED && !s.GetRollingBack():
 		return fmt.Errorf("operator_id: split %d is at %v, not done", op.GetId(), s.GetStep())
 	}
 	st.Operators = slices.Delete(st.Operators, i, i+1)

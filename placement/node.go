@@ -1,7 +1,9 @@
 package placement
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"log/slog"
 	"path/filepath"
 	"time"
@@ -88,12 +90,10 @@ func (n *Node) ID() uint64 { return n.cfg.ID }
 // Zone returns the node's availability zone.
 func (n *Node) Zone() string { return n.cfg.Zone }
 
-// StartDataShard starts this node's replica of a data shard. members maps
-// replica id → Raft address for a shard's first start; on a restart the
-// NodeHost ignores it and recovers the membership from its log.
-func (n *Node) StartDataShard(shardID uint64, members map[uint64]string) error {
-	rc := config.Config{
-		ReplicaID:          n.cfg.ID,
+// raftConfig is the Raft configuration of every replica on the node.
+func (n *Node) raftConfig(shardID, replicaID uint64) config.Config {
+	return config.Config{
+		ReplicaID:          replicaID,
 		ShardID:            shardID,
 		ElectionRTT:        electionRTT,
 		HeartbeatRTT:       heartbeatRTT,
@@ -102,12 +102,48 @@ func (n *Node) StartDataShard(shardID uint64, members map[uint64]string) error {
 		SnapshotEntries:    n.cfg.SnapshotEntries,
 		CompactionOverhead: n.cfg.CompactionOverhead,
 	}
+}
+
+// StartDataShard starts this node's replica replicaID of a data shard.
+// members maps replica id → Raft address for a shard's first start; on a
+// restart the NodeHost ignores it and recovers the membership from its
+// log. join starts a replica added to a running group: empty, with no
+// members, waiting for the leader to send it the log.
+func (n *Node) StartDataShard(shardID, replicaID uint64, members map[uint64]string, join bool) error {
 	sm := shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), n.cfg.Observer)
-	if err := n.NH.StartOnDiskReplica(members, false, sm, rc); err != nil {
+	if err := n.NH.StartOnDiskReplica(members, join, sm, n.raftConfig(shardID, replicaID)); err != nil {
 		return fmt.Errorf("placement: node %d: start shard %d: %w", n.cfg.ID, shardID, err)
 	}
-	slog.Debug("replica started", "node", n.cfg.ID, "zone", n.cfg.Zone, "shard", shardID)
+	slog.Debug("replica started", "node", n.cfg.ID, "zone", n.cfg.Zone, "shard", shardID, "replica", replicaID)
 	return nil
+}
+
+// StartMeta starts this node's replica of the placement group, with
+// replica id = node id; members and join as for StartDataShard.
+func (n *Node) StartMeta(members map[uint64]string, join bool) error {
+	if err := n.NH.StartReplica(members, join, NewMetaStateMachine, n.raftConfig(MetaShardID, n.cfg.ID)); err != nil {
+		return fmt.Errorf("placement: node %d: start the placement group: %w", n.cfg.ID, err)
+	}
+	return nil
+}
+
+// StopDataShard stops this node's replica of a shard that placement moved
+// away or dropped, and deletes its data.
+func (n *Node) StopDataShard(shardID, replicaID uint64) error {
+	if err := n.NH.StopShard(shardID); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
+		return fmt.Errorf("placement: node %d: stop shard %d: %w", n.cfg.ID, shardID, err)
+	}
+	for {
+		err := n.NH.RemoveData(shardID, replicaID)
+		if !errors.Is(err, dragonboat.ErrShardNotStopped) {
+			if err != nil {
+				return fmt.Errorf("placement: node %d: remove shard %d: %w", n.cfg.ID, shardID, err)
+			}
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return os.RemoveAll(shard.ReplicaDir(filepath.Join(n.cfg.DataDir, "sm"), shardID, replicaID))
 }
 
 // Close stops every replica on the node and the NodeHost.

@@ -2,11 +2,16 @@ package router
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"slices"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -46,8 +51,8 @@ func (s *AdminServer) hotResources(ctx context.Context, m *wardenv1.HotResources
 	}
 	out := &wardenv1.HotResourcesResponse{}
 	var locks []*shardv1.LockRecord
-	for _, id := range s.r.shardIDs() {
-		q, err := s.r.readShard(ctx, id, &shardv1.Query{Query: &shardv1.Query_Hot{Hot: &shardv1.HotQuery{Limit: uint32(limit)}}})
+	for _, id := range s.r.Map().DataShards() {
+		q, err := s.r.Shards().Read(ctx, id, &shardv1.Query{Query: &shardv1.Query_Hot{Hot: &shardv1.HotQuery{Limit: uint32(limit)}}})
 		if err != nil {
 			return nil, err
 		}
@@ -61,4 +66,112 @@ func (s *AdminServer) hotResources(ctx context.Context, m *wardenv1.HotResources
 		out.ByAcquireRate = append(out.ByAcquireRate, &wardenv1.HotResource{Resource: rr.resource, AcquiresPerSecond: rr.perSec})
 	}
 	return connect.NewResponse(out), nil
+}
+
+// ListNodes implements AdminService.ListNodes.
+func (s *AdminServer) ListNodes(ctx context.Context, _ *connect.Request[wardenv1.ListNodesRequest]) (*connect.Response[wardenv1.ListNodesResponse], error) {
+	start := time.Now()
+	err := s.r.RefreshMap(ctx)
+	out := &wardenv1.ListNodesResponse{}
+	for _, n := range s.r.Map().State().GetNodes() {
+		out.Nodes = append(out.Nodes, &wardenv1.NodeInfo{Id: n.GetId(), Zone: n.GetZone(), RaftAddr: n.GetRaftAddr(), ListenAddr: n.GetListenAddr()})
+	}
+	if err != nil {
+		return nil, observe("ListNodes", start, fmt.Errorf("%w: %v", ErrNoLeader, err))
+	}
+	return connect.NewResponse(out), observe("ListNodes", start, nil)
+}
+
+// ListShards implements AdminService.ListShards.
+func (s *AdminServer) ListShards(ctx context.Context, _ *connect.Request[wardenv1.ListShardsRequest]) (*connect.Response[wardenv1.ListShardsResponse], error) {
+	start := time.Now()
+	if err := s.r.RefreshMap(ctx); err != nil {
+		return nil, observe("ListShards", start, fmt.Errorf("%w: %v", ErrNoLeader, err))
+	}
+	m := s.r.Map()
+	out := &wardenv1.ListShardsResponse{Generation: m.Generation()}
+	for _, sh := range m.State().GetShards() {
+		info := &wardenv1.ShardInfo{Id: sh.GetId(), Epoch: sh.GetEpoch(), State: "active"}
+		if sh.GetState() == placementv1.ShardState_SHARD_STATE_PENDING {
+			info.State = "pending"
+		}
+		for _, rg := range m.State().GetRanges() {
+			if rg.GetShardId() == sh.GetId() {
+				info.RangeStart, info.RangeEnd = rg.GetStart(), rg.GetEnd()
+			}
+		}
+		for _, rep := range sh.GetReplicas() {
+			info.Replicas = append(info.Replicas, &wardenv1.ReplicaInfo{ReplicaId: rep.GetReplicaId(), NodeId: rep.GetNodeId(), Zone: m.Node(rep.GetNodeId()).GetZone()})
+		}
+		if info.State == "active" {
+			rctx, cancel := context.WithTimeout(ctx, time.Second)
+			q, err := s.r.Shards().Read(rctx, sh.GetId(), &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
+			cancel()
+			if err == nil {
+				info.HeldLocks, info.QueuedWaiters = q.GetMeta().GetHeldLocks(), q.GetMeta().GetQueuedWaiters()
+			}
+		}
+		info.LeaderNodeId = s.r.leaderNode(sh.GetId())
+		out.Shards = append(out.Shards, info)
+	}
+	return connect.NewResponse(out), observe("ListShards", start, nil)
+}
+
+// SplitShard implements AdminService.SplitShard. The node that leads the
+// placement group drives the split (a request elsewhere is forwarded
+// there); if that node fails, the next placement leader finishes it.
+func (s *AdminServer) SplitShard(ctx context.Context, req *connect.Request[wardenv1.SplitShardRequest]) (*connect.Response[wardenv1.SplitShardResponse], error) {
+	start := time.Now()
+	if req.Header().Get(forwardedHeader) == "" {
+		if leader := s.r.metaLeader(); leader != nil && !s.r.isLocal(leader.GetId()) {
+			fr := connect.NewRequest(req.Msg)
+			fr.Header().Set(forwardedHeader, "1")
+			resp, err := s.r.peers.get(leader.GetListenAddr()).admin.SplitShard(ctx, fr)
+			return resp, observe("SplitShard", start, err)
+		}
+	}
+	resp, err := s.splitShard(ctx, req.Msg)
+	return resp, observe("SplitShard", start, err)
+}
+
+func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequest) (*connect.Response[wardenv1.SplitShardResponse], error) {
+	if m.GetShardId() == 0 {
+		return nil, &shard.FieldError{Field: "shard_id", Reason: "is required"}
+	}
+	op, err := s.r.ops.BeginSplit(ctx, m.GetShardId(), m.GetSplitAt())
+	var refused *placement.RefusedError
+	if errors.As(err, &refused) {
+		code := connect.CodeFailedPrecondition
+		switch {
+		case strings.HasPrefix(refused.Reason, "split_at:"):
+			code = connect.CodeInvalidArgument
+		case strings.Contains(refused.Reason, "does not exist"), strings.Contains(refused.Reason, "owns no range"):
+			code = connect.CodeNotFound
+		}
+		return nil, connect.NewError(code, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+	}
+	last, err := s.r.ops.Run(ctx, op.GetId())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+	}
+	sp := last.GetSplit()
+	if sp.GetRollingBack() {
+		return nil, connect.NewError(connect.CodeAborted, fmt.Errorf("split %d was rolled back: the new shard did not start or the source refused the fence", op.GetId()))
+	}
+	return connect.NewResponse(&wardenv1.SplitShardResponse{NewShardId: sp.GetTarget(), SplitAt: sp.GetSplitAt(), Generation: sp.GetGeneration()}), nil
+}
+
+// leaderNode returns the node hosting shardID's leader as a local replica
+// knows it, or 0.
+func (r *Router) leaderNode(shardID uint64) uint64 {
+	for i := range r.nodes {
+		id, _, valid, err := r.nodes[i].Node.NH.GetLeaderID(shardID)
+		if err == nil && valid && id != 0 {
+			return r.Map().ReplicaNode(shardID, id).GetId()
+		}
+	}
+	return 0
 }

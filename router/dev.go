@@ -9,19 +9,20 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/warden-dev/warden/placement"
-	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	"github.com/warden-dev/warden/shard"
 )
 
 // DevConfig describes a whole cluster in one process: three nodes on
-// loopback in zones az1, az2 and az3, each hosting a replica of the one
-// data shard.
+// loopback in zones az1, az2 and az3, each hosting a replica of the
+// placement group and of every data shard.
 type DevConfig struct {
 	// DataDir holds every node's data (node-1, node-2, node-3) and the
 	// cluster's Raft addresses (dev-cluster.json), so that a second start
 	// on the same directory recovers the same cluster.
 	DataDir string
+	// ListenAddr is the Connect address the process serves (shown in the
+	// placement map; default 127.0.0.1:7070).
+	ListenAddr string
 	// RTT, SnapshotEntries and CompactionOverhead are passed to every node.
 	RTT                time.Duration
 	SnapshotEntries    uint64
@@ -35,15 +36,8 @@ type DevConfig struct {
 // DevNodes is the number of nodes of a dev cluster.
 const DevNodes = 3
 
-// Dev is a running dev cluster.
-type Dev struct {
-	cfg   DevConfig
-	addrs []string
-	waits *WaitRegistry
-	// Router routes over the nodes; Nodes[i] has id i+1 and zone az(i+1).
-	Router *Router
-	Nodes  []LocalNode
-}
+// Dev is a running dev cluster: Nodes[i] has id i+1 and zone az(i+1).
+type Dev = Cluster
 
 type devLayout struct {
 	RaftAddrs []string `json:"raft_addrs"`
@@ -55,72 +49,18 @@ func StartDev(cfg DevConfig) (*Dev, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Dev{cfg: cfg, addrs: addrs, Nodes: make([]LocalNode, DevNodes), waits: NewWaitRegistry()}
-	for i := range DevNodes {
-		if err := d.startNode(i); err != nil {
-			d.closeNodes()
-			return nil, err
-		}
+	if cfg.ListenAddr == "" {
+		cfg.ListenAddr = "127.0.0.1:7070"
 	}
-	d.Router = New(d.Nodes, placement.SingleShard(), d.waits, cfg.Router)
-	d.Router.Start()
-	return d, nil
-}
-
-// Members maps replica id to Raft address for the data shard.
-func (d *Dev) Members() map[uint64]string {
-	m := map[uint64]string{}
-	for i, a := range d.addrs {
-		m[uint64(i+1)] = a
+	cc := ClusterConfig{ListenAddr: cfg.ListenAddr, RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries,
+		CompactionOverhead: cfg.CompactionOverhead, Router: cfg.Router, Observer: cfg.Observer}
+	for i, a := range addrs {
+		id := uint64(i + 1)
+		cc.Nodes = append(cc.Nodes, NodeSpec{ID: id, Zone: fmt.Sprintf("az%d", i+1), RaftAddr: a,
+			DataDir: filepath.Join(cfg.DataDir, fmt.Sprintf("node-%d", i+1))})
+		cc.Members = append(cc.Members, Member{ID: id, RaftAddr: a, ListenAddr: cfg.ListenAddr})
 	}
-	return m
-}
-
-func (d *Dev) startNode(i int) error {
-	lead := NewLeadership()
-	n, err := placement.StartNode(placement.NodeConfig{
-		ID:                 uint64(i + 1),
-		Zone:               fmt.Sprintf("az%d", i+1),
-		RaftAddr:           d.addrs[i],
-		DataDir:            filepath.Join(d.cfg.DataDir, fmt.Sprintf("node-%d", i+1)),
-		RTT:                d.cfg.RTT,
-		SnapshotEntries:    d.cfg.SnapshotEntries,
-		CompactionOverhead: d.cfg.CompactionOverhead,
-		Listener:           lead,
-		Observer:           d.observe,
-	})
-	if err != nil {
-		return err
-	}
-	if err := n.StartDataShard(placement.FirstDataShard, d.Members()); err != nil {
-		n.Close()
-		return err
-	}
-	// The slice is shared with the Router, which reads each entry's
-	// fields only through the pointers set here before Start.
-	d.Nodes[i].Node, d.Nodes[i].Leadership = n, lead
-	return nil
-}
-
-func (d *Dev) observe(shardID uint64, res *shardv1.Result) {
-	d.waits.Observe(shardID, res)
-	if d.cfg.Observer != nil {
-		d.cfg.Observer(shardID, res)
-	}
-}
-
-// Close stops the router's timers and every node.
-func (d *Dev) Close() {
-	d.Router.Stop()
-	d.closeNodes()
-}
-
-func (d *Dev) closeNodes() {
-	for _, n := range d.Nodes {
-		if n.Node != nil {
-			n.Node.Close()
-		}
-	}
+	return StartCluster(cc)
 }
 
 // devAddrs returns the cluster's Raft addresses, choosing free loopback

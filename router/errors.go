@@ -89,9 +89,15 @@ func toConnect(err error) error {
 	}
 	var re *resultError
 	var fe *shard.FieldError
+	var ce *connect.Error
+	var rl *remoteLeader
 	switch {
 	case errors.As(err, &re):
 		return resultToConnect(re.res)
+	case errors.As(err, &ce): // a forwarded call's answer
+		return ce
+	case errors.As(err, &rl): // a forwarded call reached a node that no longer leads
+		return connect.NewError(connect.CodeUnavailable, err)
 	case errors.As(err, &fe):
 		return withDetail(connect.NewError(connect.CodeInvalidArgument, fe),
 			&wardenv1.FieldViolation{Field: fe.Field, Description: fe.Reason})

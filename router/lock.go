@@ -69,11 +69,7 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 	var sub *subscription
 	if wait > 0 {
 		// Subscribe before proposing, so a hand-off applied at once is seen.
-		shardID, err := s.r.pmap.ShardFor(m.GetResource())
-		if err != nil {
-			return nil, err
-		}
-		sub = s.r.waits.subscribe(shardID, m.GetResource(), m.GetRequestId())
+		sub = s.r.waits.subscribe(m.GetResource(), m.GetRequestId())
 		defer s.r.waits.unsubscribe(sub)
 	}
 	start := time.Now()

@@ -15,7 +15,23 @@ var metrics = struct {
 	waitDuration  prometheus.Histogram
 	activeLocks   *prometheus.GaugeVec
 	waiters       *prometheus.GaugeVec
+	moveRetries   prometheus.Counter
+	forwards      prometheus.Counter
+	splitFence    prometheus.Histogram
 }{
+	moveRetries: promauto.NewCounter(prometheus.CounterOpts{
+		Name: "warden_move_retries_total",
+		Help: "Proposals retried because the key's range was moving or the router's placement map was stale.",
+	}),
+	forwards: promauto.NewCounter(prometheus.CounterOpts{
+		Name: "warden_forwarded_requests_total",
+		Help: "Client RPCs this node forwarded to the node hosting the shard's leader.",
+	}),
+	splitFence: promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "warden_split_fence_seconds",
+		Help:    "How long a split kept its moving range fenced (writes answering unavailable), from the fence to the map commit, in seconds.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
+	}),
 	rpcDuration: promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "warden_rpc_duration_seconds",
 		Help:    "Latency of Warden RPCs, in seconds, by method.",

@@ -5,14 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	"github.com/warden-dev/warden/shard"
 )
@@ -42,6 +43,10 @@ type Config struct {
 	// Audit, if set, receives one record per Acquire, Renew and Release
 	// (see audit.go); wardend writes it as JSON lines to --audit-log.
 	Audit *slog.Logger
+	// MoveWait bounds how long a request keeps retrying, transparently,
+	// while its key's range is fenced by a move or its map is stale
+	// (default 5 s; the caller's deadline, when shorter, wins).
+	MoveWait time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -57,17 +62,25 @@ func (c *Config) setDefaults() {
 	if c.ScanLimit == 0 {
 		c.ScanLimit = 256
 	}
+	if c.MoveWait == 0 {
+		c.MoveWait = 5 * time.Second
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 }
 
-// Router routes requests to shard leaders among the local nodes and runs
-// their leader timers. Its methods are safe for concurrent use.
+// Router routes requests to shard leaders, proposing on local nodes and
+// forwarding to the node that hosts the leader otherwise, and runs the
+// leader timers of the local nodes. Its methods are safe for concurrent
+// use.
 type Router struct {
 	cfg   Config
 	nodes []LocalNode
-	pmap  *placement.Map
+	maps  atomic.Pointer[placement.Map]
+	meta  placement.MetaClient
+	peers *peers
+	ops   *placement.Operators
 	waits *WaitRegistry
 	// acquires estimates the Acquire rate of the busiest resources.
 	acquires *rateTracker
@@ -76,11 +89,48 @@ type Router struct {
 }
 
 // New returns a Router over the local nodes, whose replicas report their
-// hand-offs to waits. Call Start to run the leader timers and Stop before
-// closing the nodes.
-func New(nodes []LocalNode, m *placement.Map, waits *WaitRegistry, cfg Config) *Router {
+// hand-offs to waits, routing by map m and refreshing it from meta. Call
+// Start to run the leader timers and Stop before closing the nodes.
+func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *WaitRegistry, cfg Config) *Router {
 	cfg.setDefaults()
-	return &Router{cfg: cfg, nodes: nodes, pmap: m, waits: waits, acquires: newRateTracker(1024, 10*time.Second), stop: make(chan struct{})}
+	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: newPeers(), waits: waits, acquires: newRateTracker(1024, 10*time.Second), stop: make(chan struct{})}
+	r.maps.Store(m)
+	return r
+}
+
+// Map returns the placement map the router routes by.
+func (r *Router) Map() *placement.Map { return r.maps.Load() }
+
+// SetMap replaces the router's map with m unless m is older.
+func (r *Router) SetMap(m *placement.Map) {
+	for {
+		cur := r.maps.Load()
+		if m.Generation() < cur.Generation() || r.maps.CompareAndSwap(cur, m) {
+			return
+		}
+	}
+}
+
+// RefreshMap reads the committed placement map and routes by it.
+func (r *Router) RefreshMap(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
+	defer cancel()
+	st, err := r.meta.Read(ctx)
+	if err != nil {
+		return err
+	}
+	r.SetMap(placement.NewMap(st))
+	return nil
+}
+
+// isLocal reports whether node id runs in this process.
+func (r *Router) isLocal(id uint64) bool {
+	for i := range r.nodes {
+		if r.nodes[i].Node.ID() == id {
+			return true
+		}
+	}
+	return false
 }
 
 // Start runs the leader timers of every local node.
@@ -97,21 +147,52 @@ func (r *Router) Stop() {
 	r.wg.Wait()
 }
 
+// remoteLeader says that a shard's leader (or, for a node that hosts no
+// replica of the shard, a replica that knows it) runs on another node.
+type remoteLeader struct {
+	shardID uint64
+	node    *placementv1.Node
+}
+
+func (e *remoteLeader) Error() string {
+	return fmt.Sprintf("router: shard %d is led from node %d (%s)", e.shardID, e.node.GetId(), e.node.GetListenAddr())
+}
+
 // leader finds the local node that leads shardID in its current term,
-// waiting up to LeaderWait for an election. It returns ErrNoLeader when
-// no local node leads.
+// waiting up to LeaderWait for an election. It returns a *remoteLeader
+// when the leader is known to run elsewhere, and ErrNoLeader when no
+// leader appears.
 func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leaderTerm, error) {
 	deadline := time.Now().Add(r.cfg.LeaderWait)
 	for {
+		hosted := false
 		for i := range r.nodes {
 			n := &r.nodes[i]
-			t, ok := n.Leadership.term(shardID)
-			if !ok {
+			id, term, valid, err := n.Node.NH.GetLeaderID(shardID)
+			if err != nil {
 				continue
 			}
-			id, term, valid, err := n.Node.NH.GetLeaderID(shardID)
-			if err == nil && valid && id == n.Node.ID() && term == t.term {
+			hosted = true
+			if !valid || id == 0 {
+				continue
+			}
+			t, ok := n.Leadership.term(shardID)
+			if ok && id == n.Node.ID() && term == t.term {
 				return n, t, nil
+			}
+			if m := r.Map(); id != n.Node.ID() && shardID != placement.MetaShardID {
+				if node := m.ReplicaNode(shardID, id); node != nil && !r.isLocal(node.GetId()) {
+					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node}
+				}
+			}
+		}
+		if !hosted && shardID != placement.MetaShardID {
+			// No replica here: ask a node that hosts one.
+			m := r.Map()
+			for _, rep := range m.Shard(shardID).GetReplicas() {
+				if node := m.Node(rep.GetNodeId()); node != nil && !r.isLocal(node.GetId()) {
+					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node}
+				}
 			}
 		}
 		if time.Now().After(deadline) {
@@ -125,42 +206,66 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 	}
 }
 
-// route finds the shard that owns key and the local node leading it.
-func (r *Router) route(ctx context.Context, key string) (uint64, *LocalNode, leaderTerm, error) {
-	shardID, err := r.pmap.ShardFor(key)
-	if err != nil {
-		return 0, nil, leaderTerm{}, err
-	}
-	n, t, err := r.leader(ctx, shardID)
-	return shardID, n, t, err
-}
-
-// propose sends a command for key to its shard's leader and returns the
-// shard's result; a result that refused the command is a *resultError.
+// propose sends a command for key to its shard's leader, which must be
+// local, and returns the shard's result; a result that refused the
+// command is a *resultError. While the key's range is moving or the map
+// is stale, it refreshes the map and retries for up to MoveWait.
 func (r *Router) propose(ctx context.Context, key string, env *shardv1.Envelope) (*shardv1.Result, error) {
-	var res *shardv1.Result
-	err := r.retryDropped(ctx, func() error {
-		shardID, n, t, err := r.route(ctx, key)
+	return r.retryMoved(ctx, func() (*shardv1.Result, error) {
+		m := r.Map()
+		rg, err := m.ShardFor(key)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		res, err = r.proposeOn(ctx, n, t, shardID, env)
-		return err
+		var res *shardv1.Result
+		err = r.retryDropped(ctx, func() error {
+			n, t, err := r.leader(ctx, rg.GetShardId())
+			if err != nil {
+				return err
+			}
+			env.Generation = m.Generation()
+			res, err = r.proposeOn(ctx, n, t, rg.GetShardId(), env)
+			return err
+		})
+		return res, err
 	})
-	if err != nil {
-		return nil, err
-	}
-	if c := res.GetCode(); c != shardv1.Code_CODE_OK && c != shardv1.Code_CODE_QUEUED {
-		return res, &resultError{res}
-	}
-	return res, nil
 }
 
-// proposeOn stamps env with the term's clock and proposes it on node n.
+// retryMoved runs f, which routes by the current map, until its result
+// is neither "wrong shard" nor "range moving", refreshing the map between
+// tries, for up to MoveWait. A result that refused the command is
+// returned with a *resultError.
+func (r *Router) retryMoved(ctx context.Context, f func() (*shardv1.Result, error)) (*shardv1.Result, error) {
+	deadline := time.Now().Add(r.cfg.MoveWait)
+	for {
+		res, err := f()
+		if err != nil {
+			return nil, err
+		}
+		c := res.GetCode()
+		if c == shardv1.Code_CODE_OK || c == shardv1.Code_CODE_QUEUED {
+			return res, nil
+		}
+		if (c != shardv1.Code_CODE_WRONG_SHARD && c != shardv1.Code_CODE_UNAVAILABLE) || time.Now().After(deadline) {
+			return res, &resultError{res}
+		}
+		metrics.moveRetries.Inc()
+		select {
+		case <-ctx.Done():
+			return res, fmt.Errorf("%w: %w", ctx.Err(), &resultError{res})
+		case <-time.After(20 * time.Millisecond):
+		}
+		if err := r.RefreshMap(ctx); err != nil {
+			r.cfg.Logger.Debug("refreshing the placement map", "err", err)
+		}
+	}
+}
+
+// proposeOn stamps env with the term's clock and proposes it on node n;
+// the caller has set env's generation.
 func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shardID uint64, env *shardv1.Envelope) (*shardv1.Result, error) {
 	env.Version = shard.CommandVersion
 	env.ShardId = shardID
-	env.Generation = r.pmap.Generation
 	env.NowUnixNano = t.now()
 	cmd, err := shard.EncodeCommand(env)
 	if err != nil {
@@ -182,13 +287,26 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 }
 
 // read runs a linearizable read of key's shard on its leader, stamped
-// with the leader's clock.
+// with the leader's clock. A shard that no longer serves key (a stale
+// map) makes it refresh the map and retry, as propose does.
 func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shardv1.QueryResult, error) {
-	shardID, err := r.pmap.ShardFor(key)
-	if err != nil {
-		return nil, err
-	}
-	return r.readShard(ctx, shardID, q)
+	var out *shardv1.QueryResult
+	_, err := r.retryMoved(ctx, func() (*shardv1.Result, error) {
+		rg, err := r.Map().ShardFor(key)
+		if err != nil {
+			return nil, err
+		}
+		out, err = r.readShard(ctx, rg.GetShardId(), q)
+		if err != nil {
+			return nil, err
+		}
+		// A fenced record is frozen, so reading it during a move is exact.
+		if meta := out.GetMeta(); meta.GetInactive() || !shard.InRange(meta.GetRange(), shard.KeyHash(key)) {
+			return &shardv1.Result{Code: shardv1.Code_CODE_WRONG_SHARD, Reason: "the shard no longer owns the resource"}, nil
+		}
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
+	})
+	return out, err
 }
 
 // readShard runs a linearizable read of a shard on its leader, stamped
@@ -213,17 +331,6 @@ func (r *Router) readShard(ctx context.Context, shardID uint64, q *shardv1.Query
 		return nil, err
 	}
 	return out.(*shardv1.QueryResult), nil
-}
-
-// shardIDs lists the data shards of the placement map, each once.
-func (r *Router) shardIDs() []uint64 {
-	var ids []uint64
-	for _, rg := range r.pmap.Ranges {
-		if !slices.Contains(ids, rg.GetShardId()) {
-			ids = append(ids, rg.GetShardId())
-		}
-	}
-	return ids
 }
 
 // retryDropped runs f again, for up to LeaderWait, while Dragonboat drops
@@ -259,6 +366,9 @@ func (r *Router) runTimers(n *LocalNode) {
 		case <-tick.C:
 		}
 		for _, t := range n.Leadership.led() {
+			if t.shardID == placement.MetaShardID {
+				continue
+			}
 			if err := r.leaderTick(n, t); err != nil {
 				r.cfg.Logger.Warn("leader timer", "node", n.Node.ID(), "shard", t.shardID, "term", t.term, "err", err)
 			}
@@ -295,7 +405,7 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	metrics.activeLocks.WithLabelValues(shardLabel).Set(float64(q.GetMeta().GetHeldLocks()))
 	metrics.waiters.WithLabelValues(shardLabel).Set(float64(q.GetMeta().GetQueuedWaiters()))
 	if items := q.GetExpire().GetItems(); len(items) > 0 {
-		res, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Command: &shardv1.Envelope_Expire{Expire: q.GetExpire()}})
+		res, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_Expire{Expire: q.GetExpire()}})
 		if err != nil {
 			return fmt.Errorf("expire: %w", err)
 		}
@@ -306,7 +416,7 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 		return err
 	}
 	if d := q.GetDrop(); len(d.GetItems()) > 0 {
-		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Command: &shardv1.Envelope_DropWaiters{DropWaiters: d}}); err != nil {
+		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_DropWaiters{DropWaiters: d}}); err != nil {
 			return fmt.Errorf("drop waiters: %w", err)
 		}
 	}
@@ -315,7 +425,7 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 		return err
 	}
 	if f := q.GetForget(); len(f.GetDedup())+len(f.GetIdleLocks()) > 0 {
-		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Command: &shardv1.Envelope_Forget{Forget: f}}); err != nil {
+		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_Forget{Forget: f}}); err != nil {
 			return fmt.Errorf("forget: %w", err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/grpcreflect"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
 
@@ -28,6 +29,8 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), opts...))
 	mux.Handle(wardenv1connect.NewAdminServiceHandler(NewAdminServer(r), opts...))
+	// Nodes forward whole pages of records when a range moves.
+	mux.Handle(placementv1connect.NewNodeServiceHandler(&NodeServer{r}, append(opts, connect.WithReadMaxBytes(maxNodeRequestBytes))...))
 	services := []string{wardenv1connect.LockServiceName, wardenv1connect.AdminServiceName}
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
@@ -37,8 +40,12 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	return mux
 }
 
-// maxRequestBytes bounds a request message, in bytes.
-const maxRequestBytes = 64 << 10
+// maxRequestBytes bounds a client's request message, in bytes, and
+// maxNodeRequestBytes a node's (NodeService).
+const (
+	maxRequestBytes     = 64 << 10
+	maxNodeRequestBytes = 16 << 20
+)
 
 // NewServer returns an HTTP server for h that speaks HTTP/1.1 and
 // cleartext HTTP/2 (h2c), as gRPC clients without TLS need.

@@ -29,7 +29,11 @@ const leaderPoll = 250 * time.Millisecond
 // attempt is this attempt's lease id: a cancel counts only while no later
 // attempt of the request has arrived.
 func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, requestID string, attempt []byte, seq uint64, deadline int64) (*shardv1.LeaseInfo, error) {
-	_, n, t, err := r.route(ctx, resource)
+	rg, err := r.Map().ShardFor(resource)
+	if err != nil {
+		return nil, err
+	}
+	n, t, err := r.leader(ctx, rg.GetShardId())
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +67,7 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 			r.cancelWait(resource, requestID, attempt)
 			return nil, ctx.Err()
 		case <-poll.C:
-			if !r.leads(n, sub.key.shardID, t) {
+			if !r.leads(n, rg.GetShardId(), t) {
 				return nil, fmt.Errorf("%w: the leader changed while waiting; retry with the same request_id", ErrNoLeader)
 			}
 		}

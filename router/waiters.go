@@ -17,8 +17,9 @@ type WaitRegistry struct {
 	}
 }
 
+// waitKey names a request; not its shard, since a split may move the
+// queued request to another shard, whose grant the RPC still waits for.
 type waitKey struct {
-	shardID             uint64
 	resource, requestID string
 }
 
@@ -66,8 +67,8 @@ func NewWaitRegistry() *WaitRegistry {
 
 // subscribe registers interest in a request's hand-off. Subscribe before
 // proposing, so that a grant applied at once is not missed.
-func (w *WaitRegistry) subscribe(shardID uint64, resource, requestID string) *subscription {
-	s := &subscription{key: waitKey{shardID, resource, requestID}, notify: make(chan struct{}, 1)}
+func (w *WaitRegistry) subscribe(resource, requestID string) *subscription {
+	s := &subscription{key: waitKey{resource, requestID}, notify: make(chan struct{}, 1)}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.mu.subs[s.key] == nil {
@@ -88,11 +89,11 @@ func (w *WaitRegistry) unsubscribe(s *subscription) {
 
 // Observe is a shard.ApplyObserver: it hands each grant or drop to the
 // RPCs waiting for it. It never blocks.
-func (w *WaitRegistry) Observe(shardID uint64, res *shardv1.Result) {
+func (w *WaitRegistry) Observe(_ uint64, res *shardv1.Result) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	notify := func(ev *shardv1.WaiterEvent) {
-		for s := range w.mu.subs[waitKey{shardID, ev.GetResource(), ev.GetRequestId()}] {
+		for s := range w.mu.subs[waitKey{ev.GetResource(), ev.GetRequestId()}] {
 			s.mu.Lock()
 			if len(s.events) < maxPendingEvents {
 				s.events = append(s.events, ev)

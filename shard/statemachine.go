@@ -50,15 +50,20 @@ type StateMachine struct {
 // waiting RPCs concerned. It never affects state.
 type ApplyObserver func(shardID uint64, res *shardv1.Result)
 
+// ReplicaDir is where a replica keeps its state under dataDir.
+func ReplicaDir(dataDir string, shardID, replicaID uint64) string {
+	return filepath.Join(dataDir, fmt.Sprintf("shard-%d-replica-%d", shardID, replicaID))
+}
+
 // NewStateMachine returns a factory for Dragonboat's StartOnDiskReplica.
-// Each replica keeps its state in dataDir/shard-<id>-replica-<id>; observe
-// may be nil.
+// Each replica keeps its state in ReplicaDir(dataDir, …); observe may be
+// nil.
 func NewStateMachine(dataDir string, observe ApplyObserver) sm.CreateOnDiskStateMachineFunc {
 	return func(shardID, replicaID uint64) sm.IOnDiskStateMachine {
 		return &StateMachine{
 			shardID:   shardID,
 			replicaID: replicaID,
-			dir:       filepath.Join(dataDir, fmt.Sprintf("shard-%d-replica-%d", shardID, replicaID)),
+			dir:       ReplicaDir(dataDir, shardID, replicaID),
 			observe:   observe,
 		}
 	}

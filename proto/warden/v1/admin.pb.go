@@ -182,6 +182,533 @@ func (x *HotResource) GetAcquiresPerSecond() float64 {
 	return 0
 }
 
+type ListNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesRequest) Reset() {
+	*x = ListNodesRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesRequest) ProtoMessage() {}
+
+func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodesRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+type ListNodesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeInfo            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesResponse) Reset() {
+	*x = ListNodesResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesResponse) ProtoMessage() {}
+
+func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodesResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListNodesResponse) GetNodes() []*NodeInfo {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// NodeInfo is one Warden node.
+type NodeInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Zone          string                 `protobuf:"bytes,2,opt,name=zone,proto3" json:"zone,omitempty"`
+	RaftAddr      string                 `protobuf:"bytes,3,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	ListenAddr    string                 `protobuf:"bytes,4,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeInfo) Reset() {
+	*x = NodeInfo{}
+	mi := &file_warden_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeInfo) ProtoMessage() {}
+
+func (x *NodeInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
+func (*NodeInfo) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NodeInfo) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetListenAddr() string {
+	if x != nil {
+		return x.ListenAddr
+	}
+	return ""
+}
+
+type ListShardsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListShardsRequest) Reset() {
+	*x = ListShardsRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListShardsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListShardsRequest) ProtoMessage() {}
+
+func (x *ListShardsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListShardsRequest.ProtoReflect.Descriptor instead.
+func (*ListShardsRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+type ListShardsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Generation is the placement map's generation.
+	Generation    uint64       `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Shards        []*ShardInfo `protobuf:"bytes,2,rep,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListShardsResponse) Reset() {
+	*x = ListShardsResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListShardsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListShardsResponse) ProtoMessage() {}
+
+func (x *ListShardsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListShardsResponse.ProtoReflect.Descriptor instead.
+func (*ListShardsResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListShardsResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ListShardsResponse) GetShards() []*ShardInfo {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+// ShardInfo is one data shard.
+type ShardInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Start and end bound its range [start, end) of the 64-bit xxhash space
+	// of lock resources; end 0 means 2^64. A pending shard has neither.
+	RangeStart uint64 `protobuf:"varint,2,opt,name=range_start,json=rangeStart,proto3" json:"range_start,omitempty"`
+	RangeEnd   uint64 `protobuf:"varint,3,opt,name=range_end,json=rangeEnd,proto3" json:"range_end,omitempty"`
+	// Epoch is the high 23 bits of every fencing token it grants.
+	Epoch uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// State is "active" or "pending" (being created by a split).
+	State    string         `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	Replicas []*ReplicaInfo `protobuf:"bytes,6,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// LeaderNodeId is the node hosting the leader, 0 if unknown.
+	LeaderNodeId  uint64 `protobuf:"varint,7,opt,name=leader_node_id,json=leaderNodeId,proto3" json:"leader_node_id,omitempty"`
+	HeldLocks     uint64 `protobuf:"varint,8,opt,name=held_locks,json=heldLocks,proto3" json:"held_locks,omitempty"`
+	QueuedWaiters uint64 `protobuf:"varint,9,opt,name=queued_waiters,json=queuedWaiters,proto3" json:"queued_waiters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardInfo) Reset() {
+	*x = ShardInfo{}
+	mi := &file_warden_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardInfo) ProtoMessage() {}
+
+func (x *ShardInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardInfo.ProtoReflect.Descriptor instead.
+func (*ShardInfo) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ShardInfo) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *ShardInfo) GetRangeStart() uint64 {
+	if x != nil {
+		return x.RangeStart
+	}
+	return 0
+}
+
+func (x *ShardInfo) GetRangeEnd() uint64 {
+	if x != nil {
+		return x.RangeEnd
+	}
+	return 0
+}
+
+func (x *ShardInfo) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ShardInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ShardInfo) GetReplicas() []*ReplicaInfo {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *ShardInfo) GetLeaderNodeId() uint64 {
+	if x != nil {
+		return x.LeaderNodeId
+	}
+	return 0
+}
+
+func (x *ShardInfo) GetHeldLocks() uint64 {
+	if x != nil {
+		return x.HeldLocks
+	}
+	return 0
+}
+
+func (x *ShardInfo) GetQueuedWaiters() uint64 {
+	if x != nil {
+		return x.QueuedWaiters
+	}
+	return 0
+}
+
+// ReplicaInfo is one replica of a shard.
+type ReplicaInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ReplicaId     uint64                 `protobuf:"varint,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	NodeId        uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Zone          string                 `protobuf:"bytes,3,opt,name=zone,proto3" json:"zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaInfo) Reset() {
+	*x = ReplicaInfo{}
+	mi := &file_warden_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaInfo) ProtoMessage() {}
+
+func (x *ReplicaInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaInfo.ProtoReflect.Descriptor instead.
+func (*ReplicaInfo) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ReplicaInfo) GetReplicaId() uint64 {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return 0
+}
+
+func (x *ReplicaInfo) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *ReplicaInfo) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+type SplitShardRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ShardId uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	// SplitAt is the first hash of the new shard's range; 0 means the middle.
+	SplitAt       uint64 `protobuf:"varint,2,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SplitShardRequest) Reset() {
+	*x = SplitShardRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SplitShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SplitShardRequest) ProtoMessage() {}
+
+func (x *SplitShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SplitShardRequest.ProtoReflect.Descriptor instead.
+func (*SplitShardRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SplitShardRequest) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *SplitShardRequest) GetSplitAt() uint64 {
+	if x != nil {
+		return x.SplitAt
+	}
+	return 0
+}
+
+type SplitShardResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// NewShardId is the shard that took [split_at, old end).
+	NewShardId    uint64 `protobuf:"varint,1,opt,name=new_shard_id,json=newShardId,proto3" json:"new_shard_id,omitempty"`
+	SplitAt       uint64 `protobuf:"varint,2,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
+	Generation    uint64 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SplitShardResponse) Reset() {
+	*x = SplitShardResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SplitShardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SplitShardResponse) ProtoMessage() {}
+
+func (x *SplitShardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SplitShardResponse.ProtoReflect.Descriptor instead.
+func (*SplitShardResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SplitShardResponse) GetNewShardId() uint64 {
+	if x != nil {
+		return x.NewShardId
+	}
+	return 0
+}
+
+func (x *SplitShardResponse) GetSplitAt() uint64 {
+	if x != nil {
+		return x.SplitAt
+	}
+	return 0
+}
+
+func (x *SplitShardResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 var File_warden_v1_admin_proto protoreflect.FileDescriptor
 
 const file_warden_v1_admin_proto_rawDesc = "" +
@@ -196,8 +723,55 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\vHotResource\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x18\n" +
 	"\awaiters\x18\x02 \x01(\rR\awaiters\x12.\n" +
-	"\x13acquires_per_second\x18\x03 \x01(\x01R\x11acquiresPerSecond2d\n" +
-	"\fAdminService\x12T\n" +
+	"\x13acquires_per_second\x18\x03 \x01(\x01R\x11acquiresPerSecond\"\x12\n" +
+	"\x10ListNodesRequest\">\n" +
+	"\x11ListNodesResponse\x12)\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x13.warden.v1.NodeInfoR\x05nodes\"l\n" +
+	"\bNodeInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
+	"\traft_addr\x18\x03 \x01(\tR\braftAddr\x12\x1f\n" +
+	"\vlisten_addr\x18\x04 \x01(\tR\n" +
+	"listenAddr\"\x13\n" +
+	"\x11ListShardsRequest\"b\n" +
+	"\x12ListShardsResponse\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x04R\n" +
+	"generation\x12,\n" +
+	"\x06shards\x18\x02 \x03(\v2\x14.warden.v1.ShardInfoR\x06shards\"\xa5\x02\n" +
+	"\tShardInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1f\n" +
+	"\vrange_start\x18\x02 \x01(\x04R\n" +
+	"rangeStart\x12\x1b\n" +
+	"\trange_end\x18\x03 \x01(\x04R\brangeEnd\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x122\n" +
+	"\breplicas\x18\x06 \x03(\v2\x16.warden.v1.ReplicaInfoR\breplicas\x12$\n" +
+	"\x0eleader_node_id\x18\a \x01(\x04R\fleaderNodeId\x12\x1d\n" +
+	"\n" +
+	"held_locks\x18\b \x01(\x04R\theldLocks\x12%\n" +
+	"\x0equeued_waiters\x18\t \x01(\x04R\rqueuedWaiters\"Y\n" +
+	"\vReplicaInfo\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\x01 \x01(\x04R\treplicaId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x12\n" +
+	"\x04zone\x18\x03 \x01(\tR\x04zone\"I\n" +
+	"\x11SplitShardRequest\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x19\n" +
+	"\bsplit_at\x18\x02 \x01(\x04R\asplitAt\"q\n" +
+	"\x12SplitShardResponse\x12 \n" +
+	"\fnew_shard_id\x18\x01 \x01(\x04R\n" +
+	"newShardId\x12\x19\n" +
+	"\bsplit_at\x18\x02 \x01(\x04R\asplitAt\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation2\xd1\x02\n" +
+	"\fAdminService\x12K\n" +
+	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
+	"\n" +
+	"ListShards\x12\x1c.warden.v1.ListShardsRequest\x1a\x1d.warden.v1.ListShardsResponse\"\x03\x90\x02\x01\x12N\n" +
+	"\n" +
+	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\"\x03\x90\x02\x02\x12T\n" +
 	"\fHotResources\x12\x1e.warden.v1.HotResourcesRequest\x1a\x1f.warden.v1.HotResourcesResponse\"\x03\x90\x02\x01B7Z5github.com/warden-dev/warden/proto/warden/v1;wardenv1b\x06proto3"
 
 var (
@@ -212,22 +786,40 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 	return file_warden_v1_admin_proto_rawDescData
 }
 
-var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_warden_v1_admin_proto_goTypes = []any{
 	(*HotResourcesRequest)(nil),  // 0: warden.v1.HotResourcesRequest
 	(*HotResourcesResponse)(nil), // 1: warden.v1.HotResourcesResponse
 	(*HotResource)(nil),          // 2: warden.v1.HotResource
+	(*ListNodesRequest)(nil),     // 3: warden.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),    // 4: warden.v1.ListNodesResponse
+	(*NodeInfo)(nil),             // 5: warden.v1.NodeInfo
+	(*ListShardsRequest)(nil),    // 6: warden.v1.ListShardsRequest
+	(*ListShardsResponse)(nil),   // 7: warden.v1.ListShardsResponse
+	(*ShardInfo)(nil),            // 8: warden.v1.ShardInfo
+	(*ReplicaInfo)(nil),          // 9: warden.v1.ReplicaInfo
+	(*SplitShardRequest)(nil),    // 10: warden.v1.SplitShardRequest
+	(*SplitShardResponse)(nil),   // 11: warden.v1.SplitShardResponse
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
-	2, // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
-	2, // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
-	0, // 2: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	1, // 3: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	3, // [3:4] is the sub-list for method output_type
-	2, // [2:3] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	2,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
+	2,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
+	5,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
+	8,  // 3: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
+	9,  // 4: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
+	3,  // 5: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	6,  // 6: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	10, // 7: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	0,  // 8: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	4,  // 9: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	7,  // 10: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	11, // 11: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	1,  // 12: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	9,  // [9:13] is the sub-list for method output_type
+	5,  // [5:9] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
@@ -241,7 +833,7 @@ func file_warden_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

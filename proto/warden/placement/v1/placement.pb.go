@@ -563,7 +563,11 @@ type SplitOp struct {
 	Epoch uint64    `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Step  SplitStep `protobuf:"varint,5,opt,name=step,proto3,enum=warden.placement.v1.SplitStep" json:"step,omitempty"`
 	// Generation is the map generation the split commits.
-	Generation    uint64 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation uint64 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
+	// RollingBack: the split was abandoned before its point of no return;
+	// the target shard is dropped, and the operator ends once the source
+	// is unfenced.
+	RollingBack   bool `protobuf:"varint,7,opt,name=rolling_back,json=rollingBack,proto3" json:"rolling_back,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -638,6 +642,13 @@ func (x *SplitOp) GetGeneration() uint64 {
 		return x.Generation
 	}
 	return 0
+}
+
+func (x *SplitOp) GetRollingBack() bool {
+	if x != nil {
+		return x.RollingBack
+	}
+	return false
 }
 
 // Command is one entry of the placement log.
@@ -1059,9 +1070,10 @@ func (x *AdvanceSplitCmd) GetTo() SplitStep {
 	return SplitStep_SPLIT_STEP_UNSPECIFIED
 }
 
-// EndOperatorCmd removes a finished operator, or rolls back one that has
-// not reached its point of no return (for a split, SPLIT_STEP_ACTIVATED):
-// the pending target shard is dropped.
+// EndOperatorCmd with rollback abandons an operator that has not reached
+// its point of no return (for a split, SPLIT_STEP_ACTIVATED): the pending
+// target shard is dropped and the operator marked rolling back. Without
+// rollback it removes an operator that is done or rolling back.
 type EndOperatorCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	OperatorId    uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
@@ -1217,7 +1229,7 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\bOperator\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
 	"\x05split\x18\x02 \x01(\v2\x1c.warden.placement.v1.SplitOpH\x00R\x05splitB\x06\n" +
-	"\x04kind\"\xbe\x01\n" +
+	"\x04kind\"\xe1\x01\n" +
 	"\aSplitOp\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\x04R\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\x04R\x06target\x12\x19\n" +
@@ -1226,7 +1238,8 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\x04step\x18\x05 \x01(\x0e2\x1e.warden.placement.v1.SplitStepR\x04step\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x06 \x01(\x04R\n" +
-	"generation\"\xd2\x03\n" +
+	"generation\x12!\n" +
+	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xd2\x03\n" +
 	"\aCommand\x12A\n" +
 	"\tbootstrap\x18\x01 \x01(\v2!.warden.placement.v1.BootstrapCmdH\x00R\tbootstrap\x12K\n" +
 	"\rregister_node\x18\x02 \x01(\v2$.warden.placement.v1.RegisterNodeCmdH\x00R\fregisterNode\x12N\n" +

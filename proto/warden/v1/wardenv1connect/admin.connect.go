@@ -33,6 +33,12 @@ const (
 // reflection-formatted method names, remove the leading slash and convert the remaining slash to a
 // period.
 const (
+	// AdminServiceListNodesProcedure is the fully-qualified name of the AdminService's ListNodes RPC.
+	AdminServiceListNodesProcedure = "/warden.v1.AdminService/ListNodes"
+	// AdminServiceListShardsProcedure is the fully-qualified name of the AdminService's ListShards RPC.
+	AdminServiceListShardsProcedure = "/warden.v1.AdminService/ListShards"
+	// AdminServiceSplitShardProcedure is the fully-qualified name of the AdminService's SplitShard RPC.
+	AdminServiceSplitShardProcedure = "/warden.v1.AdminService/SplitShard"
 	// AdminServiceHotResourcesProcedure is the fully-qualified name of the AdminService's HotResources
 	// RPC.
 	AdminServiceHotResourcesProcedure = "/warden.v1.AdminService/HotResources"
@@ -40,6 +46,24 @@ const (
 
 // AdminServiceClient is a client for the warden.v1.AdminService service.
 type AdminServiceClient interface {
+	// ListNodes lists the nodes in the placement map with their zones and
+	// addresses.
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
+	// ListShards lists the data shards: hash range, epoch, replicas with
+	// zones, the leader, and counts of held locks and queued waiters (read
+	// from each shard's leader; a shard without one shows leader 0 and no
+	// counts).
+	ListShards(context.Context, *connect.Request[v1.ListShardsRequest]) (*connect.Response[v1.ListShardsResponse], error)
+	// SplitShard moves the upper part of a shard's hash range, from split_at
+	// (default: the middle) to its end, to a new shard with a replica in each
+	// of three zones, and returns when the split is done. Locks, waiters and
+	// dedup entries move with the range; tokens keep increasing (the new
+	// shard takes a fresh epoch). During the move the range answers
+	// UNAVAILABLE (retryable) for well under a second.
+	// Errors: NOT_FOUND for an unknown shard; INVALID_ARGUMENT for a
+	// split_at outside the range; FAILED_PRECONDITION while another
+	// operator runs; UNAVAILABLE without a placement quorum.
+	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
 	// HotResources lists the locks with the most queued waiters (read from
 	// each shard's leader) and with the highest Acquire rate (as this node
 	// has seen them over about the last 20 seconds).
@@ -57,6 +81,27 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 	baseURL = strings.TrimRight(baseURL, "/")
 	adminServiceMethods := v1.File_warden_v1_admin_proto.Services().ByName("AdminService").Methods()
 	return &adminServiceClient{
+		listNodes: connect.NewClient[v1.ListNodesRequest, v1.ListNodesResponse](
+			httpClient,
+			baseURL+AdminServiceListNodesProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListNodes")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		listShards: connect.NewClient[v1.ListShardsRequest, v1.ListShardsResponse](
+			httpClient,
+			baseURL+AdminServiceListShardsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListShards")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		splitShard: connect.NewClient[v1.SplitShardRequest, v1.SplitShardResponse](
+			httpClient,
+			baseURL+AdminServiceSplitShardProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("SplitShard")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 		hotResources: connect.NewClient[v1.HotResourcesRequest, v1.HotResourcesResponse](
 			httpClient,
 			baseURL+AdminServiceHotResourcesProcedure,
@@ -69,7 +114,25 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 
 // adminServiceClient implements AdminServiceClient.
 type adminServiceClient struct {
+	listNodes    *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
+	listShards   *connect.Client[v1.ListShardsRequest, v1.ListShardsResponse]
+	splitShard   *connect.Client[v1.SplitShardRequest, v1.SplitShardResponse]
 	hotResources *connect.Client[v1.HotResourcesRequest, v1.HotResourcesResponse]
+}
+
+// ListNodes calls warden.v1.AdminService.ListNodes.
+func (c *adminServiceClient) ListNodes(ctx context.Context, req *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return c.listNodes.CallUnary(ctx, req)
+}
+
+// ListShards calls warden.v1.AdminService.ListShards.
+func (c *adminServiceClient) ListShards(ctx context.Context, req *connect.Request[v1.ListShardsRequest]) (*connect.Response[v1.ListShardsResponse], error) {
+	return c.listShards.CallUnary(ctx, req)
+}
+
+// SplitShard calls warden.v1.AdminService.SplitShard.
+func (c *adminServiceClient) SplitShard(ctx context.Context, req *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error) {
+	return c.splitShard.CallUnary(ctx, req)
 }
 
 // HotResources calls warden.v1.AdminService.HotResources.
@@ -79,6 +142,24 @@ func (c *adminServiceClient) HotResources(ctx context.Context, req *connect.Requ
 
 // AdminServiceHandler is an implementation of the warden.v1.AdminService service.
 type AdminServiceHandler interface {
+	// ListNodes lists the nodes in the placement map with their zones and
+	// addresses.
+	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
+	// ListShards lists the data shards: hash range, epoch, replicas with
+	// zones, the leader, and counts of held locks and queued waiters (read
+	// from each shard's leader; a shard without one shows leader 0 and no
+	// counts).
+	ListShards(context.Context, *connect.Request[v1.ListShardsRequest]) (*connect.Response[v1.ListShardsResponse], error)
+	// SplitShard moves the upper part of a shard's hash range, from split_at
+	// (default: the middle) to its end, to a new shard with a replica in each
+	// of three zones, and returns when the split is done. Locks, waiters and
+	// dedup entries move with the range; tokens keep increasing (the new
+	// shard takes a fresh epoch). During the move the range answers
+	// UNAVAILABLE (retryable) for well under a second.
+	// Errors: NOT_FOUND for an unknown shard; INVALID_ARGUMENT for a
+	// split_at outside the range; FAILED_PRECONDITION while another
+	// operator runs; UNAVAILABLE without a placement quorum.
+	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
 	// HotResources lists the locks with the most queued waiters (read from
 	// each shard's leader) and with the highest Acquire rate (as this node
 	// has seen them over about the last 20 seconds).
@@ -92,6 +173,27 @@ type AdminServiceHandler interface {
 // and JSON codecs. They also support gzip compression.
 func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
 	adminServiceMethods := v1.File_warden_v1_admin_proto.Services().ByName("AdminService").Methods()
+	adminServiceListNodesHandler := connect.NewUnaryHandler(
+		AdminServiceListNodesProcedure,
+		svc.ListNodes,
+		connect.WithSchema(adminServiceMethods.ByName("ListNodes")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceListShardsHandler := connect.NewUnaryHandler(
+		AdminServiceListShardsProcedure,
+		svc.ListShards,
+		connect.WithSchema(adminServiceMethods.ByName("ListShards")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceSplitShardHandler := connect.NewUnaryHandler(
+		AdminServiceSplitShardProcedure,
+		svc.SplitShard,
+		connect.WithSchema(adminServiceMethods.ByName("SplitShard")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceHotResourcesHandler := connect.NewUnaryHandler(
 		AdminServiceHotResourcesProcedure,
 		svc.HotResources,
@@ -101,6 +203,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 	)
 	return "/warden.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
+		case AdminServiceListNodesProcedure:
+			adminServiceListNodesHandler.ServeHTTP(w, r)
+		case AdminServiceListShardsProcedure:
+			adminServiceListShardsHandler.ServeHTTP(w, r)
+		case AdminServiceSplitShardProcedure:
+			adminServiceSplitShardHandler.ServeHTTP(w, r)
 		case AdminServiceHotResourcesProcedure:
 			adminServiceHotResourcesHandler.ServeHTTP(w, r)
 		default:
@@ -111,6 +219,18 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 
 // UnimplementedAdminServiceHandler returns CodeUnimplemented from all methods.
 type UnimplementedAdminServiceHandler struct{}
+
+func (UnimplementedAdminServiceHandler) ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.ListNodes is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListShards(context.Context, *connect.Request[v1.ListShardsRequest]) (*connect.Response[v1.ListShardsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.ListShards is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.SplitShard is not implemented"))
+}
 
 func (UnimplementedAdminServiceHandler) HotResources(context.Context, *connect.Request[v1.HotResourcesRequest]) (*connect.Response[v1.HotResourcesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.HotResources is not implemented"))

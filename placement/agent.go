@@ -1,0 +1,160 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+	"google.golang.org/protobuf/proto"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+)
+
+// MetaClient reads and writes the placement group, through a local replica
+// (LocalMeta) or over the network from a node that hosts none.
+type MetaClient interface {
+	// Propose commits cmd; a refused command is a *RefusedError.
+	Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error)
+	// Read returns the committed state, linearizably.
+	Read(ctx context.Context) (*placementv1.State, error)
+}
+
+// RefusedError is a placement command the state machine refused.
+type RefusedError struct{ Reason string }
+
+func (e *RefusedError) Error() string { return "placement: " + e.Reason }
+
+// LocalMeta is a MetaClient over this node's replica of the placement
+// group. Dragonboat forwards proposals made on a follower to the leader.
+type LocalMeta struct{ NH *dragonboat.NodeHost }
+
+// Propose implements MetaClient.
+func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
+	b, err := proto.Marshal(cmd)
+	if err != nil {
+		return nil, err
+	}
+	out, err := m.NH.SyncPropose(ctx, m.NH.GetNoOPSession(MetaShardID), b)
+	if err != nil {
+		return nil, fmt.Errorf("placement: propose: %w", err)
+	}
+	res := &placementv1.Result{}
+	if err := proto.Unmarshal(out.Data, res); err != nil {
+		return nil, fmt.Errorf("placement: result: %w", err)
+	}
+	if res.GetError() != "" {
+		return res, &RefusedError{res.GetError()}
+	}
+	return res, nil
+}
+
+// Read implements MetaClient.
+func (m LocalMeta) Read(ctx context.Context) (*placementv1.State, error) {
+	out, err := m.NH.SyncRead(ctx, MetaShardID, nil)
+	if err != nil {
+		return nil, fmt.Errorf("placement: read: %w", err)
+	}
+	return out.(*placementv1.State), nil
+}
+
+// Bootstrap creates the first map from the initial members, unless it
+// exists, and registers this node (with its zone) in it. It retries until
+// the placement group has a quorum or ctx ends.
+func Bootstrap(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node) error {
+	for {
+		err := bootstrapOnce(ctx, meta, members, self)
+		if err == nil {
+			return nil
+		}
+		var refused *RefusedError
+		if errors.As(err, &refused) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("placement: bootstrap: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func bootstrapOnce(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node) error {
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if len(members) > 0 {
+		_, err := meta.Propose(pctx, &placementv1.Command{Command: &placementv1.Command_Bootstrap{Bootstrap: &placementv1.BootstrapCmd{Nodes: members}}})
+		var refused *RefusedError
+		if err != nil && !(errors.As(err, &refused) && refused.Reason == ErrBootstrapped.Error()) {
+			return err
+		}
+	}
+	_, err := meta.Propose(pctx, &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{Node: self}}})
+	return err
+}
+
+// Agent starts and stops the data shard replicas of one node to match the
+// placement map (Dragonboat cannot start a group from inside a state
+// machine, so placement changes become replica starts here).
+type Agent struct {
+	node *Node
+	mu   sync.Mutex
+	// running maps shard id → replica id of the replicas it started.
+	running map[uint64]uint64
+}
+
+// NewAgent returns the agent of node.
+func NewAgent(node *Node) *Agent { return &Agent{node: node, running: map[uint64]uint64{}} }
+
+// Reconcile starts every replica m places on the node that is not running
+// and stops (and deletes) every running one m no longer places there. An
+// empty (unbootstrapped) map changes nothing.
+func (a *Agent) Reconcile(m *Map) error {
+	if m.Generation() == 0 {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	want := map[uint64]*placementv1.Replica{}
+	for _, s := range m.State().GetShards() {
+		for _, r := range s.GetReplicas() {
+			if r.GetNodeId() == a.node.ID() {
+				want[s.GetId()] = r
+			}
+		}
+	}
+	var errs []error
+	for id, r := range want {
+		if _, ok := a.running[id]; ok {
+			continue
+		}
+		if err := a.node.StartDataShard(id, r.GetReplicaId(), m.Members(m.Shard(id)), r.GetJoin()); err != nil && !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
+			errs = append(errs, err)
+			continue
+		}
+		a.running[id] = r.GetReplicaId()
+	}
+	for id, replica := range a.running {
+		if r, ok := want[id]; ok && r.GetReplicaId() == replica {
+			continue
+		}
+		if err := a.node.StopDataShard(id, replica); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		slog.Info("replica removed", "node", a.node.ID(), "shard", id, "replica", replica)
+		delete(a.running, id)
+	}
+	return errors.Join(errs...)
+}
+
+// Hosts reports whether the agent runs a replica of shardID.
+func (a *Agent) Hosts(shardID uint64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.running[shardID]
+	return ok
+}

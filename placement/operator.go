@@ -1,0 +1,380 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// ShardClient proposes to and reads from the leader of any data shard,
+// wherever it runs. The caller sets the envelope's generation; the
+// client stamps version, shard id and the leader's time.
+type ShardClient interface {
+	Propose(ctx context.Context, shardID uint64, env *shardv1.Envelope) (*shardv1.Result, error)
+	Read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error)
+}
+
+// Allocator hands out fencing-token epochs from windows it reserves in
+// the placement group, EpochWindow at a time, so most allocations cost no
+// Raft entry. A window is reserved by compare-and-set on the epoch limit,
+// so no two allocators (an old and a new placement leader) ever share an
+// epoch, and one allocator's epochs strictly increase across restarts.
+// Assigning an epoch to a shard (BeginSplitCmd) also requires it to be
+// above every epoch assigned before.
+type Allocator struct {
+	meta MetaClient
+	mu   sync.Mutex
+	next uint64
+	end  uint64 // the window is [next, end)
+}
+
+// NewAllocator returns an allocator with no window.
+func NewAllocator(meta MetaClient) *Allocator { return &Allocator{meta: meta} }
+
+// Next returns an epoch never returned before by any allocator.
+func (a *Allocator) Next(ctx context.Context) (uint64, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.next == a.end {
+		st, err := a.meta.Read(ctx)
+		if err != nil {
+			return 0, err
+		}
+		res, err := a.meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_ReserveEpochs{ReserveEpochs: &placementv1.ReserveEpochsCmd{
+			ExpectedLimit: st.GetEpochLimit(), Count: EpochWindow}}})
+		if err != nil {
+			return 0, err
+		}
+		a.next, a.end = res.GetEpochStart(), res.GetEpochStart()+EpochWindow
+	}
+	e := a.next
+	a.next++
+	return e, nil
+}
+
+// Discard drops the rest of the window (another allocator assigned a
+// later epoch, so this window's epochs can no longer be assigned).
+func (a *Allocator) Discard() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.next = a.end
+}
+
+// Operators runs placement operators: it begins them and drives each
+// persisted step to the end. Any node may drive an operator, even two at
+// once (a deposed placement leader that has not noticed yet): every step
+// is idempotent in the shards, every recorded step is a compare-and-set
+// in the placement group, and a rollback is recorded before the source
+// is unfenced.
+type Operators struct {
+	Meta   MetaClient
+	Shards ShardClient
+	Alloc  *Allocator
+	// TargetWait bounds how long a split waits for its new shard to elect
+	// a leader before it rolls back (default 30 s).
+	TargetWait time.Duration
+	Logger     *slog.Logger
+	// ExportPage is how many records one import command carries (default 256).
+	ExportPage uint32
+	// OnFenced, if set, is called with how long a split kept its moving
+	// range fenced, from the fence to the map commit.
+	OnFenced func(time.Duration)
+
+	mu     sync.Mutex
+	active map[uint64]bool // operators a goroutine of this process drives
+}
+
+// claim marks operator id as driven by the caller; false if it already is.
+func (o *Operators) claim(id uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.active[id] {
+		return false
+	}
+	if o.active == nil {
+		o.active = map[uint64]bool{}
+	}
+	o.active[id] = true
+	return true
+}
+
+func (o *Operators) unclaim(id uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.active, id)
+}
+
+// Run drives operator id until it ends or ctx does, retrying failed steps,
+// and returns the operator as it was last recorded before it ended.
+func (o *Operators) Run(ctx context.Context, id uint64) (*placementv1.Operator, error) {
+	var last *placementv1.Operator
+	for {
+		st, err := o.Meta.Read(ctx)
+		if err == nil {
+			op, _ := operatorByID(st, id)
+			if op == nil {
+				return last, nil
+			}
+			last = op
+			err = o.driveSplit(ctx, id)
+		}
+		if err != nil {
+			o.logger().Warn("placement operator step failed; retrying", "operator", id, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return last, fmt.Errorf("operator %d: %w (last error: %v)", id, ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// BeginSplit records a split of shard source at hash splitAt (0: the
+// middle of its range) into a new shard with a fresh epoch and replicas in
+// distinct zones; Drive carries it out.
+func (o *Operators) BeginSplit(ctx context.Context, source, splitAt uint64) (*placementv1.Operator, error) {
+	st, err := o.Meta.Read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	src := shardByID(st, source)
+	if src == nil {
+		return nil, &RefusedError{fmt.Sprintf("shard_id: shard %d does not exist", source)}
+	}
+	nodes := pickNodes(st, len(src.GetReplicas()))
+	for attempt := 0; ; attempt++ {
+		epoch, err := o.Alloc.Next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		res, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_BeginSplit{BeginSplit: &placementv1.BeginSplitCmd{
+			Source: source, SplitAt: splitAt, Epoch: epoch, Nodes: nodes}}})
+		var refused *RefusedError
+		if attempt == 0 && errors.As(err, &refused) && st.GetLastEpoch() < st.GetEpochLimit() {
+			o.Alloc.Discard() // another allocator assigned a later epoch; take a new window
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return res.GetOperator(), nil
+	}
+}
+
+// pickNodes chooses n nodes in distinct zones, the least loaded (fewest
+// replicas) in each zone, zones with less load first.
+func pickNodes(st *placementv1.State, n int) []uint64 {
+	load := map[uint64]int{}
+	for _, s := range st.GetShards() {
+		for _, r := range s.GetReplicas() {
+			load[r.GetNodeId()]++
+		}
+	}
+	best := map[string]*placementv1.Node{}
+	for _, nd := range st.GetNodes() {
+		if b := best[nd.GetZone()]; b == nil || load[nd.GetId()] < load[b.GetId()] {
+			best[nd.GetZone()] = nd
+		}
+	}
+	var picks []*placementv1.Node
+	for _, nd := range best {
+		picks = append(picks, nd)
+	}
+	slices.SortFunc(picks, func(a, b *placementv1.Node) int {
+		if d := load[a.GetId()] - load[b.GetId()]; d != 0 {
+			return d
+		}
+		return int(a.GetId()) - int(b.GetId())
+	})
+	var ids []uint64
+	for _, nd := range picks[:min(n, len(picks))] {
+		ids = append(ids, nd.GetId())
+	}
+	return ids
+}
+
+// Drive carries every operator in the placement state to its end.
+func (o *Operators) Drive(ctx context.Context) error {
+	st, err := o.Meta.Read(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, op := range st.GetOperators() {
+		if err := o.driveSplit(ctx, op.GetId()); err != nil {
+			errs = append(errs, fmt.Errorf("operator %d: %w", op.GetId(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (o *Operators) logger() *slog.Logger {
+	if o.Logger == nil {
+		return slog.Default()
+	}
+	return o.Logger
+}
+
+// advance records that split op reached step to.
+func (o *Operators) advance(ctx context.Context, op uint64, to placementv1.SplitStep) error {
+	_, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_AdvanceSplit{AdvanceSplit: &placementv1.AdvanceSplitCmd{OperatorId: op, To: to}}})
+	return err
+}
+
+// propose sends a range command to a shard and turns a refusal into an error.
+func (o *Operators) propose(ctx context.Context, shardID, generation uint64, env *shardv1.Envelope) (*shardv1.Result, error) {
+	env.Generation = generation
+	res, err := o.Shards.Propose(ctx, shardID, env)
+	if err != nil {
+		return nil, err
+	}
+	if res.GetCode() != shardv1.Code_CODE_OK {
+		return res, fmt.Errorf("shard %d refused %T: %v %s", shardID, env.GetCommand(), res.GetCode(), res.GetReason())
+	}
+	return res, nil
+}
+
+// driveSplit carries split op from its recorded step to the end (or
+// back), unless another goroutine of this process is at it.
+func (o *Operators) driveSplit(ctx context.Context, opID uint64) error {
+	if !o.claim(opID) {
+		return nil
+	}
+	defer o.unclaim(opID)
+	var fencedAt time.Time
+	for {
+		st, err := o.Meta.Read(ctx)
+		if err != nil {
+			return err
+		}
+		op, _ := operatorByID(st, opID)
+		s := op.GetSplit()
+		if s == nil {
+			return nil // done (by us or another driver)
+		}
+		src := rangeOf(st, s.GetSource())
+		if src < 0 {
+			return fmt.Errorf("source shard %d owns no range", s.GetSource())
+		}
+		r := st.GetRanges()[src]
+		log := o.logger().With("operator", opID, "source", s.GetSource(), "target", s.GetTarget(), "split_at", fmt.Sprintf("%#x", s.GetSplitAt()))
+		if s.GetRollingBack() {
+			// The rollback is recorded, so no driver can commit the split
+			// any more: the source may take writes to the range again.
+			if _, err := o.propose(ctx, s.GetSource(), st.GetGeneration(), &shardv1.Envelope{Command: &shardv1.Envelope_UnfenceRange{UnfenceRange: &shardv1.UnfenceRangeCmd{OperatorId: opID}}}); err != nil {
+				return err
+			}
+			log.Warn("split rolled back")
+			return o.end(ctx, opID, false)
+		}
+		switch s.GetStep() {
+		case placementv1.SplitStep_SPLIT_STEP_PREPARED:
+			if err := o.awaitLeader(ctx, s.GetTarget()); err != nil {
+				log.Warn("split: the new shard elected no leader; rolling back", "err", err)
+				return o.end(ctx, opID, true)
+			}
+			fence := &shardv1.RangeFence{OperatorId: opID, Start: s.GetSplitAt(), End: r.GetEnd()}
+			if res, err := o.propose(ctx, s.GetSource(), st.GetGeneration(), &shardv1.Envelope{Command: &shardv1.Envelope_FenceRange{FenceRange: &shardv1.FenceRangeCmd{Fence: fence}}}); err != nil {
+				if res != nil { // refused, not lost: it will not pass
+					log.Warn("split: the source refused the fence; rolling back", "err", err)
+					return o.end(ctx, opID, true)
+				}
+				return err
+			}
+			fencedAt = time.Now()
+			if err := o.advance(ctx, opID, placementv1.SplitStep_SPLIT_STEP_FENCED); err != nil {
+				return err
+			}
+		case placementv1.SplitStep_SPLIT_STEP_FENCED:
+			if err := o.copyRange(ctx, opID, s, r); err != nil {
+				return err
+			}
+			if err := o.advance(ctx, opID, placementv1.SplitStep_SPLIT_STEP_ACTIVATED); err != nil {
+				return err
+			}
+		case placementv1.SplitStep_SPLIT_STEP_ACTIVATED:
+			if err := o.advance(ctx, opID, placementv1.SplitStep_SPLIT_STEP_COMMITTED); err != nil {
+				return err
+			}
+			if !fencedAt.IsZero() && o.OnFenced != nil {
+				o.OnFenced(time.Since(fencedAt))
+			}
+			log.Info("split committed", "generation", s.GetGeneration(), "fenced_for", time.Since(fencedAt))
+		case placementv1.SplitStep_SPLIT_STEP_COMMITTED:
+			// The map already shows the source's kept range.
+			if _, err := o.propose(ctx, s.GetSource(), s.GetGeneration(), &shardv1.Envelope{Command: &shardv1.Envelope_ReleaseRange{ReleaseRange: &shardv1.ReleaseRangeCmd{OperatorId: opID, Keep: r}}}); err != nil {
+				return err
+			}
+			return o.end(ctx, opID, false)
+		default:
+			return fmt.Errorf("unknown split step %v", s.GetStep())
+		}
+	}
+}
+
+func (o *Operators) end(ctx context.Context, opID uint64, rollback bool) error {
+	_, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_EndOperator{EndOperator: &placementv1.EndOperatorCmd{OperatorId: opID, Rollback: rollback}}})
+	return err
+}
+
+// awaitLeader waits until shard id answers a linearizable read.
+func (o *Operators) awaitLeader(ctx context.Context, id uint64) error {
+	wait := o.TargetWait
+	if wait == 0 {
+		wait = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		_, err := o.Shards.Read(ctx, id, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// copyRange copies the fenced records of the source's range r from the
+// split point on into the target, and activates the target.
+func (o *Operators) copyRange(ctx context.Context, opID uint64, s *placementv1.SplitOp, r *shardv1.RangeDescriptor) error {
+	page := o.ExportPage
+	if page == 0 {
+		page = 256
+	}
+	var after []byte
+	for {
+		q, err := o.Shards.Read(ctx, s.GetSource(), &shardv1.Query{Query: &shardv1.Query_Export{Export: &shardv1.ExportQuery{
+			Start: s.GetSplitAt(), End: r.GetEnd(), After: after, Limit: page}}})
+		if err != nil {
+			return err
+		}
+		if f := q.GetMeta().GetFence(); f.GetOperatorId() != opID {
+			return fmt.Errorf("source shard %d is not fenced by this split (fence %v)", s.GetSource(), f)
+		}
+		if recs := q.GetRecords(); len(recs.GetLocks())+len(recs.GetDedups())+len(recs.GetWaiters()) > 0 {
+			if _, err := o.propose(ctx, s.GetTarget(), s.GetGeneration(), &shardv1.Envelope{Command: &shardv1.Envelope_ImportRange{ImportRange: &shardv1.ImportRangeCmd{
+				OperatorId: opID, Records: recs}}}); err != nil {
+				return err
+			}
+		}
+		if after = q.GetNext(); len(after) == 0 {
+			meta := q.GetMeta()
+			_, err := o.propose(ctx, s.GetTarget(), s.GetGeneration(), &shardv1.Envelope{Command: &shardv1.Envelope_ActivateRange{ActivateRange: &shardv1.ActivateRangeCmd{
+				OperatorId: opID,
+				Range:      &shardv1.RangeDescriptor{ShardId: s.GetTarget(), Start: s.GetSplitAt(), End: r.GetEnd(), Generation: s.GetGeneration()},
+				Epoch:      s.GetEpoch(), Config: meta.GetConfig(), SourceLastNowUnixNano: meta.GetLastNowUnixNano()}}})
+			return err
+		}
+	}
+}

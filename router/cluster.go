@@ -1,0 +1,245 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// NodeSpec is a node to run in this process.
+type NodeSpec struct {
+	ID       uint64
+	Zone     string
+	RaftAddr string // host:port of its Raft transport
+	DataDir  string
+}
+
+// Member is one of a cluster's initial members, which host the placement
+// group and the first data shard.
+type Member struct {
+	ID         uint64
+	RaftAddr   string // host:port of its Raft transport
+	ListenAddr string // host:port of its Connect API
+}
+
+// ClusterConfig describes the part of a Warden cluster that runs in this
+// process: one node in production, three in dev mode.
+type ClusterConfig struct {
+	Nodes []NodeSpec
+	// ListenAddr is the Connect address this process serves, as the other
+	// nodes reach it.
+	ListenAddr string
+	// Members are the initial members; every node starts with the same
+	// list. A node that is not one of them joins through Join instead.
+	Members []Member
+	// Join lists the Connect addresses of running nodes, for a node that
+	// is not an initial member.
+	Join []string
+	// RTT, SnapshotEntries and CompactionOverhead are passed to every node.
+	RTT                time.Duration
+	SnapshotEntries    uint64
+	CompactionOverhead uint64
+	Router             Config
+	// Observer, if set, also sees every hand-off each replica applies.
+	Observer shard.ApplyObserver
+	// BootstrapTimeout bounds the wait for the placement group's quorum at
+	// start (default 60 s).
+	BootstrapTimeout time.Duration
+	// MapInterval is the period of the placement map refresh, the node
+	// agents and the operator driver (default 200 ms).
+	MapInterval time.Duration
+}
+
+// Cluster is the running part of a Warden cluster in this process.
+type Cluster struct {
+	cfg   ClusterConfig
+	waits *WaitRegistry
+	// Router routes over the nodes; Nodes[i] runs cfg.Nodes[i].
+	Router *Router
+	Nodes  []LocalNode
+	agents []*placement.Agent
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// StartCluster starts (or restarts) the nodes of cfg, bootstraps or
+// joins the placement group, starts the replicas the map places on the
+// nodes, and runs the map refresh, the node agents and, on the placement
+// leader, the operator driver.
+func StartCluster(cfg ClusterConfig) (*Cluster, error) {
+	if cfg.BootstrapTimeout == 0 {
+		cfg.BootstrapTimeout = time.Minute
+	}
+	if cfg.MapInterval == 0 {
+		cfg.MapInterval = 200 * time.Millisecond
+	}
+	c := &Cluster{cfg: cfg, waits: NewWaitRegistry(), Nodes: make([]LocalNode, len(cfg.Nodes)), stop: make(chan struct{})}
+	var meta placement.MetaClient
+	for i, spec := range cfg.Nodes {
+		lead := NewLeadership()
+		n, err := placement.StartNode(placement.NodeConfig{
+			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, DataDir: spec.DataDir,
+			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
+			Listener: lead, Observer: c.observe,
+		})
+		if err != nil {
+			c.closeNodes()
+			return nil, err
+		}
+		c.Nodes[i] = LocalNode{Node: n, Leadership: lead}
+		c.agents = append(c.agents, placement.NewAgent(n))
+		if slices.ContainsFunc(cfg.Members, func(m Member) bool { return m.ID == spec.ID }) {
+			if err := n.StartMeta(c.Members(), false); err != nil {
+				c.closeNodes()
+				return nil, err
+			}
+			if meta == nil {
+				meta = placement.LocalMeta{NH: n.NH}
+			}
+		}
+	}
+	p := newPeers()
+	if meta == nil {
+		if len(cfg.Join) == 0 {
+			c.closeNodes()
+			return nil, errors.New("router: a node that is not an initial member needs join addresses")
+		}
+		meta = remoteMeta{peers: p, seeds: cfg.Join, known: c.knownAddrs}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.BootstrapTimeout)
+	defer cancel()
+	var initial []*placementv1.Node
+	for _, m := range cfg.Members {
+		initial = append(initial, &placementv1.Node{Id: m.ID, RaftAddr: m.RaftAddr, ListenAddr: m.ListenAddr})
+	}
+	for _, spec := range cfg.Nodes {
+		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: cfg.ListenAddr}
+		if err := placement.Bootstrap(ctx, meta, initial, self); err != nil {
+			c.closeNodes()
+			return nil, err
+		}
+	}
+	st, err := meta.Read(ctx)
+	if err != nil {
+		c.closeNodes()
+		return nil, err
+	}
+	c.Router = New(c.Nodes, meta, placement.NewMap(st), c.waits, cfg.Router)
+	c.Router.peers = p
+	c.Router.ops = &placement.Operators{Meta: meta, Shards: c.Router.Shards(), Alloc: placement.NewAllocator(meta),
+		Logger: c.Router.cfg.Logger, OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
+	if err := c.reconcile(); err != nil {
+		c.closeNodes()
+		return nil, err
+	}
+	c.Router.Start()
+	c.wg.Add(1)
+	go c.loop()
+	return c, nil
+}
+
+// knownAddrs lists the Connect addresses of the nodes in the map.
+func (c *Cluster) knownAddrs() []string {
+	if c.Router == nil {
+		return nil
+	}
+	var out []string
+	for _, n := range c.Router.Map().State().GetNodes() {
+		out = append(out, n.GetListenAddr())
+	}
+	return out
+}
+
+// Members maps the initial members' ids to their Raft addresses.
+func (c *Cluster) Members() map[uint64]string {
+	m := map[uint64]string{}
+	for _, mb := range c.cfg.Members {
+		m[mb.ID] = mb.RaftAddr
+	}
+	return m
+}
+
+func (c *Cluster) observe(shardID uint64, res *shardv1.Result) {
+	c.waits.Observe(shardID, res)
+	if c.cfg.Observer != nil {
+		c.cfg.Observer(shardID, res)
+	}
+}
+
+// reconcile makes every local node run the replicas the router's map
+// places on it.
+func (c *Cluster) reconcile() error {
+	var errs []error
+	for _, a := range c.agents {
+		errs = append(errs, a.Reconcile(c.Router.Map()))
+	}
+	return errors.Join(errs...)
+}
+
+// loop refreshes the map, runs the node agents and, while a local node
+// leads the placement group, drives the operators in progress.
+func (c *Cluster) loop() {
+	defer c.wg.Done()
+	tick := time.NewTicker(c.cfg.MapInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := c.Router.RefreshMap(ctx); err != nil {
+			c.Router.cfg.Logger.Debug("placement map refresh", "err", err)
+		}
+		if err := c.reconcile(); err != nil {
+			c.Router.cfg.Logger.Warn("node agent", "err", err)
+		}
+		if len(c.Router.Map().State().GetOperators()) > 0 && c.leadsMeta() {
+			if err := c.Router.ops.Drive(ctx); err != nil {
+				c.Router.cfg.Logger.Warn("placement operator", "err", err)
+			}
+		}
+		cancel()
+	}
+}
+
+// leadsMeta reports whether a local node leads the placement group.
+func (c *Cluster) leadsMeta() bool {
+	return c.Router.metaLeader() != nil && c.Router.isLocal(c.Router.metaLeader().GetId())
+}
+
+// Close stops the loops, the router's timers and every node.
+func (c *Cluster) Close() {
+	close(c.stop)
+	c.wg.Wait()
+	c.Router.Stop()
+	c.closeNodes()
+}
+
+func (c *Cluster) closeNodes() {
+	for _, n := range c.Nodes {
+		if n.Node != nil {
+			n.Node.Close()
+		}
+	}
+}
+
+// metaLeader returns the node that leads the placement group, as the
+// local replicas know it, or nil.
+func (r *Router) metaLeader() *placementv1.Node {
+	for i := range r.nodes {
+		id, _, valid, err := r.nodes[i].Node.NH.GetLeaderID(placement.MetaShardID)
+		if err == nil && valid && id != 0 {
+			return r.Map().Node(id) // meta replica id = node id
+		}
+	}
+	return nil
+}

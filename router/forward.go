@@ -1,0 +1,163 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// forwardedHeader marks a request one node forwarded to another; the
+// receiver serves it itself or answers Unavailable, never forwards again.
+const forwardedHeader = "Warden-Forwarded"
+
+// forward sends a client RPC about key to the node that hosts the leader
+// of key's shard, when that is another node, and returns its answer with
+// ok set; with ok unset the RPC is to be served here. While the other
+// node answers Unavailable (its leadership moved, a range is moving) it
+// looks again and retries for up to LeaderWait. Retrying is safe: every
+// RPC is idempotent under its request id or lease id.
+func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request[Req], key string,
+	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
+	if req.Header().Get(forwardedHeader) != "" {
+		return nil, false, nil
+	}
+	deadline := time.Now().Add(r.cfg.LeaderWait)
+	for {
+		rl := r.remoteFor(ctx, key)
+		if rl == nil {
+			return nil, false, nil
+		}
+		fr := connect.NewRequest(req.Msg)
+		fr.Header().Set(forwardedHeader, "1")
+		metrics.forwards.Inc()
+		resp, err := call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
+		if connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
+			return resp, true, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, true, err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// remoteFor returns where key's shard is led from when that is another
+// node, or nil when it is here (or unknown: serving here gives the error).
+func (r *Router) remoteFor(ctx context.Context, key string) *remoteLeader {
+	rg, err := r.Map().ShardFor(key)
+	if err != nil {
+		return nil
+	}
+	_, _, err = r.leader(ctx, rg.GetShardId())
+	var rl *remoteLeader
+	if errors.As(err, &rl) {
+		return rl
+	}
+	return nil
+}
+
+// proposeShard proposes env on shardID's leader, which must be local.
+// The caller sets env's generation.
+func (r *Router) proposeShard(ctx context.Context, shardID uint64, env *shardv1.Envelope) (*shardv1.Result, error) {
+	var res *shardv1.Result
+	err := r.retryDropped(ctx, func() error {
+		n, t, err := r.leader(ctx, shardID)
+		if err != nil {
+			return err
+		}
+		res, err = r.proposeOn(ctx, n, t, shardID, env)
+		return err
+	})
+	return res, err
+}
+
+// shardClient is the placement.ShardClient of a Router: local leaders
+// first, else the node that hosts the leader, over NodeService.
+type shardClient struct{ r *Router }
+
+func (c shardClient) Propose(ctx context.Context, shardID uint64, env *shardv1.Envelope) (*shardv1.Result, error) {
+	res, err := c.r.proposeShard(ctx, shardID, env)
+	var rl *remoteLeader
+	if !errors.As(err, &rl) {
+		return res, err
+	}
+	req := connect.NewRequest(&placementv1.ProposeRequest{ShardId: shardID, Envelope: env})
+	req.Header().Set(forwardedHeader, "1")
+	out, err := c.r.peers.get(rl.node.GetListenAddr()).node.Propose(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("shard %d via node %d: %w", shardID, rl.node.GetId(), err)
+	}
+	return out.Msg.GetResult(), nil
+}
+
+func (c shardClient) Read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	out, err := c.r.readShard(ctx, shardID, q)
+	var rl *remoteLeader
+	if !errors.As(err, &rl) {
+		return out, err
+	}
+	req := connect.NewRequest(&placementv1.ReadRequest{ShardId: shardID, Query: q})
+	req.Header().Set(forwardedHeader, "1")
+	resp, err := c.r.peers.get(rl.node.GetListenAddr()).node.Read(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("shard %d via node %d: %w", shardID, rl.node.GetId(), err)
+	}
+	return resp.Msg.GetResult(), nil
+}
+
+// Shards returns a client of every data shard's leader, wherever it runs.
+func (r *Router) Shards() placement.ShardClient { return shardClient{r} }
+
+// remoteMeta is the placement.MetaClient of a node that hosts no replica
+// of the placement group: it asks the nodes it knows (seeds, then the
+// map's) over NodeService.
+type remoteMeta struct {
+	peers *peers
+	seeds []string
+	known func() []string
+}
+
+func (m remoteMeta) addrs() []string {
+	out := append([]string(nil), m.seeds...)
+	if m.known != nil {
+		out = append(out, m.known()...)
+	}
+	return out
+}
+
+func (m remoteMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
+	var errs []error
+	for _, a := range m.addrs() {
+		resp, err := m.peers.get(a).node.ProposeMeta(ctx, connect.NewRequest(&placementv1.ProposeMetaRequest{Command: cmd}))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if res := resp.Msg.GetResult(); res.GetError() != "" {
+			return res, &placement.RefusedError{Reason: res.GetError()}
+		}
+		return resp.Msg.GetResult(), nil
+	}
+	return nil, fmt.Errorf("placement: no node answered: %w", errors.Join(errs...))
+}
+
+func (m remoteMeta) Read(ctx context.Context) (*placementv1.State, error) {
+	var errs []error
+	for _, a := range m.addrs() {
+		resp, err := m.peers.get(a).node.ReadMeta(ctx, connect.NewRequest(&placementv1.ReadMetaRequest{}))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return resp.Msg.GetState(), nil
+	}
+	return nil, fmt.Errorf("placement: no node answered: %w", errors.Join(errs...))
+}

@@ -1,0 +1,70 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
+)
+
+// NodeServer implements placementv1connect.NodeServiceHandler, the
+// node-to-node API: it only ever serves from this node's own replicas.
+type NodeServer struct {
+	r *Router
+}
+
+var _ placementv1connect.NodeServiceHandler = (*NodeServer)(nil)
+
+// Propose implements NodeService.Propose.
+func (s *NodeServer) Propose(ctx context.Context, req *connect.Request[placementv1.ProposeRequest]) (*connect.Response[placementv1.ProposeResponse], error) {
+	if req.Msg.GetEnvelope() == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("envelope: is required"))
+	}
+	res, err := s.r.proposeShard(ctx, req.Msg.GetShardId(), req.Msg.GetEnvelope())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&placementv1.ProposeResponse{Result: res}), nil
+}
+
+// Read implements NodeService.Read.
+func (s *NodeServer) Read(ctx context.Context, req *connect.Request[placementv1.ReadRequest]) (*connect.Response[placementv1.ReadResponse], error) {
+	if req.Msg.GetQuery() == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("query: is required"))
+	}
+	out, err := s.r.readShard(ctx, req.Msg.GetShardId(), req.Msg.GetQuery())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&placementv1.ReadResponse{Result: out}), nil
+}
+
+// ProposeMeta implements NodeService.ProposeMeta; a refused command is a
+// Result with Error set, not an RPC error.
+func (s *NodeServer) ProposeMeta(ctx context.Context, req *connect.Request[placementv1.ProposeMetaRequest]) (*connect.Response[placementv1.ProposeMetaResponse], error) {
+	res, err := s.r.meta.Propose(ctx, req.Msg.GetCommand())
+	var refused *placement.RefusedError
+	if err != nil && !errors.As(err, &refused) {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(&placementv1.ProposeMetaResponse{Result: res}), nil
+}
+
+// ReadMeta implements NodeService.ReadMeta.
+func (s *NodeServer) ReadMeta(ctx context.Context, _ *connect.Request[placementv1.ReadMetaRequest]) (*connect.Response[placementv1.ReadMetaResponse], error) {
+	st, err := s.r.meta.Read(ctx)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(&placementv1.ReadMetaResponse{State: st}), nil
+}
+
+// Clock implements NodeService.Clock.
+func (s *NodeServer) Clock(context.Context, *connect.Request[placementv1.ClockRequest]) (*connect.Response[placementv1.ClockResponse], error) {
+	return connect.NewResponse(&placementv1.ClockResponse{UnixNano: time.Now().UnixNano()}), nil
+}
