@@ -3,8 +3,8 @@ package placement
 import (
 	"errors"
 	"fmt"
-	"os"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
