@@ -6,7 +6,7 @@ DATA    ?= ./data/dev
 LISTEN  ?= 127.0.0.1:7070
 PKGS    := ./...
 
-.PHONY: all generate check-generate build run test fuzz bench lint clean
+.PHONY: all generate check-generate build run cluster cluster-stop test fuzz bench lint clean
 
 all: build
 
@@ -26,6 +26,13 @@ build:
 ## run: a whole dev cluster in one process (three Raft nodes, zones az1..az3)
 run: build
 	./bin/wardend --dev --data-dir $(DATA) --listen $(LISTEN)
+
+## cluster: three wardend processes on loopback in zones az1..az3 (deploy/local); cluster-stop stops them
+cluster: build
+	./deploy/local/cluster.sh start
+
+cluster-stop:
+	./deploy/local/cluster.sh stop
 
 ## test: vet, then the whole test suite with the race detector
 test:

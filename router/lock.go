@@ -35,6 +35,11 @@ func observe(method string, start time.Time, err error) error {
 
 // Acquire implements LockService.Acquire.
 func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+		return p.locks.Acquire
+	}); ok {
+		return resp, err
+	}
 	start := time.Now()
 	resp, err := s.acquire(ctx, req.Msg)
 	e := auditEntry{method: "Acquire", resource: req.Msg.GetResource(), requestID: req.Msg.GetRequestId(), holder: req.Msg.GetHolder()}
@@ -100,6 +105,11 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 
 // Renew implements LockService.Renew.
 func (s *LockServer) Renew(ctx context.Context, req *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
+	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
+		return p.locks.Renew
+	}); ok {
+		return resp, err
+	}
 	start := time.Now()
 	resp, err := s.renew(ctx, req.Msg)
 	s.audit(ctx, req.Peer(), auditEntry{method: "Renew", resource: req.Msg.GetResource(), leaseID: req.Msg.GetLeaseId()}, err)
@@ -121,6 +131,11 @@ func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*conn
 
 // Release implements LockService.Release.
 func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+		return p.locks.Release
+	}); ok {
+		return resp, err
+	}
 	start := time.Now()
 	resp, err := s.release(ctx, req.Msg)
 	e := auditEntry{method: "Release", resource: req.Msg.GetResource(), leaseID: req.Msg.GetLeaseId()}
@@ -147,6 +162,11 @@ func (s *LockServer) release(ctx context.Context, m *wardenv1.ReleaseRequest) (*
 
 // Describe implements LockService.Describe with a linearizable read.
 func (s *LockServer) Describe(ctx context.Context, req *connect.Request[wardenv1.DescribeRequest]) (*connect.Response[wardenv1.DescribeResponse], error) {
+	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.DescribeRequest]) (*connect.Response[wardenv1.DescribeResponse], error) {
+		return p.locks.Describe
+	}); ok {
+		return resp, err
+	}
 	start := time.Now()
 	resp, err := s.describe(ctx, req.Msg)
 	return resp, observe("Describe", start, err)

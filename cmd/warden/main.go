@@ -4,6 +4,8 @@
 //	warden lock renew orders/42 LEASE_ID
 //	warden lock release orders/42 LEASE_ID
 //	warden lock describe orders/42
+//	warden admin shards
+//	warden admin split 1
 //
 // Every command takes --addr (default http://127.0.0.1:7070) and --json,
 // which prints the response as Connect JSON. Errors go to stderr with
@@ -48,7 +50,10 @@ type cli struct {
 }
 
 type adminCmd struct {
-	HotResources hotCmd `cmd:"" name:"hot-resources" help:"Locks with the most waiters and the highest acquire rate."`
+	HotResources hotCmd    `cmd:"" name:"hot-resources" help:"Locks with the most waiters and the highest acquire rate."`
+	Nodes        nodesCmd  `cmd:"" help:"List the cluster's nodes and zones."`
+	Shards       shardsCmd `cmd:"" help:"List the data shards: ranges, epochs, replicas, leaders, load."`
+	Split        splitCmd  `cmd:"" help:"Split a shard's hash range in two (at --at, default the middle)."`
 }
 
 type hotCmd struct {

@@ -3,10 +3,20 @@
 //	wardend --dev --data-dir ./data/dev --listen 127.0.0.1:7070
 //
 // runs a whole cluster in one process: three Raft nodes on loopback in
-// zones az1..az3, each with a replica of the data shard, serving the
-// Connect API, grpc.health.v1, reflection and /metrics on --listen.
-// SIGTERM or SIGINT shuts it down gracefully; a second start on the same
-// --data-dir recovers the state.
+// zones az1..az3, each with a replica of the placement group and of every
+// data shard, serving the Connect API, grpc.health.v1, reflection and
+// /metrics on --listen.
+//
+// In production each node is one process (see deploy/):
+//
+//	wardend --node-id 1 --zone az1 --raft-addr 10.0.1.5:7100 --listen 10.0.1.5:7070 \
+//	  --data-dir /var/lib/warden \
+//	  --initial-members 1=10.0.1.5:7100=10.0.1.5:7070,2=10.0.2.5:7100=10.0.2.5:7070,3=10.0.3.5:7100=10.0.3.5:7070
+//
+// Every initial member gets the same --initial-members; a node added
+// later starts with --join (the Connect addresses of running nodes)
+// instead. SIGTERM or SIGINT shuts it down gracefully; a second start on
+// the same --data-dir recovers the state.
 package main
 
 import (
@@ -18,6 +28,9 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,13 +41,18 @@ import (
 )
 
 type cli struct {
-	Dev          bool          `help:"Run a whole three-node cluster in this process (the embedded default)."`
-	DataDir      string        `default:"./data/dev" help:"Directory for Raft logs and state."`
-	Listen       string        `default:"127.0.0.1:7070" help:"Address to serve the Connect API on."`
-	LogLevel     slog.Level    `default:"info" help:"Log level: debug, info, warn, error."`
-	RaftLogLevel slog.Level    `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
-	ShutdownWait time.Duration `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
-	AuditLog     string        `help:"Write the audit log (one JSON line per Acquire, Renew, Release) to this file, or - for stderr."`
+	Dev            bool          `help:"Run a whole three-node cluster in this process (the embedded default)."`
+	NodeID         uint64        `name:"node-id" help:"This node's id (production mode), unique in the cluster, never reused."`
+	Zone           string        `help:"This node's availability zone; a shard's replicas go to distinct zones."`
+	RaftAddr       string        `name:"raft-addr" help:"host:port of this node's Raft transport."`
+	InitialMembers string        `name:"initial-members" help:"The cluster's first nodes, id=raftaddr=listenaddr,... (the same list on each of them)."`
+	Join           []string      `help:"Connect addresses of running nodes, for a node that is not an initial member."`
+	DataDir        string        `default:"./data/dev" help:"Directory for Raft logs and state."`
+	Listen         string        `default:"127.0.0.1:7070" help:"Address to serve the Connect API on."`
+	LogLevel       slog.Level    `default:"info" help:"Log level: debug, info, warn, error."`
+	RaftLogLevel   slog.Level    `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
+	ShutdownWait   time.Duration `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
+	AuditLog       string        `help:"Write the audit log (one JSON line per Acquire, Renew, Release) to this file, or - for stderr."`
 }
 
 func main() {
@@ -48,9 +66,6 @@ func main() {
 }
 
 func run(c cli) error {
-	if !c.Dev {
-		return errors.New("only --dev is supported in this version; multi-process clusters arrive with sharding")
-	}
 	placement.RouteRaftLogs(c.RaftLogLevel)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -60,20 +75,33 @@ func run(c cli) error {
 		return err
 	}
 	defer closeAudit()
-	dev, err := router.StartDev(router.DevConfig{DataDir: c.DataDir, Router: router.Config{Audit: audit}})
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
-
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := router.NewServer(c.Listen, router.NewHandler(dev.Router))
+	defer ln.Close()
+	var cluster *router.Cluster
+	mode := "dev"
+	if c.Dev {
+		cluster, err = router.StartDev(router.DevConfig{DataDir: c.DataDir, ListenAddr: c.Listen, Router: router.Config{Audit: audit}})
+	} else {
+		mode = "node"
+		var cfg router.ClusterConfig
+		if cfg, err = c.clusterConfig(); err != nil {
+			return err
+		}
+		cfg.Router.Audit = audit
+		cluster, err = router.StartCluster(cfg)
+	}
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+
+	srv := router.NewServer(c.Listen, router.NewHandler(cluster.Router))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	slog.Info("wardend serving", "listen", ln.Addr().String(), "data_dir", c.DataDir, "mode", "dev", "members", dev.Members())
+	slog.Info("wardend serving", "listen", ln.Addr().String(), "data_dir", c.DataDir, "mode", mode, "members", cluster.Members())
 
 	select {
 	case err := <-errc:
@@ -87,6 +115,58 @@ func run(c cli) error {
 		return err
 	}
 	return nil
+}
+
+// clusterConfig builds a production node's config from the flags.
+func (c cli) clusterConfig() (router.ClusterConfig, error) {
+	switch {
+	case c.NodeID == 0:
+		return router.ClusterConfig{}, errors.New("--node-id is required (or --dev)")
+	case c.Zone == "":
+		return router.ClusterConfig{}, errors.New("--zone is required")
+	case c.RaftAddr == "":
+		return router.ClusterConfig{}, errors.New("--raft-addr is required")
+	case c.InitialMembers == "" && len(c.Join) == 0:
+		return router.ClusterConfig{}, errors.New("--initial-members or --join is required")
+	}
+	members, err := parseMembers(c.InitialMembers)
+	if err != nil {
+		return router.ClusterConfig{}, err
+	}
+	return router.ClusterConfig{
+		Nodes:      []router.NodeSpec{{ID: c.NodeID, Zone: c.Zone, RaftAddr: c.RaftAddr, DataDir: c.DataDir}},
+		ListenAddr: c.Listen,
+		Members:    members,
+		Join:       c.Join,
+	}, nil
+}
+
+// parseMembers parses --initial-members: id=raftaddr=listenaddr,...
+func parseMembers(v string) ([]router.Member, error) {
+	var out []router.Member
+	if v == "" {
+		return nil, nil
+	}
+	for _, item := range strings.Split(v, ",") {
+		parts := strings.Split(strings.TrimSpace(item), "=")
+		if len(parts) != 3 {
+			return nil, fmt.Errorf("--initial-members: %q is not id=raftaddr=listenaddr", item)
+		}
+		id, err := strconv.ParseUint(parts[0], 10, 64)
+		if err != nil || id == 0 {
+			return nil, fmt.Errorf("--initial-members: %q: the id must be a positive integer", item)
+		}
+		for _, a := range parts[1:] {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				return nil, fmt.Errorf("--initial-members: %q: %v", item, err)
+			}
+		}
+		if slices.ContainsFunc(out, func(m router.Member) bool { return m.ID == id }) {
+			return nil, fmt.Errorf("--initial-members: node %d is listed twice", id)
+		}
+		out = append(out, router.Member{ID: id, RaftAddr: parts[1], ListenAddr: parts[2]})
+	}
+	return out, nil
 }
 
 // openAudit opens the audit log: nil when path is empty, stderr for "-",

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"connectrpc.com/connect"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+)
+
+func (g *globals) admin() wardenv1connect.AdminServiceClient {
+	return wardenv1connect.NewAdminServiceClient(http.DefaultClient, g.Addr)
+}
+
+type nodesCmd struct{}
+
+// Run sends AdminService.ListNodes.
+func (*nodesCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+	if err != nil {
+		return fmt.Errorf("nodes: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		fmt.Fprintf(w, "%-4s %-8s %-22s %s\n", "ID", "ZONE", "RAFT", "LISTEN")
+		for _, n := range resp.Msg.GetNodes() {
+			fmt.Fprintf(w, "%-4d %-8s %-22s %s\n", n.GetId(), n.GetZone(), n.GetRaftAddr(), n.GetListenAddr())
+		}
+	})
+}
+
+type shardsCmd struct{}
+
+// Run sends AdminService.ListShards.
+func (*shardsCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().ListShards(ctx, connect.NewRequest(&wardenv1.ListShardsRequest{}))
+	if err != nil {
+		return fmt.Errorf("shards: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		fmt.Fprintf(w, "placement generation %d\n", resp.Msg.GetGeneration())
+		fmt.Fprintf(w, "%-5s %-7s %-39s %-6s %-7s %-6s %-7s %s\n", "SHARD", "STATE", "HASH RANGE", "EPOCH", "LEADER", "LOCKS", "WAITERS", "REPLICAS (replica@node/zone)")
+		for _, s := range resp.Msg.GetShards() {
+			rng := "-"
+			if s.GetState() == "active" {
+				end := "2^64"
+				if s.GetRangeEnd() != 0 {
+					end = fmt.Sprintf("%#016x", s.GetRangeEnd())
+				}
+				rng = fmt.Sprintf("[%#016x, %s)", s.GetRangeStart(), end)
+			}
+			reps := ""
+			for _, r := range s.GetReplicas() {
+				reps += fmt.Sprintf("%d@%d/%s ", r.GetReplicaId(), r.GetNodeId(), r.GetZone())
+			}
+			fmt.Fprintf(w, "%-5d %-7s %-39s %-6d %-7s %-6d %-7d %s\n", s.GetId(), s.GetState(), rng, s.GetEpoch(),
+				leader(s.GetLeaderNodeId()), s.GetHeldLocks(), s.GetQueuedWaiters(), reps)
+		}
+	})
+}
+
+func leader(node uint64) string {
+	if node == 0 {
+		return "none"
+	}
+	return "node " + strconv.FormatUint(node, 10)
+}
+
+type splitCmd struct {
+	ShardID uint64 `arg:"" name:"shard-id" help:"Shard to split."`
+	At      string `help:"First hash of the new shard's range (decimal or 0x hex); default the middle of the range."`
+}
+
+// Run sends AdminService.SplitShard.
+func (s *splitCmd) Run(g *globals) error {
+	var at uint64
+	if s.At != "" {
+		v, err := strconv.ParseUint(s.At, 0, 64)
+		if err != nil {
+			return fmt.Errorf("split: --at: %w", err)
+		}
+		at = v
+	}
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: s.ShardID, SplitAt: at}))
+	if err != nil {
+		return fmt.Errorf("split: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		fmt.Fprintf(w, "shard %d split at %#016x: the upper part is shard %d (placement generation %d)\n",
+			s.ShardID, resp.Msg.GetSplitAt(), resp.Msg.GetNewShardId(), resp.Msg.GetGeneration())
+	})
+}
