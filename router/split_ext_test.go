@@ -161,8 +161,6 @@ func TestSplitUnderTraffic(t *testing.T) {
 	}
 }
 
-
-
 // waitForWaiters waits until n waiters are queued across the shards.
 func waitForWaiters(t *testing.T, c *cluster, n int) {
 	t.Helper()
