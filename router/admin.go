@@ -79,6 +79,7 @@ func (s *AdminServer) ListNodes(ctx context.Context, _ *connect.Request[wardenv1
 	if err != nil {
 		return nil, observe("ListNodes", start, fmt.Errorf("%w: %v", ErrNoLeader, err))
 	}
+	out.PlacementLeaderId = s.r.metaLeader().GetId()
 	return connect.NewResponse(out), observe("ListNodes", start, nil)
 }
 

@@ -29,7 +29,11 @@ func (*nodesCmd) Run(g *globals) error {
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "%-4s %-8s %-22s %s\n", "ID", "ZONE", "RAFT", "LISTEN")
 		for _, n := range resp.Msg.GetNodes() {
-			fmt.Fprintf(w, "%-4d %-8s %-22s %s\n", n.GetId(), n.GetZone(), n.GetRaftAddr(), n.GetListenAddr())
+			role := ""
+			if n.GetId() == resp.Msg.GetPlacementLeaderId() {
+				role = "  (placement leader)"
+			}
+			fmt.Fprintf(w, "%-4d %-8s %-22s %s%s\n", n.GetId(), n.GetZone(), n.GetRaftAddr(), n.GetListenAddr(), role)
 		}
 	})
 }

@@ -219,10 +219,13 @@ func (*ListNodesRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListNodesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Nodes         []*NodeInfo            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nodes []*NodeInfo            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// PlacementLeaderId is the node leading the placement group (which
+	// drives splits), as the answering node knows it; 0 if unknown.
+	PlacementLeaderId uint64 `protobuf:"varint,2,opt,name=placement_leader_id,json=placementLeaderId,proto3" json:"placement_leader_id,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ListNodesResponse) Reset() {
@@ -260,6 +263,13 @@ func (x *ListNodesResponse) GetNodes() []*NodeInfo {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *ListNodesResponse) GetPlacementLeaderId() uint64 {
+	if x != nil {
+		return x.PlacementLeaderId
+	}
+	return 0
 }
 
 // NodeInfo is one Warden node.
@@ -724,9 +734,10 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x18\n" +
 	"\awaiters\x18\x02 \x01(\rR\awaiters\x12.\n" +
 	"\x13acquires_per_second\x18\x03 \x01(\x01R\x11acquiresPerSecond\"\x12\n" +
-	"\x10ListNodesRequest\">\n" +
+	"\x10ListNodesRequest\"n\n" +
 	"\x11ListNodesResponse\x12)\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x13.warden.v1.NodeInfoR\x05nodes\"l\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x13.warden.v1.NodeInfoR\x05nodes\x12.\n" +
+	"\x13placement_leader_id\x18\x02 \x01(\x04R\x11placementLeaderId\"l\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +

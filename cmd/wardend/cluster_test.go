@@ -1,0 +1,308 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/router"
+)
+
+// A three-process cluster on loopback: each node a real wardend in its
+// own zone with its own data directory, as deploy/local runs them.
+
+// syncBuffer is a log buffer the child writes while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type node struct {
+	id           uint64
+	dir          string
+	raft, listen string
+	cmd          *exec.Cmd
+	log          *syncBuffer
+	exited       chan error
+	locks        wardenv1connect.LockServiceClient
+	admin        wardenv1connect.AdminServiceClient
+}
+
+type procCluster struct {
+	t       *testing.T
+	nodes   []*node
+	members string
+}
+
+func startProcCluster(t *testing.T) *procCluster {
+	t.Helper()
+	c := &procCluster{t: t}
+	var members []string
+	for i := range 3 {
+		raft, err1 := router.FreeLoopbackAddr()
+		listen, err2 := router.FreeLoopbackAddr()
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		n := &node{id: uint64(i + 1), dir: filepath.Join(t.TempDir(), fmt.Sprintf("node-%d", i+1)), raft: raft, listen: listen}
+		n.locks = wardenv1connect.NewLockServiceClient(http.DefaultClient, "http://"+listen)
+		n.admin = wardenv1connect.NewAdminServiceClient(http.DefaultClient, "http://"+listen)
+		c.nodes = append(c.nodes, n)
+		members = append(members, fmt.Sprintf("%d=%s=%s", n.id, raft, listen))
+	}
+	c.members = strings.Join(members, ",")
+	for i := range c.nodes {
+		c.start(i)
+	}
+	for i := range c.nodes {
+		c.waitServing(i)
+	}
+	t.Cleanup(func() {
+		for i, n := range c.nodes {
+			if n.cmd != nil {
+				_ = n.cmd.Process.Signal(syscall.SIGCONT)
+				_ = n.cmd.Process.Kill()
+				<-n.exited
+				if t.Failed() {
+					t.Logf("node %d log:\n%s", i+1, lastLines(n.log.String(), 40))
+				}
+			}
+		}
+	})
+	return c
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// start starts node i's process (again) on its data directory.
+func (c *procCluster) start(i int) {
+	c.t.Helper()
+	n := c.nodes[i]
+	n.log, n.exited = &syncBuffer{}, make(chan error, 1)
+	n.cmd = exec.Command(binary, "--node-id", fmt.Sprint(n.id), "--zone", fmt.Sprintf("az%d", n.id), "--raft-addr", n.raft,
+		"--listen", n.listen, "--data-dir", n.dir, "--initial-members", c.members)
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	if err := n.cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	go func() { n.exited <- n.cmd.Wait() }()
+}
+
+// kill SIGKILLs node i and waits for it to exit.
+func (c *procCluster) kill(i int) {
+	c.t.Helper()
+	n := c.nodes[i]
+	_ = n.cmd.Process.Kill()
+	<-n.exited
+	n.cmd = nil
+}
+
+// waitServing waits until node i answers a Describe (its router has a map
+// and the shard a leader, wherever it is).
+func (c *procCluster) waitServing(i int) {
+	c.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := c.nodes[i].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "probe"}))
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatalf("node %d did not serve:\n%s", i+1, lastLines(c.nodes[i].log.String(), 40))
+}
+
+// any returns a running node's clients, picked at random.
+func (c *procCluster) any() *node {
+	for {
+		if n := c.nodes[rand.IntN(len(c.nodes))]; n.cmd != nil {
+			return n
+		}
+	}
+}
+
+func rpcCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), 15*time.Second)
+}
+
+func (n *node) acquire(resource, requestID string, ttl, wait time.Duration) (*wardenv1.AcquireResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second+wait)
+	defer cancel()
+	req := &wardenv1.AcquireRequest{Resource: resource, RequestId: requestID, LeaseTtl: durationpb.New(ttl)}
+	if wait > 0 {
+		req.WaitTimeout = durationpb.New(wait)
+	}
+	resp, err := n.locks.Acquire(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+func (n *node) renew(resource, leaseID string) error {
+	ctx, cancel := rpcCtx()
+	defer cancel()
+	_, err := n.locks.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: resource, LeaseId: leaseID}))
+	return err
+}
+
+func (n *node) release(resource, leaseID string) (bool, error) {
+	ctx, cancel := rpcCtx()
+	defer cancel()
+	resp, err := n.locks.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: resource, LeaseId: leaseID}))
+	if err != nil {
+		return false, err
+	}
+	return resp.Msg.GetReleased(), nil
+}
+
+func (n *node) describe(resource string) (*wardenv1.DescribeResponse, error) {
+	ctx, cancel := rpcCtx()
+	defer cancel()
+	resp, err := n.locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: resource}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+func (n *node) shards() (*wardenv1.ListShardsResponse, error) {
+	ctx, cancel := rpcCtx()
+	defer cancel()
+	resp, err := n.admin.ListShards(ctx, connect.NewRequest(&wardenv1.ListShardsRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// holdMany acquires n resources named prefix-i through random nodes, in
+// parallel, and returns the leases.
+func (c *procCluster) holdMany(prefix string, n int, ttl time.Duration) map[string]*wardenv1.AcquireResponse {
+	c.t.Helper()
+	var mu sync.Mutex
+	leases := map[string]*wardenv1.AcquireResponse{}
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	work := make(chan int)
+	for range 16 {
+		wg.Go(func() {
+			for i := range work {
+				r := fmt.Sprintf("%s-%d", prefix, i)
+				a, err := c.any().acquire(r, "hold-"+r, ttl, 0)
+				if err != nil {
+					errs <- fmt.Errorf("acquire %s: %w", r, err)
+					continue
+				}
+				mu.Lock()
+				leases[r] = a
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range n {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		c.t.Fatal(err)
+	}
+	return leases
+}
+
+// checkLeases checks that every lease is still held with its token and
+// renews, through random nodes.
+func (c *procCluster) checkLeases(leases map[string]*wardenv1.AcquireResponse) {
+	c.t.Helper()
+	for r, a := range leases {
+		n := c.any()
+		d, err := n.describe(r)
+		if err != nil {
+			c.t.Fatalf("describe %s via node %d: %v", r, n.id, err)
+		}
+		if !d.GetHeld() || d.GetFencingToken() != a.GetFencingToken() {
+			c.t.Fatalf("%s: %v, want held with token %#x", r, d, a.GetFencingToken())
+		}
+		if err := n.renew(r, a.GetLeaseId()); err != nil {
+			c.t.Fatalf("renew %s via node %d: %v", r, n.id, err)
+		}
+	}
+}
+
+// checkShards checks that the shards' ranges cover the hash space exactly
+// once, each active shard with replicas in three zones, and returns them.
+func (c *procCluster) checkShards() []*wardenv1.ShardInfo {
+	c.t.Helper()
+	resp, err := c.any().shards()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var active []*wardenv1.ShardInfo
+	for _, s := range resp.GetShards() {
+		if s.GetState() != "active" {
+			c.t.Fatalf("shard %d is %s with no operator running: %v", s.GetId(), s.GetState(), resp)
+		}
+		zones := map[string]bool{}
+		for _, r := range s.GetReplicas() {
+			zones[r.GetZone()] = true
+		}
+		if len(zones) != 3 {
+			c.t.Fatalf("shard %d has replicas in %d zones: %v", s.GetId(), len(zones), s)
+		}
+		active = append(active, s)
+	}
+	next, covered := uint64(0), false
+	for i := range active {
+		found := false
+		for _, s := range active {
+			if s.GetRangeStart() == next {
+				next, found = s.GetRangeEnd(), true
+				break
+			}
+		}
+		if !found {
+			c.t.Fatalf("no shard starts at %#x: %v", next, resp)
+		}
+		if next == 0 {
+			covered = i == len(active)-1 // and no range left over
+			break
+		}
+	}
+	if !covered {
+		c.t.Fatalf("the ranges do not cover the hash space exactly once: %v", resp)
+	}
+	return active
+}
