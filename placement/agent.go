@@ -32,8 +32,21 @@ func (e *RefusedError) Error() string { return "placement: " + e.Reason }
 // group. Dragonboat forwards proposals made on a follower to the leader.
 type LocalMeta struct{ NH *dragonboat.NodeHost }
 
+// metaTimeout bounds one placement proposal or read whose caller set no
+// deadline (Dragonboat requires one).
+const metaTimeout = 5 * time.Second
+
+func withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, metaTimeout)
+}
+
 // Propose implements MetaClient.
 func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
+	ctx, cancel := withTimeout(ctx)
+	defer cancel()
 	b, err := proto.Marshal(cmd)
 	if err != nil {
 		return nil, err
@@ -54,6 +67,8 @@ func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*plac
 
 // Read implements MetaClient.
 func (m LocalMeta) Read(ctx context.Context) (*placementv1.State, error) {
+	ctx, cancel := withTimeout(ctx)
+	defer cancel()
 	out, err := m.NH.SyncRead(ctx, MetaShardID, nil)
 	if err != nil {
 		return nil, fmt.Errorf("placement: read: %w", err)
