@@ -1,0 +1,97 @@
+package placement
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// The epoch allocator across placement leader failures: three nodes host
+// the placement group; a fresh allocator on the current leader hands out
+// epochs, then the leader is stopped (its window is lost with it) and
+// restarted, five times over. Every epoch handed out is above every
+// earlier one.
+func TestEpochsIncreaseAcrossLeaderKills(t *testing.T) {
+	dir := t.TempDir()
+	members := map[uint64]string{}
+	for id := uint64(1); id <= 3; id++ {
+		members[id] = freeAddr(t)
+	}
+	start := func(id uint64) *Node {
+		n, err := StartNode(NodeConfig{ID: id, Zone: fmt.Sprintf("az%d", id), RaftAddr: members[id], DataDir: filepath.Join(dir, fmt.Sprint(id))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.StartMeta(members, false); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	nodes := map[uint64]*Node{}
+	for id := range members {
+		nodes[id] = start(id)
+	}
+	defer func() {
+		for _, n := range nodes {
+			n.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var initial []*placementv1.Node
+	for id, a := range members {
+		initial = append(initial, &placementv1.Node{Id: id, Zone: fmt.Sprintf("az%d", id), RaftAddr: a, ListenAddr: a})
+	}
+	if err := Bootstrap(ctx, LocalMeta{NH: nodes[1].NH}, initial, initial[0]); err != nil {
+		t.Fatal(err)
+	}
+	leader := func() uint64 {
+		for ctx.Err() == nil {
+			for _, n := range nodes {
+				if id, _, ok, err := n.NH.GetLeaderID(MetaShardID); err == nil && ok && id != 0 && nodes[id] != nil {
+					return id
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatal("no placement leader")
+		return 0
+	}
+	var last uint64
+	for round := range 5 {
+		id := leader()
+		alloc := NewAllocator(LocalMeta{NH: nodes[id].NH})
+		for range 1 + round*10 { // some rounds use part of a window, some more than one
+			var e uint64
+			var err error
+			for e == 0 && ctx.Err() == nil {
+				if e, err = alloc.Next(ctx); err != nil {
+					time.Sleep(20 * time.Millisecond) // an election after the last stop
+				}
+			}
+			if e <= last {
+				t.Fatalf("round %d: epoch %d after %d", round, e, last)
+			}
+			last = e
+		}
+		nodes[id].Close()
+		delete(nodes, id)
+		nodes[id] = start(id)
+	}
+	t.Logf("last epoch %d after 5 leader stops", last)
+}

@@ -1,0 +1,173 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// memMeta is a MetaClient over an in-memory placement state.
+type memMeta struct {
+	mu sync.Mutex
+	st *placementv1.State
+}
+
+func (m *memMeta) Propose(_ context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var res *placementv1.Result
+	m.st, res = ApplyMeta(m.st, cmd)
+	if err := CheckMap(m.st); err != nil {
+		panic(err)
+	}
+	if res.GetError() != "" {
+		return res, &RefusedError{res.GetError()}
+	}
+	return res, nil
+}
+
+func (m *memMeta) Read(context.Context) (*placementv1.State, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.st, nil
+}
+
+// fakeShards records the range commands the operator sends and answers
+// OK; reads of shards in down fail.
+type fakeShards struct {
+	mu   sync.Mutex
+	log  []string
+	down map[uint64]bool
+}
+
+func (f *fakeShards) Propose(_ context.Context, shardID uint64, env *shardv1.Envelope) (*shardv1.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var name string
+	switch c := env.GetCommand().(type) {
+	case *shardv1.Envelope_FenceRange:
+		name = fmt.Sprintf("fence %#x", c.FenceRange.GetFence().GetStart())
+	case *shardv1.Envelope_UnfenceRange:
+		name = "unfence"
+	case *shardv1.Envelope_ImportRange:
+		name = "import"
+	case *shardv1.Envelope_ActivateRange:
+		name = fmt.Sprintf("activate epoch %d", c.ActivateRange.GetEpoch())
+	case *shardv1.Envelope_ReleaseRange:
+		name = fmt.Sprintf("release keep [%#x, %#x)", c.ReleaseRange.GetKeep().GetStart(), c.ReleaseRange.GetKeep().GetEnd())
+	}
+	f.log = append(f.log, fmt.Sprintf("shard %d gen %d: %s", shardID, env.GetGeneration(), name))
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
+}
+
+func (f *fakeShards) Read(_ context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.down[shardID] {
+		return nil, errors.New("no leader")
+	}
+	out := &shardv1.QueryResult{Meta: &shardv1.ShardMeta{Config: &shardv1.ShardConfig{}}}
+	if q.GetExport() != nil {
+		// The fence this fake source holds is the operator's (id 1).
+		out.Meta.Fence = &shardv1.RangeFence{OperatorId: 1}
+		out.Records = &shardv1.RangeRecords{Locks: []*shardv1.LockRecord{{Resource: "r"}}}
+	}
+	return out, nil
+}
+
+func bootstrapped(t *testing.T) *memMeta {
+	m := &memMeta{st: &placementv1.State{}}
+	var nodes []*placementv1.Node
+	for i := range 3 {
+		nodes = append(nodes, &placementv1.Node{Id: uint64(i + 1), Zone: fmt.Sprintf("az%d", i+1), RaftAddr: "r", ListenAddr: "l"})
+	}
+	if _, err := m.Propose(context.Background(), &placementv1.Command{Command: &placementv1.Command_Bootstrap{Bootstrap: &placementv1.BootstrapCmd{Nodes: nodes}}}); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// Two drivers (an old and a new placement leader) run the same split at
+// once: the steps reach each shard in order, at the right generations,
+// and the split commits exactly once.
+func TestSplitWithTwoDrivers(t *testing.T) {
+	meta, shards := bootstrapped(t), &fakeShards{}
+	ops := []*Operators{
+		{Meta: meta, Shards: shards, Alloc: NewAllocator(meta)},
+		{Meta: meta, Shards: shards, Alloc: NewAllocator(meta)},
+	}
+	op, err := ops[0].BeginSplit(context.Background(), 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for _, o := range ops {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := o.Run(ctx, op.GetId()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	st, _ := meta.Read(context.Background())
+	if st.GetGeneration() != 2 || len(st.GetRanges()) != 2 || len(st.GetOperators()) != 0 {
+		t.Fatalf("after the split: %v", st)
+	}
+	first := map[string]int{}
+	for i, l := range shards.log {
+		if _, ok := first[l]; !ok {
+			first[l] = i
+		}
+	}
+	order := []string{
+		"shard 1 gen 1: fence 0x8000000000000000",
+		"shard 2 gen 2: import",
+		"shard 2 gen 2: activate epoch 2",
+		"shard 1 gen 2: release keep [0x0, 0x8000000000000000)",
+	}
+	for i, l := range order {
+		at, ok := first[l]
+		if !ok || (i > 0 && at < first[order[i-1]]) {
+			t.Fatalf("step %q missing or out of order in:\n%v", l, shards.log)
+		}
+	}
+}
+
+// A split whose new shard never elects a leader rolls back: the rollback
+// is recorded before the source is unfenced, the target is dropped, and
+// the map is unchanged.
+func TestSplitRollsBack(t *testing.T) {
+	meta, shards := bootstrapped(t), &fakeShards{down: map[uint64]bool{2: true}}
+	o := &Operators{Meta: meta, Shards: shards, Alloc: NewAllocator(meta), TargetWait: 100 * time.Millisecond}
+	op, err := o.BeginSplit(context.Background(), 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	last, err := o.Run(ctx, op.GetId())
+	if err != nil || !last.GetSplit().GetRollingBack() {
+		t.Fatalf("run: %v %v", last, err)
+	}
+	st, _ := meta.Read(context.Background())
+	if st.GetGeneration() != 1 || len(st.GetShards()) != 1 || len(st.GetOperators()) != 0 {
+		t.Fatalf("after the rollback: %v", st)
+	}
+	if len(shards.log) != 1 || shards.log[0] != "shard 1 gen 1: unfence" {
+		t.Fatalf("commands: %v", shards.log)
+	}
+	// The next split takes a new epoch, above the abandoned one.
+	shards.down = nil
+	op2, err := o.BeginSplit(context.Background(), 1, 0)
+	if err != nil || op2.GetSplit().GetEpoch() <= op.GetSplit().GetEpoch() {
+		t.Fatalf("second split: %v %v", op2, err)
+	}
+}
