@@ -32,14 +32,12 @@ func (e *RefusedError) Error() string { return "placement: " + e.Reason }
 // group. Dragonboat forwards proposals made on a follower to the leader.
 type LocalMeta struct{ NH *dragonboat.NodeHost }
 
-// metaTimeout bounds one placement proposal or read whose caller set no
-// deadline (Dragonboat requires one).
+// metaTimeout bounds one placement proposal or read (Dragonboat requires
+// a deadline, and a caller with a long one retries rather than wait on a
+// request the group lost).
 const metaTimeout = 5 * time.Second
 
 func withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
-	}
 	return context.WithTimeout(ctx, metaTimeout)
 }
 

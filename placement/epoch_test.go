@@ -81,6 +81,7 @@ func TestEpochsIncreaseAcrossLeaderKills(t *testing.T) {
 			var err error
 			for e == 0 && ctx.Err() == nil {
 				if e, err = alloc.Next(ctx); err != nil {
+					t.Logf("round %d: %v", round, err)
 					time.Sleep(20 * time.Millisecond) // an election after the last stop
 				}
 			}
