@@ -37,13 +37,10 @@ type LocalMeta struct{ NH *dragonboat.NodeHost }
 // request the group lost).
 const metaTimeout = 5 * time.Second
 
-func withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, metaTimeout)
-}
 
 // Propose implements MetaClient.
 func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
-	ctx, cancel := withTimeout(ctx)
+	ctx, cancel := context.WithTimeout(ctx, metaTimeout)
 	defer cancel()
 	b, err := proto.Marshal(cmd)
 	if err != nil {
@@ -65,7 +62,7 @@ func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*plac
 
 // Read implements MetaClient.
 func (m LocalMeta) Read(ctx context.Context) (*placementv1.State, error) {
-	ctx, cancel := withTimeout(ctx)
+	ctx, cancel := context.WithTimeout(ctx, metaTimeout)
 	defer cancel()
 	out, err := m.NH.SyncRead(ctx, MetaShardID, nil)
 	if err != nil {
