@@ -5,8 +5,10 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -101,5 +103,87 @@ func (s *splitCmd) Run(g *globals) error {
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "shard %d split at %#016x: the upper part is shard %d (placement generation %d)\n",
 			s.ShardID, resp.Msg.GetSplitAt(), resp.Msg.GetNewShardId(), resp.Msg.GetGeneration())
+	})
+}
+
+type leaderCmd struct {
+	ShardID uint64 `arg:"" name:"shard-id"`
+	NodeID  uint64 `arg:"" name:"node-id"`
+}
+
+// Run sends AdminService.TransferLeader.
+func (l *leaderCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: l.ShardID, NodeId: l.NodeID}))
+	if err != nil {
+		return fmt.Errorf("leader: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		fmt.Fprintf(w, "shard %d is led from node %d\n", l.ShardID, resp.Msg.GetLeaderNodeId())
+	})
+}
+
+type snapCmd struct {
+	ShardID uint64 `arg:"" optional:"" name:"shard-id" help:"Shard to snapshot (default: all)."`
+}
+
+// Run sends AdminService.Snapshot.
+func (s *snapCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().Snapshot(ctx, connect.NewRequest(&wardenv1.SnapshotRequest{ShardId: s.ShardID}))
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		for _, r := range resp.Msg.GetSnapshots() {
+			if r.GetError() != "" {
+				fmt.Fprintf(w, "shard %d node %d: %s\n", r.GetShardId(), r.GetNodeId(), r.GetError())
+				continue
+			}
+			fmt.Fprintf(w, "shard %d node %d: snapshot at index %d, log compacted\n", r.GetShardId(), r.GetNodeId(), r.GetIndex())
+		}
+	})
+}
+
+type configCmd struct {
+	ShardID         uint64         `arg:"" name:"shard-id" help:"Shard to change (0: all)."`
+	MaxClockSkew    *time.Duration `name:"max-clock-skew" help:"Clock offset bound lease safety assumes."`
+	MinLeaseTTL     *time.Duration `name:"min-lease-ttl"`
+	MaxLeaseTTL     *time.Duration `name:"max-lease-ttl"`
+	DefaultLeaseTTL *time.Duration `name:"default-lease-ttl"`
+	DedupWindow     *time.Duration `name:"dedup-window" help:"How long an ended request id is remembered."`
+	MaxWait         *time.Duration `name:"max-wait" help:"Longest wait_timeout accepted."`
+	MaxWaiters      *uint32        `name:"max-waiters" help:"Waiters per resource."`
+	MaxTenant       *uint32        `name:"max-tenant-waiters" help:"Waiters per tenant."`
+}
+
+func dur(d *time.Duration) *durationpb.Duration {
+	if d == nil {
+		return nil
+	}
+	return durationpb.New(*d)
+}
+
+// Run sends AdminService.SetShardConfig.
+func (c *configCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().SetShardConfig(ctx, connect.NewRequest(&wardenv1.SetShardConfigRequest{
+		ShardId: c.ShardID, MaxClockSkew: dur(c.MaxClockSkew), MinLeaseTtl: dur(c.MinLeaseTTL), MaxLeaseTtl: dur(c.MaxLeaseTTL),
+		DefaultLeaseTtl: dur(c.DefaultLeaseTTL), DedupWindow: dur(c.DedupWindow), MaxWaitTimeout: dur(c.MaxWait),
+		MaxWaitersPerResource: c.MaxWaiters, MaxWaitersPerTenant: c.MaxTenant,
+	}))
+	if err != nil {
+		return fmt.Errorf("set-config: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		for _, s := range resp.Msg.GetShards() {
+			fmt.Fprintf(w, "shard %d: max_clock_skew %v, lease TTL %v..%v (default %v), dedup window %v, max wait %v, waiters %d/resource %d/tenant\n",
+				s.GetShardId(), s.GetMaxClockSkew().AsDuration(), s.GetMinLeaseTtl().AsDuration(), s.GetMaxLeaseTtl().AsDuration(),
+				s.GetDefaultLeaseTtl().AsDuration(), s.GetDedupWindow().AsDuration(), s.GetMaxWaitTimeout().AsDuration(),
+				s.GetMaxWaitersPerResource(), s.GetMaxWaitersPerTenant())
+		}
 	})
 }

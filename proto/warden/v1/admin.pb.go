@@ -9,6 +9,7 @@ package wardenv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -719,11 +720,532 @@ func (x *SplitShardResponse) GetGeneration() uint64 {
 	return 0
 }
 
+type TransferLeaderRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	NodeId        uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeaderRequest) Reset() {
+	*x = TransferLeaderRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeaderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeaderRequest) ProtoMessage() {}
+
+func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeaderRequest.ProtoReflect.Descriptor instead.
+func (*TransferLeaderRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *TransferLeaderRequest) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *TransferLeaderRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+type TransferLeaderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaderNodeId  uint64                 `protobuf:"varint,1,opt,name=leader_node_id,json=leaderNodeId,proto3" json:"leader_node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeaderResponse) Reset() {
+	*x = TransferLeaderResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeaderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeaderResponse) ProtoMessage() {}
+
+func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeaderResponse.ProtoReflect.Descriptor instead.
+func (*TransferLeaderResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *TransferLeaderResponse) GetLeaderNodeId() uint64 {
+	if x != nil {
+		return x.LeaderNodeId
+	}
+	return 0
+}
+
+type SnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRequest) Reset() {
+	*x = SnapshotRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRequest) ProtoMessage() {}
+
+func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SnapshotRequest) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+type SnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots     []*ReplicaSnapshot     `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotResponse) Reset() {
+	*x = SnapshotResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotResponse) ProtoMessage() {}
+
+func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SnapshotResponse) GetSnapshots() []*ReplicaSnapshot {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+// ReplicaSnapshot is one replica's snapshot: its Raft log is compacted up
+// to about index (Dragonboat keeps a small overhead of entries).
+type ReplicaSnapshot struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ShardId uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	NodeId  uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Index   uint64                 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	// Error is set when the replica could not snapshot (for example, no new
+	// entries since its last snapshot, or the node is down).
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaSnapshot) Reset() {
+	*x = ReplicaSnapshot{}
+	mi := &file_warden_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaSnapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaSnapshot) ProtoMessage() {}
+
+func (x *ReplicaSnapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaSnapshot.ProtoReflect.Descriptor instead.
+func (*ReplicaSnapshot) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReplicaSnapshot) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *ReplicaSnapshot) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *ReplicaSnapshot) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ReplicaSnapshot) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type SetShardConfigRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ShardId uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	// MaxClockSkew bounds the clock offset between nodes that lease safety
+	// assumes (DESIGN.md rule 6); a lock is grantable to others only at
+	// expires_at + max_clock_skew.
+	MaxClockSkew    *durationpb.Duration `protobuf:"bytes,2,opt,name=max_clock_skew,json=maxClockSkew,proto3" json:"max_clock_skew,omitempty"`
+	MinLeaseTtl     *durationpb.Duration `protobuf:"bytes,3,opt,name=min_lease_ttl,json=minLeaseTtl,proto3" json:"min_lease_ttl,omitempty"`
+	MaxLeaseTtl     *durationpb.Duration `protobuf:"bytes,4,opt,name=max_lease_ttl,json=maxLeaseTtl,proto3" json:"max_lease_ttl,omitempty"`
+	DefaultLeaseTtl *durationpb.Duration `protobuf:"bytes,5,opt,name=default_lease_ttl,json=defaultLeaseTtl,proto3" json:"default_lease_ttl,omitempty"`
+	// DedupWindow is how long an ended request's id is remembered.
+	DedupWindow           *durationpb.Duration `protobuf:"bytes,6,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	MaxWaitTimeout        *durationpb.Duration `protobuf:"bytes,7,opt,name=max_wait_timeout,json=maxWaitTimeout,proto3" json:"max_wait_timeout,omitempty"`
+	MaxWaitersPerResource *uint32              `protobuf:"varint,8,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3,oneof" json:"max_waiters_per_resource,omitempty"`
+	MaxWaitersPerTenant   *uint32              `protobuf:"varint,9,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3,oneof" json:"max_waiters_per_tenant,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *SetShardConfigRequest) Reset() {
+	*x = SetShardConfigRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetShardConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetShardConfigRequest) ProtoMessage() {}
+
+func (x *SetShardConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetShardConfigRequest.ProtoReflect.Descriptor instead.
+func (*SetShardConfigRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *SetShardConfigRequest) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *SetShardConfigRequest) GetMaxClockSkew() *durationpb.Duration {
+	if x != nil {
+		return x.MaxClockSkew
+	}
+	return nil
+}
+
+func (x *SetShardConfigRequest) GetMinLeaseTtl() *durationpb.Duration {
+	if x != nil {
+		return x.MinLeaseTtl
+	}
+	return nil
+}
+
+func (x *SetShardConfigRequest) GetMaxLeaseTtl() *durationpb.Duration {
+	if x != nil {
+		return x.MaxLeaseTtl
+	}
+	return nil
+}
+
+func (x *SetShardConfigRequest) GetDefaultLeaseTtl() *durationpb.Duration {
+	if x != nil {
+		return x.DefaultLeaseTtl
+	}
+	return nil
+}
+
+func (x *SetShardConfigRequest) GetDedupWindow() *durationpb.Duration {
+	if x != nil {
+		return x.DedupWindow
+	}
+	return nil
+}
+
+func (x *SetShardConfigRequest) GetMaxWaitTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.MaxWaitTimeout
+	}
+	return nil
+}
+
+func (x *SetShardConfigRequest) GetMaxWaitersPerResource() uint32 {
+	if x != nil && x.MaxWaitersPerResource != nil {
+		return *x.MaxWaitersPerResource
+	}
+	return 0
+}
+
+func (x *SetShardConfigRequest) GetMaxWaitersPerTenant() uint32 {
+	if x != nil && x.MaxWaitersPerTenant != nil {
+		return *x.MaxWaitersPerTenant
+	}
+	return 0
+}
+
+type SetShardConfigResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shards        []*ShardConfigInfo     `protobuf:"bytes,1,rep,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetShardConfigResponse) Reset() {
+	*x = SetShardConfigResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetShardConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetShardConfigResponse) ProtoMessage() {}
+
+func (x *SetShardConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetShardConfigResponse.ProtoReflect.Descriptor instead.
+func (*SetShardConfigResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SetShardConfigResponse) GetShards() []*ShardConfigInfo {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+// ShardConfigInfo is one shard's config after the change.
+type ShardConfigInfo struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	ShardId               uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	MaxClockSkew          *durationpb.Duration   `protobuf:"bytes,2,opt,name=max_clock_skew,json=maxClockSkew,proto3" json:"max_clock_skew,omitempty"`
+	MinLeaseTtl           *durationpb.Duration   `protobuf:"bytes,3,opt,name=min_lease_ttl,json=minLeaseTtl,proto3" json:"min_lease_ttl,omitempty"`
+	MaxLeaseTtl           *durationpb.Duration   `protobuf:"bytes,4,opt,name=max_lease_ttl,json=maxLeaseTtl,proto3" json:"max_lease_ttl,omitempty"`
+	DefaultLeaseTtl       *durationpb.Duration   `protobuf:"bytes,5,opt,name=default_lease_ttl,json=defaultLeaseTtl,proto3" json:"default_lease_ttl,omitempty"`
+	DedupWindow           *durationpb.Duration   `protobuf:"bytes,6,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	MaxWaitTimeout        *durationpb.Duration   `protobuf:"bytes,7,opt,name=max_wait_timeout,json=maxWaitTimeout,proto3" json:"max_wait_timeout,omitempty"`
+	MaxWaitersPerResource uint32                 `protobuf:"varint,8,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3" json:"max_waiters_per_resource,omitempty"`
+	MaxWaitersPerTenant   uint32                 `protobuf:"varint,9,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3" json:"max_waiters_per_tenant,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *ShardConfigInfo) Reset() {
+	*x = ShardConfigInfo{}
+	mi := &file_warden_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardConfigInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardConfigInfo) ProtoMessage() {}
+
+func (x *ShardConfigInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardConfigInfo.ProtoReflect.Descriptor instead.
+func (*ShardConfigInfo) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ShardConfigInfo) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *ShardConfigInfo) GetMaxClockSkew() *durationpb.Duration {
+	if x != nil {
+		return x.MaxClockSkew
+	}
+	return nil
+}
+
+func (x *ShardConfigInfo) GetMinLeaseTtl() *durationpb.Duration {
+	if x != nil {
+		return x.MinLeaseTtl
+	}
+	return nil
+}
+
+func (x *ShardConfigInfo) GetMaxLeaseTtl() *durationpb.Duration {
+	if x != nil {
+		return x.MaxLeaseTtl
+	}
+	return nil
+}
+
+func (x *ShardConfigInfo) GetDefaultLeaseTtl() *durationpb.Duration {
+	if x != nil {
+		return x.DefaultLeaseTtl
+	}
+	return nil
+}
+
+func (x *ShardConfigInfo) GetDedupWindow() *durationpb.Duration {
+	if x != nil {
+		return x.DedupWindow
+	}
+	return nil
+}
+
+func (x *ShardConfigInfo) GetMaxWaitTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.MaxWaitTimeout
+	}
+	return nil
+}
+
+func (x *ShardConfigInfo) GetMaxWaitersPerResource() uint32 {
+	if x != nil {
+		return x.MaxWaitersPerResource
+	}
+	return 0
+}
+
+func (x *ShardConfigInfo) GetMaxWaitersPerTenant() uint32 {
+	if x != nil {
+		return x.MaxWaitersPerTenant
+	}
+	return 0
+}
+
 var File_warden_v1_admin_proto protoreflect.FileDescriptor
 
 const file_warden_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15warden/v1/admin.proto\x12\twarden.v1\"+\n" +
+	"\x15warden/v1/admin.proto\x12\twarden.v1\x1a\x1egoogle/protobuf/duration.proto\"+\n" +
 	"\x13HotResourcesRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\x8d\x01\n" +
 	"\x14HotResourcesResponse\x125\n" +
@@ -776,13 +1298,54 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\bsplit_at\x18\x02 \x01(\x04R\asplitAt\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
-	"generation2\xd1\x02\n" +
+	"generation\"K\n" +
+	"\x15TransferLeaderRequest\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\">\n" +
+	"\x16TransferLeaderResponse\x12$\n" +
+	"\x0eleader_node_id\x18\x01 \x01(\x04R\fleaderNodeId\",\n" +
+	"\x0fSnapshotRequest\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\"L\n" +
+	"\x10SnapshotResponse\x128\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1a.warden.v1.ReplicaSnapshotR\tsnapshots\"q\n" +
+	"\x0fReplicaSnapshot\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xeb\x04\n" +
+	"\x15SetShardConfigRequest\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12?\n" +
+	"\x0emax_clock_skew\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fmaxClockSkew\x12=\n" +
+	"\rmin_lease_ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vminLeaseTtl\x12=\n" +
+	"\rmax_lease_ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vmaxLeaseTtl\x12E\n" +
+	"\x11default_lease_ttl\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x0fdefaultLeaseTtl\x12<\n" +
+	"\fdedup_window\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x12C\n" +
+	"\x10max_wait_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\x0emaxWaitTimeout\x12<\n" +
+	"\x18max_waiters_per_resource\x18\b \x01(\rH\x00R\x15maxWaitersPerResource\x88\x01\x01\x128\n" +
+	"\x16max_waiters_per_tenant\x18\t \x01(\rH\x01R\x13maxWaitersPerTenant\x88\x01\x01B\x1b\n" +
+	"\x19_max_waiters_per_resourceB\x19\n" +
+	"\x17_max_waiters_per_tenant\"L\n" +
+	"\x16SetShardConfigResponse\x122\n" +
+	"\x06shards\x18\x01 \x03(\v2\x1a.warden.v1.ShardConfigInfoR\x06shards\"\xa3\x04\n" +
+	"\x0fShardConfigInfo\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12?\n" +
+	"\x0emax_clock_skew\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fmaxClockSkew\x12=\n" +
+	"\rmin_lease_ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vminLeaseTtl\x12=\n" +
+	"\rmax_lease_ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vmaxLeaseTtl\x12E\n" +
+	"\x11default_lease_ttl\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x0fdefaultLeaseTtl\x12<\n" +
+	"\fdedup_window\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x12C\n" +
+	"\x10max_wait_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\x0emaxWaitTimeout\x127\n" +
+	"\x18max_waiters_per_resource\x18\b \x01(\rR\x15maxWaitersPerResource\x123\n" +
+	"\x16max_waiters_per_tenant\x18\t \x01(\rR\x13maxWaitersPerTenant2\xd3\x04\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
 	"ListShards\x12\x1c.warden.v1.ListShardsRequest\x1a\x1d.warden.v1.ListShardsResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
-	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\"\x03\x90\x02\x02\x12T\n" +
+	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\"\x03\x90\x02\x02\x12Z\n" +
+	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12H\n" +
+	"\bSnapshot\x12\x1a.warden.v1.SnapshotRequest\x1a\x1b.warden.v1.SnapshotResponse\"\x03\x90\x02\x02\x12Z\n" +
+	"\x0eSetShardConfig\x12 .warden.v1.SetShardConfigRequest\x1a!.warden.v1.SetShardConfigResponse\"\x03\x90\x02\x02\x12T\n" +
 	"\fHotResources\x12\x1e.warden.v1.HotResourcesRequest\x1a\x1f.warden.v1.HotResourcesResponse\"\x03\x90\x02\x01B7Z5github.com/warden-dev/warden/proto/warden/v1;wardenv1b\x06proto3"
 
 var (
@@ -797,20 +1360,29 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 	return file_warden_v1_admin_proto_rawDescData
 }
 
-var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_warden_v1_admin_proto_goTypes = []any{
-	(*HotResourcesRequest)(nil),  // 0: warden.v1.HotResourcesRequest
-	(*HotResourcesResponse)(nil), // 1: warden.v1.HotResourcesResponse
-	(*HotResource)(nil),          // 2: warden.v1.HotResource
-	(*ListNodesRequest)(nil),     // 3: warden.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),    // 4: warden.v1.ListNodesResponse
-	(*NodeInfo)(nil),             // 5: warden.v1.NodeInfo
-	(*ListShardsRequest)(nil),    // 6: warden.v1.ListShardsRequest
-	(*ListShardsResponse)(nil),   // 7: warden.v1.ListShardsResponse
-	(*ShardInfo)(nil),            // 8: warden.v1.ShardInfo
-	(*ReplicaInfo)(nil),          // 9: warden.v1.ReplicaInfo
-	(*SplitShardRequest)(nil),    // 10: warden.v1.SplitShardRequest
-	(*SplitShardResponse)(nil),   // 11: warden.v1.SplitShardResponse
+	(*HotResourcesRequest)(nil),    // 0: warden.v1.HotResourcesRequest
+	(*HotResourcesResponse)(nil),   // 1: warden.v1.HotResourcesResponse
+	(*HotResource)(nil),            // 2: warden.v1.HotResource
+	(*ListNodesRequest)(nil),       // 3: warden.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),      // 4: warden.v1.ListNodesResponse
+	(*NodeInfo)(nil),               // 5: warden.v1.NodeInfo
+	(*ListShardsRequest)(nil),      // 6: warden.v1.ListShardsRequest
+	(*ListShardsResponse)(nil),     // 7: warden.v1.ListShardsResponse
+	(*ShardInfo)(nil),              // 8: warden.v1.ShardInfo
+	(*ReplicaInfo)(nil),            // 9: warden.v1.ReplicaInfo
+	(*SplitShardRequest)(nil),      // 10: warden.v1.SplitShardRequest
+	(*SplitShardResponse)(nil),     // 11: warden.v1.SplitShardResponse
+	(*TransferLeaderRequest)(nil),  // 12: warden.v1.TransferLeaderRequest
+	(*TransferLeaderResponse)(nil), // 13: warden.v1.TransferLeaderResponse
+	(*SnapshotRequest)(nil),        // 14: warden.v1.SnapshotRequest
+	(*SnapshotResponse)(nil),       // 15: warden.v1.SnapshotResponse
+	(*ReplicaSnapshot)(nil),        // 16: warden.v1.ReplicaSnapshot
+	(*SetShardConfigRequest)(nil),  // 17: warden.v1.SetShardConfigRequest
+	(*SetShardConfigResponse)(nil), // 18: warden.v1.SetShardConfigResponse
+	(*ShardConfigInfo)(nil),        // 19: warden.v1.ShardConfigInfo
+	(*durationpb.Duration)(nil),    // 20: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
 	2,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
@@ -818,19 +1390,39 @@ var file_warden_v1_admin_proto_depIdxs = []int32{
 	5,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
 	8,  // 3: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
 	9,  // 4: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
-	3,  // 5: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
-	6,  // 6: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
-	10, // 7: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	0,  // 8: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	4,  // 9: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	7,  // 10: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	11, // 11: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	1,  // 12: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	9,  // [9:13] is the sub-list for method output_type
-	5,  // [5:9] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	16, // 5: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
+	20, // 6: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	20, // 7: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	20, // 8: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	20, // 9: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	20, // 10: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	20, // 11: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	19, // 12: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
+	20, // 13: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	20, // 14: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	20, // 15: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	20, // 16: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	20, // 17: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	20, // 18: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	3,  // 19: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	6,  // 20: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	10, // 21: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	12, // 22: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	14, // 23: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	17, // 24: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	0,  // 25: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	4,  // 26: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	7,  // 27: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	11, // 28: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	13, // 29: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	15, // 30: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	18, // 31: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	1,  // 32: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
@@ -838,13 +1430,14 @@ func file_warden_v1_admin_proto_init() {
 	if File_warden_v1_admin_proto != nil {
 		return
 	}
+	file_warden_v1_admin_proto_msgTypes[17].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

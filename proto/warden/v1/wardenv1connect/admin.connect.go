@@ -39,6 +39,14 @@ const (
 	AdminServiceListShardsProcedure = "/warden.v1.AdminService/ListShards"
 	// AdminServiceSplitShardProcedure is the fully-qualified name of the AdminService's SplitShard RPC.
 	AdminServiceSplitShardProcedure = "/warden.v1.AdminService/SplitShard"
+	// AdminServiceTransferLeaderProcedure is the fully-qualified name of the AdminService's
+	// TransferLeader RPC.
+	AdminServiceTransferLeaderProcedure = "/warden.v1.AdminService/TransferLeader"
+	// AdminServiceSnapshotProcedure is the fully-qualified name of the AdminService's Snapshot RPC.
+	AdminServiceSnapshotProcedure = "/warden.v1.AdminService/Snapshot"
+	// AdminServiceSetShardConfigProcedure is the fully-qualified name of the AdminService's
+	// SetShardConfig RPC.
+	AdminServiceSetShardConfigProcedure = "/warden.v1.AdminService/SetShardConfig"
 	// AdminServiceHotResourcesProcedure is the fully-qualified name of the AdminService's HotResources
 	// RPC.
 	AdminServiceHotResourcesProcedure = "/warden.v1.AdminService/HotResources"
@@ -64,6 +72,21 @@ type AdminServiceClient interface {
 	// split_at outside the range; FAILED_PRECONDITION while another
 	// operator runs; UNAVAILABLE without a placement quorum.
 	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
+	// TransferLeader moves a shard's Raft leadership to its replica on
+	// node_id and returns once that replica leads (or the deadline passes).
+	// Leases are unaffected: the new leader stamps time from its own clock,
+	// never later than the bound of DESIGN.md rule 6.
+	// Errors: NOT_FOUND for an unknown shard or a node without a replica of
+	// it; UNAVAILABLE when the transfer did not happen in time.
+	TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error)
+	// Snapshot asks every replica of a shard (every shard if shard_id is 0)
+	// to take a snapshot and compact its Raft log behind it.
+	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
+	// SetShardConfig changes a shard's replicated config (every shard's if
+	// shard_id is 0); unset fields keep their value. The new config applies
+	// from the command's log entry on, identically on every replica.
+	// Errors: INVALID_ARGUMENT naming the field for a value out of bounds.
+	SetShardConfig(context.Context, *connect.Request[v1.SetShardConfigRequest]) (*connect.Response[v1.SetShardConfigResponse], error)
 	// HotResources lists the locks with the most queued waiters (read from
 	// each shard's leader) and with the highest Acquire rate (as this node
 	// has seen them over about the last 20 seconds).
@@ -102,6 +125,27 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		transferLeader: connect.NewClient[v1.TransferLeaderRequest, v1.TransferLeaderResponse](
+			httpClient,
+			baseURL+AdminServiceTransferLeaderProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("TransferLeader")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotResponse](
+			httpClient,
+			baseURL+AdminServiceSnapshotProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Snapshot")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
+		setShardConfig: connect.NewClient[v1.SetShardConfigRequest, v1.SetShardConfigResponse](
+			httpClient,
+			baseURL+AdminServiceSetShardConfigProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("SetShardConfig")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 		hotResources: connect.NewClient[v1.HotResourcesRequest, v1.HotResourcesResponse](
 			httpClient,
 			baseURL+AdminServiceHotResourcesProcedure,
@@ -114,10 +158,13 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 
 // adminServiceClient implements AdminServiceClient.
 type adminServiceClient struct {
-	listNodes    *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
-	listShards   *connect.Client[v1.ListShardsRequest, v1.ListShardsResponse]
-	splitShard   *connect.Client[v1.SplitShardRequest, v1.SplitShardResponse]
-	hotResources *connect.Client[v1.HotResourcesRequest, v1.HotResourcesResponse]
+	listNodes      *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
+	listShards     *connect.Client[v1.ListShardsRequest, v1.ListShardsResponse]
+	splitShard     *connect.Client[v1.SplitShardRequest, v1.SplitShardResponse]
+	transferLeader *connect.Client[v1.TransferLeaderRequest, v1.TransferLeaderResponse]
+	snapshot       *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
+	setShardConfig *connect.Client[v1.SetShardConfigRequest, v1.SetShardConfigResponse]
+	hotResources   *connect.Client[v1.HotResourcesRequest, v1.HotResourcesResponse]
 }
 
 // ListNodes calls warden.v1.AdminService.ListNodes.
@@ -133,6 +180,21 @@ func (c *adminServiceClient) ListShards(ctx context.Context, req *connect.Reques
 // SplitShard calls warden.v1.AdminService.SplitShard.
 func (c *adminServiceClient) SplitShard(ctx context.Context, req *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error) {
 	return c.splitShard.CallUnary(ctx, req)
+}
+
+// TransferLeader calls warden.v1.AdminService.TransferLeader.
+func (c *adminServiceClient) TransferLeader(ctx context.Context, req *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error) {
+	return c.transferLeader.CallUnary(ctx, req)
+}
+
+// Snapshot calls warden.v1.AdminService.Snapshot.
+func (c *adminServiceClient) Snapshot(ctx context.Context, req *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error) {
+	return c.snapshot.CallUnary(ctx, req)
+}
+
+// SetShardConfig calls warden.v1.AdminService.SetShardConfig.
+func (c *adminServiceClient) SetShardConfig(ctx context.Context, req *connect.Request[v1.SetShardConfigRequest]) (*connect.Response[v1.SetShardConfigResponse], error) {
+	return c.setShardConfig.CallUnary(ctx, req)
 }
 
 // HotResources calls warden.v1.AdminService.HotResources.
@@ -160,6 +222,21 @@ type AdminServiceHandler interface {
 	// split_at outside the range; FAILED_PRECONDITION while another
 	// operator runs; UNAVAILABLE without a placement quorum.
 	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
+	// TransferLeader moves a shard's Raft leadership to its replica on
+	// node_id and returns once that replica leads (or the deadline passes).
+	// Leases are unaffected: the new leader stamps time from its own clock,
+	// never later than the bound of DESIGN.md rule 6.
+	// Errors: NOT_FOUND for an unknown shard or a node without a replica of
+	// it; UNAVAILABLE when the transfer did not happen in time.
+	TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error)
+	// Snapshot asks every replica of a shard (every shard if shard_id is 0)
+	// to take a snapshot and compact its Raft log behind it.
+	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
+	// SetShardConfig changes a shard's replicated config (every shard's if
+	// shard_id is 0); unset fields keep their value. The new config applies
+	// from the command's log entry on, identically on every replica.
+	// Errors: INVALID_ARGUMENT naming the field for a value out of bounds.
+	SetShardConfig(context.Context, *connect.Request[v1.SetShardConfigRequest]) (*connect.Response[v1.SetShardConfigResponse], error)
 	// HotResources lists the locks with the most queued waiters (read from
 	// each shard's leader) and with the highest Acquire rate (as this node
 	// has seen them over about the last 20 seconds).
@@ -194,6 +271,27 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceTransferLeaderHandler := connect.NewUnaryHandler(
+		AdminServiceTransferLeaderProcedure,
+		svc.TransferLeader,
+		connect.WithSchema(adminServiceMethods.ByName("TransferLeader")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceSnapshotHandler := connect.NewUnaryHandler(
+		AdminServiceSnapshotProcedure,
+		svc.Snapshot,
+		connect.WithSchema(adminServiceMethods.ByName("Snapshot")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceSetShardConfigHandler := connect.NewUnaryHandler(
+		AdminServiceSetShardConfigProcedure,
+		svc.SetShardConfig,
+		connect.WithSchema(adminServiceMethods.ByName("SetShardConfig")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceHotResourcesHandler := connect.NewUnaryHandler(
 		AdminServiceHotResourcesProcedure,
 		svc.HotResources,
@@ -209,6 +307,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceListShardsHandler.ServeHTTP(w, r)
 		case AdminServiceSplitShardProcedure:
 			adminServiceSplitShardHandler.ServeHTTP(w, r)
+		case AdminServiceTransferLeaderProcedure:
+			adminServiceTransferLeaderHandler.ServeHTTP(w, r)
+		case AdminServiceSnapshotProcedure:
+			adminServiceSnapshotHandler.ServeHTTP(w, r)
+		case AdminServiceSetShardConfigProcedure:
+			adminServiceSetShardConfigHandler.ServeHTTP(w, r)
 		case AdminServiceHotResourcesProcedure:
 			adminServiceHotResourcesHandler.ServeHTTP(w, r)
 		default:
@@ -230,6 +334,18 @@ func (UnimplementedAdminServiceHandler) ListShards(context.Context, *connect.Req
 
 func (UnimplementedAdminServiceHandler) SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.SplitShard is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.TransferLeader is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.Snapshot is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) SetShardConfig(context.Context, *connect.Request[v1.SetShardConfigRequest]) (*connect.Response[v1.SetShardConfigResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.SetShardConfig is not implemented"))
 }
 
 func (UnimplementedAdminServiceHandler) HotResources(context.Context, *connect.Request[v1.HotResourcesRequest]) (*connect.Response[v1.HotResourcesResponse], error) {

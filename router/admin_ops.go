@@ -1,0 +1,208 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/lni/dragonboat/v4"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+)
+
+// localReplica returns the local node hosting a replica of shardID and
+// the replica's id, or nil.
+func (r *Router) localReplica(shardID uint64) (*LocalNode, uint64) {
+	for _, rep := range r.Map().Shard(shardID).GetReplicas() {
+		for i := range r.nodes {
+			if r.nodes[i].Node.ID() == rep.GetNodeId() {
+				return &r.nodes[i], rep.GetReplicaId()
+			}
+		}
+	}
+	return nil, 0
+}
+
+// replicaPeer returns the clients of a remote node hosting a replica of
+// shardID, or nil.
+func (r *Router) replicaPeer(shardID uint64) *peer {
+	m := r.Map()
+	for _, rep := range m.Shard(shardID).GetReplicas() {
+		if n := m.Node(rep.GetNodeId()); n != nil && !r.isLocal(n.GetId()) {
+			return r.peers.get(n.GetListenAddr())
+		}
+	}
+	return nil
+}
+
+func forwardedReq[T any](m *T) *connect.Request[T] {
+	req := connect.NewRequest(m)
+	req.Header().Set(forwardedHeader, "1")
+	return req
+}
+
+// TransferLeader implements AdminService.TransferLeader.
+func (s *AdminServer) TransferLeader(ctx context.Context, req *connect.Request[wardenv1.TransferLeaderRequest]) (*connect.Response[wardenv1.TransferLeaderResponse], error) {
+	start := time.Now()
+	resp, err := s.transferLeader(ctx, req)
+	return resp, observe("TransferLeader", start, err)
+}
+
+func (s *AdminServer) transferLeader(ctx context.Context, req *connect.Request[wardenv1.TransferLeaderRequest]) (*connect.Response[wardenv1.TransferLeaderResponse], error) {
+	m := req.Msg
+	sh := s.r.Map().Shard(m.GetShardId())
+	if sh == nil {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("shard_id: shard %d does not exist", m.GetShardId()))
+	}
+	var target uint64
+	for _, rep := range sh.GetReplicas() {
+		if rep.GetNodeId() == m.GetNodeId() {
+			target = rep.GetReplicaId()
+		}
+	}
+	if target == 0 {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d has no replica of shard %d", m.GetNodeId(), m.GetShardId()))
+	}
+	n, _ := s.r.localReplica(sh.GetId())
+	if n == nil {
+		p := s.r.replicaPeer(sh.GetId())
+		if p == nil || req.Header().Get(forwardedHeader) != "" {
+			return nil, fmt.Errorf("%w: no node hosting shard %d answers", ErrNoLeader, sh.GetId())
+		}
+		return p.admin.TransferLeader(ctx, forwardedReq(m))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if s.r.leaderNode(sh.GetId()) == m.GetNodeId() {
+			return connect.NewResponse(&wardenv1.TransferLeaderResponse{LeaderNodeId: m.GetNodeId()}), nil
+		}
+		if err := n.Node.NH.RequestLeaderTransfer(sh.GetId(), target); err != nil && !errors.Is(err, dragonboat.ErrShardNotReady) {
+			return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: shard %d is still led from node %d", ErrNoLeader, sh.GetId(), s.r.leaderNode(sh.GetId()))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Snapshot implements AdminService.Snapshot. A forwarded request
+// snapshots only the receiving node's replicas.
+func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv1.SnapshotRequest]) (*connect.Response[wardenv1.SnapshotResponse], error) {
+	start := time.Now()
+	ids := s.r.Map().DataShards()
+	if id := req.Msg.GetShardId(); id != 0 {
+		if s.r.Map().Shard(id) == nil {
+			return nil, observe("Snapshot", start, connect.NewError(connect.CodeNotFound, fmt.Errorf("shard_id: shard %d does not exist", id)))
+		}
+		ids = []uint64{id}
+	}
+	out := &wardenv1.SnapshotResponse{}
+	remote := map[string]bool{}
+	m := s.r.Map()
+	for _, id := range ids {
+		for _, rep := range m.Shard(id).GetReplicas() {
+			node := m.Node(rep.GetNodeId())
+			if s.r.isLocal(rep.GetNodeId()) {
+				out.Snapshots = append(out.Snapshots, s.r.snapshotLocal(ctx, id, rep.GetNodeId()))
+			} else if req.Header().Get(forwardedHeader) == "" && node != nil {
+				remote[node.GetListenAddr()] = true
+			}
+		}
+	}
+	for addr := range remote {
+		resp, err := s.r.peers.get(addr).admin.Snapshot(ctx, forwardedReq(req.Msg))
+		if err != nil {
+			out.Snapshots = append(out.Snapshots, &wardenv1.ReplicaSnapshot{Error: fmt.Sprintf("node %s: %v", addr, err)})
+			continue
+		}
+		out.Snapshots = append(out.Snapshots, resp.Msg.GetSnapshots()...)
+	}
+	return connect.NewResponse(out), observe("Snapshot", start, nil)
+}
+
+// snapshotLocal snapshots the replica of shardID on local node nodeID and
+// compacts its log behind the snapshot.
+func (r *Router) snapshotLocal(ctx context.Context, shardID, nodeID uint64) *wardenv1.ReplicaSnapshot {
+	out := &wardenv1.ReplicaSnapshot{ShardId: shardID, NodeId: nodeID}
+	for i := range r.nodes {
+		if r.nodes[i].Node.ID() != nodeID {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		idx, err := r.nodes[i].Node.NH.SyncRequestSnapshot(sctx, shardID, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
+		cancel()
+		if err != nil {
+			out.Error = err.Error()
+		}
+		out.Index = idx
+	}
+	return out
+}
+
+// SetShardConfig implements AdminService.SetShardConfig.
+func (s *AdminServer) SetShardConfig(ctx context.Context, req *connect.Request[wardenv1.SetShardConfigRequest]) (*connect.Response[wardenv1.SetShardConfigResponse], error) {
+	start := time.Now()
+	resp, err := s.setShardConfig(ctx, req.Msg)
+	return resp, observe("SetShardConfig", start, err)
+}
+
+func (s *AdminServer) setShardConfig(ctx context.Context, m *wardenv1.SetShardConfigRequest) (*connect.Response[wardenv1.SetShardConfigResponse], error) {
+	ids := s.r.Map().DataShards()
+	if id := m.GetShardId(); id != 0 {
+		if s.r.Map().Shard(id) == nil {
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("shard_id: shard %d does not exist", id))
+		}
+		ids = []uint64{id}
+	}
+	cmd := &shardv1.SetConfigCmd{
+		MaxClockSkewNanos:     nanos(m.GetMaxClockSkew()),
+		MinLeaseTtlNanos:      nanos(m.GetMinLeaseTtl()),
+		MaxLeaseTtlNanos:      nanos(m.GetMaxLeaseTtl()),
+		DefaultLeaseTtlNanos:  nanos(m.GetDefaultLeaseTtl()),
+		DedupWindowNanos:      nanos(m.GetDedupWindow()),
+		MaxWaitTimeoutNanos:   nanos(m.GetMaxWaitTimeout()),
+		MaxWaitersPerResource: m.MaxWaitersPerResource,
+		MaxWaitersPerTenant:   m.MaxWaitersPerTenant,
+	}
+	out := &wardenv1.SetShardConfigResponse{}
+	for _, id := range ids {
+		res, err := s.r.Shards().Propose(ctx, id, &shardv1.Envelope{Generation: s.r.Map().Generation(), Command: &shardv1.Envelope_SetConfig{SetConfig: cmd}})
+		if err != nil {
+			return nil, err
+		}
+		if res.GetCode() != shardv1.Code_CODE_OK {
+			return nil, &resultError{res}
+		}
+		c := res.GetConfig()
+		out.Shards = append(out.Shards, &wardenv1.ShardConfigInfo{
+			ShardId:               id,
+			MaxClockSkew:          durationpb.New(time.Duration(c.GetMaxClockSkewNanos())),
+			MinLeaseTtl:           durationpb.New(time.Duration(c.GetMinLeaseTtlNanos())),
+			MaxLeaseTtl:           durationpb.New(time.Duration(c.GetMaxLeaseTtlNanos())),
+			DefaultLeaseTtl:       durationpb.New(time.Duration(c.GetDefaultLeaseTtlNanos())),
+			DedupWindow:           durationpb.New(time.Duration(c.GetDedupWindowNanos())),
+			MaxWaitTimeout:        durationpb.New(time.Duration(c.GetMaxWaitTimeoutNanos())),
+			MaxWaitersPerResource: c.GetMaxWaitersPerResource(),
+			MaxWaitersPerTenant:   c.GetMaxWaitersPerTenant(),
+		})
+	}
+	return connect.NewResponse(out), nil
+}
+
+// nanos converts an optional duration to optional nanoseconds.
+func nanos(d *durationpb.Duration) *int64 {
+	if d == nil {
+		return nil
+	}
+	v := int64(d.AsDuration())
+	return &v
+}
