@@ -37,7 +37,6 @@ type LocalMeta struct{ NH *dragonboat.NodeHost }
 // request the group lost).
 const metaTimeout = 5 * time.Second
 
-
 // Propose implements MetaClient.
 func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, metaTimeout)
