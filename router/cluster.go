@@ -84,6 +84,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	var meta placement.MetaClient
 	for i, spec := range cfg.Nodes {
 		lead := NewLeadership()
+		lead.offset = cfg.Router.ClockOffset
 		n, err := placement.StartNode(placement.NodeConfig{
 			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, DataDir: spec.DataDir,
 			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,

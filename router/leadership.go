@@ -14,7 +14,9 @@ import (
 // office, plus its monotonic clock since (DESIGN.md "Time"), so a wall
 // clock step during its term moves nothing.
 type Leadership struct {
-	mu struct {
+	// offset is added to the wall clock (Config.ClockOffset, tests only).
+	offset time.Duration
+	mu     struct {
 		sync.Mutex
 		terms map[uint64]*leaderTerm // by shard id, only while leading
 	}
@@ -25,6 +27,7 @@ type leaderTerm struct {
 	shardID uint64
 	term    uint64
 	anchor  time.Time // wall and monotonic reading when the term began
+	offset  time.Duration
 	// confirmed is set once a linearizable read succeeded in this term,
 	// proving leadership and that every entry before the term is applied.
 	// Time-driven commands wait for it.
@@ -33,7 +36,7 @@ type leaderTerm struct {
 
 // now is the leader's clock in Unix nanoseconds.
 func (t *leaderTerm) now() int64 {
-	return t.anchor.Round(0).UnixNano() + int64(time.Since(t.anchor))
+	return t.anchor.Round(0).UnixNano() + int64(t.offset) + int64(time.Since(t.anchor))
 }
 
 // NewLeadership returns an empty Leadership.
@@ -56,7 +59,7 @@ func (l *Leadership) LeaderUpdated(info raftio.LeaderInfo) {
 	if cur != nil && cur.term == info.Term {
 		return
 	}
-	l.mu.terms[info.ShardID] = &leaderTerm{shardID: info.ShardID, term: info.Term, anchor: time.Now()}
+	l.mu.terms[info.ShardID] = &leaderTerm{shardID: info.ShardID, term: info.Term, anchor: time.Now(), offset: l.offset}
 	metrics.leaderChanges.Inc()
 }
 

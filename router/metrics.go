@@ -18,7 +18,12 @@ var metrics = struct {
 	moveRetries   prometheus.Counter
 	forwards      prometheus.Counter
 	splitFence    prometheus.Histogram
+	clockOffset   *prometheus.GaugeVec
 }{
+	clockOffset: promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "warden_clock_offset_seconds",
+		Help: "Another node's wall clock minus this node's, in seconds, as last measured (NTP-style, within half a round trip).",
+	}, []string{"peer"}),
 	moveRetries: promauto.NewCounter(prometheus.CounterOpts{
 		Name: "warden_move_retries_total",
 		Help: "Proposals retried because the key's range was moving or the router's placement map was stale.",

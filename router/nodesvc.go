@@ -3,7 +3,6 @@ package router
 import (
 	"context"
 	"errors"
-	"time"
 
 	"connectrpc.com/connect"
 
@@ -66,5 +65,5 @@ func (s *NodeServer) ReadMeta(ctx context.Context, _ *connect.Request[placementv
 
 // Clock implements NodeService.Clock.
 func (s *NodeServer) Clock(context.Context, *connect.Request[placementv1.ClockRequest]) (*connect.Response[placementv1.ClockResponse], error) {
-	return connect.NewResponse(&placementv1.ClockResponse{UnixNano: time.Now().UnixNano()}), nil
+	return connect.NewResponse(&placementv1.ClockResponse{UnixNano: s.r.now().UnixNano()}), nil
 }

@@ -43,6 +43,17 @@ type Config struct {
 	// Audit, if set, receives one record per Acquire, Renew and Release
 	// (see audit.go); wardend writes it as JSON lines to --audit-log.
 	Audit *slog.Logger
+	// MaxClockSkew is the clock offset bound the shards' config assumes
+	// (default 500 ms, the shards' default). A node whose clock is more
+	// than half of it away from the majority's stops proposing
+	// time-driven commands and hands its leaderships away.
+	MaxClockSkew time.Duration
+	// ClockInterval is the period of the clock offset measurement
+	// (default 1 s).
+	ClockInterval time.Duration
+	// ClockOffset is added to this node's wall clock. It exists to test
+	// clock skew; never set it in production.
+	ClockOffset time.Duration
 	// MoveWait bounds how long a request keeps retrying, transparently,
 	// while its key's range is fenced by a move or its map is stale
 	// (default 5 s; the caller's deadline, when shorter, wins).
@@ -61,6 +72,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.ScanLimit == 0 {
 		c.ScanLimit = 256
+	}
+	if c.MaxClockSkew == 0 {
+		c.MaxClockSkew = 500 * time.Millisecond
+	}
+	if c.ClockInterval == 0 {
+		c.ClockInterval = time.Second
 	}
 	if c.MoveWait == 0 {
 		c.MoveWait = 5 * time.Second
@@ -81,6 +98,7 @@ type Router struct {
 	meta  placement.MetaClient
 	peers *peers
 	ops   *placement.Operators
+	clock clockWatch
 	waits *WaitRegistry
 	// acquires estimates the Acquire rate of the busiest resources.
 	acquires *rateTracker
@@ -133,12 +151,14 @@ func (r *Router) isLocal(id uint64) bool {
 	return false
 }
 
-// Start runs the leader timers of every local node.
+// Start runs the leader timers of every local node and the clock offset
+// measurement.
 func (r *Router) Start() {
 	for i := range r.nodes {
 		r.wg.Add(1)
 		go r.runTimers(&r.nodes[i])
 	}
+	r.wg.Go(r.watchClock)
 }
 
 // Stop ends the timers and waits for them.
@@ -395,6 +415,9 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 		}
 		n.Leadership.confirm(t.shardID, t.term)
 		return nil
+	}
+	if r.clock.unsafe.Load() {
+		return nil // a clock too far off must not decide expiries (DESIGN.md "Time")
 	}
 	scan := &shardv1.ScanQuery{Limit: r.cfg.ScanLimit}
 	q, err := r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: t.now(), Query: &shardv1.Query_Expired{Expired: scan}})

@@ -58,11 +58,18 @@ type procCluster struct {
 	t       *testing.T
 	nodes   []*node
 	members string
+	// extra holds more flags for node i.
+	extra map[int][]string
 }
 
-func startProcCluster(t *testing.T) *procCluster {
+// startProcCluster starts three nodes; extra, if given, adds flags to
+// node i (0-based).
+func startProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 	t.Helper()
 	c := &procCluster{t: t}
+	if len(extra) > 0 {
+		c.extra = extra[0]
+	}
 	var members []string
 	for i := range 3 {
 		raft, err1 := router.FreeLoopbackAddr()
@@ -108,8 +115,9 @@ func (c *procCluster) start(i int) {
 	c.t.Helper()
 	n := c.nodes[i]
 	n.log, n.exited = &syncBuffer{}, make(chan error, 1)
-	n.cmd = exec.Command(binary, "--node-id", fmt.Sprint(n.id), "--zone", fmt.Sprintf("az%d", n.id), "--raft-addr", n.raft,
-		"--listen", n.listen, "--data-dir", n.dir, "--initial-members", c.members)
+	args := []string{"--node-id", fmt.Sprint(n.id), "--zone", fmt.Sprintf("az%d", n.id), "--raft-addr", n.raft,
+		"--listen", n.listen, "--data-dir", n.dir, "--initial-members", c.members}
+	n.cmd = exec.Command(binary, append(args, c.extra[i]...)...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
 		c.t.Fatal(err)

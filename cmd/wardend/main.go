@@ -47,6 +47,7 @@ type cli struct {
 	RaftAddr       string        `name:"raft-addr" help:"host:port of this node's Raft transport."`
 	InitialMembers string        `name:"initial-members" help:"The cluster's first nodes, id=raftaddr=listenaddr,... (the same list on each of them)."`
 	Join           []string      `help:"Connect addresses of running nodes, for a node that is not an initial member."`
+	ClockOffset    time.Duration `name:"debug-clock-offset" hidden:"" help:"Pretend this node's wall clock is off by this much (clock skew tests only)."`
 	DataDir        string        `default:"./data/dev" help:"Directory for Raft logs and state."`
 	Listen         string        `default:"127.0.0.1:7070" help:"Address to serve the Connect API on."`
 	LogLevel       slog.Level    `default:"info" help:"Log level: debug, info, warn, error."`
@@ -91,6 +92,7 @@ func run(c cli) error {
 			return err
 		}
 		cfg.Router.Audit = audit
+		cfg.Router.ClockOffset = c.ClockOffset
 		cluster, err = router.StartCluster(cfg)
 	}
 	if err != nil {
