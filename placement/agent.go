@@ -140,7 +140,11 @@ func (a *Agent) Reconcile(m *Map) error {
 		if _, ok := a.running[id]; ok {
 			continue
 		}
-		if err := a.node.StartDataShard(id, r.GetReplicaId(), m.Members(m.Shard(id)), r.GetJoin()); err != nil && !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
+		var members map[uint64]string // a joining replica learns them from the leader
+		if !r.GetJoin() {
+			members = m.Members(m.Shard(id))
+		}
+		if err := a.node.StartDataShard(id, r.GetReplicaId(), members, r.GetJoin(), r.GetNonVoting()); err != nil && !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
 			errs = append(errs, err)
 			continue
 		}

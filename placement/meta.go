@@ -51,6 +51,10 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 		return ok, advanceSplit(st, c.AdvanceSplit)
 	case *placementv1.Command_EndOperator:
 		return ok, endOperator(st, c.EndOperator)
+	case *placementv1.Command_BeginMove:
+		return beginMove(st, c.BeginMove)
+	case *placementv1.Command_AdvanceMove:
+		return ok, advanceMove(st, c.AdvanceMove)
 	}
 	return nil, errors.New("command: missing or unknown")
 }
@@ -91,9 +95,14 @@ func registerNode(st *placementv1.State, n *placementv1.Node) error {
 		return fmt.Errorf("node %d: raft_addr and listen_addr are required", n.GetId())
 	}
 	if i := slices.IndexFunc(st.Nodes, func(m *placementv1.Node) bool { return m.GetId() == n.GetId() }); i >= 0 {
-		if n.GetZone() == "" {
+		old := st.Nodes[i].GetZone()
+		switch {
+		case n.GetZone() == "":
 			n = proto.CloneOf(n)
-			n.Zone = st.Nodes[i].GetZone()
+			n.Zone = old
+		case old != "" && n.GetZone() != old:
+			// Replicas were placed by zone: a node never changes zone.
+			return fmt.Errorf("node.zone: node %d is in zone %q, not %q", n.GetId(), old, n.GetZone())
 		}
 		st.Nodes[i] = n
 		return nil
@@ -253,18 +262,105 @@ func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd) error {
 	if op == nil {
 		return fmt.Errorf("operator_id: %d is not in progress", c.GetOperatorId())
 	}
-	s := op.GetSplit()
-	switch {
-	case c.GetRollback() && s.GetStep() >= placementv1.SplitStep_SPLIT_STEP_ACTIVATED:
-		return fmt.Errorf("rollback: split %d is at %v, past its point of no return", op.GetId(), s.GetStep())
-	case c.GetRollback():
-		st.Shards = slices.DeleteFunc(st.Shards, func(sh *placementv1.Shard) bool { return sh.GetId() == s.GetTarget() })
-		s.RollingBack = true
-		return nil
-	case s.GetStep() != placementv1.SplitStep_SPLIT_STEP_COMMITTED && !s.GetRollingBack():
-		return fmt.Errorf("operator_id: split %d is at %v, not done", op.GetId(), s.GetStep())
+	if s := op.GetSplit(); s != nil {
+		switch {
+		case c.GetRollback() && s.GetStep() >= placementv1.SplitStep_SPLIT_STEP_ACTIVATED:
+			return fmt.Errorf("rollback: split %d is at %v, past its point of no return", op.GetId(), s.GetStep())
+		case c.GetRollback():
+			st.Shards = slices.DeleteFunc(st.Shards, func(sh *placementv1.Shard) bool { return sh.GetId() == s.GetTarget() })
+			s.RollingBack = true
+			return nil
+		case s.GetStep() != placementv1.SplitStep_SPLIT_STEP_COMMITTED && !s.GetRollingBack():
+			return fmt.Errorf("operator_id: split %d is at %v, not done", op.GetId(), s.GetStep())
+		}
+	}
+	if m := op.GetMove(); m != nil {
+		switch {
+		case c.GetRollback() && m.GetStep() >= placementv1.MoveStep_MOVE_STEP_PROMOTED:
+			return fmt.Errorf("rollback: move %d is at %v, past its point of no return", op.GetId(), m.GetStep())
+		case c.GetRollback():
+			m.RollingBack = true
+			return nil
+		case m.GetRollingBack():
+			// The driver removed the new replica from the group: drop it.
+			sh := shardByID(st, m.GetShard())
+			sh.Replicas = slices.DeleteFunc(sh.Replicas, func(r *placementv1.Replica) bool { return r.GetReplicaId() == m.GetToReplica() })
+		case m.GetStep() != placementv1.MoveStep_MOVE_STEP_REMOVED:
+			return fmt.Errorf("operator_id: move %d is at %v, not done", op.GetId(), m.GetStep())
+		}
 	}
 	st.Operators = slices.Delete(st.Operators, i, i+1)
+	return nil
+}
+
+func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd) (*placementv1.Result, error) {
+	if len(st.GetOperators()) > 0 {
+		return nil, fmt.Errorf("operator %d is in progress; one operator runs at a time", st.GetOperators()[0].GetId())
+	}
+	sh := shardByID(st, c.GetShard())
+	if sh == nil || sh.GetState() != placementv1.ShardState_SHARD_STATE_ACTIVE {
+		return nil, fmt.Errorf("shard_id: shard %d does not exist", c.GetShard())
+	}
+	to := nodeByID(st, c.GetToNode())
+	if to == nil {
+		return nil, fmt.Errorf("to_node_id: node %d does not exist", c.GetToNode())
+	}
+	if c.GetFromNode() == c.GetToNode() {
+		return nil, fmt.Errorf("to_node_id: node %d is also from_node_id", c.GetToNode())
+	}
+	var from *placementv1.Replica
+	for _, r := range sh.GetReplicas() {
+		switch r.GetNodeId() {
+		case c.GetFromNode():
+			from = r
+		case c.GetToNode():
+			return nil, fmt.Errorf("to_node_id: node %d already hosts a replica of shard %d", c.GetToNode(), sh.GetId())
+		default:
+			if nodeByID(st, r.GetNodeId()).GetZone() == to.GetZone() {
+				return nil, fmt.Errorf("to_node_id: zone %q already has a replica of shard %d", to.GetZone(), sh.GetId())
+			}
+		}
+	}
+	if from == nil {
+		return nil, fmt.Errorf("from_node_id: node %d has no replica of shard %d", c.GetFromNode(), sh.GetId())
+	}
+	if sh.GetNextReplicaId() == 0 { // shards created before the field existed
+		for _, r := range sh.GetReplicas() {
+			sh.NextReplicaId = max(sh.NextReplicaId, r.GetReplicaId()+1)
+		}
+	}
+	added := &placementv1.Replica{ReplicaId: sh.NextReplicaId, NodeId: to.GetId(), Join: true, NonVoting: true}
+	sh.NextReplicaId++
+	sh.Replicas = append(sh.Replicas, added)
+	op := &placementv1.Operator{Id: st.NextOperatorId, Kind: &placementv1.Operator_Move{Move: &placementv1.MoveOp{
+		Shard: sh.GetId(), FromReplica: from.GetReplicaId(), FromNode: from.GetNodeId(),
+		ToReplica: added.GetReplicaId(), ToNode: to.GetId(), Step: placementv1.MoveStep_MOVE_STEP_PLANNED}}}
+	st.NextOperatorId++
+	st.Operators = append(st.Operators, op)
+	return &placementv1.Result{Operator: op}, nil
+}
+
+func advanceMove(st *placementv1.State, c *placementv1.AdvanceMoveCmd) error {
+	op, _ := operatorByID(st, c.GetOperatorId())
+	m := op.GetMove()
+	if m == nil {
+		return fmt.Errorf("operator_id: no move %d is in progress", c.GetOperatorId())
+	}
+	if m.GetRollingBack() || c.GetTo() != m.GetStep()+1 || c.GetTo() > placementv1.MoveStep_MOVE_STEP_REMOVED {
+		return fmt.Errorf("to: move %d is at %v, it cannot go to %v", op.GetId(), m.GetStep(), c.GetTo())
+	}
+	sh := shardByID(st, m.GetShard())
+	switch c.GetTo() {
+	case placementv1.MoveStep_MOVE_STEP_PROMOTED:
+		for _, r := range sh.GetReplicas() {
+			if r.GetReplicaId() == m.GetToReplica() {
+				r.NonVoting = false
+			}
+		}
+	case placementv1.MoveStep_MOVE_STEP_REMOVED:
+		sh.Replicas = slices.DeleteFunc(sh.Replicas, func(r *placementv1.Replica) bool { return r.GetReplicaId() == m.GetFromReplica() })
+	}
+	m.Step = c.GetTo()
 	return nil
 }
 

@@ -37,7 +37,16 @@ func TestMetaKeepsTheMapWhole(t *testing.T) {
 				}
 				return rapid.Uint64Range(0, 5).Draw(rt, "op")
 			}
-			switch rapid.IntRange(0, 5).Draw(rt, "kind") {
+			switch rapid.IntRange(0, 8).Draw(rt, "kind") {
+			case 6:
+				cmd = &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{
+					Shard: rapid.Uint64Range(1, 4).Draw(rt, "move shard"), FromNode: rapid.Uint64Range(1, 5).Draw(rt, "from"), ToNode: rapid.Uint64Range(1, 5).Draw(rt, "to")}}}
+			case 7:
+				cmd = &placementv1.Command{Command: &placementv1.Command_AdvanceMove{AdvanceMove: &placementv1.AdvanceMoveCmd{
+					OperatorId: opID(), To: placementv1.MoveStep(rapid.IntRange(0, 5).Draw(rt, "move to"))}}}
+			case 8:
+				cmd = &placementv1.Command{Command: &placementv1.Command_EndOperator{EndOperator: &placementv1.EndOperatorCmd{
+					OperatorId: opID(), Rollback: rapid.Bool().Draw(rt, "rollback")}}}
 			case 0:
 				cmd = &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{Node: &placementv1.Node{
 					Id: rapid.Uint64Range(1, 5).Draw(rt, "node"), Zone: rapid.SampledFrom(zones).Draw(rt, "zone"), RaftAddr: "r", ListenAddr: "l"}}}}
@@ -87,6 +96,23 @@ func TestMetaKeepsTheMapWhole(t *testing.T) {
 				}
 				if s.GetState() == placementv1.ShardState_SHARD_STATE_PENDING && rangeOf(next, s.GetId()) >= 0 {
 					rt.Fatalf("pending shard %d owns a range", s.GetId())
+				}
+				zones, ids := map[string]bool{}, map[uint64]bool{}
+				for _, r := range s.GetReplicas() {
+					z := nodeByID(next, r.GetNodeId()).GetZone()
+					for _, op := range next.GetOperators() {
+						if m := op.GetMove(); m.GetShard() == s.GetId() && m.GetToReplica() == r.GetReplicaId() {
+							z = "" // a move within a zone has two replicas there until it ends
+						}
+					}
+					if (z != "" && zones[z]) || ids[r.GetReplicaId()] || r.GetReplicaId() >= s.GetNextReplicaId() {
+						rt.Fatalf("shard %d: replica %d on node %d (zone %q) repeats a zone or an id, or is not below next id %d: %v",
+							s.GetId(), r.GetReplicaId(), r.GetNodeId(), z, s.GetNextReplicaId(), s)
+					}
+					zones[z], ids[r.GetReplicaId()] = true, true
+				}
+				if len(s.GetReplicas()) == 0 {
+					rt.Fatalf("shard %d has no replica", s.GetId())
 				}
 			}
 			if next.GetNextShardId() <= maxShardID(next) {

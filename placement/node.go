@@ -108,10 +108,13 @@ func (n *Node) raftConfig(shardID, replicaID uint64) config.Config {
 // members maps replica id → Raft address for a shard's first start; on a
 // restart the NodeHost ignores it and recovers the membership from its
 // log. join starts a replica added to a running group: empty, with no
-// members, waiting for the leader to send it the log.
-func (n *Node) StartDataShard(shardID, replicaID uint64, members map[uint64]string, join bool) error {
+// members, waiting for the leader to send it the log; nonVoting starts it
+// as a non-voting member (until a move promotes it).
+func (n *Node) StartDataShard(shardID, replicaID uint64, members map[uint64]string, join, nonVoting bool) error {
 	sm := shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), n.cfg.Observer)
-	if err := n.NH.StartOnDiskReplica(members, join, sm, n.raftConfig(shardID, replicaID)); err != nil {
+	rc := n.raftConfig(shardID, replicaID)
+	rc.IsNonVoting = nonVoting
+	if err := n.NH.StartOnDiskReplica(members, join, sm, rc); err != nil {
 		return fmt.Errorf("placement: node %d: start shard %d: %w", n.cfg.ID, shardID, err)
 	}
 	slog.Debug("replica started", "node", n.cfg.ID, "zone", n.cfg.Zone, "shard", shardID, "replica", replicaID)

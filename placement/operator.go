@@ -14,11 +14,18 @@ import (
 )
 
 // ShardClient proposes to and reads from the leader of any data shard,
-// wherever it runs. The caller sets the envelope's generation; the
-// client stamps version, shard id and the leader's time.
+// and changes its membership, wherever its replicas run. The caller sets
+// the envelope's generation; the client stamps version, shard id and the
+// leader's time.
 type ShardClient interface {
 	Propose(ctx context.Context, shardID uint64, env *shardv1.Envelope) (*shardv1.Result, error)
 	Read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error)
+	// Membership reads (MEMBERSHIP_CHANGE_NONE) or changes the shard's
+	// Raft membership and returns it after the change.
+	Membership(ctx context.Context, shardID uint64, change placementv1.MembershipChange, replicaID uint64, addr string) (*placementv1.MembershipResponse, error)
+	// AppliedIndex returns how far node nodeID's replica of the shard has
+	// applied the log.
+	AppliedIndex(ctx context.Context, shardID, nodeID uint64) (uint64, error)
 }
 
 // Allocator hands out fencing-token epochs from windows it reserves in
@@ -78,7 +85,8 @@ type Operators struct {
 	Shards ShardClient
 	Alloc  *Allocator
 	// TargetWait bounds how long a split waits for its new shard to elect
-	// a leader before it rolls back (default 30 s).
+	// a leader, and a move for its new replica to catch up, before it
+	// rolls back (default 30 s).
 	TargetWait time.Duration
 	Logger     *slog.Logger
 	// ExportPage is how many records one import command carries (default 256).
@@ -123,7 +131,7 @@ func (o *Operators) Run(ctx context.Context, id uint64) (*placementv1.Operator, 
 				return last, nil
 			}
 			last = op
-			err = o.driveSplit(ctx, id)
+			err = o.drive(ctx, op)
 		}
 		if err != nil {
 			o.logger().Warn("placement operator step failed; retrying", "operator", id, "err", err)
@@ -208,7 +216,7 @@ func (o *Operators) Drive(ctx context.Context) error {
 	}
 	var errs []error
 	for _, op := range st.GetOperators() {
-		if err := o.driveSplit(ctx, op.GetId()); err != nil {
+		if err := o.drive(ctx, op); err != nil {
 			errs = append(errs, fmt.Errorf("operator %d: %w", op.GetId(), err))
 		}
 	}
@@ -220,6 +228,19 @@ func (o *Operators) logger() *slog.Logger {
 		return slog.Default()
 	}
 	return o.Logger
+}
+
+// drive carries op from its recorded step to the end (or back), unless
+// another goroutine of this process is at it.
+func (o *Operators) drive(ctx context.Context, op *placementv1.Operator) error {
+	if !o.claim(op.GetId()) {
+		return nil
+	}
+	defer o.unclaim(op.GetId())
+	if op.GetMove() != nil {
+		return o.driveMove(ctx, op.GetId())
+	}
+	return o.driveSplit(ctx, op.GetId())
 }
 
 // advance records that split op reached step to.
@@ -241,13 +262,8 @@ func (o *Operators) propose(ctx context.Context, shardID, generation uint64, env
 	return res, nil
 }
 
-// driveSplit carries split op from its recorded step to the end (or
-// back), unless another goroutine of this process is at it.
+// driveSplit carries split op from its recorded step to the end (or back).
 func (o *Operators) driveSplit(ctx context.Context, opID uint64) error {
-	if !o.claim(opID) {
-		return nil
-	}
-	defer o.unclaim(opID)
 	var fencedAt time.Time
 	for {
 		st, err := o.Meta.Read(ctx)
@@ -375,6 +391,131 @@ func (o *Operators) copyRange(ctx context.Context, opID uint64, s *placementv1.S
 				Range:      &shardv1.RangeDescriptor{ShardId: s.GetTarget(), Start: s.GetSplitAt(), End: r.GetEnd(), Generation: s.GetGeneration()},
 				Epoch:      s.GetEpoch(), Config: meta.GetConfig(), SourceLastNowUnixNano: meta.GetLastNowUnixNano()}}})
 			return err
+		}
+	}
+}
+
+// BeginMove records a move of shardID's replica on node from to node to;
+// Drive carries it out.
+func (o *Operators) BeginMove(ctx context.Context, shardID, from, to uint64) (*placementv1.Operator, error) {
+	res, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{
+		Shard: shardID, FromNode: from, ToNode: to}}})
+	if err != nil {
+		return nil, err
+	}
+	return res.GetOperator(), nil
+}
+
+func (o *Operators) advanceMove(ctx context.Context, op uint64, to placementv1.MoveStep) error {
+	_, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_AdvanceMove{AdvanceMove: &placementv1.AdvanceMoveCmd{OperatorId: op, To: to}}})
+	return err
+}
+
+// isMember reports whether replica is a voting or non-voting member.
+func isMember(m *placementv1.MembershipResponse, replica uint64) (voting, member bool) {
+	_, voting = m.GetVoting()[replica]
+	_, nonVoting := m.GetNonVoting()[replica]
+	return voting, voting || nonVoting
+}
+
+// driveMove carries move op from its recorded step to the end (or back):
+// one Raft membership change per step, each checked against the current
+// membership first, so a resumed step is not repeated.
+func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
+	for {
+		st, err := o.Meta.Read(ctx)
+		if err != nil {
+			return err
+		}
+		op, _ := operatorByID(st, opID)
+		m := op.GetMove()
+		if m == nil {
+			return nil
+		}
+		to := nodeByID(st, m.GetToNode())
+		log := o.logger().With("operator", opID, "shard", m.GetShard(), "from_node", m.GetFromNode(), "to_node", m.GetToNode())
+		mem, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE, 0, "")
+		if err != nil {
+			return err
+		}
+		if m.GetRollingBack() {
+			if _, member := isMember(mem, m.GetToReplica()); member {
+				if _, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetToReplica(), ""); err != nil {
+					return err
+				}
+			}
+			log.Warn("replica move rolled back")
+			return o.end(ctx, opID, false)
+		}
+		switch m.GetStep() {
+		case placementv1.MoveStep_MOVE_STEP_PLANNED:
+			if _, member := isMember(mem, m.GetToReplica()); !member {
+				if _, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
+					return err
+				}
+			}
+			if err := o.advanceMove(ctx, opID, placementv1.MoveStep_MOVE_STEP_ADDED); err != nil {
+				return err
+			}
+		case placementv1.MoveStep_MOVE_STEP_ADDED:
+			if voting, _ := isMember(mem, m.GetToReplica()); !voting {
+				if err := o.awaitCatchUp(ctx, m.GetShard(), m.GetToNode()); err != nil {
+					log.Warn("replica move: the new replica did not catch up; rolling back", "err", err)
+					return o.end(ctx, opID, true)
+				}
+				if _, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
+					return err
+				}
+			}
+			if err := o.advanceMove(ctx, opID, placementv1.MoveStep_MOVE_STEP_PROMOTED); err != nil {
+				return err
+			}
+		case placementv1.MoveStep_MOVE_STEP_PROMOTED:
+			if _, member := isMember(mem, m.GetFromReplica()); member {
+				if _, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
+					return err
+				}
+			}
+			if err := o.advanceMove(ctx, opID, placementv1.MoveStep_MOVE_STEP_REMOVED); err != nil {
+				return err
+			}
+			log.Info("replica moved", "replica", m.GetToReplica())
+		case placementv1.MoveStep_MOVE_STEP_REMOVED:
+			return o.end(ctx, opID, false)
+		default:
+			return fmt.Errorf("unknown move step %v", m.GetStep())
+		}
+	}
+}
+
+// awaitCatchUp waits until node's replica of shardID has applied what the
+// leader had applied when the wait began.
+func (o *Operators) awaitCatchUp(ctx context.Context, shardID, node uint64) error {
+	wait := o.TargetWait
+	if wait == 0 {
+		wait = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var target uint64 // the leader's applied index when first read
+	for {
+		var idx uint64
+		var err error
+		if target == 0 {
+			var q *shardv1.QueryResult
+			if q, err = o.Shards.Read(ctx, shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err == nil {
+				target = q.GetAppliedIndex()
+			}
+		}
+		if target != 0 {
+			if idx, err = o.Shards.AppliedIndex(ctx, shardID, node); err == nil && idx >= target {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (applied %d of %d; last error: %v)", ctx.Err(), idx, target, err)
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

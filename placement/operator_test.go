@@ -81,6 +81,12 @@ func (f *fakeShards) Read(_ context.Context, shardID uint64, q *shardv1.Query) (
 	return out, nil
 }
 
+func (f *fakeShards) Membership(context.Context, uint64, placementv1.MembershipChange, uint64, string) (*placementv1.MembershipResponse, error) {
+	return &placementv1.MembershipResponse{}, nil
+}
+
+func (f *fakeShards) AppliedIndex(context.Context, uint64, uint64) (uint64, error) { return 0, nil }
+
 func bootstrapped(t *testing.T) *memMeta {
 	m := &memMeta{st: &placementv1.State{}}
 	var nodes []*placementv1.Node

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -123,16 +125,78 @@ func (s *AdminServer) ListShards(ctx context.Context, _ *connect.Request[wardenv
 // there); if that node fails, the next placement leader finishes it.
 func (s *AdminServer) SplitShard(ctx context.Context, req *connect.Request[wardenv1.SplitShardRequest]) (*connect.Response[wardenv1.SplitShardResponse], error) {
 	start := time.Now()
-	if req.Header().Get(forwardedHeader) == "" {
-		if leader := s.r.metaLeader(); leader != nil && !s.r.isLocal(leader.GetId()) {
-			fr := connect.NewRequest(req.Msg)
-			fr.Header().Set(forwardedHeader, "1")
-			resp, err := s.r.peers.get(leader.GetListenAddr()).admin.SplitShard(ctx, fr)
-			return resp, observe("SplitShard", start, err)
-		}
+	if p := s.r.operatorPeer(req.Header()); p != nil {
+		resp, err := p.admin.SplitShard(ctx, nextHopReq(req))
+		return resp, observe("SplitShard", start, err)
 	}
 	resp, err := s.splitShard(ctx, req.Msg)
 	return resp, observe("SplitShard", start, err)
+}
+
+// operatorPeer returns the placement leader's clients when it runs on
+// another node and the request was not forwarded already: operators are
+// driven there.
+func (r *Router) operatorPeer(h http.Header) *peer {
+	if hopsOf(h) >= maxHops {
+		return nil
+	}
+	if leader := r.metaLeader(); leader != nil {
+		if r.isLocal(leader.GetId()) {
+			return nil
+		}
+		return r.peers.get(leader.GetListenAddr())
+	}
+	// No placement replica here to know the leader: ask another node.
+	nodes := r.Map().State().GetNodes()
+	for k := range nodes {
+		if n := nodes[(k+rand.IntN(len(nodes)))%len(nodes)]; !r.isLocal(n.GetId()) {
+			return r.peers.get(n.GetListenAddr())
+		}
+	}
+	return nil
+}
+
+// refusedToConnect maps a placement refusal to a Connect error: the
+// reason starts with the field it is about.
+func refusedToConnect(refused *placement.RefusedError) error {
+	code := connect.CodeFailedPrecondition
+	switch {
+	case strings.Contains(refused.Reason, "does not exist"), strings.Contains(refused.Reason, "owns no range"):
+		code = connect.CodeNotFound
+	case strings.HasPrefix(refused.Reason, "split_at:"), strings.HasPrefix(refused.Reason, "to_node_id:"), strings.HasPrefix(refused.Reason, "from_node_id:"):
+		code = connect.CodeInvalidArgument
+	}
+	return connect.NewError(code, refused)
+}
+
+// MoveReplica implements AdminService.MoveReplica, driven like SplitShard.
+func (s *AdminServer) MoveReplica(ctx context.Context, req *connect.Request[wardenv1.MoveReplicaRequest]) (*connect.Response[wardenv1.MoveReplicaResponse], error) {
+	start := time.Now()
+	if p := s.r.operatorPeer(req.Header()); p != nil {
+		resp, err := p.admin.MoveReplica(ctx, nextHopReq(req))
+		return resp, observe("MoveReplica", start, err)
+	}
+	resp, err := s.moveReplica(ctx, req.Msg)
+	return resp, observe("MoveReplica", start, err)
+}
+
+func (s *AdminServer) moveReplica(ctx context.Context, m *wardenv1.MoveReplicaRequest) (*connect.Response[wardenv1.MoveReplicaResponse], error) {
+	op, err := s.r.ops.BeginMove(ctx, m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId())
+	var refused *placement.RefusedError
+	if errors.As(err, &refused) {
+		return nil, refusedToConnect(refused)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+	}
+	last, err := s.r.ops.Run(ctx, op.GetId())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+	}
+	if last.GetMove().GetRollingBack() {
+		return nil, connect.NewError(connect.CodeAborted, fmt.Errorf("move %d was rolled back: the new replica did not catch up", op.GetId()))
+	}
+	return connect.NewResponse(&wardenv1.MoveReplicaResponse{ReplicaId: op.GetMove().GetToReplica()}), nil
 }
 
 func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequest) (*connect.Response[wardenv1.SplitShardResponse], error) {
@@ -142,14 +206,7 @@ func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequ
 	op, err := s.r.ops.BeginSplit(ctx, m.GetShardId(), m.GetSplitAt())
 	var refused *placement.RefusedError
 	if errors.As(err, &refused) {
-		code := connect.CodeFailedPrecondition
-		switch {
-		case strings.HasPrefix(refused.Reason, "split_at:"):
-			code = connect.CodeInvalidArgument
-		case strings.Contains(refused.Reason, "does not exist"), strings.Contains(refused.Reason, "owns no range"):
-			code = connect.CodeNotFound
-		}
-		return nil, connect.NewError(code, err)
+		return nil, refusedToConnect(refused)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)

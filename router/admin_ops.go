@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -39,10 +40,18 @@ func (r *Router) replicaPeer(shardID uint64) *peer {
 	return nil
 }
 
+// forwardedReq is a request for another node, forwarded once.
 func forwardedReq[T any](m *T) *connect.Request[T] {
 	req := connect.NewRequest(m)
 	req.Header().Set(forwardedHeader, "1")
 	return req
+}
+
+// nextHopReq is req forwarded once more.
+func nextHopReq[T any](req *connect.Request[T]) *connect.Request[T] {
+	fr := connect.NewRequest(req.Msg)
+	fr.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())+1))
+	return fr
 }
 
 // TransferLeader implements AdminService.TransferLeader.

@@ -106,7 +106,7 @@ func (c *cluster) stopReplica(i int) {
 
 func (c *cluster) startReplica(i int) {
 	c.t.Helper()
-	if err := c.dev.Nodes[i].Node.StartDataShard(shardID, c.dev.Nodes[i].Node.ID(), c.dev.Members(), false); err != nil {
+	if err := c.dev.Nodes[i].Node.StartDataShard(shardID, c.dev.Nodes[i].Node.ID(), c.dev.Members(), false, false); err != nil {
 		c.t.Fatal(err)
 	}
 }

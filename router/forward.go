@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -13,9 +14,14 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
-// forwardedHeader marks a request one node forwarded to another; the
-// receiver serves it itself or answers Unavailable, never forwards again.
-const forwardedHeader = "Warden-Forwarded"
+// forwardedHeader marks a request one node forwarded to another, with
+// the number of hops so far. A node that hosts no replica of the shard
+// forwards to one that does, which may forward once more to the leader;
+// after maxHops a node serves the request itself or answers Unavailable.
+const (
+	forwardedHeader = "Warden-Forwarded"
+	maxHops         = 2
+)
 
 // forward sends a client RPC about key to the node that hosts the leader
 // of key's shard, when that is another node, and returns its answer with
@@ -25,7 +31,8 @@ const forwardedHeader = "Warden-Forwarded"
 // RPC is idempotent under its request id or lease id.
 func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request[Req], key string,
 	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
-	if req.Header().Get(forwardedHeader) != "" {
+	hops := hopsOf(req.Header())
+	if hops >= maxHops {
 		return nil, false, nil
 	}
 	deadline := time.Now().Add(r.cfg.LeaderWait)
@@ -35,7 +42,7 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 			return nil, false, nil
 		}
 		fr := connect.NewRequest(req.Msg)
-		fr.Header().Set(forwardedHeader, "1")
+		fr.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
 		metrics.forwards.Inc()
 		resp, err := call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
 		if connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {

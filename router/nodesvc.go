@@ -3,6 +3,8 @@ package router
 import (
 	"context"
 	"errors"
+	"net/http"
+	"strconv"
 
 	"connectrpc.com/connect"
 
@@ -25,6 +27,11 @@ func (s *NodeServer) Propose(ctx context.Context, req *connect.Request[placement
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("envelope: is required"))
 	}
 	res, err := s.r.proposeShard(ctx, req.Msg.GetShardId(), req.Msg.GetEnvelope())
+	if p := nextHop(req.Header(), err); p != nil {
+		fr := connect.NewRequest(req.Msg)
+		fr.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())+1))
+		return s.r.peers.get(p.node.GetListenAddr()).node.Propose(ctx, fr)
+	}
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -37,6 +44,11 @@ func (s *NodeServer) Read(ctx context.Context, req *connect.Request[placementv1.
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("query: is required"))
 	}
 	out, err := s.r.readShard(ctx, req.Msg.GetShardId(), req.Msg.GetQuery())
+	if p := nextHop(req.Header(), err); p != nil {
+		fr := connect.NewRequest(req.Msg)
+		fr.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())+1))
+		return s.r.peers.get(p.node.GetListenAddr()).node.Read(ctx, fr)
+	}
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -61,6 +73,22 @@ func (s *NodeServer) ReadMeta(ctx context.Context, _ *connect.Request[placementv
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	return connect.NewResponse(&placementv1.ReadMetaResponse{State: st}), nil
+}
+
+// hopsOf returns how many times a request was forwarded.
+func hopsOf(h http.Header) int {
+	n, _ := strconv.Atoi(h.Get(forwardedHeader))
+	return n
+}
+
+// nextHop returns where to forward a request that failed here because the
+// shard is led from another node, if it may be forwarded again.
+func nextHop(h http.Header, err error) *remoteLeader {
+	var rl *remoteLeader
+	if errors.As(err, &rl) && hopsOf(h) < maxHops {
+		return rl
+	}
+	return nil
 }
 
 // Clock implements NodeService.Clock.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -207,9 +208,12 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 			}
 		}
 		if !hosted && shardID != placement.MetaShardID {
-			// No replica here: ask a node that hosts one.
+			// No replica here: ask a node that hosts one (any: each retry
+			// may try another).
 			m := r.Map()
-			for _, rep := range m.Shard(shardID).GetReplicas() {
+			reps := m.Shard(shardID).GetReplicas()
+			for k := range reps {
+				rep := reps[(k+rand.IntN(len(reps)))%len(reps)]
 				if node := m.Node(rep.GetNodeId()); node != nil && !r.isLocal(node.GetId()) {
 					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node}
 				}

@@ -289,6 +289,7 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 		e := qq.Export
 		out.Records, out.Next, err = r.Records(e.GetStart(), e.GetEnd(), e.GetAfter(), int(max(e.GetLimit(), 1)))
 	case *shardv1.Query_Meta:
+		out.AppliedIndex, err = appliedIndex(snap)
 	case *shardv1.Query_Digest:
 		out.AppliedIndex, err = appliedIndex(snap)
 		if err == nil {

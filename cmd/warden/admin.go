@@ -187,3 +187,22 @@ func (c *configCmd) Run(g *globals) error {
 		}
 	})
 }
+
+type moveCmd struct {
+	ShardID uint64 `arg:"" name:"shard-id"`
+	From    uint64 `arg:"" name:"from-node-id"`
+	To      uint64 `arg:"" name:"to-node-id"`
+}
+
+// Run sends AdminService.MoveReplica.
+func (m *moveCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: m.ShardID, FromNodeId: m.From, ToNodeId: m.To}))
+	if err != nil {
+		return fmt.Errorf("move: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		fmt.Fprintf(w, "shard %d: replica moved from node %d to node %d (replica %d)\n", m.ShardID, m.From, m.To, resp.Msg.GetReplicaId())
+	})
+}

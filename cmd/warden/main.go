@@ -54,6 +54,7 @@ type adminCmd struct {
 	Nodes        nodesCmd  `cmd:"" help:"List the cluster's nodes and zones."`
 	Shards       shardsCmd `cmd:"" help:"List the data shards: ranges, epochs, replicas, leaders, load."`
 	Split        splitCmd  `cmd:"" help:"Split a shard's hash range in two (at --at, default the middle)."`
+	Move         moveCmd   `cmd:"" help:"Move a shard's replica from one node to another."`
 	Leader       leaderCmd `cmd:"" help:"Move a shard's leadership to its replica on a node."`
 	Snapshot     snapCmd   `cmd:"" help:"Snapshot a shard's replicas (all shards without an id) and compact their logs."`
 	SetConfig    configCmd `cmd:"" name:"set-config" help:"Change a shard's replicated config (all shards with id 0)."`

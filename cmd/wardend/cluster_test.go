@@ -45,6 +45,7 @@ func (s *syncBuffer) String() string {
 
 type node struct {
 	id           uint64
+	zone         string
 	dir          string
 	raft, listen string
 	cmd          *exec.Cmd
@@ -77,7 +78,7 @@ func startProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 		if err1 != nil || err2 != nil {
 			t.Fatal(err1, err2)
 		}
-		n := &node{id: uint64(i + 1), dir: filepath.Join(t.TempDir(), fmt.Sprintf("node-%d", i+1)), raft: raft, listen: listen}
+		n := &node{id: uint64(i + 1), dir: filepath.Join(t.TempDir(), fmt.Sprintf("node-%d", i+1)), raft: raft, listen: listen, zone: fmt.Sprintf("az%d", i+1)}
 		n.locks = wardenv1connect.NewLockServiceClient(http.DefaultClient, "http://"+listen)
 		n.admin = wardenv1connect.NewAdminServiceClient(http.DefaultClient, "http://"+listen)
 		c.nodes = append(c.nodes, n)
@@ -115,14 +116,39 @@ func (c *procCluster) start(i int) {
 	c.t.Helper()
 	n := c.nodes[i]
 	n.log, n.exited = &syncBuffer{}, make(chan error, 1)
-	args := []string{"--node-id", fmt.Sprint(n.id), "--zone", fmt.Sprintf("az%d", n.id), "--raft-addr", n.raft,
-		"--listen", n.listen, "--data-dir", n.dir, "--initial-members", c.members}
+	args := []string{"--node-id", fmt.Sprint(n.id), "--zone", n.zone, "--raft-addr", n.raft, "--listen", n.listen, "--data-dir", n.dir}
+	if n.id <= 3 {
+		args = append(args, "--initial-members", c.members)
+	} else {
+		for _, m := range c.nodes[:3] {
+			args = append(args, "--join", m.listen)
+		}
+	}
 	n.cmd = exec.Command(binary, append(args, c.extra[i]...)...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
 		c.t.Fatal(err)
 	}
 	go func() { n.exited <- n.cmd.Wait() }()
+}
+
+// join adds a node in zone with --join (the first three nodes' Connect
+// addresses) and returns its index.
+func (c *procCluster) join(zone string) int {
+	c.t.Helper()
+	raft, err1 := router.FreeLoopbackAddr()
+	listen, err2 := router.FreeLoopbackAddr()
+	if err1 != nil || err2 != nil {
+		c.t.Fatal(err1, err2)
+	}
+	i := len(c.nodes)
+	n := &node{id: uint64(i + 1), dir: filepath.Join(c.t.TempDir(), fmt.Sprintf("node-%d", i+1)), raft: raft, listen: listen, zone: zone}
+	n.locks = wardenv1connect.NewLockServiceClient(http.DefaultClient, "http://"+listen)
+	n.admin = wardenv1connect.NewAdminServiceClient(http.DefaultClient, "http://"+listen)
+	c.nodes = append(c.nodes, n)
+	c.start(i)
+	c.waitServing(i)
+	return i
 }
 
 // kill SIGKILLs node i and waits for it to exit.

@@ -1241,6 +1241,111 @@ func (x *ShardConfigInfo) GetMaxWaitersPerTenant() uint32 {
 	return 0
 }
 
+type MoveReplicaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	FromNodeId    uint64                 `protobuf:"varint,2,opt,name=from_node_id,json=fromNodeId,proto3" json:"from_node_id,omitempty"`
+	ToNodeId      uint64                 `protobuf:"varint,3,opt,name=to_node_id,json=toNodeId,proto3" json:"to_node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveReplicaRequest) Reset() {
+	*x = MoveReplicaRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveReplicaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveReplicaRequest) ProtoMessage() {}
+
+func (x *MoveReplicaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveReplicaRequest.ProtoReflect.Descriptor instead.
+func (*MoveReplicaRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *MoveReplicaRequest) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *MoveReplicaRequest) GetFromNodeId() uint64 {
+	if x != nil {
+		return x.FromNodeId
+	}
+	return 0
+}
+
+func (x *MoveReplicaRequest) GetToNodeId() uint64 {
+	if x != nil {
+		return x.ToNodeId
+	}
+	return 0
+}
+
+type MoveReplicaResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ReplicaId is the new replica's id in the shard's group.
+	ReplicaId     uint64 `protobuf:"varint,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveReplicaResponse) Reset() {
+	*x = MoveReplicaResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveReplicaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveReplicaResponse) ProtoMessage() {}
+
+func (x *MoveReplicaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveReplicaResponse.ProtoReflect.Descriptor instead.
+func (*MoveReplicaResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *MoveReplicaResponse) GetReplicaId() uint64 {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return 0
+}
+
 var File_warden_v1_admin_proto protoreflect.FileDescriptor
 
 const file_warden_v1_admin_proto_rawDesc = "" +
@@ -1336,13 +1441,23 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\fdedup_window\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x12C\n" +
 	"\x10max_wait_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\x0emaxWaitTimeout\x127\n" +
 	"\x18max_waiters_per_resource\x18\b \x01(\rR\x15maxWaitersPerResource\x123\n" +
-	"\x16max_waiters_per_tenant\x18\t \x01(\rR\x13maxWaitersPerTenant2\xd3\x04\n" +
+	"\x16max_waiters_per_tenant\x18\t \x01(\rR\x13maxWaitersPerTenant\"o\n" +
+	"\x12MoveReplicaRequest\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12 \n" +
+	"\ffrom_node_id\x18\x02 \x01(\x04R\n" +
+	"fromNodeId\x12\x1c\n" +
+	"\n" +
+	"to_node_id\x18\x03 \x01(\x04R\btoNodeId\"4\n" +
+	"\x13MoveReplicaResponse\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\x01 \x01(\x04R\treplicaId2\xa6\x05\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
 	"ListShards\x12\x1c.warden.v1.ListShardsRequest\x1a\x1d.warden.v1.ListShardsResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
-	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\"\x03\x90\x02\x02\x12Z\n" +
+	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\"\x03\x90\x02\x02\x12Q\n" +
+	"\vMoveReplica\x12\x1d.warden.v1.MoveReplicaRequest\x1a\x1e.warden.v1.MoveReplicaResponse\"\x03\x90\x02\x02\x12Z\n" +
 	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12H\n" +
 	"\bSnapshot\x12\x1a.warden.v1.SnapshotRequest\x1a\x1b.warden.v1.SnapshotResponse\"\x03\x90\x02\x02\x12Z\n" +
 	"\x0eSetShardConfig\x12 .warden.v1.SetShardConfigRequest\x1a!.warden.v1.SetShardConfigResponse\"\x03\x90\x02\x02\x12T\n" +
@@ -1360,7 +1475,7 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 	return file_warden_v1_admin_proto_rawDescData
 }
 
-var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_warden_v1_admin_proto_goTypes = []any{
 	(*HotResourcesRequest)(nil),    // 0: warden.v1.HotResourcesRequest
 	(*HotResourcesResponse)(nil),   // 1: warden.v1.HotResourcesResponse
@@ -1382,7 +1497,9 @@ var file_warden_v1_admin_proto_goTypes = []any{
 	(*SetShardConfigRequest)(nil),  // 17: warden.v1.SetShardConfigRequest
 	(*SetShardConfigResponse)(nil), // 18: warden.v1.SetShardConfigResponse
 	(*ShardConfigInfo)(nil),        // 19: warden.v1.ShardConfigInfo
-	(*durationpb.Duration)(nil),    // 20: google.protobuf.Duration
+	(*MoveReplicaRequest)(nil),     // 20: warden.v1.MoveReplicaRequest
+	(*MoveReplicaResponse)(nil),    // 21: warden.v1.MoveReplicaResponse
+	(*durationpb.Duration)(nil),    // 22: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
 	2,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
@@ -1391,35 +1508,37 @@ var file_warden_v1_admin_proto_depIdxs = []int32{
 	8,  // 3: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
 	9,  // 4: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
 	16, // 5: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
-	20, // 6: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
-	20, // 7: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
-	20, // 8: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
-	20, // 9: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
-	20, // 10: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
-	20, // 11: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	22, // 6: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	22, // 7: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	22, // 8: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	22, // 9: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	22, // 10: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	22, // 11: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
 	19, // 12: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	20, // 13: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	20, // 14: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	20, // 15: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	20, // 16: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	20, // 17: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	20, // 18: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	22, // 13: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	22, // 14: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	22, // 15: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	22, // 16: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	22, // 17: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	22, // 18: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
 	3,  // 19: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
 	6,  // 20: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
 	10, // 21: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	12, // 22: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	14, // 23: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	17, // 24: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	0,  // 25: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	4,  // 26: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	7,  // 27: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	11, // 28: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	13, // 29: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	15, // 30: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	18, // 31: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	1,  // 32: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	26, // [26:33] is the sub-list for method output_type
-	19, // [19:26] is the sub-list for method input_type
+	20, // 22: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	12, // 23: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	14, // 24: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	17, // 25: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	0,  // 26: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	4,  // 27: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	7,  // 28: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	11, // 29: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	21, // 30: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	13, // 31: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	15, // 32: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	18, // 33: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	1,  // 34: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	27, // [27:35] is the sub-list for method output_type
+	19, // [19:27] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -1437,7 +1556,7 @@ func file_warden_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,283 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// MembershipChange is a Raft membership change.
+type MembershipChange int32
+
+const (
+	MembershipChange_MEMBERSHIP_CHANGE_UNSPECIFIED MembershipChange = 0
+	// MEMBERSHIP_CHANGE_NONE only reads the membership.
+	MembershipChange_MEMBERSHIP_CHANGE_NONE           MembershipChange = 1
+	MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING MembershipChange = 2
+	// MEMBERSHIP_CHANGE_ADD_VOTING adds a voter, or promotes a non-voting one.
+	MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING MembershipChange = 3
+	MembershipChange_MEMBERSHIP_CHANGE_REMOVE     MembershipChange = 4
+)
+
+// Enum value maps for MembershipChange.
+var (
+	MembershipChange_name = map[int32]string{
+		0: "MEMBERSHIP_CHANGE_UNSPECIFIED",
+		1: "MEMBERSHIP_CHANGE_NONE",
+		2: "MEMBERSHIP_CHANGE_ADD_NON_VOTING",
+		3: "MEMBERSHIP_CHANGE_ADD_VOTING",
+		4: "MEMBERSHIP_CHANGE_REMOVE",
+	}
+	MembershipChange_value = map[string]int32{
+		"MEMBERSHIP_CHANGE_UNSPECIFIED":    0,
+		"MEMBERSHIP_CHANGE_NONE":           1,
+		"MEMBERSHIP_CHANGE_ADD_NON_VOTING": 2,
+		"MEMBERSHIP_CHANGE_ADD_VOTING":     3,
+		"MEMBERSHIP_CHANGE_REMOVE":         4,
+	}
+)
+
+func (x MembershipChange) Enum() *MembershipChange {
+	p := new(MembershipChange)
+	*p = x
+	return p
+}
+
+func (x MembershipChange) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MembershipChange) Descriptor() protoreflect.EnumDescriptor {
+	return file_warden_placement_v1_node_proto_enumTypes[0].Descriptor()
+}
+
+func (MembershipChange) Type() protoreflect.EnumType {
+	return &file_warden_placement_v1_node_proto_enumTypes[0]
+}
+
+func (x MembershipChange) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MembershipChange.Descriptor instead.
+func (MembershipChange) EnumDescriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{0}
+}
+
+type MembershipRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ShardId   uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	Change    MembershipChange       `protobuf:"varint,2,opt,name=change,proto3,enum=warden.placement.v1.MembershipChange" json:"change,omitempty"`
+	ReplicaId uint64                 `protobuf:"varint,3,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	// Address is the replica's Raft address (for additions).
+	Address       string `protobuf:"bytes,4,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembershipRequest) Reset() {
+	*x = MembershipRequest{}
+	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembershipRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembershipRequest) ProtoMessage() {}
+
+func (x *MembershipRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembershipRequest.ProtoReflect.Descriptor instead.
+func (*MembershipRequest) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *MembershipRequest) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *MembershipRequest) GetChange() MembershipChange {
+	if x != nil {
+		return x.Change
+	}
+	return MembershipChange_MEMBERSHIP_CHANGE_UNSPECIFIED
+}
+
+func (x *MembershipRequest) GetReplicaId() uint64 {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return 0
+}
+
+func (x *MembershipRequest) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+type MembershipResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Voting and NonVoting map replica id → Raft address, after the change.
+	Voting    map[uint64]string `protobuf:"bytes,1,rep,name=voting,proto3" json:"voting,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	NonVoting map[uint64]string `protobuf:"bytes,2,rep,name=non_voting,json=nonVoting,proto3" json:"non_voting,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Removed lists replica ids that left the group (never reusable).
+	Removed       []uint64 `protobuf:"varint,3,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembershipResponse) Reset() {
+	*x = MembershipResponse{}
+	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembershipResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembershipResponse) ProtoMessage() {}
+
+func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembershipResponse.ProtoReflect.Descriptor instead.
+func (*MembershipResponse) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *MembershipResponse) GetVoting() map[uint64]string {
+	if x != nil {
+		return x.Voting
+	}
+	return nil
+}
+
+func (x *MembershipResponse) GetNonVoting() map[uint64]string {
+	if x != nil {
+		return x.NonVoting
+	}
+	return nil
+}
+
+func (x *MembershipResponse) GetRemoved() []uint64 {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+type AppliedIndexRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppliedIndexRequest) Reset() {
+	*x = AppliedIndexRequest{}
+	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppliedIndexRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppliedIndexRequest) ProtoMessage() {}
+
+func (x *AppliedIndexRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppliedIndexRequest.ProtoReflect.Descriptor instead.
+func (*AppliedIndexRequest) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AppliedIndexRequest) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+type AppliedIndexResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AppliedIndexResponse) Reset() {
+	*x = AppliedIndexResponse{}
+	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AppliedIndexResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AppliedIndexResponse) ProtoMessage() {}
+
+func (x *AppliedIndexResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AppliedIndexResponse.ProtoReflect.Descriptor instead.
+func (*AppliedIndexResponse) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AppliedIndexResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 type ProposeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
@@ -32,7 +309,7 @@ type ProposeRequest struct {
 
 func (x *ProposeRequest) Reset() {
 	*x = ProposeRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +321,7 @@ func (x *ProposeRequest) String() string {
 func (*ProposeRequest) ProtoMessage() {}
 
 func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +334,7 @@ func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
 func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{0}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ProposeRequest) GetShardId() uint64 {
@@ -83,7 +360,7 @@ type ProposeResponse struct {
 
 func (x *ProposeResponse) Reset() {
 	*x = ProposeResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -95,7 +372,7 @@ func (x *ProposeResponse) String() string {
 func (*ProposeResponse) ProtoMessage() {}
 
 func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -108,7 +385,7 @@ func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeResponse.ProtoReflect.Descriptor instead.
 func (*ProposeResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{1}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ProposeResponse) GetResult() *v1.Result {
@@ -128,7 +405,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -140,7 +417,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -153,7 +430,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReadRequest) GetShardId() uint64 {
@@ -179,7 +456,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -191,7 +468,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -204,7 +481,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReadResponse) GetResult() *v1.QueryResult {
@@ -223,7 +500,7 @@ type ProposeMetaRequest struct {
 
 func (x *ProposeMetaRequest) Reset() {
 	*x = ProposeMetaRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -235,7 +512,7 @@ func (x *ProposeMetaRequest) String() string {
 func (*ProposeMetaRequest) ProtoMessage() {}
 
 func (x *ProposeMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -248,7 +525,7 @@ func (x *ProposeMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeMetaRequest.ProtoReflect.Descriptor instead.
 func (*ProposeMetaRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ProposeMetaRequest) GetCommand() *Command {
@@ -267,7 +544,7 @@ type ProposeMetaResponse struct {
 
 func (x *ProposeMetaResponse) Reset() {
 	*x = ProposeMetaResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +556,7 @@ func (x *ProposeMetaResponse) String() string {
 func (*ProposeMetaResponse) ProtoMessage() {}
 
 func (x *ProposeMetaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +569,7 @@ func (x *ProposeMetaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeMetaResponse.ProtoReflect.Descriptor instead.
 func (*ProposeMetaResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ProposeMetaResponse) GetResult() *Result {
@@ -310,7 +587,7 @@ type ReadMetaRequest struct {
 
 func (x *ReadMetaRequest) Reset() {
 	*x = ReadMetaRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -322,7 +599,7 @@ func (x *ReadMetaRequest) String() string {
 func (*ReadMetaRequest) ProtoMessage() {}
 
 func (x *ReadMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -335,7 +612,7 @@ func (x *ReadMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMetaRequest.ProtoReflect.Descriptor instead.
 func (*ReadMetaRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 type ReadMetaResponse struct {
@@ -347,7 +624,7 @@ type ReadMetaResponse struct {
 
 func (x *ReadMetaResponse) Reset() {
 	*x = ReadMetaResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +636,7 @@ func (x *ReadMetaResponse) String() string {
 func (*ReadMetaResponse) ProtoMessage() {}
 
 func (x *ReadMetaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +649,7 @@ func (x *ReadMetaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMetaResponse.ProtoReflect.Descriptor instead.
 func (*ReadMetaResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReadMetaResponse) GetState() *State {
@@ -390,7 +667,7 @@ type ClockRequest struct {
 
 func (x *ClockRequest) Reset() {
 	*x = ClockRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +679,7 @@ func (x *ClockRequest) String() string {
 func (*ClockRequest) ProtoMessage() {}
 
 func (x *ClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +692,7 @@ func (x *ClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockRequest.ProtoReflect.Descriptor instead.
 func (*ClockRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 type ClockResponse struct {
@@ -428,7 +705,7 @@ type ClockResponse struct {
 
 func (x *ClockResponse) Reset() {
 	*x = ClockResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +717,7 @@ func (x *ClockResponse) String() string {
 func (*ClockResponse) ProtoMessage() {}
 
 func (x *ClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +730,7 @@ func (x *ClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockResponse.ProtoReflect.Descriptor instead.
 func (*ClockResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ClockResponse) GetUnixNano() int64 {
@@ -467,7 +744,28 @@ var File_warden_placement_v1_node_proto protoreflect.FileDescriptor
 
 const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1ewarden/placement/v1/node.proto\x12\x13warden.placement.v1\x1a#warden/placement/v1/placement.proto\x1a\x1bwarden/shard/v1/shard.proto\"b\n" +
+	"\x1ewarden/placement/v1/node.proto\x12\x13warden.placement.v1\x1a#warden/placement/v1/placement.proto\x1a\x1bwarden/shard/v1/shard.proto\"\xa6\x01\n" +
+	"\x11MembershipRequest\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12=\n" +
+	"\x06change\x18\x02 \x01(\x0e2%.warden.placement.v1.MembershipChangeR\x06change\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\x03 \x01(\x04R\treplicaId\x12\x18\n" +
+	"\aaddress\x18\x04 \x01(\tR\aaddress\"\xcb\x02\n" +
+	"\x12MembershipResponse\x12K\n" +
+	"\x06voting\x18\x01 \x03(\v23.warden.placement.v1.MembershipResponse.VotingEntryR\x06voting\x12U\n" +
+	"\n" +
+	"non_voting\x18\x02 \x03(\v26.warden.placement.v1.MembershipResponse.NonVotingEntryR\tnonVoting\x12\x18\n" +
+	"\aremoved\x18\x03 \x03(\x04R\aremoved\x1a9\n" +
+	"\vVotingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +
+	"\x0eNonVotingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"0\n" +
+	"\x13AppliedIndexRequest\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\",\n" +
+	"\x14AppliedIndexResponse\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"b\n" +
 	"\x0eProposeRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x125\n" +
 	"\benvelope\x18\x02 \x01(\v2\x19.warden.shard.v1.EnvelopeR\benvelope\"B\n" +
@@ -487,13 +785,22 @@ const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\x05state\x18\x01 \x01(\v2\x1a.warden.placement.v1.StateR\x05state\"\x0e\n" +
 	"\fClockRequest\",\n" +
 	"\rClockResponse\x12\x1b\n" +
-	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano2\xbb\x03\n" +
+	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano*\xb7\x01\n" +
+	"\x10MembershipChange\x12!\n" +
+	"\x1dMEMBERSHIP_CHANGE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16MEMBERSHIP_CHANGE_NONE\x10\x01\x12$\n" +
+	" MEMBERSHIP_CHANGE_ADD_NON_VOTING\x10\x02\x12 \n" +
+	"\x1cMEMBERSHIP_CHANGE_ADD_VOTING\x10\x03\x12\x1c\n" +
+	"\x18MEMBERSHIP_CHANGE_REMOVE\x10\x042\xff\x04\n" +
 	"\vNodeService\x12T\n" +
 	"\aPropose\x12#.warden.placement.v1.ProposeRequest\x1a$.warden.placement.v1.ProposeResponse\x12K\n" +
 	"\x04Read\x12 .warden.placement.v1.ReadRequest\x1a!.warden.placement.v1.ReadResponse\x12`\n" +
 	"\vProposeMeta\x12'.warden.placement.v1.ProposeMetaRequest\x1a(.warden.placement.v1.ProposeMetaResponse\x12W\n" +
 	"\bReadMeta\x12$.warden.placement.v1.ReadMetaRequest\x1a%.warden.placement.v1.ReadMetaResponse\x12N\n" +
-	"\x05Clock\x12!.warden.placement.v1.ClockRequest\x1a\".warden.placement.v1.ClockResponseBDZBgithub.com/warden-dev/warden/proto/warden/placement/v1;placementv1b\x06proto3"
+	"\x05Clock\x12!.warden.placement.v1.ClockRequest\x1a\".warden.placement.v1.ClockResponse\x12]\n" +
+	"\n" +
+	"Membership\x12&.warden.placement.v1.MembershipRequest\x1a'.warden.placement.v1.MembershipResponse\x12c\n" +
+	"\fAppliedIndex\x12(.warden.placement.v1.AppliedIndexRequest\x1a).warden.placement.v1.AppliedIndexResponseBDZBgithub.com/warden-dev/warden/proto/warden/placement/v1;placementv1b\x06proto3"
 
 var (
 	file_warden_placement_v1_node_proto_rawDescOnce sync.Once
@@ -507,49 +814,64 @@ func file_warden_placement_v1_node_proto_rawDescGZIP() []byte {
 	return file_warden_placement_v1_node_proto_rawDescData
 }
 
-var file_warden_placement_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_warden_placement_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_warden_placement_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_warden_placement_v1_node_proto_goTypes = []any{
-	(*ProposeRequest)(nil),      // 0: warden.placement.v1.ProposeRequest
-	(*ProposeResponse)(nil),     // 1: warden.placement.v1.ProposeResponse
-	(*ReadRequest)(nil),         // 2: warden.placement.v1.ReadRequest
-	(*ReadResponse)(nil),        // 3: warden.placement.v1.ReadResponse
-	(*ProposeMetaRequest)(nil),  // 4: warden.placement.v1.ProposeMetaRequest
-	(*ProposeMetaResponse)(nil), // 5: warden.placement.v1.ProposeMetaResponse
-	(*ReadMetaRequest)(nil),     // 6: warden.placement.v1.ReadMetaRequest
-	(*ReadMetaResponse)(nil),    // 7: warden.placement.v1.ReadMetaResponse
-	(*ClockRequest)(nil),        // 8: warden.placement.v1.ClockRequest
-	(*ClockResponse)(nil),       // 9: warden.placement.v1.ClockResponse
-	(*v1.Envelope)(nil),         // 10: warden.shard.v1.Envelope
-	(*v1.Result)(nil),           // 11: warden.shard.v1.Result
-	(*v1.Query)(nil),            // 12: warden.shard.v1.Query
-	(*v1.QueryResult)(nil),      // 13: warden.shard.v1.QueryResult
-	(*Command)(nil),             // 14: warden.placement.v1.Command
-	(*Result)(nil),              // 15: warden.placement.v1.Result
-	(*State)(nil),               // 16: warden.placement.v1.State
+	(MembershipChange)(0),        // 0: warden.placement.v1.MembershipChange
+	(*MembershipRequest)(nil),    // 1: warden.placement.v1.MembershipRequest
+	(*MembershipResponse)(nil),   // 2: warden.placement.v1.MembershipResponse
+	(*AppliedIndexRequest)(nil),  // 3: warden.placement.v1.AppliedIndexRequest
+	(*AppliedIndexResponse)(nil), // 4: warden.placement.v1.AppliedIndexResponse
+	(*ProposeRequest)(nil),       // 5: warden.placement.v1.ProposeRequest
+	(*ProposeResponse)(nil),      // 6: warden.placement.v1.ProposeResponse
+	(*ReadRequest)(nil),          // 7: warden.placement.v1.ReadRequest
+	(*ReadResponse)(nil),         // 8: warden.placement.v1.ReadResponse
+	(*ProposeMetaRequest)(nil),   // 9: warden.placement.v1.ProposeMetaRequest
+	(*ProposeMetaResponse)(nil),  // 10: warden.placement.v1.ProposeMetaResponse
+	(*ReadMetaRequest)(nil),      // 11: warden.placement.v1.ReadMetaRequest
+	(*ReadMetaResponse)(nil),     // 12: warden.placement.v1.ReadMetaResponse
+	(*ClockRequest)(nil),         // 13: warden.placement.v1.ClockRequest
+	(*ClockResponse)(nil),        // 14: warden.placement.v1.ClockResponse
+	nil,                          // 15: warden.placement.v1.MembershipResponse.VotingEntry
+	nil,                          // 16: warden.placement.v1.MembershipResponse.NonVotingEntry
+	(*v1.Envelope)(nil),          // 17: warden.shard.v1.Envelope
+	(*v1.Result)(nil),            // 18: warden.shard.v1.Result
+	(*v1.Query)(nil),             // 19: warden.shard.v1.Query
+	(*v1.QueryResult)(nil),       // 20: warden.shard.v1.QueryResult
+	(*Command)(nil),              // 21: warden.placement.v1.Command
+	(*Result)(nil),               // 22: warden.placement.v1.Result
+	(*State)(nil),                // 23: warden.placement.v1.State
 }
 var file_warden_placement_v1_node_proto_depIdxs = []int32{
-	10, // 0: warden.placement.v1.ProposeRequest.envelope:type_name -> warden.shard.v1.Envelope
-	11, // 1: warden.placement.v1.ProposeResponse.result:type_name -> warden.shard.v1.Result
-	12, // 2: warden.placement.v1.ReadRequest.query:type_name -> warden.shard.v1.Query
-	13, // 3: warden.placement.v1.ReadResponse.result:type_name -> warden.shard.v1.QueryResult
-	14, // 4: warden.placement.v1.ProposeMetaRequest.command:type_name -> warden.placement.v1.Command
-	15, // 5: warden.placement.v1.ProposeMetaResponse.result:type_name -> warden.placement.v1.Result
-	16, // 6: warden.placement.v1.ReadMetaResponse.state:type_name -> warden.placement.v1.State
-	0,  // 7: warden.placement.v1.NodeService.Propose:input_type -> warden.placement.v1.ProposeRequest
-	2,  // 8: warden.placement.v1.NodeService.Read:input_type -> warden.placement.v1.ReadRequest
-	4,  // 9: warden.placement.v1.NodeService.ProposeMeta:input_type -> warden.placement.v1.ProposeMetaRequest
-	6,  // 10: warden.placement.v1.NodeService.ReadMeta:input_type -> warden.placement.v1.ReadMetaRequest
-	8,  // 11: warden.placement.v1.NodeService.Clock:input_type -> warden.placement.v1.ClockRequest
-	1,  // 12: warden.placement.v1.NodeService.Propose:output_type -> warden.placement.v1.ProposeResponse
-	3,  // 13: warden.placement.v1.NodeService.Read:output_type -> warden.placement.v1.ReadResponse
-	5,  // 14: warden.placement.v1.NodeService.ProposeMeta:output_type -> warden.placement.v1.ProposeMetaResponse
-	7,  // 15: warden.placement.v1.NodeService.ReadMeta:output_type -> warden.placement.v1.ReadMetaResponse
-	9,  // 16: warden.placement.v1.NodeService.Clock:output_type -> warden.placement.v1.ClockResponse
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	0,  // 0: warden.placement.v1.MembershipRequest.change:type_name -> warden.placement.v1.MembershipChange
+	15, // 1: warden.placement.v1.MembershipResponse.voting:type_name -> warden.placement.v1.MembershipResponse.VotingEntry
+	16, // 2: warden.placement.v1.MembershipResponse.non_voting:type_name -> warden.placement.v1.MembershipResponse.NonVotingEntry
+	17, // 3: warden.placement.v1.ProposeRequest.envelope:type_name -> warden.shard.v1.Envelope
+	18, // 4: warden.placement.v1.ProposeResponse.result:type_name -> warden.shard.v1.Result
+	19, // 5: warden.placement.v1.ReadRequest.query:type_name -> warden.shard.v1.Query
+	20, // 6: warden.placement.v1.ReadResponse.result:type_name -> warden.shard.v1.QueryResult
+	21, // 7: warden.placement.v1.ProposeMetaRequest.command:type_name -> warden.placement.v1.Command
+	22, // 8: warden.placement.v1.ProposeMetaResponse.result:type_name -> warden.placement.v1.Result
+	23, // 9: warden.placement.v1.ReadMetaResponse.state:type_name -> warden.placement.v1.State
+	5,  // 10: warden.placement.v1.NodeService.Propose:input_type -> warden.placement.v1.ProposeRequest
+	7,  // 11: warden.placement.v1.NodeService.Read:input_type -> warden.placement.v1.ReadRequest
+	9,  // 12: warden.placement.v1.NodeService.ProposeMeta:input_type -> warden.placement.v1.ProposeMetaRequest
+	11, // 13: warden.placement.v1.NodeService.ReadMeta:input_type -> warden.placement.v1.ReadMetaRequest
+	13, // 14: warden.placement.v1.NodeService.Clock:input_type -> warden.placement.v1.ClockRequest
+	1,  // 15: warden.placement.v1.NodeService.Membership:input_type -> warden.placement.v1.MembershipRequest
+	3,  // 16: warden.placement.v1.NodeService.AppliedIndex:input_type -> warden.placement.v1.AppliedIndexRequest
+	6,  // 17: warden.placement.v1.NodeService.Propose:output_type -> warden.placement.v1.ProposeResponse
+	8,  // 18: warden.placement.v1.NodeService.Read:output_type -> warden.placement.v1.ReadResponse
+	10, // 19: warden.placement.v1.NodeService.ProposeMeta:output_type -> warden.placement.v1.ProposeMetaResponse
+	12, // 20: warden.placement.v1.NodeService.ReadMeta:output_type -> warden.placement.v1.ReadMetaResponse
+	14, // 21: warden.placement.v1.NodeService.Clock:output_type -> warden.placement.v1.ClockResponse
+	2,  // 22: warden.placement.v1.NodeService.Membership:output_type -> warden.placement.v1.MembershipResponse
+	4,  // 23: warden.placement.v1.NodeService.AppliedIndex:output_type -> warden.placement.v1.AppliedIndexResponse
+	17, // [17:24] is the sub-list for method output_type
+	10, // [10:17] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_warden_placement_v1_node_proto_init() }
@@ -563,13 +885,14 @@ func file_warden_placement_v1_node_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_placement_v1_node_proto_rawDesc), len(file_warden_placement_v1_node_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   10,
+			NumEnums:      1,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_warden_placement_v1_node_proto_goTypes,
 		DependencyIndexes: file_warden_placement_v1_node_proto_depIdxs,
+		EnumInfos:         file_warden_placement_v1_node_proto_enumTypes,
 		MessageInfos:      file_warden_placement_v1_node_proto_msgTypes,
 	}.Build()
 	File_warden_placement_v1_node_proto = out.File

@@ -80,6 +80,68 @@ func (ShardState) EnumDescriptor() ([]byte, []int) {
 	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{0}
 }
 
+// MoveStep is how far a replica move got; each step is done before it is
+// recorded, and repeating a step is harmless.
+type MoveStep int32
+
+const (
+	MoveStep_MOVE_STEP_UNSPECIFIED MoveStep = 0
+	// MOVE_STEP_PLANNED: the new replica is in the map (join), so its node
+	// starts it; roll back by removing it from the group and the map.
+	MoveStep_MOVE_STEP_PLANNED MoveStep = 1
+	// MOVE_STEP_ADDED: it is a non-voting member, catching up.
+	MoveStep_MOVE_STEP_ADDED MoveStep = 2
+	// MOVE_STEP_PROMOTED: it votes; from here the move only rolls forward.
+	MoveStep_MOVE_STEP_PROMOTED MoveStep = 3
+	// MOVE_STEP_REMOVED: the old replica left the group.
+	MoveStep_MOVE_STEP_REMOVED MoveStep = 4
+)
+
+// Enum value maps for MoveStep.
+var (
+	MoveStep_name = map[int32]string{
+		0: "MOVE_STEP_UNSPECIFIED",
+		1: "MOVE_STEP_PLANNED",
+		2: "MOVE_STEP_ADDED",
+		3: "MOVE_STEP_PROMOTED",
+		4: "MOVE_STEP_REMOVED",
+	}
+	MoveStep_value = map[string]int32{
+		"MOVE_STEP_UNSPECIFIED": 0,
+		"MOVE_STEP_PLANNED":     1,
+		"MOVE_STEP_ADDED":       2,
+		"MOVE_STEP_PROMOTED":    3,
+		"MOVE_STEP_REMOVED":     4,
+	}
+)
+
+func (x MoveStep) Enum() *MoveStep {
+	p := new(MoveStep)
+	*p = x
+	return p
+}
+
+func (x MoveStep) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MoveStep) Descriptor() protoreflect.EnumDescriptor {
+	return file_warden_placement_v1_placement_proto_enumTypes[1].Descriptor()
+}
+
+func (MoveStep) Type() protoreflect.EnumType {
+	return &file_warden_placement_v1_placement_proto_enumTypes[1]
+}
+
+func (x MoveStep) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MoveStep.Descriptor instead.
+func (MoveStep) EnumDescriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{1}
+}
+
 // SplitStep is how far a split got; each step is done before it is
 // recorded, and repeating a step is harmless.
 type SplitStep int32
@@ -127,11 +189,11 @@ func (x SplitStep) String() string {
 }
 
 func (SplitStep) Descriptor() protoreflect.EnumDescriptor {
-	return file_warden_placement_v1_placement_proto_enumTypes[1].Descriptor()
+	return file_warden_placement_v1_placement_proto_enumTypes[2].Descriptor()
 }
 
 func (SplitStep) Type() protoreflect.EnumType {
-	return &file_warden_placement_v1_placement_proto_enumTypes[1]
+	return &file_warden_placement_v1_placement_proto_enumTypes[2]
 }
 
 func (x SplitStep) Number() protoreflect.EnumNumber {
@@ -140,7 +202,7 @@ func (x SplitStep) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SplitStep.Descriptor instead.
 func (SplitStep) EnumDescriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{1}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{2}
 }
 
 // State is everything the placement group holds.
@@ -421,7 +483,10 @@ type Replica struct {
 	NodeId    uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// Join: the replica was added to a running group, so its node starts
 	// it empty and lets the leader send it the log (Dragonboat join=true).
-	Join          bool `protobuf:"varint,3,opt,name=join,proto3" json:"join,omitempty"`
+	Join bool `protobuf:"varint,3,opt,name=join,proto3" json:"join,omitempty"`
+	// NonVoting: the replica is being added by a move and does not vote yet
+	// (its node starts it as a Dragonboat non-voting replica).
+	NonVoting     bool `protobuf:"varint,4,opt,name=non_voting,json=nonVoting,proto3" json:"non_voting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -477,6 +542,13 @@ func (x *Replica) GetJoin() bool {
 	return false
 }
 
+func (x *Replica) GetNonVoting() bool {
+	if x != nil {
+		return x.NonVoting
+	}
+	return false
+}
+
 // Operator is a range move in progress.
 type Operator struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -484,6 +556,7 @@ type Operator struct {
 	// Types that are valid to be assigned to Kind:
 	//
 	//	*Operator_Split
+	//	*Operator_Move
 	Kind          isOperator_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -542,6 +615,15 @@ func (x *Operator) GetSplit() *SplitOp {
 	return nil
 }
 
+func (x *Operator) GetMove() *MoveOp {
+	if x != nil {
+		if x, ok := x.Kind.(*Operator_Move); ok {
+			return x.Move
+		}
+	}
+	return nil
+}
+
 type isOperator_Kind interface {
 	isOperator_Kind()
 }
@@ -550,7 +632,108 @@ type Operator_Split struct {
 	Split *SplitOp `protobuf:"bytes,2,opt,name=split,proto3,oneof"`
 }
 
+type Operator_Move struct {
+	Move *MoveOp `protobuf:"bytes,3,opt,name=move,proto3,oneof"`
+}
+
 func (*Operator_Split) isOperator_Kind() {}
+
+func (*Operator_Move) isOperator_Kind() {}
+
+// MoveOp moves a shard's replica from one node to another: add the new
+// one as non-voting, let it catch up, promote it, remove the old one
+// (Raft membership changes one at a time; leases are state, untouched).
+type MoveOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         uint64                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	FromReplica   uint64                 `protobuf:"varint,2,opt,name=from_replica,json=fromReplica,proto3" json:"from_replica,omitempty"`
+	FromNode      uint64                 `protobuf:"varint,3,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	ToReplica     uint64                 `protobuf:"varint,4,opt,name=to_replica,json=toReplica,proto3" json:"to_replica,omitempty"`
+	ToNode        uint64                 `protobuf:"varint,5,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	Step          MoveStep               `protobuf:"varint,6,opt,name=step,proto3,enum=warden.placement.v1.MoveStep" json:"step,omitempty"`
+	RollingBack   bool                   `protobuf:"varint,7,opt,name=rolling_back,json=rollingBack,proto3" json:"rolling_back,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveOp) Reset() {
+	*x = MoveOp{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveOp) ProtoMessage() {}
+
+func (x *MoveOp) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveOp.ProtoReflect.Descriptor instead.
+func (*MoveOp) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MoveOp) GetShard() uint64 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *MoveOp) GetFromReplica() uint64 {
+	if x != nil {
+		return x.FromReplica
+	}
+	return 0
+}
+
+func (x *MoveOp) GetFromNode() uint64 {
+	if x != nil {
+		return x.FromNode
+	}
+	return 0
+}
+
+func (x *MoveOp) GetToReplica() uint64 {
+	if x != nil {
+		return x.ToReplica
+	}
+	return 0
+}
+
+func (x *MoveOp) GetToNode() uint64 {
+	if x != nil {
+		return x.ToNode
+	}
+	return 0
+}
+
+func (x *MoveOp) GetStep() MoveStep {
+	if x != nil {
+		return x.Step
+	}
+	return MoveStep_MOVE_STEP_UNSPECIFIED
+}
+
+func (x *MoveOp) GetRollingBack() bool {
+	if x != nil {
+		return x.RollingBack
+	}
+	return false
+}
 
 // SplitOp moves the upper part [split_at, source end) of a shard's range
 // to a new shard.
@@ -574,7 +757,7 @@ type SplitOp struct {
 
 func (x *SplitOp) Reset() {
 	*x = SplitOp{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +769,7 @@ func (x *SplitOp) String() string {
 func (*SplitOp) ProtoMessage() {}
 
 func (x *SplitOp) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +782,7 @@ func (x *SplitOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SplitOp.ProtoReflect.Descriptor instead.
 func (*SplitOp) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{5}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SplitOp) GetSource() uint64 {
@@ -662,6 +845,8 @@ type Command struct {
 	//	*Command_BeginSplit
 	//	*Command_AdvanceSplit
 	//	*Command_EndOperator
+	//	*Command_BeginMove
+	//	*Command_AdvanceMove
 	Command       isCommand_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -669,7 +854,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -681,7 +866,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -694,7 +879,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{6}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Command) GetCommand() isCommand_Command {
@@ -758,6 +943,24 @@ func (x *Command) GetEndOperator() *EndOperatorCmd {
 	return nil
 }
 
+func (x *Command) GetBeginMove() *BeginMoveCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Command_BeginMove); ok {
+			return x.BeginMove
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetAdvanceMove() *AdvanceMoveCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Command_AdvanceMove); ok {
+			return x.AdvanceMove
+		}
+	}
+	return nil
+}
+
 type isCommand_Command interface {
 	isCommand_Command()
 }
@@ -786,6 +989,14 @@ type Command_EndOperator struct {
 	EndOperator *EndOperatorCmd `protobuf:"bytes,6,opt,name=end_operator,json=endOperator,proto3,oneof"`
 }
 
+type Command_BeginMove struct {
+	BeginMove *BeginMoveCmd `protobuf:"bytes,7,opt,name=begin_move,json=beginMove,proto3,oneof"`
+}
+
+type Command_AdvanceMove struct {
+	AdvanceMove *AdvanceMoveCmd `protobuf:"bytes,8,opt,name=advance_move,json=advanceMove,proto3,oneof"`
+}
+
 func (*Command_Bootstrap) isCommand_Command() {}
 
 func (*Command_RegisterNode) isCommand_Command() {}
@@ -797,6 +1008,128 @@ func (*Command_BeginSplit) isCommand_Command() {}
 func (*Command_AdvanceSplit) isCommand_Command() {}
 
 func (*Command_EndOperator) isCommand_Command() {}
+
+func (*Command_BeginMove) isCommand_Command() {}
+
+func (*Command_AdvanceMove) isCommand_Command() {}
+
+// BeginMoveCmd starts moving shard's replica on from_node to to_node.
+// to_node must not host a replica of the shard, and the shard's replicas
+// must stay in distinct zones.
+type BeginMoveCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         uint64                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	FromNode      uint64                 `protobuf:"varint,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	ToNode        uint64                 `protobuf:"varint,3,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginMoveCmd) Reset() {
+	*x = BeginMoveCmd{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginMoveCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginMoveCmd) ProtoMessage() {}
+
+func (x *BeginMoveCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginMoveCmd.ProtoReflect.Descriptor instead.
+func (*BeginMoveCmd) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *BeginMoveCmd) GetShard() uint64 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *BeginMoveCmd) GetFromNode() uint64 {
+	if x != nil {
+		return x.FromNode
+	}
+	return 0
+}
+
+func (x *BeginMoveCmd) GetToNode() uint64 {
+	if x != nil {
+		return x.ToNode
+	}
+	return 0
+}
+
+// AdvanceMoveCmd records that move operator_id has done step to; it
+// fails unless the operator is at the step before. Reaching
+// MOVE_STEP_REMOVED drops the old replica from the map.
+type AdvanceMoveCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OperatorId    uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	To            MoveStep               `protobuf:"varint,2,opt,name=to,proto3,enum=warden.placement.v1.MoveStep" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdvanceMoveCmd) Reset() {
+	*x = AdvanceMoveCmd{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdvanceMoveCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdvanceMoveCmd) ProtoMessage() {}
+
+func (x *AdvanceMoveCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdvanceMoveCmd.ProtoReflect.Descriptor instead.
+func (*AdvanceMoveCmd) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *AdvanceMoveCmd) GetOperatorId() uint64 {
+	if x != nil {
+		return x.OperatorId
+	}
+	return 0
+}
+
+func (x *AdvanceMoveCmd) GetTo() MoveStep {
+	if x != nil {
+		return x.To
+	}
+	return MoveStep_MOVE_STEP_UNSPECIFIED
+}
 
 // BootstrapCmd creates the first map: the first data shard owns the whole
 // range with a replica on each of nodes (replica id = node id). It applies
@@ -810,7 +1143,7 @@ type BootstrapCmd struct {
 
 func (x *BootstrapCmd) Reset() {
 	*x = BootstrapCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +1155,7 @@ func (x *BootstrapCmd) String() string {
 func (*BootstrapCmd) ProtoMessage() {}
 
 func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +1168,7 @@ func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapCmd.ProtoReflect.Descriptor instead.
 func (*BootstrapCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{7}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BootstrapCmd) GetNodes() []*Node {
@@ -855,7 +1188,7 @@ type RegisterNodeCmd struct {
 
 func (x *RegisterNodeCmd) Reset() {
 	*x = RegisterNodeCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +1200,7 @@ func (x *RegisterNodeCmd) String() string {
 func (*RegisterNodeCmd) ProtoMessage() {}
 
 func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +1213,7 @@ func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCmd.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{8}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterNodeCmd) GetNode() *Node {
@@ -902,7 +1235,7 @@ type ReserveEpochsCmd struct {
 
 func (x *ReserveEpochsCmd) Reset() {
 	*x = ReserveEpochsCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +1247,7 @@ func (x *ReserveEpochsCmd) String() string {
 func (*ReserveEpochsCmd) ProtoMessage() {}
 
 func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1260,7 @@ func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveEpochsCmd.ProtoReflect.Descriptor instead.
 func (*ReserveEpochsCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{9}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReserveEpochsCmd) GetExpectedLimit() uint64 {
@@ -959,7 +1292,7 @@ type BeginSplitCmd struct {
 
 func (x *BeginSplitCmd) Reset() {
 	*x = BeginSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1304,7 @@ func (x *BeginSplitCmd) String() string {
 func (*BeginSplitCmd) ProtoMessage() {}
 
 func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1317,7 @@ func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginSplitCmd.ProtoReflect.Descriptor instead.
 func (*BeginSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{10}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BeginSplitCmd) GetSource() uint64 {
@@ -1028,7 +1361,7 @@ type AdvanceSplitCmd struct {
 
 func (x *AdvanceSplitCmd) Reset() {
 	*x = AdvanceSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1373,7 @@ func (x *AdvanceSplitCmd) String() string {
 func (*AdvanceSplitCmd) ProtoMessage() {}
 
 func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1386,7 @@ func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceSplitCmd.ProtoReflect.Descriptor instead.
 func (*AdvanceSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{11}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AdvanceSplitCmd) GetOperatorId() uint64 {
@@ -1071,9 +1404,11 @@ func (x *AdvanceSplitCmd) GetTo() SplitStep {
 }
 
 // EndOperatorCmd with rollback abandons an operator that has not reached
-// its point of no return (for a split, SPLIT_STEP_ACTIVATED): the pending
-// target shard is dropped and the operator marked rolling back. Without
-// rollback it removes an operator that is done or rolling back.
+// its point of no return (for a split, SPLIT_STEP_ACTIVATED: the pending
+// target shard is dropped; for a move, MOVE_STEP_PROMOTED: the new
+// replica leaves the map once the driver removed it from the group) and
+// marks it rolling back. Without rollback it removes an operator that is
+// done or rolling back.
 type EndOperatorCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	OperatorId    uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
@@ -1084,7 +1419,7 @@ type EndOperatorCmd struct {
 
 func (x *EndOperatorCmd) Reset() {
 	*x = EndOperatorCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1431,7 @@ func (x *EndOperatorCmd) String() string {
 func (*EndOperatorCmd) ProtoMessage() {}
 
 func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1444,7 @@ func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndOperatorCmd.ProtoReflect.Descriptor instead.
 func (*EndOperatorCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{12}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EndOperatorCmd) GetOperatorId() uint64 {
@@ -1141,7 +1476,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1488,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1501,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Result) GetError() string {
@@ -1220,16 +1555,28 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x128\n" +
 	"\breplicas\x18\x03 \x03(\v2\x1c.warden.placement.v1.ReplicaR\breplicas\x125\n" +
 	"\x05state\x18\x04 \x01(\x0e2\x1f.warden.placement.v1.ShardStateR\x05state\x12&\n" +
-	"\x0fnext_replica_id\x18\x05 \x01(\x04R\rnextReplicaId\"U\n" +
+	"\x0fnext_replica_id\x18\x05 \x01(\x04R\rnextReplicaId\"t\n" +
 	"\aReplica\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\x04R\treplicaId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x12\n" +
-	"\x04join\x18\x03 \x01(\bR\x04join\"X\n" +
+	"\x04join\x18\x03 \x01(\bR\x04join\x12\x1d\n" +
+	"\n" +
+	"non_voting\x18\x04 \x01(\bR\tnonVoting\"\x8b\x01\n" +
 	"\bOperator\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
-	"\x05split\x18\x02 \x01(\v2\x1c.warden.placement.v1.SplitOpH\x00R\x05splitB\x06\n" +
-	"\x04kind\"\xe1\x01\n" +
+	"\x05split\x18\x02 \x01(\v2\x1c.warden.placement.v1.SplitOpH\x00R\x05split\x121\n" +
+	"\x04move\x18\x03 \x01(\v2\x1b.warden.placement.v1.MoveOpH\x00R\x04moveB\x06\n" +
+	"\x04kind\"\xec\x01\n" +
+	"\x06MoveOp\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\x04R\x05shard\x12!\n" +
+	"\ffrom_replica\x18\x02 \x01(\x04R\vfromReplica\x12\x1b\n" +
+	"\tfrom_node\x18\x03 \x01(\x04R\bfromNode\x12\x1d\n" +
+	"\n" +
+	"to_replica\x18\x04 \x01(\x04R\ttoReplica\x12\x17\n" +
+	"\ato_node\x18\x05 \x01(\x04R\x06toNode\x121\n" +
+	"\x04step\x18\x06 \x01(\x0e2\x1d.warden.placement.v1.MoveStepR\x04step\x12!\n" +
+	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xe1\x01\n" +
 	"\aSplitOp\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\x04R\x06source\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\x04R\x06target\x12\x19\n" +
@@ -1239,7 +1586,7 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x06 \x01(\x04R\n" +
 	"generation\x12!\n" +
-	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xd2\x03\n" +
+	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xe0\x04\n" +
 	"\aCommand\x12A\n" +
 	"\tbootstrap\x18\x01 \x01(\v2!.warden.placement.v1.BootstrapCmdH\x00R\tbootstrap\x12K\n" +
 	"\rregister_node\x18\x02 \x01(\v2$.warden.placement.v1.RegisterNodeCmdH\x00R\fregisterNode\x12N\n" +
@@ -1247,8 +1594,19 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\vbegin_split\x18\x04 \x01(\v2\".warden.placement.v1.BeginSplitCmdH\x00R\n" +
 	"beginSplit\x12K\n" +
 	"\radvance_split\x18\x05 \x01(\v2$.warden.placement.v1.AdvanceSplitCmdH\x00R\fadvanceSplit\x12H\n" +
-	"\fend_operator\x18\x06 \x01(\v2#.warden.placement.v1.EndOperatorCmdH\x00R\vendOperatorB\t\n" +
-	"\acommand\"?\n" +
+	"\fend_operator\x18\x06 \x01(\v2#.warden.placement.v1.EndOperatorCmdH\x00R\vendOperator\x12B\n" +
+	"\n" +
+	"begin_move\x18\a \x01(\v2!.warden.placement.v1.BeginMoveCmdH\x00R\tbeginMove\x12H\n" +
+	"\fadvance_move\x18\b \x01(\v2#.warden.placement.v1.AdvanceMoveCmdH\x00R\vadvanceMoveB\t\n" +
+	"\acommand\"Z\n" +
+	"\fBeginMoveCmd\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\x04R\x05shard\x12\x1b\n" +
+	"\tfrom_node\x18\x02 \x01(\x04R\bfromNode\x12\x17\n" +
+	"\ato_node\x18\x03 \x01(\x04R\x06toNode\"`\n" +
+	"\x0eAdvanceMoveCmd\x12\x1f\n" +
+	"\voperator_id\x18\x01 \x01(\x04R\n" +
+	"operatorId\x12-\n" +
+	"\x02to\x18\x02 \x01(\x0e2\x1d.warden.placement.v1.MoveStepR\x02to\"?\n" +
 	"\fBootstrapCmd\x12/\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x19.warden.placement.v1.NodeR\x05nodes\"@\n" +
 	"\x0fRegisterNodeCmd\x12-\n" +
@@ -1278,7 +1636,13 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"ShardState\x12\x1b\n" +
 	"\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12SHARD_STATE_ACTIVE\x10\x01\x12\x17\n" +
-	"\x13SHARD_STATE_PENDING\x10\x02*\x8b\x01\n" +
+	"\x13SHARD_STATE_PENDING\x10\x02*\x80\x01\n" +
+	"\bMoveStep\x12\x19\n" +
+	"\x15MOVE_STEP_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11MOVE_STEP_PLANNED\x10\x01\x12\x13\n" +
+	"\x0fMOVE_STEP_ADDED\x10\x02\x12\x16\n" +
+	"\x12MOVE_STEP_PROMOTED\x10\x03\x12\x15\n" +
+	"\x11MOVE_STEP_REMOVED\x10\x04*\x8b\x01\n" +
 	"\tSplitStep\x12\x1a\n" +
 	"\x16SPLIT_STEP_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13SPLIT_STEP_PREPARED\x10\x01\x12\x15\n" +
@@ -1298,51 +1662,60 @@ func file_warden_placement_v1_placement_proto_rawDescGZIP() []byte {
 	return file_warden_placement_v1_placement_proto_rawDescData
 }
 
-var file_warden_placement_v1_placement_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_warden_placement_v1_placement_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_warden_placement_v1_placement_proto_goTypes = []any{
 	(ShardState)(0),            // 0: warden.placement.v1.ShardState
-	(SplitStep)(0),             // 1: warden.placement.v1.SplitStep
-	(*State)(nil),              // 2: warden.placement.v1.State
-	(*Node)(nil),               // 3: warden.placement.v1.Node
-	(*Shard)(nil),              // 4: warden.placement.v1.Shard
-	(*Replica)(nil),            // 5: warden.placement.v1.Replica
-	(*Operator)(nil),           // 6: warden.placement.v1.Operator
-	(*SplitOp)(nil),            // 7: warden.placement.v1.SplitOp
-	(*Command)(nil),            // 8: warden.placement.v1.Command
-	(*BootstrapCmd)(nil),       // 9: warden.placement.v1.BootstrapCmd
-	(*RegisterNodeCmd)(nil),    // 10: warden.placement.v1.RegisterNodeCmd
-	(*ReserveEpochsCmd)(nil),   // 11: warden.placement.v1.ReserveEpochsCmd
-	(*BeginSplitCmd)(nil),      // 12: warden.placement.v1.BeginSplitCmd
-	(*AdvanceSplitCmd)(nil),    // 13: warden.placement.v1.AdvanceSplitCmd
-	(*EndOperatorCmd)(nil),     // 14: warden.placement.v1.EndOperatorCmd
-	(*Result)(nil),             // 15: warden.placement.v1.Result
-	(*v1.RangeDescriptor)(nil), // 16: warden.shard.v1.RangeDescriptor
+	(MoveStep)(0),              // 1: warden.placement.v1.MoveStep
+	(SplitStep)(0),             // 2: warden.placement.v1.SplitStep
+	(*State)(nil),              // 3: warden.placement.v1.State
+	(*Node)(nil),               // 4: warden.placement.v1.Node
+	(*Shard)(nil),              // 5: warden.placement.v1.Shard
+	(*Replica)(nil),            // 6: warden.placement.v1.Replica
+	(*Operator)(nil),           // 7: warden.placement.v1.Operator
+	(*MoveOp)(nil),             // 8: warden.placement.v1.MoveOp
+	(*SplitOp)(nil),            // 9: warden.placement.v1.SplitOp
+	(*Command)(nil),            // 10: warden.placement.v1.Command
+	(*BeginMoveCmd)(nil),       // 11: warden.placement.v1.BeginMoveCmd
+	(*AdvanceMoveCmd)(nil),     // 12: warden.placement.v1.AdvanceMoveCmd
+	(*BootstrapCmd)(nil),       // 13: warden.placement.v1.BootstrapCmd
+	(*RegisterNodeCmd)(nil),    // 14: warden.placement.v1.RegisterNodeCmd
+	(*ReserveEpochsCmd)(nil),   // 15: warden.placement.v1.ReserveEpochsCmd
+	(*BeginSplitCmd)(nil),      // 16: warden.placement.v1.BeginSplitCmd
+	(*AdvanceSplitCmd)(nil),    // 17: warden.placement.v1.AdvanceSplitCmd
+	(*EndOperatorCmd)(nil),     // 18: warden.placement.v1.EndOperatorCmd
+	(*Result)(nil),             // 19: warden.placement.v1.Result
+	(*v1.RangeDescriptor)(nil), // 20: warden.shard.v1.RangeDescriptor
 }
 var file_warden_placement_v1_placement_proto_depIdxs = []int32{
-	16, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
-	4,  // 1: warden.placement.v1.State.shards:type_name -> warden.placement.v1.Shard
-	3,  // 2: warden.placement.v1.State.nodes:type_name -> warden.placement.v1.Node
-	6,  // 3: warden.placement.v1.State.operators:type_name -> warden.placement.v1.Operator
-	5,  // 4: warden.placement.v1.Shard.replicas:type_name -> warden.placement.v1.Replica
+	20, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
+	5,  // 1: warden.placement.v1.State.shards:type_name -> warden.placement.v1.Shard
+	4,  // 2: warden.placement.v1.State.nodes:type_name -> warden.placement.v1.Node
+	7,  // 3: warden.placement.v1.State.operators:type_name -> warden.placement.v1.Operator
+	6,  // 4: warden.placement.v1.Shard.replicas:type_name -> warden.placement.v1.Replica
 	0,  // 5: warden.placement.v1.Shard.state:type_name -> warden.placement.v1.ShardState
-	7,  // 6: warden.placement.v1.Operator.split:type_name -> warden.placement.v1.SplitOp
-	1,  // 7: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
-	9,  // 8: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
-	10, // 9: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
-	11, // 10: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
-	12, // 11: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
-	13, // 12: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
-	14, // 13: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
-	3,  // 14: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
-	3,  // 15: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
-	1,  // 16: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
-	6,  // 17: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	9,  // 6: warden.placement.v1.Operator.split:type_name -> warden.placement.v1.SplitOp
+	8,  // 7: warden.placement.v1.Operator.move:type_name -> warden.placement.v1.MoveOp
+	1,  // 8: warden.placement.v1.MoveOp.step:type_name -> warden.placement.v1.MoveStep
+	2,  // 9: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
+	13, // 10: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
+	14, // 11: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
+	15, // 12: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
+	16, // 13: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
+	17, // 14: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
+	18, // 15: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
+	11, // 16: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
+	12, // 17: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
+	1,  // 18: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
+	4,  // 19: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
+	4,  // 20: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
+	2,  // 21: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
+	7,  // 22: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
+	23, // [23:23] is the sub-list for method output_type
+	23, // [23:23] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_warden_placement_v1_placement_proto_init() }
@@ -1352,22 +1725,25 @@ func file_warden_placement_v1_placement_proto_init() {
 	}
 	file_warden_placement_v1_placement_proto_msgTypes[4].OneofWrappers = []any{
 		(*Operator_Split)(nil),
+		(*Operator_Move)(nil),
 	}
-	file_warden_placement_v1_placement_proto_msgTypes[6].OneofWrappers = []any{
+	file_warden_placement_v1_placement_proto_msgTypes[7].OneofWrappers = []any{
 		(*Command_Bootstrap)(nil),
 		(*Command_RegisterNode)(nil),
 		(*Command_ReserveEpochs)(nil),
 		(*Command_BeginSplit)(nil),
 		(*Command_AdvanceSplit)(nil),
 		(*Command_EndOperator)(nil),
+		(*Command_BeginMove)(nil),
+		(*Command_AdvanceMove)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_placement_v1_placement_proto_rawDesc), len(file_warden_placement_v1_placement_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   14,
+			NumEnums:      3,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -39,6 +39,9 @@ const (
 	AdminServiceListShardsProcedure = "/warden.v1.AdminService/ListShards"
 	// AdminServiceSplitShardProcedure is the fully-qualified name of the AdminService's SplitShard RPC.
 	AdminServiceSplitShardProcedure = "/warden.v1.AdminService/SplitShard"
+	// AdminServiceMoveReplicaProcedure is the fully-qualified name of the AdminService's MoveReplica
+	// RPC.
+	AdminServiceMoveReplicaProcedure = "/warden.v1.AdminService/MoveReplica"
 	// AdminServiceTransferLeaderProcedure is the fully-qualified name of the AdminService's
 	// TransferLeader RPC.
 	AdminServiceTransferLeaderProcedure = "/warden.v1.AdminService/TransferLeader"
@@ -72,6 +75,15 @@ type AdminServiceClient interface {
 	// split_at outside the range; FAILED_PRECONDITION while another
 	// operator runs; UNAVAILABLE without a placement quorum.
 	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
+	// MoveReplica moves a shard's replica from one node to another: the new
+	// replica joins as non-voting, catches up, is promoted, and the old one
+	// is removed (its data deleted). Leases are not touched: membership
+	// changes never release locks. Returns when the move is done.
+	// Errors: NOT_FOUND for an unknown shard or node; INVALID_ARGUMENT when
+	// from_node hosts no replica, to_node already hosts one, or the move
+	// would put two replicas in one zone; FAILED_PRECONDITION while another
+	// operator runs.
+	MoveReplica(context.Context, *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error)
 	// TransferLeader moves a shard's Raft leadership to its replica on
 	// node_id and returns once that replica leads (or the deadline passes).
 	// Leases are unaffected: the new leader stamps time from its own clock,
@@ -125,6 +137,13 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		moveReplica: connect.NewClient[v1.MoveReplicaRequest, v1.MoveReplicaResponse](
+			httpClient,
+			baseURL+AdminServiceMoveReplicaProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("MoveReplica")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 		transferLeader: connect.NewClient[v1.TransferLeaderRequest, v1.TransferLeaderResponse](
 			httpClient,
 			baseURL+AdminServiceTransferLeaderProcedure,
@@ -161,6 +180,7 @@ type adminServiceClient struct {
 	listNodes      *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
 	listShards     *connect.Client[v1.ListShardsRequest, v1.ListShardsResponse]
 	splitShard     *connect.Client[v1.SplitShardRequest, v1.SplitShardResponse]
+	moveReplica    *connect.Client[v1.MoveReplicaRequest, v1.MoveReplicaResponse]
 	transferLeader *connect.Client[v1.TransferLeaderRequest, v1.TransferLeaderResponse]
 	snapshot       *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
 	setShardConfig *connect.Client[v1.SetShardConfigRequest, v1.SetShardConfigResponse]
@@ -180,6 +200,11 @@ func (c *adminServiceClient) ListShards(ctx context.Context, req *connect.Reques
 // SplitShard calls warden.v1.AdminService.SplitShard.
 func (c *adminServiceClient) SplitShard(ctx context.Context, req *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error) {
 	return c.splitShard.CallUnary(ctx, req)
+}
+
+// MoveReplica calls warden.v1.AdminService.MoveReplica.
+func (c *adminServiceClient) MoveReplica(ctx context.Context, req *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error) {
+	return c.moveReplica.CallUnary(ctx, req)
 }
 
 // TransferLeader calls warden.v1.AdminService.TransferLeader.
@@ -222,6 +247,15 @@ type AdminServiceHandler interface {
 	// split_at outside the range; FAILED_PRECONDITION while another
 	// operator runs; UNAVAILABLE without a placement quorum.
 	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
+	// MoveReplica moves a shard's replica from one node to another: the new
+	// replica joins as non-voting, catches up, is promoted, and the old one
+	// is removed (its data deleted). Leases are not touched: membership
+	// changes never release locks. Returns when the move is done.
+	// Errors: NOT_FOUND for an unknown shard or node; INVALID_ARGUMENT when
+	// from_node hosts no replica, to_node already hosts one, or the move
+	// would put two replicas in one zone; FAILED_PRECONDITION while another
+	// operator runs.
+	MoveReplica(context.Context, *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error)
 	// TransferLeader moves a shard's Raft leadership to its replica on
 	// node_id and returns once that replica leads (or the deadline passes).
 	// Leases are unaffected: the new leader stamps time from its own clock,
@@ -271,6 +305,13 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceMoveReplicaHandler := connect.NewUnaryHandler(
+		AdminServiceMoveReplicaProcedure,
+		svc.MoveReplica,
+		connect.WithSchema(adminServiceMethods.ByName("MoveReplica")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceTransferLeaderHandler := connect.NewUnaryHandler(
 		AdminServiceTransferLeaderProcedure,
 		svc.TransferLeader,
@@ -307,6 +348,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceListShardsHandler.ServeHTTP(w, r)
 		case AdminServiceSplitShardProcedure:
 			adminServiceSplitShardHandler.ServeHTTP(w, r)
+		case AdminServiceMoveReplicaProcedure:
+			adminServiceMoveReplicaHandler.ServeHTTP(w, r)
 		case AdminServiceTransferLeaderProcedure:
 			adminServiceTransferLeaderHandler.ServeHTTP(w, r)
 		case AdminServiceSnapshotProcedure:
@@ -334,6 +377,10 @@ func (UnimplementedAdminServiceHandler) ListShards(context.Context, *connect.Req
 
 func (UnimplementedAdminServiceHandler) SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.SplitShard is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) MoveReplica(context.Context, *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.MoveReplica is not implemented"))
 }
 
 func (UnimplementedAdminServiceHandler) TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error) {

@@ -43,6 +43,11 @@ const (
 	NodeServiceReadMetaProcedure = "/warden.placement.v1.NodeService/ReadMeta"
 	// NodeServiceClockProcedure is the fully-qualified name of the NodeService's Clock RPC.
 	NodeServiceClockProcedure = "/warden.placement.v1.NodeService/Clock"
+	// NodeServiceMembershipProcedure is the fully-qualified name of the NodeService's Membership RPC.
+	NodeServiceMembershipProcedure = "/warden.placement.v1.NodeService/Membership"
+	// NodeServiceAppliedIndexProcedure is the fully-qualified name of the NodeService's AppliedIndex
+	// RPC.
+	NodeServiceAppliedIndexProcedure = "/warden.placement.v1.NodeService/AppliedIndex"
 )
 
 // NodeServiceClient is a client for the warden.placement.v1.NodeService service.
@@ -58,6 +63,12 @@ type NodeServiceClient interface {
 	ReadMeta(context.Context, *connect.Request[v1.ReadMetaRequest]) (*connect.Response[v1.ReadMetaResponse], error)
 	// Clock returns the node's wall clock, for offset measurement.
 	Clock(context.Context, *connect.Request[v1.ClockRequest]) (*connect.Response[v1.ClockResponse], error)
+	// Membership reads or changes a shard's Raft membership through this
+	// node's replica (Dragonboat sends the change to the leader).
+	Membership(context.Context, *connect.Request[v1.MembershipRequest]) (*connect.Response[v1.MembershipResponse], error)
+	// AppliedIndex returns the Raft index this node's replica of a shard
+	// has applied (a local read: how far a new replica caught up).
+	AppliedIndex(context.Context, *connect.Request[v1.AppliedIndexRequest]) (*connect.Response[v1.AppliedIndexResponse], error)
 }
 
 // NewNodeServiceClient constructs a client for the warden.placement.v1.NodeService service. By
@@ -101,16 +112,30 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("Clock")),
 			connect.WithClientOptions(opts...),
 		),
+		membership: connect.NewClient[v1.MembershipRequest, v1.MembershipResponse](
+			httpClient,
+			baseURL+NodeServiceMembershipProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("Membership")),
+			connect.WithClientOptions(opts...),
+		),
+		appliedIndex: connect.NewClient[v1.AppliedIndexRequest, v1.AppliedIndexResponse](
+			httpClient,
+			baseURL+NodeServiceAppliedIndexProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("AppliedIndex")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // nodeServiceClient implements NodeServiceClient.
 type nodeServiceClient struct {
-	propose     *connect.Client[v1.ProposeRequest, v1.ProposeResponse]
-	read        *connect.Client[v1.ReadRequest, v1.ReadResponse]
-	proposeMeta *connect.Client[v1.ProposeMetaRequest, v1.ProposeMetaResponse]
-	readMeta    *connect.Client[v1.ReadMetaRequest, v1.ReadMetaResponse]
-	clock       *connect.Client[v1.ClockRequest, v1.ClockResponse]
+	propose      *connect.Client[v1.ProposeRequest, v1.ProposeResponse]
+	read         *connect.Client[v1.ReadRequest, v1.ReadResponse]
+	proposeMeta  *connect.Client[v1.ProposeMetaRequest, v1.ProposeMetaResponse]
+	readMeta     *connect.Client[v1.ReadMetaRequest, v1.ReadMetaResponse]
+	clock        *connect.Client[v1.ClockRequest, v1.ClockResponse]
+	membership   *connect.Client[v1.MembershipRequest, v1.MembershipResponse]
+	appliedIndex *connect.Client[v1.AppliedIndexRequest, v1.AppliedIndexResponse]
 }
 
 // Propose calls warden.placement.v1.NodeService.Propose.
@@ -138,6 +163,16 @@ func (c *nodeServiceClient) Clock(ctx context.Context, req *connect.Request[v1.C
 	return c.clock.CallUnary(ctx, req)
 }
 
+// Membership calls warden.placement.v1.NodeService.Membership.
+func (c *nodeServiceClient) Membership(ctx context.Context, req *connect.Request[v1.MembershipRequest]) (*connect.Response[v1.MembershipResponse], error) {
+	return c.membership.CallUnary(ctx, req)
+}
+
+// AppliedIndex calls warden.placement.v1.NodeService.AppliedIndex.
+func (c *nodeServiceClient) AppliedIndex(ctx context.Context, req *connect.Request[v1.AppliedIndexRequest]) (*connect.Response[v1.AppliedIndexResponse], error) {
+	return c.appliedIndex.CallUnary(ctx, req)
+}
+
 // NodeServiceHandler is an implementation of the warden.placement.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Propose proposes a shard command on this node's leader replica; it
@@ -151,6 +186,12 @@ type NodeServiceHandler interface {
 	ReadMeta(context.Context, *connect.Request[v1.ReadMetaRequest]) (*connect.Response[v1.ReadMetaResponse], error)
 	// Clock returns the node's wall clock, for offset measurement.
 	Clock(context.Context, *connect.Request[v1.ClockRequest]) (*connect.Response[v1.ClockResponse], error)
+	// Membership reads or changes a shard's Raft membership through this
+	// node's replica (Dragonboat sends the change to the leader).
+	Membership(context.Context, *connect.Request[v1.MembershipRequest]) (*connect.Response[v1.MembershipResponse], error)
+	// AppliedIndex returns the Raft index this node's replica of a shard
+	// has applied (a local read: how far a new replica caught up).
+	AppliedIndex(context.Context, *connect.Request[v1.AppliedIndexRequest]) (*connect.Response[v1.AppliedIndexResponse], error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -190,6 +231,18 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("Clock")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceMembershipHandler := connect.NewUnaryHandler(
+		NodeServiceMembershipProcedure,
+		svc.Membership,
+		connect.WithSchema(nodeServiceMethods.ByName("Membership")),
+		connect.WithHandlerOptions(opts...),
+	)
+	nodeServiceAppliedIndexHandler := connect.NewUnaryHandler(
+		NodeServiceAppliedIndexProcedure,
+		svc.AppliedIndex,
+		connect.WithSchema(nodeServiceMethods.ByName("AppliedIndex")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warden.placement.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceProposeProcedure:
@@ -202,6 +255,10 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceReadMetaHandler.ServeHTTP(w, r)
 		case NodeServiceClockProcedure:
 			nodeServiceClockHandler.ServeHTTP(w, r)
+		case NodeServiceMembershipProcedure:
+			nodeServiceMembershipHandler.ServeHTTP(w, r)
+		case NodeServiceAppliedIndexProcedure:
+			nodeServiceAppliedIndexHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -229,4 +286,12 @@ func (UnimplementedNodeServiceHandler) ReadMeta(context.Context, *connect.Reques
 
 func (UnimplementedNodeServiceHandler) Clock(context.Context, *connect.Request[v1.ClockRequest]) (*connect.Response[v1.ClockResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.placement.v1.NodeService.Clock is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) Membership(context.Context, *connect.Request[v1.MembershipRequest]) (*connect.Response[v1.MembershipResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.placement.v1.NodeService.Membership is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) AppliedIndex(context.Context, *connect.Request[v1.AppliedIndexRequest]) (*connect.Response[v1.AppliedIndexResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.placement.v1.NodeService.AppliedIndex is not implemented"))
 }

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+)
+
+// MoveReplica with a fourth process, a second node in az1 that joined a
+// running cluster: the shard's replica moves from node 1 to node 4. The
+// moved replica serves (with node 2 killed afterwards, nodes 3 and 4 are
+// the quorum), node 1's replica and its data are gone, no lease changed
+// (membership changes never release locks), and requests through node 4,
+// which hosts no placement replica, are forwarded.
+func TestClusterMoveReplica(t *testing.T) {
+	c := startProcCluster(t)
+	leases := c.holdMany("kept", 200, 5*time.Minute)
+	four := c.join("az1")
+
+	tr := c.runTraffic(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	resp, err := c.nodes[four].admin.MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: 1, FromNodeId: 1, ToNodeId: 4}))
+	if err != nil {
+		t.Fatalf("move: %v", err)
+	}
+	tr.finish(t)
+	shards := c.checkShards()
+	var nodes []uint64
+	for _, r := range shards[0].GetReplicas() {
+		nodes = append(nodes, r.GetNodeId())
+	}
+	if len(nodes) != 3 || nodes[0] == 1 || nodes[1] == 1 || nodes[2] == 1 {
+		t.Fatalf("after the move shard 1 has replicas on nodes %v", nodes)
+	}
+	t.Logf("replica %d on node 4; shard 1 on nodes %v", resp.Msg.GetReplicaId(), nodes)
+	c.checkLeases(leases)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := os.Stat(filepath.Join(c.nodes[0].dir, "sm", "shard-1-replica-1"))
+		if os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 1 still has its replica's data: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.kill(1) // node 2: nodes 3 and 4 must carry shard 1 now
+	for r, a := range leases {
+		n := c.nodes[[]int{0, 2, 3}[len(r)%3]]
+		if err := n.renew(r, a.GetLeaseId()); err != nil {
+			t.Fatalf("renew %s via node %d with node 2 down: %v", r, n.id, err)
+		}
+	}
+	if _, err := c.nodes[four].acquire("via-node-4", "a", time.Minute, 0); err != nil {
+		t.Fatalf("acquire via node 4: %v", err)
+	}
+}

@@ -1,0 +1,125 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"connectrpc.com/connect"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// membershipLocal reads or changes shardID's membership through local
+// node n's replica.
+func membershipLocal(ctx context.Context, n *LocalNode, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
+	nh := n.Node.NH
+	var err error
+	switch change {
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE:
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING:
+		err = nh.SyncRequestAddNonVoting(ctx, shardID, replica, addr, 0)
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING:
+		err = nh.SyncRequestAddReplica(ctx, shardID, replica, addr, 0)
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE:
+		err = nh.SyncRequestDeleteReplica(ctx, shardID, replica, 0)
+	default:
+		return nil, fmt.Errorf("change: %v is not a membership change", change)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shard %d: %v of replica %d: %w", shardID, change, replica, err)
+	}
+	m, err := nh.SyncGetShardMembership(ctx, shardID)
+	if err != nil {
+		return nil, fmt.Errorf("shard %d: membership: %w", shardID, err)
+	}
+	out := &placementv1.MembershipResponse{Voting: m.Nodes, NonVoting: m.NonVotings}
+	for id := range m.Removed {
+		out.Removed = append(out.Removed, id)
+	}
+	return out, nil
+}
+
+// Membership implements placement.ShardClient: through the shard's
+// leader, on this node or another (Dragonboat accepts one membership
+// change at a time, from a voting replica).
+func (c shardClient) Membership(ctx context.Context, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
+	return c.r.membership(ctx, 0, shardID, change, replica, addr)
+}
+
+// membership changes shardID's membership on its leader's node, having
+// been forwarded hops times.
+func (r *Router) membership(ctx context.Context, hops int, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
+	n, _, err := r.leader(ctx, shardID)
+	if err == nil {
+		return membershipLocal(ctx, n, shardID, change, replica, addr)
+	}
+	var rl *remoteLeader
+	if !errors.As(err, &rl) || hops >= maxHops {
+		return nil, err
+	}
+	req := connect.NewRequest(&placementv1.MembershipRequest{ShardId: shardID, Change: change, ReplicaId: replica, Address: addr})
+	req.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
+	resp, err := r.peers.get(rl.node.GetListenAddr()).node.Membership(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("shard %d membership via node %d: %w", shardID, rl.node.GetId(), err)
+	}
+	return resp.Msg, nil
+}
+
+// AppliedIndex implements placement.ShardClient.
+func (c shardClient) AppliedIndex(ctx context.Context, shardID, nodeID uint64) (uint64, error) {
+	if c.r.isLocal(nodeID) {
+		return c.r.appliedIndexLocal(shardID, nodeID)
+	}
+	node := c.r.Map().Node(nodeID)
+	if node == nil {
+		return 0, fmt.Errorf("node %d is not in the map", nodeID)
+	}
+	resp, err := c.r.peers.get(node.GetListenAddr()).node.AppliedIndex(ctx, forwardedReq(&placementv1.AppliedIndexRequest{ShardId: shardID}))
+	if err != nil {
+		return 0, err
+	}
+	return resp.Msg.GetIndex(), nil
+}
+
+// appliedIndexLocal reads how far local node nodeID's replica of shardID
+// has applied (0 for any node when nodeID is 0: the first local replica).
+func (r *Router) appliedIndexLocal(shardID, nodeID uint64) (uint64, error) {
+	for i := range r.nodes {
+		n := &r.nodes[i]
+		if nodeID != 0 && n.Node.ID() != nodeID {
+			continue
+		}
+		out, err := n.Node.NH.StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
+		if err != nil {
+			if nodeID == 0 {
+				continue
+			}
+			return 0, err
+		}
+		return out.(*shardv1.QueryResult).GetAppliedIndex(), nil
+	}
+	return 0, fmt.Errorf("no local replica of shard %d", shardID)
+}
+
+// Membership implements NodeService.Membership.
+func (s *NodeServer) Membership(ctx context.Context, req *connect.Request[placementv1.MembershipRequest]) (*connect.Response[placementv1.MembershipResponse], error) {
+	m := req.Msg
+	out, err := s.r.membership(ctx, hopsOf(req.Header()), m.GetShardId(), m.GetChange(), m.GetReplicaId(), m.GetAddress())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// AppliedIndex implements NodeService.AppliedIndex.
+func (s *NodeServer) AppliedIndex(_ context.Context, req *connect.Request[placementv1.AppliedIndexRequest]) (*connect.Response[placementv1.AppliedIndexResponse], error) {
+	idx, err := s.r.appliedIndexLocal(req.Msg.GetShardId(), 0)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeNotFound, err)
+	}
+	return connect.NewResponse(&placementv1.AppliedIndexResponse{Index: idx}), nil
+}
