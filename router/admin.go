@@ -86,7 +86,7 @@ func (s *AdminServer) ListNodes(ctx context.Context, _ *connect.Request[wardenv1
 }
 
 // ListShards implements AdminService.ListShards.
-func (s *AdminServer) ListShards(ctx context.Context, _ *connect.Request[wardenv1.ListShardsRequest]) (*connect.Response[wardenv1.ListShardsResponse], error) {
+func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[wardenv1.ListShardsRequest]) (*connect.Response[wardenv1.ListShardsResponse], error) {
 	start := time.Now()
 	if err := s.r.RefreshMap(ctx); err != nil {
 		return nil, observe("ListShards", start, fmt.Errorf("%w: %v", ErrNoLeader, err))
@@ -115,6 +115,9 @@ func (s *AdminServer) ListShards(ctx context.Context, _ *connect.Request[wardenv
 			}
 		}
 		info.LeaderNodeId = s.r.leaderNode(sh.GetId())
+		if info.LeaderNodeId == 0 && req.Header().Get(forwardedHeader) == "" {
+			info.LeaderNodeId = s.r.leaderOf(ctx, sh.GetId())
+		}
 		out.Shards = append(out.Shards, info)
 	}
 	return connect.NewResponse(out), observe("ListShards", start, nil)

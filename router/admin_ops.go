@@ -11,6 +11,7 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/placement"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
@@ -214,4 +215,64 @@ func nanos(d *durationpb.Duration) *int64 {
 	}
 	v := int64(d.AsDuration())
 	return &v
+}
+
+// Rebalance implements AdminService.Rebalance. Moves are driven like
+// MoveReplica: on the placement leader's node.
+func (s *AdminServer) Rebalance(ctx context.Context, req *connect.Request[wardenv1.RebalanceRequest]) (*connect.Response[wardenv1.RebalanceResponse], error) {
+	start := time.Now()
+	if p := s.r.operatorPeer(req.Header()); p != nil && !req.Msg.GetDryRun() {
+		resp, err := p.admin.Rebalance(ctx, nextHopReq(req))
+		return resp, observe("Rebalance", start, err)
+	}
+	if err := s.r.RefreshMap(ctx); err != nil {
+		return nil, observe("Rebalance", start, fmt.Errorf("%w: %v", ErrNoLeader, err))
+	}
+	m := s.r.Map()
+	leaders := map[uint64]uint64{}
+	for _, id := range m.DataShards() {
+		leaders[id] = s.r.leaderOf(ctx, id)
+	}
+	out := &wardenv1.RebalanceResponse{}
+	for _, a := range placement.PlanRebalance(m.State(), leaders) {
+		act := &wardenv1.RebalanceAction{Kind: a.Kind, ShardId: a.Shard, FromNodeId: a.From, ToNodeId: a.To}
+		out.Actions = append(out.Actions, act)
+		if req.Msg.GetDryRun() {
+			continue
+		}
+		var err error
+		switch a.Kind {
+		case "move_replica":
+			_, err = s.moveReplica(ctx, &wardenv1.MoveReplicaRequest{ShardId: a.Shard, FromNodeId: a.From, ToNodeId: a.To})
+		case "transfer_leader":
+			_, err = s.transferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: a.Shard, NodeId: a.To}))
+		}
+		act.Done = err == nil
+		if err != nil {
+			act.Error = err.Error()
+		}
+	}
+	return connect.NewResponse(out), observe("Rebalance", start, nil)
+}
+
+// leaderOf returns the node leading shardID: as a local replica knows it,
+// else as a node hosting a replica answers (0 if none does).
+func (r *Router) leaderOf(ctx context.Context, shardID uint64) uint64 {
+	if id := r.leaderNode(shardID); id != 0 {
+		return id
+	}
+	p := r.replicaPeer(shardID)
+	if p == nil {
+		return 0
+	}
+	resp, err := p.admin.ListShards(ctx, forwardedReq(&wardenv1.ListShardsRequest{}))
+	if err != nil {
+		return 0
+	}
+	for _, s := range resp.Msg.GetShards() {
+		if s.GetId() == shardID {
+			return s.GetLeaderNodeId()
+		}
+	}
+	return 0
 }

@@ -206,3 +206,32 @@ func (m *moveCmd) Run(g *globals) error {
 		fmt.Fprintf(w, "shard %d: replica moved from node %d to node %d (replica %d)\n", m.ShardID, m.From, m.To, resp.Msg.GetReplicaId())
 	})
 }
+
+type rebalCmd struct {
+	DryRun bool `name:"dry-run" help:"Only print the plan."`
+}
+
+// Run sends AdminService.Rebalance.
+func (r *rebalCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().Rebalance(ctx, connect.NewRequest(&wardenv1.RebalanceRequest{DryRun: r.DryRun}))
+	if err != nil {
+		return fmt.Errorf("rebalance: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		if len(resp.Msg.GetActions()) == 0 {
+			fmt.Fprintln(w, "balanced: nothing to do")
+		}
+		for _, a := range resp.Msg.GetActions() {
+			state := "planned"
+			switch {
+			case a.GetDone():
+				state = "done"
+			case a.GetError() != "":
+				state = "failed: " + a.GetError()
+			}
+			fmt.Fprintf(w, "%-15s shard %d: node %d → node %d  %s\n", a.GetKind(), a.GetShardId(), a.GetFromNodeId(), a.GetToNodeId(), state)
+		}
+	})
+}

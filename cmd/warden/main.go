@@ -55,6 +55,7 @@ type adminCmd struct {
 	Shards       shardsCmd `cmd:"" help:"List the data shards: ranges, epochs, replicas, leaders, load."`
 	Split        splitCmd  `cmd:"" help:"Split a shard's hash range in two (at --at, default the middle)."`
 	Move         moveCmd   `cmd:"" help:"Move a shard's replica from one node to another."`
+	Rebalance    rebalCmd  `cmd:"" help:"Even out replicas within zones and leaders across nodes (--dry-run: print the plan)."`
 	Leader       leaderCmd `cmd:"" help:"Move a shard's leadership to its replica on a node."`
 	Snapshot     snapCmd   `cmd:"" help:"Snapshot a shard's replicas (all shards without an id) and compact their logs."`
 	SetConfig    configCmd `cmd:"" name:"set-config" help:"Change a shard's replicated config (all shards with id 0)."`

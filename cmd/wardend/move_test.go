@@ -52,6 +52,35 @@ func TestClusterMoveReplica(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+
+	// Rebalance: split, put every leader on node 2, and let the plan
+	// spread them (dry run first: it changes nothing).
+	if _, err := c.nodes[0].admin.SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: 1})); err != nil {
+		t.Fatalf("split: %v", err)
+	}
+	for _, s := range c.checkShards() {
+		if _, err := c.nodes[0].admin.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: s.GetId(), NodeId: 2})); err != nil {
+			t.Fatalf("transfer shard %d to node 2: %v", s.GetId(), err)
+		}
+	}
+	plan, err := c.nodes[3].admin.Rebalance(ctx, connect.NewRequest(&wardenv1.RebalanceRequest{DryRun: true}))
+	if err != nil || len(plan.Msg.GetActions()) == 0 {
+		t.Fatalf("rebalance plan: %v %v", plan, err)
+	}
+	done, err := c.nodes[3].admin.Rebalance(ctx, connect.NewRequest(&wardenv1.RebalanceRequest{}))
+	if err != nil {
+		t.Fatalf("rebalance: %v", err)
+	}
+	t.Logf("rebalance: %v", done.Msg.GetActions())
+	led := map[uint64]int{}
+	for _, s := range c.checkShards() {
+		led[s.GetLeaderNodeId()]++
+	}
+	if led[2] > 1 {
+		t.Fatalf("after the rebalance node 2 still leads %d shards", led[2])
+	}
+	c.checkLeases(leases)
+
 	c.kill(1) // node 2: nodes 3 and 4 must carry shard 1 now
 	for r, a := range leases {
 		n := c.nodes[[]int{0, 2, 3}[len(r)%3]]

@@ -1346,6 +1346,181 @@ func (x *MoveReplicaResponse) GetReplicaId() uint64 {
 	return 0
 }
 
+type RebalanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// DryRun only plans.
+	DryRun        bool `protobuf:"varint,1,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceRequest) Reset() {
+	*x = RebalanceRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceRequest) ProtoMessage() {}
+
+func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
+func (*RebalanceRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RebalanceRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type RebalanceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Actions       []*RebalanceAction     `protobuf:"bytes,1,rep,name=actions,proto3" json:"actions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceResponse) Reset() {
+	*x = RebalanceResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceResponse) ProtoMessage() {}
+
+func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
+func (*RebalanceResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RebalanceResponse) GetActions() []*RebalanceAction {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+// RebalanceAction is one step of a rebalance plan.
+type RebalanceAction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Kind is "move_replica" or "transfer_leader".
+	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	ShardId       uint64 `protobuf:"varint,2,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	FromNodeId    uint64 `protobuf:"varint,3,opt,name=from_node_id,json=fromNodeId,proto3" json:"from_node_id,omitempty"`
+	ToNodeId      uint64 `protobuf:"varint,4,opt,name=to_node_id,json=toNodeId,proto3" json:"to_node_id,omitempty"`
+	Done          bool   `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
+	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceAction) Reset() {
+	*x = RebalanceAction{}
+	mi := &file_warden_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceAction) ProtoMessage() {}
+
+func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceAction.ProtoReflect.Descriptor instead.
+func (*RebalanceAction) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RebalanceAction) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *RebalanceAction) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *RebalanceAction) GetFromNodeId() uint64 {
+	if x != nil {
+		return x.FromNodeId
+	}
+	return 0
+}
+
+func (x *RebalanceAction) GetToNodeId() uint64 {
+	if x != nil {
+		return x.ToNodeId
+	}
+	return 0
+}
+
+func (x *RebalanceAction) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+func (x *RebalanceAction) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_warden_v1_admin_proto protoreflect.FileDescriptor
 
 const file_warden_v1_admin_proto_rawDesc = "" +
@@ -1450,14 +1625,28 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"to_node_id\x18\x03 \x01(\x04R\btoNodeId\"4\n" +
 	"\x13MoveReplicaResponse\x12\x1d\n" +
 	"\n" +
-	"replica_id\x18\x01 \x01(\x04R\treplicaId2\xa6\x05\n" +
+	"replica_id\x18\x01 \x01(\x04R\treplicaId\"+\n" +
+	"\x10RebalanceRequest\x12\x17\n" +
+	"\adry_run\x18\x01 \x01(\bR\x06dryRun\"I\n" +
+	"\x11RebalanceResponse\x124\n" +
+	"\aactions\x18\x01 \x03(\v2\x1a.warden.v1.RebalanceActionR\aactions\"\xaa\x01\n" +
+	"\x0fRebalanceAction\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x19\n" +
+	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12 \n" +
+	"\ffrom_node_id\x18\x03 \x01(\x04R\n" +
+	"fromNodeId\x12\x1c\n" +
+	"\n" +
+	"to_node_id\x18\x04 \x01(\x04R\btoNodeId\x12\x12\n" +
+	"\x04done\x18\x05 \x01(\bR\x04done\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error2\xf3\x05\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
 	"ListShards\x12\x1c.warden.v1.ListShardsRequest\x1a\x1d.warden.v1.ListShardsResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
 	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\"\x03\x90\x02\x02\x12Q\n" +
-	"\vMoveReplica\x12\x1d.warden.v1.MoveReplicaRequest\x1a\x1e.warden.v1.MoveReplicaResponse\"\x03\x90\x02\x02\x12Z\n" +
+	"\vMoveReplica\x12\x1d.warden.v1.MoveReplicaRequest\x1a\x1e.warden.v1.MoveReplicaResponse\"\x03\x90\x02\x02\x12K\n" +
+	"\tRebalance\x12\x1b.warden.v1.RebalanceRequest\x1a\x1c.warden.v1.RebalanceResponse\"\x03\x90\x02\x02\x12Z\n" +
 	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12H\n" +
 	"\bSnapshot\x12\x1a.warden.v1.SnapshotRequest\x1a\x1b.warden.v1.SnapshotResponse\"\x03\x90\x02\x02\x12Z\n" +
 	"\x0eSetShardConfig\x12 .warden.v1.SetShardConfigRequest\x1a!.warden.v1.SetShardConfigResponse\"\x03\x90\x02\x02\x12T\n" +
@@ -1475,7 +1664,7 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 	return file_warden_v1_admin_proto_rawDescData
 }
 
-var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_warden_v1_admin_proto_goTypes = []any{
 	(*HotResourcesRequest)(nil),    // 0: warden.v1.HotResourcesRequest
 	(*HotResourcesResponse)(nil),   // 1: warden.v1.HotResourcesResponse
@@ -1499,7 +1688,10 @@ var file_warden_v1_admin_proto_goTypes = []any{
 	(*ShardConfigInfo)(nil),        // 19: warden.v1.ShardConfigInfo
 	(*MoveReplicaRequest)(nil),     // 20: warden.v1.MoveReplicaRequest
 	(*MoveReplicaResponse)(nil),    // 21: warden.v1.MoveReplicaResponse
-	(*durationpb.Duration)(nil),    // 22: google.protobuf.Duration
+	(*RebalanceRequest)(nil),       // 22: warden.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),      // 23: warden.v1.RebalanceResponse
+	(*RebalanceAction)(nil),        // 24: warden.v1.RebalanceAction
+	(*durationpb.Duration)(nil),    // 25: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
 	2,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
@@ -1508,40 +1700,43 @@ var file_warden_v1_admin_proto_depIdxs = []int32{
 	8,  // 3: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
 	9,  // 4: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
 	16, // 5: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
-	22, // 6: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
-	22, // 7: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
-	22, // 8: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
-	22, // 9: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
-	22, // 10: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
-	22, // 11: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	25, // 6: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	25, // 7: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	25, // 8: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	25, // 9: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	25, // 10: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	25, // 11: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
 	19, // 12: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	22, // 13: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	22, // 14: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	22, // 15: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	22, // 16: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	22, // 17: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	22, // 18: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
-	3,  // 19: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
-	6,  // 20: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
-	10, // 21: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	20, // 22: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
-	12, // 23: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	14, // 24: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	17, // 25: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	0,  // 26: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	4,  // 27: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	7,  // 28: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	11, // 29: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	21, // 30: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
-	13, // 31: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	15, // 32: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	18, // 33: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	1,  // 34: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	27, // [27:35] is the sub-list for method output_type
-	19, // [19:27] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	25, // 13: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	25, // 14: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	25, // 15: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	25, // 16: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	25, // 17: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	25, // 18: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	24, // 19: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
+	3,  // 20: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	6,  // 21: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	10, // 22: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	20, // 23: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	22, // 24: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
+	12, // 25: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	14, // 26: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	17, // 27: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	0,  // 28: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	4,  // 29: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	7,  // 30: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	11, // 31: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	21, // 32: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	23, // 33: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
+	13, // 34: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	15, // 35: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	18, // 36: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	1,  // 37: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	29, // [29:38] is the sub-list for method output_type
+	20, // [20:29] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
@@ -1556,7 +1751,7 @@ func file_warden_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,8 @@ const (
 	// AdminServiceMoveReplicaProcedure is the fully-qualified name of the AdminService's MoveReplica
 	// RPC.
 	AdminServiceMoveReplicaProcedure = "/warden.v1.AdminService/MoveReplica"
+	// AdminServiceRebalanceProcedure is the fully-qualified name of the AdminService's Rebalance RPC.
+	AdminServiceRebalanceProcedure = "/warden.v1.AdminService/Rebalance"
 	// AdminServiceTransferLeaderProcedure is the fully-qualified name of the AdminService's
 	// TransferLeader RPC.
 	AdminServiceTransferLeaderProcedure = "/warden.v1.AdminService/TransferLeader"
@@ -84,6 +86,12 @@ type AdminServiceClient interface {
 	// would put two replicas in one zone; FAILED_PRECONDITION while another
 	// operator runs.
 	MoveReplica(context.Context, *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error)
+	// Rebalance plans, and unless dry_run carries out, the moves that even
+	// out the cluster: replicas between the nodes of one zone (a zone's
+	// nodes should hold about as many replicas each), then shard leaders
+	// across nodes (none should lead more than its share). It returns the
+	// plan, each action marked done or with its error.
+	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
 	// TransferLeader moves a shard's Raft leadership to its replica on
 	// node_id and returns once that replica leads (or the deadline passes).
 	// Leases are unaffected: the new leader stamps time from its own clock,
@@ -144,6 +152,13 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		rebalance: connect.NewClient[v1.RebalanceRequest, v1.RebalanceResponse](
+			httpClient,
+			baseURL+AdminServiceRebalanceProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Rebalance")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 		transferLeader: connect.NewClient[v1.TransferLeaderRequest, v1.TransferLeaderResponse](
 			httpClient,
 			baseURL+AdminServiceTransferLeaderProcedure,
@@ -181,6 +196,7 @@ type adminServiceClient struct {
 	listShards     *connect.Client[v1.ListShardsRequest, v1.ListShardsResponse]
 	splitShard     *connect.Client[v1.SplitShardRequest, v1.SplitShardResponse]
 	moveReplica    *connect.Client[v1.MoveReplicaRequest, v1.MoveReplicaResponse]
+	rebalance      *connect.Client[v1.RebalanceRequest, v1.RebalanceResponse]
 	transferLeader *connect.Client[v1.TransferLeaderRequest, v1.TransferLeaderResponse]
 	snapshot       *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
 	setShardConfig *connect.Client[v1.SetShardConfigRequest, v1.SetShardConfigResponse]
@@ -205,6 +221,11 @@ func (c *adminServiceClient) SplitShard(ctx context.Context, req *connect.Reques
 // MoveReplica calls warden.v1.AdminService.MoveReplica.
 func (c *adminServiceClient) MoveReplica(ctx context.Context, req *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error) {
 	return c.moveReplica.CallUnary(ctx, req)
+}
+
+// Rebalance calls warden.v1.AdminService.Rebalance.
+func (c *adminServiceClient) Rebalance(ctx context.Context, req *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
+	return c.rebalance.CallUnary(ctx, req)
 }
 
 // TransferLeader calls warden.v1.AdminService.TransferLeader.
@@ -256,6 +277,12 @@ type AdminServiceHandler interface {
 	// would put two replicas in one zone; FAILED_PRECONDITION while another
 	// operator runs.
 	MoveReplica(context.Context, *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error)
+	// Rebalance plans, and unless dry_run carries out, the moves that even
+	// out the cluster: replicas between the nodes of one zone (a zone's
+	// nodes should hold about as many replicas each), then shard leaders
+	// across nodes (none should lead more than its share). It returns the
+	// plan, each action marked done or with its error.
+	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
 	// TransferLeader moves a shard's Raft leadership to its replica on
 	// node_id and returns once that replica leads (or the deadline passes).
 	// Leases are unaffected: the new leader stamps time from its own clock,
@@ -312,6 +339,13 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceRebalanceHandler := connect.NewUnaryHandler(
+		AdminServiceRebalanceProcedure,
+		svc.Rebalance,
+		connect.WithSchema(adminServiceMethods.ByName("Rebalance")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceTransferLeaderHandler := connect.NewUnaryHandler(
 		AdminServiceTransferLeaderProcedure,
 		svc.TransferLeader,
@@ -350,6 +384,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceSplitShardHandler.ServeHTTP(w, r)
 		case AdminServiceMoveReplicaProcedure:
 			adminServiceMoveReplicaHandler.ServeHTTP(w, r)
+		case AdminServiceRebalanceProcedure:
+			adminServiceRebalanceHandler.ServeHTTP(w, r)
 		case AdminServiceTransferLeaderProcedure:
 			adminServiceTransferLeaderHandler.ServeHTTP(w, r)
 		case AdminServiceSnapshotProcedure:
@@ -381,6 +417,10 @@ func (UnimplementedAdminServiceHandler) SplitShard(context.Context, *connect.Req
 
 func (UnimplementedAdminServiceHandler) MoveReplica(context.Context, *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.MoveReplica is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.Rebalance is not implemented"))
 }
 
 func (UnimplementedAdminServiceHandler) TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error) {
