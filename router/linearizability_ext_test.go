@@ -133,7 +133,7 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 				switch k := rng.IntN(10); {
 				case k < 4 && mine[r] == "":
 					in := linInput{op: "acquire", resource: r}
-					out, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n))
+					out, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n), time.Minute)
 					if !ok {
 						t.Errorf("acquire %s: outcome never learned", r)
 						return
@@ -186,9 +186,9 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 
 // linAcquire acquires, retrying the same request id while the outcome is
 // unknown. ok is false if the outcome never became known.
-func linAcquire(c *cluster, resource, requestID string) (linOutput, bool) {
+func linAcquire(c *cluster, resource, requestID string, ttl time.Duration) (linOutput, bool) {
 	for range 100 {
-		resp, err := c.acquire(resource, requestID, time.Minute)
+		resp, err := c.acquire(resource, requestID, ttl)
 		if err == nil {
 			return linOutput{granted: true, leaseID: resp.GetLeaseId(), token: resp.GetFencingToken()}, true
 		}
