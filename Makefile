@@ -46,9 +46,11 @@ fuzz:
 	$(GO) test ./shard -run '^$$' -fuzz '^FuzzLoadSnapshot$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME)
 
-## bench: acquire+release throughput and latency (1 and 64 clients) and waiter hand-off latency on a dev cluster
+## bench: acquire+release throughput and latency (1 and 64 clients) and waiter hand-off latency on a dev cluster,
+## then acquire+release on a three-process cluster before and after a split
 bench:
 	$(GO) test ./router -run '^$$' -bench 'AcquireRelease|HandOff' -benchtime 5s -count 3 -timeout 30m
+	WARDEN_BENCH=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
 
 ## lint: formatting, vet, staticcheck and the dependency pins of DESIGN.md §7
 lint:

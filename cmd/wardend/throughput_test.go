@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+)
+
+// TestClusterThroughput measures acquire+release pairs per second (64
+// clients, spread over the three nodes, closed loop) on a three-process
+// cluster with one data shard, then again after splitting it in two. It
+// runs only under make bench (WARDEN_BENCH=1): timing is a measurement,
+// never an assertion.
+func TestClusterThroughput(t *testing.T) {
+	if os.Getenv("WARDEN_BENCH") == "" {
+		t.Skip("a measurement: run with make bench (WARDEN_BENCH=1)")
+	}
+	c := startProcCluster(t)
+	measure := func(label string) {
+		const clients, d = 64, 10 * time.Second
+		var mu sync.Mutex
+		var lat []time.Duration
+		var errs int
+		var wg sync.WaitGroup
+		end := time.Now().Add(d)
+		for cl := range clients {
+			n := c.nodes[cl%3]
+			wg.Go(func() {
+				for i := 0; time.Now().Before(end); i++ {
+					r := fmt.Sprintf("bench-%s-%d-%d", label, cl, i%100)
+					start := time.Now()
+					a, err := n.acquire(r, fmt.Sprintf("%s-%d-%d", label, cl, i), 30*time.Second, 0)
+					if err == nil {
+						_, err = n.release(r, a.GetLeaseId())
+					}
+					mu.Lock()
+					if err != nil {
+						errs++
+					} else {
+						lat = append(lat, time.Since(start))
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		slices.Sort(lat)
+		p := func(q float64) time.Duration { return lat[int(q*float64(len(lat)-1))] }
+		t.Logf("%s: %.0f acquire+release pairs/s, p50 %v, p99 %v, %d errors (64 clients, %v)",
+			label, float64(len(lat))/d.Seconds(), p(0.5).Round(100*time.Microsecond), p(0.99).Round(100*time.Microsecond), errs, d)
+	}
+	measure("one-shard")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.nodes[0].admin.SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: 1})); err != nil {
+		t.Fatal(err)
+	}
+	// Spread the two leaders over two nodes, as Rebalance would.
+	if _, err := c.nodes[0].admin.Rebalance(ctx, connect.NewRequest(&wardenv1.RebalanceRequest{})); err != nil {
+		t.Fatal(err)
+	}
+	measure("two-shards")
+}
