@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warden-dev/warden/placement"
@@ -65,6 +66,11 @@ type Cluster struct {
 	Router *Router
 	Nodes  []LocalNode
 	agents []*placement.Agent
+	// driving is set while the loop's operator driver runs.
+	driving atomic.Bool
+	// ctx ends when the cluster closes.
+	ctx    context.Context
+	cancel context.CancelFunc
 	stop   chan struct{}
 	wg     sync.WaitGroup
 }
@@ -81,6 +87,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		cfg.MapInterval = 200 * time.Millisecond
 	}
 	c := &Cluster{cfg: cfg, waits: NewWaitRegistry(), Nodes: make([]LocalNode, len(cfg.Nodes)), stop: make(chan struct{})}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
 	var meta placement.MetaClient
 	for i, spec := range cfg.Nodes {
 		lead := NewLeadership()
@@ -203,12 +210,19 @@ func (c *Cluster) loop() {
 		if err := c.reconcile(); err != nil {
 			c.Router.cfg.Logger.Warn("node agent", "err", err)
 		}
-		if len(c.Router.Map().State().GetOperators()) > 0 && c.leadsMeta() {
-			if err := c.Router.ops.Drive(ctx); err != nil {
-				c.Router.cfg.Logger.Warn("placement operator", "err", err)
-			}
-		}
 		cancel()
+		if len(c.Router.Map().State().GetOperators()) > 0 && c.leadsMeta() && c.driving.CompareAndSwap(false, true) {
+			// Apart from the loop: a step may wait for replicas that this
+			// loop's node agent must start.
+			c.wg.Go(func() {
+				defer c.driving.Store(false)
+				ctx, cancel := context.WithTimeout(c.ctx, 2*time.Minute)
+				defer cancel()
+				if err := c.Router.ops.Drive(ctx); err != nil {
+					c.Router.cfg.Logger.Warn("placement operator", "err", err)
+				}
+			})
+		}
 	}
 }
 
@@ -219,6 +233,7 @@ func (c *Cluster) leadsMeta() bool {
 
 // Close stops the loops, the router's timers and every node.
 func (c *Cluster) Close() {
+	c.cancel()
 	close(c.stop)
 	c.wg.Wait()
 	c.Router.Stop()
@@ -226,6 +241,7 @@ func (c *Cluster) Close() {
 }
 
 func (c *Cluster) closeNodes() {
+	c.cancel()
 	for _, n := range c.Nodes {
 		if n.Node != nil {
 			n.Node.Close()
