@@ -150,7 +150,10 @@ func (r *Router) snapshotLocal(ctx context.Context, shardID, nodeID uint64) *war
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		idx, err := r.nodes[i].Node.NH.SyncRequestSnapshot(sctx, shardID, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
 		cancel()
-		if err != nil {
+		switch {
+		case errors.Is(err, dragonboat.ErrRejected):
+			out.Error = "nothing to snapshot: no entries applied since the replica's last snapshot"
+		case err != nil:
 			out.Error = err.Error()
 		}
 		out.Index = idx

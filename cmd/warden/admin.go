@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -52,7 +53,7 @@ func (*shardsCmd) Run(g *globals) error {
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "placement generation %d\n", resp.Msg.GetGeneration())
-		fmt.Fprintf(w, "%-5s %-7s %-39s %-6s %-7s %-6s %-7s %s\n", "SHARD", "STATE", "HASH RANGE", "EPOCH", "LEADER", "LOCKS", "WAITERS", "REPLICAS (replica@node/zone)")
+		fmt.Fprintf(w, "%-5s %-7s %-40s %-6s %-7s %-6s %-7s %s\n", "SHARD", "STATE", "HASH RANGE", "EPOCH", "LEADER", "LOCKS", "WAITERS", "REPLICAS (replica@node/zone)")
 		for _, s := range resp.Msg.GetShards() {
 			rng := "-"
 			if s.GetState() == "active" {
@@ -62,12 +63,12 @@ func (*shardsCmd) Run(g *globals) error {
 				}
 				rng = fmt.Sprintf("[%#016x, %s)", s.GetRangeStart(), end)
 			}
-			reps := ""
+			var reps []string
 			for _, r := range s.GetReplicas() {
-				reps += fmt.Sprintf("%d@%d/%s ", r.GetReplicaId(), r.GetNodeId(), r.GetZone())
+				reps = append(reps, fmt.Sprintf("%d@%d/%s", r.GetReplicaId(), r.GetNodeId(), r.GetZone()))
 			}
-			fmt.Fprintf(w, "%-5d %-7s %-39s %-6d %-7s %-6d %-7d %s\n", s.GetId(), s.GetState(), rng, s.GetEpoch(),
-				leader(s.GetLeaderNodeId()), s.GetHeldLocks(), s.GetQueuedWaiters(), reps)
+			fmt.Fprintf(w, "%-5d %-7s %-40s %-6d %-7s %-6d %-7d %s\n", s.GetId(), s.GetState(), rng, s.GetEpoch(),
+				leader(s.GetLeaderNodeId()), s.GetHeldLocks(), s.GetQueuedWaiters(), strings.Join(reps, " "))
 		}
 	})
 }
@@ -148,15 +149,15 @@ func (s *snapCmd) Run(g *globals) error {
 }
 
 type configCmd struct {
-	ShardID         uint64         `arg:"" name:"shard-id" help:"Shard to change (0: all)."`
-	MaxClockSkew    *time.Duration `name:"max-clock-skew" help:"Clock offset bound lease safety assumes."`
-	MinLeaseTTL     *time.Duration `name:"min-lease-ttl"`
-	MaxLeaseTTL     *time.Duration `name:"max-lease-ttl"`
-	DefaultLeaseTTL *time.Duration `name:"default-lease-ttl"`
-	DedupWindow     *time.Duration `name:"dedup-window" help:"How long an ended request id is remembered."`
-	MaxWait         *time.Duration `name:"max-wait" help:"Longest wait_timeout accepted."`
-	MaxWaiters      *uint32        `name:"max-waiters" help:"Waiters per resource."`
-	MaxTenant       *uint32        `name:"max-tenant-waiters" help:"Waiters per tenant."`
+	ShardID         uint64         `arg:"" name:"shard-id" help:"Shard to change (0: all). Without flags, prints the config."`
+	MaxClockSkew    *time.Duration `name:"max-clock-skew" placeholder:"DURATION" help:"Clock offset bound lease safety assumes (default 500ms): a lock is grantable to others at expiry plus this."`
+	MinLeaseTTL     *time.Duration `name:"min-lease-ttl" placeholder:"DURATION" help:"Shortest lease TTL accepted (default 1s)."`
+	MaxLeaseTTL     *time.Duration `name:"max-lease-ttl" placeholder:"DURATION" help:"Longest lease TTL accepted (default 10m)."`
+	DefaultLeaseTTL *time.Duration `name:"default-lease-ttl" placeholder:"DURATION" help:"Lease TTL of an Acquire that names none (default 30s)."`
+	DedupWindow     *time.Duration `name:"dedup-window" placeholder:"DURATION" help:"How long an ended request id is remembered (default 10m)."`
+	MaxWait         *time.Duration `name:"max-wait" placeholder:"DURATION" help:"Longest wait_timeout accepted (default 5m)."`
+	MaxWaiters      *uint32        `name:"max-waiters" placeholder:"N" help:"Waiters per resource (default 1000)."`
+	MaxTenant       *uint32        `name:"max-tenant-waiters" placeholder:"N" help:"Waiters per tenant (default 10000)."`
 }
 
 func dur(d *time.Duration) *durationpb.Duration {

@@ -41,8 +41,8 @@ import (
 )
 
 type cli struct {
-	Dev            bool          `help:"Run a whole three-node cluster in this process (the embedded default)."`
-	NodeID         uint64        `name:"node-id" help:"This node's id (production mode), unique in the cluster, never reused."`
+	Dev            bool          `help:"Run a whole three-node cluster in this process (the embedded setup make run uses). Without it, run one production node (--node-id and the flags below)."`
+	NodeID         uint64        `name:"node-id" placeholder:"ID" help:"This node's id (production mode), unique in the cluster, never reused."`
 	Zone           string        `help:"This node's availability zone; a shard's replicas go to distinct zones."`
 	RaftAddr       string        `name:"raft-addr" help:"host:port of this node's Raft transport."`
 	InitialMembers string        `name:"initial-members" help:"The cluster's first nodes, id=raftaddr=listenaddr,... (the same list on each of them)."`
@@ -58,7 +58,11 @@ type cli struct {
 
 func main() {
 	var c cli
-	kong.Parse(&c, kong.Description("Warden: exclusive locks with leases and fencing tokens, replicated by Raft."))
+	k := kong.Parse(&c, kong.Description("Warden: exclusive locks with leases and fencing tokens, replicated by Raft."))
+	if !c.Dev {
+		_, err := c.clusterConfig()
+		k.FatalIfErrorf(err) // a usage error, before anything starts
+	}
 	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: c.LogLevel})))
 	if err := run(c); err != nil {
 		slog.Error("wardend stopped", "err", err)

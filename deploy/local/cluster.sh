@@ -58,7 +58,7 @@ start() {
 		echo "node $n did not come up within 60 s; see $dir/node-$n.log" >&2
 		exit 1
 	done
-	echo "cluster up: warden --addr http://$(listen 1) admin shards"
+	echo "cluster up: ./bin/warden --addr http://$(listen 1) admin shards"
 }
 
 stop() {
@@ -102,7 +102,13 @@ stop) stop ;;
 status) status ;;
 kill)
 	n=${2:?usage: cluster.sh kill N}
-	running "$n" && kill -KILL "$(cat "$(pidfile "$n")")" && echo "node $n killed"
+	if ! running "$n"; then
+		echo "node $n is not running" >&2
+		exit 1
+	fi
+	kill -KILL "$(cat "$(pidfile "$n")")"
+	while running "$n"; do sleep 0.05; done
+	echo "node $n killed"
 	;;
 *)
 	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
