@@ -37,11 +37,13 @@ type linOutput struct {
 	held     bool   // describe
 }
 
-var lockModel = porcupine.Model{
-	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+// byResource partitions a history by the resource each input names:
+// locks on different resources are independent.
+func byResource(resource func(in any) string) func([]porcupine.Operation) [][]porcupine.Operation {
+	return func(h []porcupine.Operation) [][]porcupine.Operation {
 		by := map[string][]porcupine.Operation{}
 		for _, op := range h {
-			r := op.Input.(linInput).resource
+			r := resource(op.Input)
 			by[r] = append(by[r], op)
 		}
 		out := make([][]porcupine.Operation, 0, len(by))
@@ -49,7 +51,11 @@ var lockModel = porcupine.Model{
 			out = append(out, ops)
 		}
 		return out
-	},
+	}
+}
+
+var lockModel = porcupine.Model{
+	Partition: byResource(func(in any) string { return in.(linInput).resource }),
 	Init: func() any { return linState{} },
 	Step: func(s, in, out any) (bool, any) {
 		st, i, o := s.(linState), in.(linInput), out.(linOutput)

@@ -65,18 +65,7 @@ func (s leaseState) mayHold(t int64) bool {
 }
 
 var leaseModel = porcupine.NondeterministicModel{
-	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-		by := map[string][]porcupine.Operation{}
-		for _, op := range h {
-			r := op.Input.(leaseIn).resource
-			by[r] = append(by[r], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(by))
-		for _, ops := range by {
-			out = append(out, ops)
-		}
-		return out
-	},
+	Partition: byResource(func(in any) string { return in.(leaseIn).resource }),
 	Init: func() []any { return []any{leaseState{}} },
 	Step: func(s, in, out any) []any {
 		st, i, o := s.(leaseState), in.(leaseIn), out.(leaseOut)

@@ -296,6 +296,22 @@ func (c *procCluster) checkLeases(leases map[string]*wardenv1.AcquireResponse) {
 	}
 }
 
+// checkNextTokens releases every lease and acquires the resource again:
+// the new token must be above the lease's.
+func (c *procCluster) checkNextTokens(leases map[string]*wardenv1.AcquireResponse) {
+	c.t.Helper()
+	for r, a := range leases {
+		n := c.any()
+		if ok, err := n.release(r, a.GetLeaseId()); err != nil || !ok {
+			c.t.Fatalf("release %s: %v %v", r, ok, err)
+		}
+		next, err := n.acquire(r, "next-"+r, time.Minute, 0)
+		if err != nil || next.GetFencingToken() <= a.GetFencingToken() {
+			c.t.Fatalf("%s: next token %v (%v), last %#x", r, next, err, a.GetFencingToken())
+		}
+	}
+}
+
 // checkShards checks that the shards' ranges cover the hash space exactly
 // once, each active shard with replicas in three zones, and returns them.
 func (c *procCluster) checkShards() []*wardenv1.ShardInfo {

@@ -64,14 +64,5 @@ func TestClusterInterruptedSplit(t *testing.T) {
 		}
 		c.checkLeases(leases)
 	}
-	for r, a := range leases {
-		n := c.any()
-		if ok, err := n.release(r, a.GetLeaseId()); err != nil || !ok {
-			t.Fatalf("release %s: %v %v", r, ok, err)
-		}
-		next, err := n.acquire(r, "next-"+r, time.Minute, 0)
-		if err != nil || next.GetFencingToken() <= a.GetFencingToken() {
-			t.Fatalf("%s: next token %v (%v), last %#x", r, next, err, a.GetFencingToken())
-		}
-	}
+	c.checkNextTokens(leases)
 }
