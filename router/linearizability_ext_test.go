@@ -56,7 +56,7 @@ func byResource(resource func(in any) string) func([]porcupine.Operation) [][]po
 
 var lockModel = porcupine.Model{
 	Partition: byResource(func(in any) string { return in.(linInput).resource }),
-	Init: func() any { return linState{} },
+	Init:      func() any { return linState{} },
 	Step: func(s, in, out any) (bool, any) {
 		st, i, o := s.(linState), in.(linInput), out.(linOutput)
 		switch i.op {

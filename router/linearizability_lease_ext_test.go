@@ -66,7 +66,7 @@ func (s leaseState) mayHold(t int64) bool {
 
 var leaseModel = porcupine.NondeterministicModel{
 	Partition: byResource(func(in any) string { return in.(leaseIn).resource }),
-	Init: func() []any { return []any{leaseState{}} },
+	Init:      func() []any { return []any{leaseState{}} },
 	Step: func(s, in, out any) []any {
 		st, i, o := s.(leaseState), in.(leaseIn), out.(leaseOut)
 		ttl := int64(leaseTTL)
