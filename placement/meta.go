@@ -349,15 +349,8 @@ func advanceMove(st *placementv1.State, c *placementv1.AdvanceMoveCmd) error {
 	if m.GetRollingBack() || c.GetTo() != m.GetStep()+1 || c.GetTo() > placementv1.MoveStep_MOVE_STEP_REMOVED {
 		return fmt.Errorf("to: move %d is at %v, it cannot go to %v", op.GetId(), m.GetStep(), c.GetTo())
 	}
-	sh := shardByID(st, m.GetShard())
-	switch c.GetTo() {
-	case placementv1.MoveStep_MOVE_STEP_PROMOTED:
-		for _, r := range sh.GetReplicas() {
-			if r.GetReplicaId() == m.GetToReplica() {
-				r.NonVoting = false
-			}
-		}
-	case placementv1.MoveStep_MOVE_STEP_REMOVED:
+	if c.GetTo() == placementv1.MoveStep_MOVE_STEP_REMOVED {
+		sh := shardByID(st, m.GetShard())
 		sh.Replicas = slices.DeleteFunc(sh.Replicas, func(r *placementv1.Replica) bool { return r.GetReplicaId() == m.GetFromReplica() })
 	}
 	m.Step = c.GetTo()

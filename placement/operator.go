@@ -94,6 +94,9 @@ type Operators struct {
 	// OnFenced, if set, is called with how long a split kept its moving
 	// range fenced, from the fence to the map commit.
 	OnFenced func(time.Duration)
+	// Live, if set, says whether a node answered recently; new replicas
+	// go to live nodes.
+	Live func(nodeID uint64) bool
 
 	mu     sync.Mutex
 	active map[uint64]bool // operators a goroutine of this process drives
@@ -156,7 +159,7 @@ func (o *Operators) BeginSplit(ctx context.Context, source, splitAt uint64) (*pl
 	if src == nil {
 		return nil, &RefusedError{fmt.Sprintf("shard_id: shard %d does not exist", source)}
 	}
-	nodes := pickNodes(st, len(src.GetReplicas()))
+	nodes := pickNodes(st, len(src.GetReplicas()), o.Live)
 	for attempt := 0; ; attempt++ {
 		epoch, err := o.Alloc.Next(ctx)
 		if err != nil {
@@ -177,8 +180,9 @@ func (o *Operators) BeginSplit(ctx context.Context, source, splitAt uint64) (*pl
 }
 
 // pickNodes chooses n nodes in distinct zones, the least loaded (fewest
-// replicas) in each zone, zones with less load first.
-func pickNodes(st *placementv1.State, n int) []uint64 {
+// replicas) in each zone, zones with less load first, among the live
+// nodes if live is set.
+func pickNodes(st *placementv1.State, n int, live func(uint64) bool) []uint64 {
 	load := map[uint64]int{}
 	for _, s := range st.GetShards() {
 		for _, r := range s.GetReplicas() {
@@ -187,6 +191,9 @@ func pickNodes(st *placementv1.State, n int) []uint64 {
 	}
 	best := map[string]*placementv1.Node{}
 	for _, nd := range st.GetNodes() {
+		if live != nil && !live(nd.GetId()) {
+			continue
+		}
 		if b := best[nd.GetZone()]; b == nil || load[nd.GetId()] < load[b.GetId()] {
 			best[nd.GetZone()] = nd
 		}
@@ -293,14 +300,17 @@ func (o *Operators) driveSplit(ctx context.Context, opID uint64) error {
 		switch s.GetStep() {
 		case placementv1.SplitStep_SPLIT_STEP_PREPARED:
 			if err := o.awaitLeader(ctx, s.GetTarget()); err != nil {
+				if ctx.Err() != nil {
+					return err // the caller left; the next driver waits again
+				}
 				log.Warn("split: the new shard elected no leader; rolling back", "err", err)
-				return o.end(ctx, opID, true)
+				return o.rollback(ctx, opID)
 			}
 			fence := &shardv1.RangeFence{OperatorId: opID, Start: s.GetSplitAt(), End: r.GetEnd()}
 			if res, err := o.propose(ctx, s.GetSource(), st.GetGeneration(), &shardv1.Envelope{Command: &shardv1.Envelope_FenceRange{FenceRange: &shardv1.FenceRangeCmd{Fence: fence}}}); err != nil {
 				if res != nil { // refused, not lost: it will not pass
 					log.Warn("split: the source refused the fence; rolling back", "err", err)
-					return o.end(ctx, opID, true)
+					return o.rollback(ctx, opID)
 				}
 				return err
 			}
@@ -333,6 +343,14 @@ func (o *Operators) driveSplit(ctx context.Context, opID uint64) error {
 			return fmt.Errorf("unknown split step %v", s.GetStep())
 		}
 	}
+}
+
+// rollback records that operator opID is abandoned, with a context of its
+// own: the step's may be spent by the wait that decided it.
+func (o *Operators) rollback(ctx context.Context, opID uint64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return o.end(ctx, opID, true)
 }
 
 func (o *Operators) end(ctx context.Context, opID uint64, rollback bool) error {
@@ -460,8 +478,11 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 		case placementv1.MoveStep_MOVE_STEP_ADDED:
 			if voting, _ := isMember(mem, m.GetToReplica()); !voting {
 				if err := o.awaitCatchUp(ctx, m.GetShard(), m.GetToNode()); err != nil {
+					if ctx.Err() != nil {
+						return err
+					}
 					log.Warn("replica move: the new replica did not catch up; rolling back", "err", err)
-					return o.end(ctx, opID, true)
+					return o.rollback(ctx, opID)
 				}
 				if _, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
 					return err
@@ -498,16 +519,17 @@ func (o *Operators) awaitCatchUp(ctx context.Context, shardID, node uint64) erro
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var target uint64 // the leader's applied index when first read
+	read := false
 	for {
 		var idx uint64
 		var err error
-		if target == 0 {
+		if !read {
 			var q *shardv1.QueryResult
 			if q, err = o.Shards.Read(ctx, shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err == nil {
-				target = q.GetAppliedIndex()
+				target, read = q.GetAppliedIndex(), true
 			}
 		}
-		if target != 0 {
+		if read {
 			if idx, err = o.Shards.AppliedIndex(ctx, shardID, node); err == nil && idx >= target {
 				return nil
 			}

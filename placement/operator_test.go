@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -41,9 +42,10 @@ func (m *memMeta) Read(context.Context) (*placementv1.State, error) {
 // fakeShards records the range commands the operator sends and answers
 // OK; reads of shards in down fail.
 type fakeShards struct {
-	mu   sync.Mutex
-	log  []string
-	down map[uint64]bool
+	mu                sync.Mutex
+	log               []string
+	down              map[uint64]bool
+	voting, nonVoting map[uint64]string // shard 1's membership
 }
 
 func (f *fakeShards) Propose(_ context.Context, shardID uint64, env *shardv1.Envelope) (*shardv1.Result, error) {
@@ -81,8 +83,26 @@ func (f *fakeShards) Read(_ context.Context, shardID uint64, q *shardv1.Query) (
 	return out, nil
 }
 
-func (f *fakeShards) Membership(context.Context, uint64, placementv1.MembershipChange, uint64, string) (*placementv1.MembershipResponse, error) {
-	return &placementv1.MembershipResponse{}, nil
+func (f *fakeShards) Membership(_ context.Context, shardID uint64, change placementv1.MembershipChange, replica uint64, _ string) (*placementv1.MembershipResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.voting == nil {
+		f.voting, f.nonVoting = map[uint64]string{1: "", 2: "", 3: ""}, map[uint64]string{}
+	}
+	switch change {
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING:
+		f.nonVoting[replica] = ""
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING:
+		delete(f.nonVoting, replica)
+		f.voting[replica] = ""
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE:
+		delete(f.voting, replica)
+		delete(f.nonVoting, replica)
+	}
+	if change != placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE {
+		f.log = append(f.log, fmt.Sprintf("shard %d: %v %d", shardID, change, replica))
+	}
+	return &placementv1.MembershipResponse{Voting: maps.Clone(f.voting), NonVoting: maps.Clone(f.nonVoting)}, nil
 }
 
 func (f *fakeShards) AppliedIndex(context.Context, uint64, uint64) (uint64, error) { return 0, nil }
@@ -175,5 +195,42 @@ func TestSplitRollsBack(t *testing.T) {
 	op2, err := o.BeginSplit(context.Background(), 1, 0)
 	if err != nil || op2.GetSplit().GetEpoch() <= op.GetSplit().GetEpoch() {
 		t.Fatalf("second split: %v %v", op2, err)
+	}
+}
+
+// A move of a replica of an idle shard (nothing applied yet: every applied
+// index is 0) adds the new replica as non-voting, promotes it, removes the
+// old one, in that order, and leaves the map with the new replica.
+func TestMoveOfIdleShard(t *testing.T) {
+	meta, shards := bootstrapped(t), &fakeShards{}
+	if _, err := meta.Propose(context.Background(), &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{
+		Node: &placementv1.Node{Id: 4, Zone: "az1", RaftAddr: "r4", ListenAddr: "l4"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	o := &Operators{Meta: meta, Shards: shards, Alloc: NewAllocator(meta), TargetWait: time.Second}
+	op, err := o.BeginMove(context.Background(), 1, 1, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if last, err := o.Run(ctx, op.GetId()); err != nil || last.GetMove().GetRollingBack() {
+		t.Fatalf("run: %v %v", last, err)
+	}
+	want := []string{
+		"shard 1: MEMBERSHIP_CHANGE_ADD_NON_VOTING 4",
+		"shard 1: MEMBERSHIP_CHANGE_ADD_VOTING 4",
+		"shard 1: MEMBERSHIP_CHANGE_REMOVE 1",
+	}
+	if fmt.Sprint(shards.log) != fmt.Sprint(want) {
+		t.Fatalf("membership changes %v, want %v", shards.log, want)
+	}
+	st, _ := meta.Read(context.Background())
+	var nodes []uint64
+	for _, r := range shardByID(st, 1).GetReplicas() {
+		nodes = append(nodes, r.GetNodeId())
+	}
+	if fmt.Sprint(nodes) != "[2 3 4]" || len(st.GetOperators()) != 0 {
+		t.Fatalf("after the move: replicas on %v, operators %v", nodes, st.GetOperators())
 	}
 }

@@ -184,6 +184,9 @@ func (s *AdminServer) MoveReplica(ctx context.Context, req *connect.Request[ward
 }
 
 func (s *AdminServer) moveReplica(ctx context.Context, m *wardenv1.MoveReplicaRequest) (*connect.Response[wardenv1.MoveReplicaResponse], error) {
+	if !s.r.live(m.GetToNodeId()) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("to_node_id: node %d does not answer", m.GetToNodeId()))
+	}
 	op, err := s.r.ops.BeginMove(ctx, m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId())
 	var refused *placement.RefusedError
 	if errors.As(err, &refused) {

@@ -20,6 +20,7 @@ import (
 type clockWatch struct {
 	mu      sync.Mutex
 	offsets map[uint64]time.Duration // peer node id → its clock minus ours
+	down    map[uint64]bool          // peers whose last reading failed
 	// unsafe is set while this node's clock is more than MaxClockSkew/2
 	// from the majority's.
 	unsafe atomic.Bool
@@ -61,6 +62,12 @@ func (r *Router) measureClocks() {
 		sent := r.now()
 		resp, err := r.peers.get(n.GetListenAddr()).node.Clock(ctx, connect.NewRequest(&placementv1.ClockRequest{}))
 		cancel()
+		r.clock.mu.Lock()
+		if r.clock.down == nil {
+			r.clock.down = map[uint64]bool{}
+		}
+		r.clock.down[n.GetId()] = err != nil
+		r.clock.mu.Unlock()
 		if err != nil {
 			continue
 		}
@@ -92,6 +99,14 @@ func (r *Router) measureClocks() {
 	if unsafe {
 		r.handLeadershipAway()
 	}
+}
+
+// live reports whether node id answered its last clock reading (a node
+// not read yet counts as live; local nodes always do).
+func (r *Router) live(id uint64) bool {
+	r.clock.mu.Lock()
+	defer r.clock.mu.Unlock()
+	return !r.clock.down[id]
 }
 
 // handLeadershipAway asks every data shard this node leads to elect

@@ -142,7 +142,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	c.Router = New(c.Nodes, meta, placement.NewMap(st), c.waits, cfg.Router)
 	c.Router.peers = p
 	c.Router.ops = &placement.Operators{Meta: meta, Shards: c.Router.Shards(), Alloc: placement.NewAllocator(meta),
-		Logger: c.Router.cfg.Logger, OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
+		Logger: c.Router.cfg.Logger, Live: c.Router.live, OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
 	if err := c.reconcile(); err != nil {
 		c.closeNodes()
 		return nil, err

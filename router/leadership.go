@@ -25,9 +25,12 @@ type Leadership struct {
 // leaderTerm is one term of leadership of one shard.
 type leaderTerm struct {
 	shardID uint64
-	term    uint64
-	anchor  time.Time // wall and monotonic reading when the term began
-	offset  time.Duration
+	// replicaID is this node's replica in the shard (per shard, not the
+	// node's id).
+	replicaID uint64
+	term      uint64
+	anchor    time.Time // wall and monotonic reading when the term began
+	offset    time.Duration
 	// confirmed is set once a linearizable read succeeded in this term,
 	// proving leadership and that every entry before the term is applied.
 	// Time-driven commands wait for it.
@@ -59,7 +62,7 @@ func (l *Leadership) LeaderUpdated(info raftio.LeaderInfo) {
 	if cur != nil && cur.term == info.Term {
 		return
 	}
-	l.mu.terms[info.ShardID] = &leaderTerm{shardID: info.ShardID, term: info.Term, anchor: time.Now(), offset: l.offset}
+	l.mu.terms[info.ShardID] = &leaderTerm{shardID: info.ShardID, replicaID: info.ReplicaID, term: info.Term, anchor: time.Now(), offset: l.offset}
 	metrics.leaderChanges.Inc()
 }
 

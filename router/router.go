@@ -197,11 +197,13 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 			if !valid || id == 0 {
 				continue
 			}
+			// Replica ids are per shard: a node's replica of a shard made by
+			// a split or a move has its own id, not the node's.
 			t, ok := n.Leadership.term(shardID)
-			if ok && id == n.Node.ID() && term == t.term {
+			if ok && id == t.replicaID && term == t.term {
 				return n, t, nil
 			}
-			if m := r.Map(); id != n.Node.ID() && shardID != placement.MetaShardID {
+			if m := r.Map(); (!ok || id != t.replicaID) && shardID != placement.MetaShardID {
 				if node := m.ReplicaNode(shardID, id); node != nil && !r.isLocal(node.GetId()) {
 					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node}
 				}
@@ -404,7 +406,7 @@ func (r *Router) runTimers(n *LocalNode) {
 // confirmed, proposes one batch each of expirations, timed-out waiters and
 // forgotten dedup entries.
 func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
-	if id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID); err != nil || !valid || id != n.Node.ID() || term != t.term {
+	if id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID); err != nil || !valid || id != t.replicaID || term != t.term {
 		n.Leadership.drop(t.shardID, t.term) // stopped, or deposed without an event yet
 		return nil
 	}
@@ -414,7 +416,7 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 		if _, err := n.Node.NH.SyncRead(ctx, t.shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err != nil {
 			return fmt.Errorf("confirming leadership: %w", err)
 		}
-		if id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID); err != nil || !valid || id != n.Node.ID() || term != t.term {
+		if id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID); err != nil || !valid || id != t.replicaID || term != t.term {
 			return nil // lost it meanwhile; the listener will catch up
 		}
 		n.Leadership.confirm(t.shardID, t.term)

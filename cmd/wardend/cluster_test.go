@@ -17,6 +17,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
@@ -239,6 +240,11 @@ func (n *node) shards() (*wardenv1.ListShardsResponse, error) {
 		return nil, err
 	}
 	return resp.Msg, nil
+}
+
+// node returns the node's NodeService client.
+func (n *node) node() placementv1connect.NodeServiceClient {
+	return placementv1connect.NewNodeServiceClient(http.DefaultClient, "http://"+n.listen)
 }
 
 // holdMany acquires n resources named prefix-i through random nodes, in

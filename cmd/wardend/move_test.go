@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
@@ -41,6 +42,38 @@ func TestClusterMoveReplica(t *testing.T) {
 	}
 	t.Logf("replica %d on node 4; shard 1 on nodes %v", resp.Msg.GetReplicaId(), nodes)
 	c.checkLeases(leases)
+	// The moved replica survives restarts: before and after a snapshot
+	// (its log replays the join as non-voting, then the promotion).
+	for _, snapshot := range []bool{false, true} {
+		if snapshot {
+			if _, err := c.nodes[0].admin.Snapshot(ctx, connect.NewRequest(&wardenv1.SnapshotRequest{ShardId: 1})); err != nil {
+				t.Fatalf("snapshot: %v", err)
+			}
+		}
+		c.kill(four)
+		c.start(four)
+		c.waitServing(four)
+		if idx, err := c.nodes[four].node().AppliedIndex(ctx, connect.NewRequest(&placementv1.AppliedIndexRequest{ShardId: 1})); err != nil {
+			t.Fatalf("node 4's replica after a restart (snapshot %v): %v\n%s", snapshot, err, lastLines(c.nodes[four].log.String(), 20))
+		} else {
+			t.Logf("node 4's replica applied %d after a restart (snapshot first: %v)", idx.Msg.GetIndex(), snapshot)
+		}
+	}
+	c.checkLeases(leases)
+
+	// Move it back: node 1 now holds replica 5 of shard 1 (replica ids are
+	// per shard and never reused), and must be able to lead it.
+	back, err := c.nodes[1].admin.MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: 1, FromNodeId: 4, ToNodeId: 1}))
+	if err != nil || back.Msg.GetReplicaId() == 1 {
+		t.Fatalf("move back: %v %v", back, err)
+	}
+	if _, err := c.nodes[2].admin.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: 1, NodeId: 1})); err != nil {
+		t.Fatalf("lead from node 1's replica %d: %v", back.Msg.GetReplicaId(), err)
+	}
+	c.checkLeases(leases)
+	if _, err := c.nodes[0].acquire("led-by-replica-5", "a", time.Minute, 0); err != nil {
+		t.Fatalf("acquire on node 1 leading through replica %d: %v", back.Msg.GetReplicaId(), err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := os.Stat(filepath.Join(c.nodes[0].dir, "sm", "shard-1-replica-1"))
@@ -81,7 +114,7 @@ func TestClusterMoveReplica(t *testing.T) {
 	}
 	c.checkLeases(leases)
 
-	c.kill(1) // node 2: nodes 3 and 4 must carry shard 1 now
+	c.kill(1) // node 2: the other replicas of each shard must carry it now
 	for r, a := range leases {
 		n := c.nodes[[]int{0, 2, 3}[len(r)%3]]
 		if err := n.renew(r, a.GetLeaseId()); err != nil {

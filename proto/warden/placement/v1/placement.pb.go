@@ -484,8 +484,11 @@ type Replica struct {
 	// Join: the replica was added to a running group, so its node starts
 	// it empty and lets the leader send it the log (Dragonboat join=true).
 	Join bool `protobuf:"varint,3,opt,name=join,proto3" json:"join,omitempty"`
-	// NonVoting: the replica is being added by a move and does not vote yet
-	// (its node starts it as a Dragonboat non-voting replica).
+	// NonVoting: the replica joined as a non-voting member (a move adds
+	// replicas so). Its node always starts it as one: Dragonboat replays
+	// the log from the join, and turns it into a voter when it replays (or
+	// restores from a snapshot) its promotion; a replica started as a voter
+	// would stop at its own "add non-voting" entry.
 	NonVoting     bool `protobuf:"varint,4,opt,name=non_voting,json=nonVoting,proto3" json:"non_voting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
