@@ -310,19 +310,20 @@ func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd) (*placementv1
 	}
 	var from *placementv1.Replica
 	for _, r := range sh.GetReplicas() {
-		switch r.GetNodeId() {
-		case c.GetFromNode():
+		if r.GetNodeId() == c.GetFromNode() {
 			from = r
-		case c.GetToNode():
-			return nil, fmt.Errorf("to_node_id: node %d already hosts a replica of shard %d", c.GetToNode(), sh.GetId())
-		default:
-			if nodeByID(st, r.GetNodeId()).GetZone() == to.GetZone() {
-				return nil, fmt.Errorf("to_node_id: zone %q already has a replica of shard %d", to.GetZone(), sh.GetId())
-			}
 		}
 	}
 	if from == nil {
 		return nil, fmt.Errorf("from_node_id: node %d has no replica of shard %d", c.GetFromNode(), sh.GetId())
+	}
+	for _, r := range sh.GetReplicas() {
+		switch {
+		case r.GetNodeId() == c.GetToNode():
+			return nil, fmt.Errorf("to_node_id: node %d already hosts a replica of shard %d", c.GetToNode(), sh.GetId())
+		case r != from && nodeByID(st, r.GetNodeId()).GetZone() == to.GetZone():
+			return nil, fmt.Errorf("to_node_id: zone %q already has a replica of shard %d", to.GetZone(), sh.GetId())
+		}
 	}
 	if sh.GetNextReplicaId() == 0 { // shards created before the field existed
 		for _, r := range sh.GetReplicas() {

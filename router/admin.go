@@ -159,17 +159,18 @@ func (r *Router) operatorPeer(h http.Header) *peer {
 	return nil
 }
 
-// refusedToConnect maps a placement refusal to a Connect error: the
-// reason starts with the field it is about.
+// refusedToConnect maps a placement refusal to a Connect error. Refusals
+// of a request field start with the field's name, which the error's
+// FieldViolation detail carries.
 func refusedToConnect(refused *placement.RefusedError) error {
-	code := connect.CodeFailedPrecondition
+	field, reason, _ := strings.Cut(refused.Reason, ": ")
 	switch {
 	case strings.Contains(refused.Reason, "does not exist"), strings.Contains(refused.Reason, "owns no range"):
-		code = connect.CodeNotFound
-	case strings.HasPrefix(refused.Reason, "split_at:"), strings.HasPrefix(refused.Reason, "to_node_id:"), strings.HasPrefix(refused.Reason, "from_node_id:"):
-		code = connect.CodeInvalidArgument
+		return connect.NewError(connect.CodeNotFound, refused)
+	case field == "split_at", field == "to_node_id", field == "from_node_id":
+		return withDetail(connect.NewError(connect.CodeInvalidArgument, refused), &wardenv1.FieldViolation{Field: field, Description: reason})
 	}
-	return connect.NewError(code, refused)
+	return connect.NewError(connect.CodeFailedPrecondition, refused)
 }
 
 // MoveReplica implements AdminService.MoveReplica, driven like SplitShard.
@@ -220,6 +221,9 @@ func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequ
 	last, err := s.r.ops.Run(ctx, op.GetId())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+	}
+	if err := s.r.RefreshMap(ctx); err != nil { // route by the new map at once
+		s.r.cfg.Logger.Debug("placement map refresh", "err", err)
 	}
 	sp := last.GetSplit()
 	if sp.GetRollingBack() {

@@ -169,6 +169,9 @@ func (s *AdminServer) SetShardConfig(ctx context.Context, req *connect.Request[w
 }
 
 func (s *AdminServer) setShardConfig(ctx context.Context, m *wardenv1.SetShardConfigRequest) (*connect.Response[wardenv1.SetShardConfigResponse], error) {
+	if err := s.r.RefreshMap(ctx); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+	}
 	ids := s.r.Map().DataShards()
 	if id := m.GetShardId(); id != 0 {
 		if s.r.Map().Shard(id) == nil {

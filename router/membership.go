@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -12,9 +13,15 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
+// membershipTimeout bounds one membership change (Dragonboat needs a
+// deadline; the caller's, if shorter, wins).
+const membershipTimeout = 10 * time.Second
+
 // membershipLocal reads or changes shardID's membership through local
 // node n's replica.
 func membershipLocal(ctx context.Context, n *LocalNode, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
+	defer cancel()
 	nh := n.Node.NH
 	var err error
 	switch change {

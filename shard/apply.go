@@ -32,6 +32,11 @@ func DefaultConfig() *shardv1.ShardConfig {
 // holder's lock wait longer than any sane lease.
 const maxClockSkewBound = int64(time.Minute)
 
+// maxDurationBound caps the config's lease TTL, wait and dedup durations
+// (7 days), so that shard time plus any of them stays far from int64
+// overflow (year 2262) and a lease can never expire "before" it began.
+const maxDurationBound = int64(7 * 24 * time.Hour)
+
 // KeyHash places a key in the 64-bit hash space that shards partition.
 // Locks hash their resource name (DESIGN.md §2 "Placement and routing").
 func KeyHash(key string) uint64 { return xxhash.Sum64String(key) }
@@ -740,14 +745,14 @@ func CheckConfig(c *shardv1.ShardConfig) error {
 		return &FieldError{"max_clock_skew", fmt.Sprintf("must be within [0, %v]", time.Duration(maxClockSkewBound))}
 	case c.GetMinLeaseTtlNanos() < int64(time.Millisecond):
 		return &FieldError{"min_lease_ttl", "must be at least 1ms"}
-	case c.GetMaxLeaseTtlNanos() < c.GetMinLeaseTtlNanos():
-		return &FieldError{"max_lease_ttl", "must be at least min_lease_ttl"}
+	case c.GetMaxLeaseTtlNanos() < c.GetMinLeaseTtlNanos() || c.GetMaxLeaseTtlNanos() > maxDurationBound:
+		return &FieldError{"max_lease_ttl", fmt.Sprintf("must be within [min_lease_ttl, %v]", time.Duration(maxDurationBound))}
 	case c.GetDefaultLeaseTtlNanos() < c.GetMinLeaseTtlNanos() || c.GetDefaultLeaseTtlNanos() > c.GetMaxLeaseTtlNanos():
 		return &FieldError{"default_lease_ttl", "must be within [min_lease_ttl, max_lease_ttl]"}
-	case c.GetDedupWindowNanos() < 0:
-		return &FieldError{"dedup_window", "must not be negative"}
-	case c.GetMaxWaitTimeoutNanos() < int64(time.Millisecond):
-		return &FieldError{"max_wait_timeout", "must be at least 1ms"}
+	case c.GetDedupWindowNanos() < 0 || c.GetDedupWindowNanos() > maxDurationBound:
+		return &FieldError{"dedup_window", fmt.Sprintf("must be within [0, %v]", time.Duration(maxDurationBound))}
+	case c.GetMaxWaitTimeoutNanos() < int64(time.Millisecond) || c.GetMaxWaitTimeoutNanos() > maxDurationBound:
+		return &FieldError{"max_wait_timeout", fmt.Sprintf("must be within [1ms, %v]", time.Duration(maxDurationBound))}
 	}
 	return nil
 }

@@ -1638,14 +1638,14 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"to_node_id\x18\x04 \x01(\x04R\btoNodeId\x12\x12\n" +
 	"\x04done\x18\x05 \x01(\bR\x04done\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error2\xf3\x05\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error2\xe9\x05\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
-	"ListShards\x12\x1c.warden.v1.ListShardsRequest\x1a\x1d.warden.v1.ListShardsResponse\"\x03\x90\x02\x01\x12N\n" +
+	"ListShards\x12\x1c.warden.v1.ListShardsRequest\x1a\x1d.warden.v1.ListShardsResponse\"\x03\x90\x02\x01\x12I\n" +
 	"\n" +
-	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\"\x03\x90\x02\x02\x12Q\n" +
-	"\vMoveReplica\x12\x1d.warden.v1.MoveReplicaRequest\x1a\x1e.warden.v1.MoveReplicaResponse\"\x03\x90\x02\x02\x12K\n" +
+	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\x12L\n" +
+	"\vMoveReplica\x12\x1d.warden.v1.MoveReplicaRequest\x1a\x1e.warden.v1.MoveReplicaResponse\x12K\n" +
 	"\tRebalance\x12\x1b.warden.v1.RebalanceRequest\x1a\x1c.warden.v1.RebalanceResponse\"\x03\x90\x02\x02\x12Z\n" +
 	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12H\n" +
 	"\bSnapshot\x12\x1a.warden.v1.SnapshotRequest\x1a\x1b.warden.v1.SnapshotResponse\"\x03\x90\x02\x02\x12Z\n" +

@@ -76,6 +76,7 @@ type AdminServiceClient interface {
 	// Errors: NOT_FOUND for an unknown shard; INVALID_ARGUMENT for a
 	// split_at outside the range; FAILED_PRECONDITION while another
 	// operator runs; UNAVAILABLE without a placement quorum.
+	// (Not idempotent: a retry after a split that completed splits again.)
 	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
 	// MoveReplica moves a shard's replica from one node to another: the new
 	// replica joins as non-voting, catches up, is promoted, and the old one
@@ -142,14 +143,12 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			httpClient,
 			baseURL+AdminServiceSplitShardProcedure,
 			connect.WithSchema(adminServiceMethods.ByName("SplitShard")),
-			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
 		moveReplica: connect.NewClient[v1.MoveReplicaRequest, v1.MoveReplicaResponse](
 			httpClient,
 			baseURL+AdminServiceMoveReplicaProcedure,
 			connect.WithSchema(adminServiceMethods.ByName("MoveReplica")),
-			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
 		rebalance: connect.NewClient[v1.RebalanceRequest, v1.RebalanceResponse](
@@ -267,6 +266,7 @@ type AdminServiceHandler interface {
 	// Errors: NOT_FOUND for an unknown shard; INVALID_ARGUMENT for a
 	// split_at outside the range; FAILED_PRECONDITION while another
 	// operator runs; UNAVAILABLE without a placement quorum.
+	// (Not idempotent: a retry after a split that completed splits again.)
 	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
 	// MoveReplica moves a shard's replica from one node to another: the new
 	// replica joins as non-voting, catches up, is promoted, and the old one
@@ -329,14 +329,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		AdminServiceSplitShardProcedure,
 		svc.SplitShard,
 		connect.WithSchema(adminServiceMethods.ByName("SplitShard")),
-		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
 	adminServiceMoveReplicaHandler := connect.NewUnaryHandler(
 		AdminServiceMoveReplicaProcedure,
 		svc.MoveReplica,
 		connect.WithSchema(adminServiceMethods.ByName("MoveReplica")),
-		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
 	adminServiceRebalanceHandler := connect.NewUnaryHandler(
