@@ -113,7 +113,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			}
 		}
 	}
-	p := newPeers()
+	p := newPeers(cfg.Router.ClusterSecret)
 	if meta == nil {
 		if len(cfg.Join) == 0 {
 			c.closeNodes()

@@ -1,9 +1,14 @@
 package router
 
 import (
+	"context"
+	"crypto/subtle"
+	"errors"
 	"net/http"
 	"sync"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -20,15 +25,46 @@ type peer struct {
 // transport, so forwarded calls share connections.
 type peers struct {
 	client *http.Client
+	secret string
 	mu     sync.Mutex
 	byAddr map[string]*peer
 }
 
-func newPeers() *peers {
+// secretHeader carries the cluster secret on node-to-node calls.
+const secretHeader = "Warden-Cluster-Secret"
+
+// newPeers returns the clients of the other nodes; secret (if set) goes
+// with every NodeService call.
+func newPeers(secret string) *peers {
 	t := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 5 * time.Minute}
 	t.Protocols = new(http.Protocols)
 	t.Protocols.SetUnencryptedHTTP2(true)
-	return &peers{client: &http.Client{Transport: t}, byAddr: map[string]*peer{}}
+	return &peers{client: &http.Client{Transport: t}, secret: secret, byAddr: map[string]*peer{}}
+}
+
+// withSecret adds the cluster secret to outgoing calls.
+func withSecret(secret string) connect.Option {
+	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			if secret != "" {
+				req.Header().Set(secretHeader, secret)
+			}
+			return next(ctx, req)
+		}
+	}))
+}
+
+// requireSecret refuses incoming calls without the cluster secret (when
+// one is set), in constant time.
+func requireSecret(secret string) connect.HandlerOption {
+	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			if secret != "" && subtle.ConstantTimeCompare([]byte(req.Header().Get(secretHeader)), []byte(secret)) != 1 {
+				return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("the node API needs the cluster secret"))
+			}
+			return next(ctx, req)
+		}
+	}))
 }
 
 // get returns the clients of the node listening on addr (host:port).
@@ -42,7 +78,7 @@ func (p *peers) get(addr string) *peer {
 	c := &peer{
 		locks: wardenv1connect.NewLockServiceClient(p.client, base),
 		admin: wardenv1connect.NewAdminServiceClient(p.client, base),
-		node:  placementv1connect.NewNodeServiceClient(p.client, base),
+		node:  placementv1connect.NewNodeServiceClient(p.client, base, withSecret(p.secret)),
 	}
 	p.byAddr[addr] = c
 	return c

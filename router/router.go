@@ -52,6 +52,10 @@ type Config struct {
 	// ClockInterval is the period of the clock offset measurement
 	// (default 1 s).
 	ClockInterval time.Duration
+	// ClusterSecret, if set, is required of every call to the node-to-node
+	// API (NodeService), which can change shards directly, and sent with
+	// every call this node makes to it. Every node must have the same one.
+	ClusterSecret string
 	// ClockOffset is added to this node's wall clock. It exists to test
 	// clock skew; never set it in production.
 	ClockOffset time.Duration
@@ -112,7 +116,7 @@ type Router struct {
 // Start to run the leader timers and Stop before closing the nodes.
 func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *WaitRegistry, cfg Config) *Router {
 	cfg.setDefaults()
-	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: newPeers(), waits: waits, acquires: newRateTracker(1024, 10*time.Second), stop: make(chan struct{})}
+	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: newPeers(cfg.ClusterSecret), waits: waits, acquires: newRateTracker(1024, 10*time.Second), stop: make(chan struct{})}
 	r.maps.Store(m)
 	return r
 }

@@ -11,6 +11,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
@@ -67,6 +69,15 @@ func TestClusterNodeWithSkewedClockStepsDown(t *testing.T) {
 			t.Fatalf("node 3 kept the leadership with a skewed clock: %v %v", resp, err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// The node-to-node API refuses callers without the cluster secret.
+	bare := placementv1connect.NewNodeServiceClient(http.DefaultClient, "http://"+c.nodes[0].listen)
+	_, err := bare.ReadMeta(ctx, connect.NewRequest(&placementv1.ReadMetaRequest{}))
+	if connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("NodeService without the secret: %v, want unauthenticated", err)
+	}
+	if _, err := c.nodes[0].node().ReadMeta(ctx, connect.NewRequest(&placementv1.ReadMetaRequest{})); err != nil {
+		t.Fatalf("NodeService with the secret: %v", err)
 	}
 	// And the cluster serves.
 	if _, err := c.any().acquire("skew/r", "a", time.Minute, 0); err != nil {

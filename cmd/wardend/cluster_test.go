@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -60,6 +61,7 @@ type procCluster struct {
 	t       *testing.T
 	nodes   []*node
 	members string
+	secret  string // path of the cluster secret file
 	// extra holds more flags for node i.
 	extra map[int][]string
 }
@@ -68,7 +70,10 @@ type procCluster struct {
 // node i (0-based).
 func startProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 	t.Helper()
-	c := &procCluster{t: t}
+	c := &procCluster{t: t, secret: filepath.Join(t.TempDir(), "cluster-secret")}
+	if err := os.WriteFile(c.secret, []byte("test-secret-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if len(extra) > 0 {
 		c.extra = extra[0]
 	}
@@ -117,7 +122,8 @@ func (c *procCluster) start(i int) {
 	c.t.Helper()
 	n := c.nodes[i]
 	n.log, n.exited = &syncBuffer{}, make(chan error, 1)
-	args := []string{"--node-id", fmt.Sprint(n.id), "--zone", n.zone, "--raft-addr", n.raft, "--listen", n.listen, "--data-dir", n.dir}
+	args := []string{"--node-id", fmt.Sprint(n.id), "--zone", n.zone, "--raft-addr", n.raft, "--listen", n.listen, "--data-dir", n.dir,
+		"--cluster-secret-file", c.secret}
 	if n.id <= 3 {
 		args = append(args, "--initial-members", c.members)
 	} else {
@@ -242,9 +248,15 @@ func (n *node) shards() (*wardenv1.ListShardsResponse, error) {
 	return resp.Msg, nil
 }
 
-// node returns the node's NodeService client.
+// node returns the node's NodeService client, with the cluster secret.
 func (n *node) node() placementv1connect.NodeServiceClient {
-	return placementv1connect.NewNodeServiceClient(http.DefaultClient, "http://"+n.listen)
+	return placementv1connect.NewNodeServiceClient(http.DefaultClient, "http://"+n.listen, connect.WithInterceptors(
+		connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("Warden-Cluster-Secret", "test-secret-0123456789")
+				return next(ctx, req)
+			}
+		})))
 }
 
 // holdMany acquires n resources named prefix-i through random nodes, in

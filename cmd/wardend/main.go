@@ -47,6 +47,7 @@ type cli struct {
 	RaftAddr       string        `name:"raft-addr" help:"host:port of this node's Raft transport."`
 	InitialMembers string        `name:"initial-members" help:"The cluster's first nodes, id=raftaddr=listenaddr,... (the same list on each of them)."`
 	Join           []string      `help:"Connect addresses of running nodes, for a node that is not an initial member."`
+	SecretFile     string        `name:"cluster-secret-file" placeholder:"PATH" help:"File holding the cluster secret, the same on every node: the node-to-node API requires it (recommended; without it that API is open to anyone who reaches --listen)."`
 	ClockOffset    time.Duration `name:"debug-clock-offset" hidden:"" help:"Pretend this node's wall clock is off by this much (clock skew tests only)."`
 	DataDir        string        `default:"./data/dev" help:"Directory for Raft logs and state."`
 	Listen         string        `default:"127.0.0.1:7070" help:"Address to serve the Connect API on."`
@@ -139,12 +140,22 @@ func (c cli) clusterConfig() (router.ClusterConfig, error) {
 	if err != nil {
 		return router.ClusterConfig{}, err
 	}
-	return router.ClusterConfig{
+	cfg := router.ClusterConfig{
 		Nodes:      []router.NodeSpec{{ID: c.NodeID, Zone: c.Zone, RaftAddr: c.RaftAddr, DataDir: c.DataDir}},
 		ListenAddr: c.Listen,
 		Members:    members,
 		Join:       c.Join,
-	}, nil
+	}
+	if c.SecretFile != "" {
+		b, err := os.ReadFile(c.SecretFile)
+		if err != nil {
+			return router.ClusterConfig{}, fmt.Errorf("--cluster-secret-file: %w", err)
+		}
+		if cfg.Router.ClusterSecret = strings.TrimSpace(string(b)); len(cfg.Router.ClusterSecret) < 16 {
+			return router.ClusterConfig{}, fmt.Errorf("--cluster-secret-file: the secret must be at least 16 characters")
+		}
+	}
+	return cfg, nil
 }
 
 // parseMembers parses --initial-members: id=raftaddr=listenaddr,...

@@ -33,12 +33,17 @@ done
 
 start() {
 	mkdir -p "$dir"
+	# The node-to-node API requires a secret shared by the nodes.
+	if [[ ! -f $dir/cluster-secret ]]; then
+		(umask 077 && od -An -tx1 -N24 /dev/urandom | tr -d ' \n' >"$dir/cluster-secret")
+	fi
 	for n in "${nodes[@]}"; do
 		if running "$n"; then
 			continue
 		fi
 		"$wardend" --node-id "$n" --zone "az$n" --raft-addr "$(raft "$n")" --listen "$(listen "$n")" \
-			--data-dir "$dir/node-$n" --initial-members "$members" >>"$dir/node-$n.log" 2>&1 &
+			--data-dir "$dir/node-$n" --initial-members "$members" --cluster-secret-file "$dir/cluster-secret" \
+			>>"$dir/node-$n.log" 2>&1 &
 		echo $! >"$(pidfile "$n")"
 		echo "node $n: pid $!, Connect on $(listen "$n"), log $dir/node-$n.log"
 	done
