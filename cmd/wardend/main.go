@@ -10,7 +10,7 @@
 // In production each node is one process (see deploy/):
 //
 //	wardend --node-id 1 --zone az1 --raft-addr 10.0.1.5:7100 --listen 10.0.1.5:7070 \
-//	  --data-dir /var/lib/warden \
+//	  --data-dir /var/lib/warden --cluster-secret-file /etc/warden/secret \
 //	  --initial-members 1=10.0.1.5:7100=10.0.1.5:7070,2=10.0.2.5:7100=10.0.2.5:7070,3=10.0.3.5:7100=10.0.3.5:7070
 //
 // Every initial member gets the same --initial-members; a node added
