@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/warden-dev/warden/shard"
@@ -97,12 +100,33 @@ func devAddrs(dir string) ([]string, error) {
 }
 
 // FreeLoopbackAddr returns a 127.0.0.1 address whose port was free a
-// moment ago.
+// moment ago. It picks at random below the kernel's ephemeral range
+// (ip_local_port_range): a port from that range, free now, can be taken
+// by any outgoing connection before the caller binds it.
 func FreeLoopbackAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	low := ephemeralLow()
+	for range 100 {
+		port := 10_000 + rand.IntN(low-10_000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return l.Addr().String(), nil
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return "", errors.New("router: no free loopback port below the ephemeral range")
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux;
+// 32768 where it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 11_000 {
+				return v
+			}
+		}
+	}
+	return 32768
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/warden-dev/warden/router"
 )
 
 // startPostgres runs a throwaway PostgreSQL server on a free loopback port
@@ -59,13 +61,12 @@ func startPostgres(t *testing.T) string {
 	if out, err := asUser("initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := router.FreeLoopbackAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	srv := asUser("postgres", "-D", data, "-p", strconv.Itoa(port), "-k", dir,
+	_, port, _ := net.SplitHostPort(addr)
+	srv := asUser("postgres", "-D", data, "-p", port, "-k", dir,
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off")
 	srv.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	logf, _ := os.Create(filepath.Join(dir, "postgres.log"))
@@ -78,7 +79,7 @@ func startPostgres(t *testing.T) string {
 		_ = srv.Wait()
 		logf.Close()
 	})
-	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	dsn := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", addr)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		conn, err := pgx.Connect(context.Background(), dsn)

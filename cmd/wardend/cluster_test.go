@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -51,6 +52,7 @@ type node struct {
 	dir          string
 	raft, listen string
 	cmd          *exec.Cmd
+	up           atomic.Bool // running: read by traffic goroutines
 	log          *syncBuffer
 	exited       chan error
 	locks        wardenv1connect.LockServiceClient
@@ -137,6 +139,7 @@ func (c *procCluster) start(i int) {
 		c.t.Fatal(err)
 	}
 	go func() { n.exited <- n.cmd.Wait() }()
+	n.up.Store(true)
 }
 
 // join adds a node in zone with --join (the first three nodes' Connect
@@ -162,6 +165,7 @@ func (c *procCluster) join(zone string) int {
 func (c *procCluster) kill(i int) {
 	c.t.Helper()
 	n := c.nodes[i]
+	n.up.Store(false)
 	_ = n.cmd.Process.Kill()
 	<-n.exited
 	n.cmd = nil
@@ -187,7 +191,7 @@ func (c *procCluster) waitServing(i int) {
 // any returns a running node's clients, picked at random.
 func (c *procCluster) any() *node {
 	for {
-		if n := c.nodes[rand.IntN(len(c.nodes))]; n.cmd != nil {
+		if n := c.nodes[rand.IntN(len(c.nodes))]; n.up.Load() {
 			return n
 		}
 	}
@@ -301,16 +305,34 @@ func (c *procCluster) checkLeases(leases map[string]*wardenv1.AcquireResponse) {
 	c.t.Helper()
 	for r, a := range leases {
 		n := c.any()
-		d, err := n.describe(r)
+		var d *wardenv1.DescribeResponse
+		err := retryUnavailable(func() (err error) {
+			d, err = n.describe(r)
+			return err
+		})
 		if err != nil {
 			c.t.Fatalf("describe %s via node %d: %v", r, n.id, err)
 		}
 		if !d.GetHeld() || d.GetFencingToken() != a.GetFencingToken() {
 			c.t.Fatalf("%s: %v, want held with token %#x", r, d, a.GetFencingToken())
 		}
-		if err := n.renew(r, a.GetLeaseId()); err != nil {
+		if err := retryUnavailable(func() error { return n.renew(r, a.GetLeaseId()) }); err != nil {
 			c.t.Fatalf("renew %s via node %d: %v", r, n.id, err)
 		}
+	}
+}
+
+// retryUnavailable runs f until it answers something other than
+// Unavailable (what a client sees while leadership settles after a
+// restart), for up to 15 s.
+func retryUnavailable(f func() error) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := f()
+		if connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -320,10 +342,20 @@ func (c *procCluster) checkNextTokens(leases map[string]*wardenv1.AcquireRespons
 	c.t.Helper()
 	for r, a := range leases {
 		n := c.any()
-		if ok, err := n.release(r, a.GetLeaseId()); err != nil || !ok {
+		var ok, retried bool
+		err := retryUnavailable(func() (err error) {
+			ok, err = n.release(r, a.GetLeaseId())
+			retried = retried || err != nil
+			return err
+		})
+		if err != nil || !ok && !retried { // a retry finds it released already
 			c.t.Fatalf("release %s: %v %v", r, ok, err)
 		}
-		next, err := n.acquire(r, "next-"+r, time.Minute, 0)
+		var next *wardenv1.AcquireResponse
+		err = retryUnavailable(func() (err error) {
+			next, err = n.acquire(r, "next-"+r, time.Minute, 0)
+			return err
+		})
 		if err != nil || next.GetFencingToken() <= a.GetFencingToken() {
 			c.t.Fatalf("%s: next token %v (%v), last %#x", r, next, err, a.GetFencingToken())
 		}

@@ -82,7 +82,7 @@ func (tr *traffic) finish(t *testing.T) {
 // /metrics: the total time splits kept a moving range fenced.
 func (c *procCluster) splitFenceSeconds() (sum float64, count int) {
 	for _, n := range c.nodes {
-		if n.cmd == nil {
+		if !n.up.Load() {
 			continue
 		}
 		resp, err := http.Get("http://" + n.listen + "/metrics")
