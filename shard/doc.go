@@ -74,6 +74,21 @@
 // granted in a race, but only for the request's latest attempt, so a live
 // retry keeps its place. Queue bounds come from the shard config.
 //
+// # Moving a hash range (DESIGN.md §2 "Placement and routing")
+//
+// A shard owns one contiguous hash range at a map generation; a command
+// for a key outside it answers CODE_WRONG_SHARD with the range, and one
+// routed by an older generation CODE_WRONG_SHARD too, so the router
+// refreshes its map. A placement operator moves the upper (or lower) part
+// of a range to a new shard: FenceRange (the moving keys answer
+// CODE_UNAVAILABLE, retryably, and the leader's timers skip them, so the
+// records stay exactly as exported), ImportRange into the new shard,
+// which starts inactive and owns nothing, ActivateRange with a fresh epoch
+// from the placement allocator (so its tokens exceed every token the
+// source granted) and a time no earlier than the source's, then
+// ReleaseRange in the source once the map is committed. Each step is
+// idempotent; see move.go.
+//
 // # Storage
 //
 // See keys.go for the key layout: every record a hash range owns lies
