@@ -17,14 +17,17 @@ const CommandVersion = 1
 // DefaultConfig is the shard config a new shard starts with.
 func DefaultConfig() *shardv1.ShardConfig {
 	return &shardv1.ShardConfig{
-		MaxClockSkewNanos:     int64(500 * time.Millisecond),
-		MinLeaseTtlNanos:      int64(time.Second),
-		MaxLeaseTtlNanos:      int64(10 * time.Minute),
-		DefaultLeaseTtlNanos:  int64(30 * time.Second),
-		DedupWindowNanos:      int64(10 * time.Minute),
-		MaxWaitTimeoutNanos:   int64(5 * time.Minute),
-		MaxWaitersPerResource: 1_000,
-		MaxWaitersPerTenant:   10_000,
+		MaxClockSkewNanos:          int64(500 * time.Millisecond),
+		MinLeaseTtlNanos:           int64(time.Second),
+		MaxLeaseTtlNanos:           int64(10 * time.Minute),
+		DefaultLeaseTtlNanos:       int64(30 * time.Second),
+		DefaultReservationTtlNanos: int64(5 * time.Minute),
+		MaxReservationTtlNanos:     int64(time.Hour),
+		FairnessThresholdPercent:   80,
+		DedupWindowNanos:           int64(10 * time.Minute),
+		MaxWaitTimeoutNanos:        int64(5 * time.Minute),
+		MaxWaitersPerResource:      1_000,
+		MaxWaitersPerTenant:        10_000,
 	}
 }
 
@@ -61,6 +64,22 @@ type Reader interface {
 	NextWaiter(resource string, from uint64) (*shardv1.WaiterRecord, error)
 	// TenantWaiters returns how many waiters the tenant has queued.
 	TenantWaiters(tenant string) (uint32, error)
+	// Quota returns the quota level key, or nil.
+	Quota(key string) (*shardv1.QuotaRecord, error)
+	// QuotaChildren returns the levels directly under parent.
+	QuotaChildren(parent string) ([]*shardv1.QuotaRecord, error)
+	// Reservation returns a reservation, or nil.
+	Reservation(key, id string) (*shardv1.ReservationRecord, error)
+	// PoolRecord returns the pool's ledger record, or nil.
+	PoolRecord(pool string) (*shardv1.PoolRecord, error)
+	// Report returns a recorded usage report, or nil.
+	Report(key, reportID string) (*shardv1.UsageReport, error)
+	// Expired returns the pool's open reservations whose expiry is at or
+	// before now (key and amount set only), oldest first.
+	Expired(pool string, now int64) ([]*shardv1.ReservationRecord, error)
+	// NextExpiry returns the earliest expiry after now of an open
+	// reservation at or under key, or 0.
+	NextExpiry(key string, now int64) (int64, error)
 	// Records returns up to limit (0: all) range records with hashes in
 	// [start, end) (end 0: 2^64) after storage key after (nil: from the
 	// start), in key order, and the key to resume after (nil at the end).
@@ -80,6 +99,16 @@ const (
 	PutWaiter
 	DeleteWaiter
 	PutTenantWaiters
+	PutQuota
+	DeleteQuota
+	PutReservation
+	DeleteReservation
+	PutPool
+	DeletePool
+	PutLedger
+	DeleteLedger
+	PutReport
+	DeleteReport
 )
 
 // Change is one write decided by Apply. Put kinds carry the new record;
@@ -96,6 +125,16 @@ type Change struct {
 	Seq       uint64
 	Tenant    string
 	Count     uint32
+	// Quota changes: the put kinds carry their record; the delete kinds
+	// the key (Key, and ID for a reservation or report, Pool and Seq for
+	// a ledger event, Pool for a pool record).
+	Quota       *shardv1.QuotaRecord
+	Reservation *shardv1.ReservationRecord
+	PoolRecord  *shardv1.PoolRecord
+	Ledger      *shardv1.LedgerEvent
+	Report      *shardv1.UsageReport
+	Key, ID     string
+	Pool        string
 }
 
 // Apply decides one command against the state r and returns its result
@@ -116,7 +155,9 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 	}
 	a := &applier{r: r, meta: meta,
 		locks: map[string]*shardv1.LockRecord{}, dedups: map[dedupKeyT]*shardv1.DedupRecord{},
-		gone: map[waiterKeyT]bool{}, tenants: map[string]uint32{}}
+		gone: map[waiterKeyT]bool{}, tenants: map[string]uint32{},
+		quotas: map[string]*shardv1.QuotaRecord{}, pools: map[string]*shardv1.PoolRecord{},
+		reservations: map[string]*shardv1.ReservationRecord{}}
 	if env.GetVersion() == 0 {
 		return invalid("version", "is required"), nil, nil
 	}
@@ -160,6 +201,18 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 		res = a.activateRange(c.ActivateRange)
 	case *shardv1.Envelope_ReleaseRange:
 		res, err = a.releaseRange(c.ReleaseRange)
+	case *shardv1.Envelope_SetLimit:
+		res, err = a.setLimit(c.SetLimit)
+	case *shardv1.Envelope_Reserve:
+		res, err = a.reserve(c.Reserve)
+	case *shardv1.Envelope_Commit:
+		res, err = a.commit(c.Commit)
+	case *shardv1.Envelope_ReleaseReservation:
+		res, err = a.releaseReservation(c.ReleaseReservation)
+	case *shardv1.Envelope_Reclaim:
+		res, err = a.reclaim(c.Reclaim)
+	case *shardv1.Envelope_ReportUsage:
+		res, err = a.reportUsage(c.ReportUsage)
 	default:
 		res = invalid("command", "is missing or unknown")
 	}
@@ -196,6 +249,10 @@ type applier struct {
 	dedups  map[dedupKeyT]*shardv1.DedupRecord
 	gone    map[waiterKeyT]bool // waiters removed by this command
 	tenants map[string]uint32
+	quotas  map[string]*shardv1.QuotaRecord // levels this command wrote
+	pools   map[string]*shardv1.PoolRecord
+	// reservations this command wrote, by key NUL id
+	reservations map[string]*shardv1.ReservationRecord
 }
 
 func (a *applier) cfg() *shardv1.ShardConfig { return a.meta.GetConfig() }
@@ -723,6 +780,11 @@ func (a *applier) setConfig(c *shardv1.SetConfigCmd) *shardv1.Result {
 	set(&cfg.DefaultLeaseTtlNanos, c.DefaultLeaseTtlNanos)
 	set(&cfg.DedupWindowNanos, c.DedupWindowNanos)
 	set(&cfg.MaxWaitTimeoutNanos, c.MaxWaitTimeoutNanos)
+	set(&cfg.DefaultReservationTtlNanos, c.DefaultReservationTtlNanos)
+	set(&cfg.MaxReservationTtlNanos, c.MaxReservationTtlNanos)
+	if c.FairnessThresholdPercent != nil {
+		cfg.FairnessThresholdPercent = *c.FairnessThresholdPercent
+	}
 	if c.MaxWaitersPerResource != nil {
 		cfg.MaxWaitersPerResource = *c.MaxWaitersPerResource
 	}
@@ -753,6 +815,12 @@ func CheckConfig(c *shardv1.ShardConfig) error {
 		return &FieldError{"dedup_window", fmt.Sprintf("must be within [0, %v]", time.Duration(maxDurationBound))}
 	case c.GetMaxWaitTimeoutNanos() < int64(time.Millisecond) || c.GetMaxWaitTimeoutNanos() > maxDurationBound:
 		return &FieldError{"max_wait_timeout", fmt.Sprintf("must be within [1ms, %v]", time.Duration(maxDurationBound))}
+	case c.GetMaxReservationTtlNanos() < c.GetMinLeaseTtlNanos() || c.GetMaxReservationTtlNanos() > maxDurationBound:
+		return &FieldError{"max_reservation_ttl", fmt.Sprintf("must be within [min_lease_ttl, %v]", time.Duration(maxDurationBound))}
+	case c.GetDefaultReservationTtlNanos() < c.GetMinLeaseTtlNanos() || c.GetDefaultReservationTtlNanos() > c.GetMaxReservationTtlNanos():
+		return &FieldError{"default_reservation_ttl", "must be within [min_lease_ttl, max_reservation_ttl]"}
+	case c.GetFairnessThresholdPercent() < 1 || c.GetFairnessThresholdPercent() > 100:
+		return &FieldError{"fairness_threshold_percent", "must be within [1, 100]"}
 	}
 	return nil
 }

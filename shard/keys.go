@@ -1,6 +1,11 @@
 package shard
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"strings"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
 
 // Storage keys. Everything a hash range owns lives under the range prefix
 // 'r' followed by the key's 8-byte big-endian hash, so a split can scan,
@@ -122,4 +127,78 @@ func endedDedupKey(endedAt int64, resource, requestID string) []byte {
 // timeBound is the first index key after every entry at or before t.
 func timeBound(prefix byte, t int64) []byte {
 	return appendTime([]byte{prefix}, t+1)
+}
+
+// Quota storage keys. A quota tree lives under its pool's hash (its
+// key's first segment), so it moves as one with its range:
+//
+//	'r' hash(pool) 'q' key                       QuotaRecord
+//	'r' hash(pool) 'v' key 0x00 reservation_id   ReservationRecord
+//	'r' hash(pool) 'p' pool                      PoolRecord (ledger sequence)
+//	'r' hash(pool) 'g' pool 0x00 seq             LedgerEvent (seq: 8 bytes BE)
+//	'r' hash(pool) 'u' key 0x00 report_id        UsageReport
+//
+// and two derived indexes of open reservations, by expiry:
+//
+//	'o' pool 0x00 expires_at key 0x00 id         → amount (8 bytes BE): per pool
+//	'y' expires_at key 0x00 id                   for the leader's reclaimer
+const (
+	kindQuota       = 'q'
+	kindReservation = 'v'
+	kindPool        = 'p'
+	kindLedger      = 'g'
+	kindReport      = 'u'
+	prefixPoolExp   = 'o'
+	prefixReclaim   = 'y'
+)
+
+// Pool returns a quota key's pool: its first segment.
+func Pool(key string) string {
+	if i := strings.IndexByte(key, '/'); i >= 0 {
+		return key[:i]
+	}
+	return key
+}
+
+func quotaPrefix(pool string, kind byte) []byte {
+	b := make([]byte, 0, 10+len(pool))
+	b = append(b, prefixRange)
+	b = binary.BigEndian.AppendUint64(b, KeyHash(pool))
+	return append(b, kind)
+}
+
+func quotaKey(key string) []byte { return append(quotaPrefix(Pool(key), kindQuota), key...) }
+
+func reservationKey(key, id string) []byte {
+	b := append(quotaPrefix(Pool(key), kindReservation), key...)
+	return append(append(b, 0), id...)
+}
+
+func poolKey(pool string) []byte { return append(quotaPrefix(pool, kindPool), pool...) }
+
+func ledgerPrefix(pool string) []byte {
+	return append(append(quotaPrefix(pool, kindLedger), pool...), 0)
+}
+
+func ledgerKey(pool string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(ledgerPrefix(pool), seq)
+}
+
+func reportKey(key, reportID string) []byte {
+	b := append(quotaPrefix(Pool(key), kindReport), key...)
+	return append(append(b, 0), reportID...)
+}
+
+func poolExpPrefix(pool string) []byte { return append(append([]byte{prefixPoolExp}, pool...), 0) }
+
+func poolExpKey(r *shardv1.ReservationRecord) []byte {
+	b := appendTime(poolExpPrefix(Pool(r.GetKey())), r.GetExpiresAtUnixNano())
+	b = append(append(b, r.GetKey()...), 0)
+	return append(b, r.GetReservationId()...)
+}
+
+func reclaimKey(r *shardv1.ReservationRecord) []byte {
+	b := appendTime([]byte{prefixReclaim}, r.GetExpiresAtUnixNano())
+	b = append(append(b, r.GetKey()...), 0)
+	return append(b, r.GetReservationId()...)
 }

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
@@ -148,7 +149,24 @@ func (a *applier) importRange(c *shardv1.ImportRangeCmd) (*shardv1.Result, error
 		}
 		a.put(Change{Kind: PutWaiter, Waiter: w})
 	}
-	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(len(recs.GetLocks()) + len(recs.GetDedups()) + len(recs.GetWaiters()))}, nil
+	// Quota trees move whole: levels, reservations (the store rebuilds
+	// their expiry indexes), ledger and its sequence, reports.
+	for _, q := range recs.GetQuotas() {
+		a.put(Change{Kind: PutQuota, Quota: q})
+	}
+	for _, r := range recs.GetReservations() {
+		a.put(Change{Kind: PutReservation, Reservation: r})
+	}
+	for _, p := range recs.GetPools() {
+		a.put(Change{Kind: PutPool, PoolRecord: p})
+	}
+	for _, e := range recs.GetLedger() {
+		a.put(Change{Kind: PutLedger, Ledger: e})
+	}
+	for _, u := range recs.GetReports() {
+		a.put(Change{Kind: PutReport, Report: u})
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(recordCount(recs))}, nil
 }
 
 // countHeld moves the meta's count of held locks by delta if l is held.
@@ -178,6 +196,31 @@ func checkRecords(r *shardv1.RangeRecords) *shardv1.Result {
 		}
 		if err := CheckName("records.dedups.request_id", d.GetRequestId(), MaxRequestIDBytes); err != nil {
 			return invalidErr(err)
+		}
+	}
+	for _, q := range r.GetQuotas() {
+		if err := CheckQuotaKey("records.quotas.key", q.GetKey()); err != nil {
+			return invalidErr(err)
+		}
+	}
+	for _, v := range r.GetReservations() {
+		if err := CheckQuotaKey("records.reservations.key", v.GetKey()); err != nil {
+			return invalidErr(err)
+		}
+	}
+	for _, e := range r.GetLedger() {
+		if err := CheckQuotaKey("records.ledger.key", e.GetKey()); err != nil {
+			return invalidErr(err)
+		}
+	}
+	for _, u := range r.GetReports() {
+		if err := CheckQuotaKey("records.reports.key", u.GetKey()); err != nil {
+			return invalidErr(err)
+		}
+	}
+	for _, p := range r.GetPools() {
+		if err := CheckQuotaKey("records.pools.pool", p.GetPool()); err != nil || strings.Contains(p.GetPool(), "/") {
+			return invalid("records.pools.pool", "must be one segment")
 		}
 	}
 	waiters := map[waiterKeyT]bool{}
@@ -263,11 +306,26 @@ func (a *applier) releaseRange(c *shardv1.ReleaseRangeCmd) (*shardv1.Result, err
 		}
 		a.put(Change{Kind: DeleteWaiter, Resource: w.GetResource(), Seq: w.GetSeq()})
 	}
+	for _, q := range recs.GetQuotas() {
+		a.put(Change{Kind: DeleteQuota, Key: q.GetKey()})
+	}
+	for _, r := range recs.GetReservations() {
+		a.put(Change{Kind: DeleteReservation, Key: r.GetKey(), ID: r.GetReservationId()})
+	}
+	for _, p := range recs.GetPools() {
+		a.put(Change{Kind: DeletePool, Pool: p.GetPool()})
+	}
+	for _, e := range recs.GetLedger() {
+		a.put(Change{Kind: DeleteLedger, Pool: Pool(e.GetKey()), Seq: e.GetSeq()})
+	}
+	for _, u := range recs.GetReports() {
+		a.put(Change{Kind: DeleteReport, Key: u.GetKey(), ID: u.GetReportId()})
+	}
 	a.dirtyMeta()
 	a.meta.QueuedWaiters -= uint64(len(recs.GetWaiters()))
 	a.meta.Range = proto.CloneOf(keep)
 	a.meta.Fence = nil
-	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(len(recs.GetLocks()) + len(recs.GetDedups()) + len(recs.GetWaiters()))}, nil
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(recordCount(recs))}, nil
 }
 
 func failed(reason string) *shardv1.Result {

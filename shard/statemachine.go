@@ -288,6 +288,14 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 	case *shardv1.Query_Export:
 		e := qq.Export
 		out.Records, out.Next, err = r.Records(e.GetStart(), e.GetEnd(), e.GetAfter(), int(max(e.GetLimit(), 1)))
+	case *shardv1.Query_Quota:
+		out.Levels, err = r.quotaLevels(qq.Quota.GetKey(), now)
+	case *shardv1.Query_Reservations:
+		out.Reservations, err = r.openReservations(qq.Reservations, now)
+	case *shardv1.Query_Ledger:
+		out.Ledger, err = r.ledgerEvents(qq.Ledger)
+	case *shardv1.Query_Reclaimable:
+		out.Reclaim, err = r.reclaimable(now, int(qq.Reclaimable.GetLimit()))
 	case *shardv1.Query_Meta:
 		out.AppliedIndex, err = appliedIndex(snap)
 	case *shardv1.Query_Digest:

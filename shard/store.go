@@ -57,6 +57,9 @@ func initialMeta(shardID uint64) func() *shardv1.ShardMeta {
 // deterministic.
 func upgradeConfig(c *shardv1.ShardConfig) {
 	d := DefaultConfig()
+	if c.GetDefaultReservationTtlNanos() == 0 && c.GetMaxReservationTtlNanos() == 0 && c.GetFairnessThresholdPercent() == 0 {
+		c.DefaultReservationTtlNanos, c.MaxReservationTtlNanos, c.FairnessThresholdPercent = d.DefaultReservationTtlNanos, d.MaxReservationTtlNanos, d.FairnessThresholdPercent
+	}
 	if c.GetMaxWaitTimeoutNanos() == 0 && c.GetMaxWaitersPerResource() == 0 && c.GetMaxWaitersPerTenant() == 0 {
 		c.MaxWaitTimeoutNanos, c.MaxWaitersPerResource, c.MaxWaitersPerTenant = d.MaxWaitTimeoutNanos, d.MaxWaitersPerResource, d.MaxWaitersPerTenant
 	}
@@ -258,7 +261,7 @@ func (s *records) write(b *pebble.Batch, c Change) error {
 		}
 		return b.Delete(dedupKey(c.Resource, c.RequestID), nil)
 	}
-	return fmt.Errorf("shard: unknown change kind %d", c.Kind)
+	return s.writeQuota(b, c)
 }
 
 func indexLock(b *pebble.Batch, l *shardv1.LockRecord) error {
@@ -408,7 +411,7 @@ func (s *records) Records(start, end uint64, after []byte, limit int) (*shardv1.
 	out := &shardv1.RangeRecords{}
 	var last []byte
 	for ok := it.First(); ok; ok = it.Next() {
-		if limit > 0 && len(last) > 0 && len(out.Locks)+len(out.Dedups)+len(out.Waiters) == limit {
+		if limit > 0 && len(last) > 0 && recordCount(out) == limit {
 			return out, last, nil
 		}
 		k := it.Key()
@@ -426,6 +429,21 @@ func (s *records) Records(start, end uint64, after []byte, limit int) (*shardv1.
 		case kindWaiter:
 			w := &shardv1.WaiterRecord{}
 			out.Waiters, m = append(out.Waiters, w), w
+		case kindQuota:
+			q := &shardv1.QuotaRecord{}
+			out.Quotas, m = append(out.Quotas, q), q
+		case kindReservation:
+			r := &shardv1.ReservationRecord{}
+			out.Reservations, m = append(out.Reservations, r), r
+		case kindPool:
+			p := &shardv1.PoolRecord{}
+			out.Pools, m = append(out.Pools, p), p
+		case kindLedger:
+			e := &shardv1.LedgerEvent{}
+			out.Ledger, m = append(out.Ledger, e), e
+		case kindReport:
+			u := &shardv1.UsageReport{}
+			out.Reports, m = append(out.Reports, u), u
 		default:
 			return nil, nil, fmt.Errorf("%w: range key %q has kind %q", ErrCorruptRecord, k, k[9])
 		}
@@ -435,4 +453,187 @@ func (s *records) Records(start, end uint64, after []byte, limit int) (*shardv1.
 		last = bytes.Clone(k)
 	}
 	return out, nil, it.Error()
+}
+
+// Quota implements Reader.
+func (s *records) Quota(key string) (*shardv1.QuotaRecord, error) {
+	q := &shardv1.QuotaRecord{}
+	ok, err := s.get(quotaKey(key), q)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// QuotaChildren implements Reader.
+func (s *records) QuotaChildren(parent string) ([]*shardv1.QuotaRecord, error) {
+	prefix := quotaKey(parent + "/")
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	defer it.Close()
+	var out []*shardv1.QuotaRecord
+	for ok := it.First(); ok; ok = it.Next() {
+		if bytes.IndexByte(it.Key()[len(prefix):], '/') >= 0 {
+			continue // a grandchild
+		}
+		q := &shardv1.QuotaRecord{}
+		if err := proto.Unmarshal(it.Value(), q); err != nil {
+			return nil, fmt.Errorf("%w: quota %q: %v", ErrCorruptRecord, it.Key(), err)
+		}
+		out = append(out, q)
+	}
+	return out, it.Error()
+}
+
+// Reservation implements Reader.
+func (s *records) Reservation(key, id string) (*shardv1.ReservationRecord, error) {
+	r := &shardv1.ReservationRecord{}
+	ok, err := s.get(reservationKey(key, id), r)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// PoolRecord implements Reader.
+func (s *records) PoolRecord(pool string) (*shardv1.PoolRecord, error) {
+	p := &shardv1.PoolRecord{}
+	ok, err := s.get(poolKey(pool), p)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Report implements Reader.
+func (s *records) Report(key, reportID string) (*shardv1.UsageReport, error) {
+	r := &shardv1.UsageReport{}
+	ok, err := s.get(reportKey(key, reportID), r)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// parsePoolExp decodes a pool expiry index entry after its prefix.
+func parsePoolExp(rest, value []byte) (*shardv1.ReservationRecord, error) {
+	if len(rest) < 9 || len(value) != 8 {
+		return nil, fmt.Errorf("%w: pool expiry index entry %q", ErrCorruptRecord, rest)
+	}
+	key, id, _ := bytes.Cut(rest[8:], []byte{0})
+	return &shardv1.ReservationRecord{ExpiresAtUnixNano: decodeTime(rest[:8]), Key: string(key), ReservationId: string(id),
+		Amount: int64(binary.BigEndian.Uint64(value))}, nil
+}
+
+// Expired implements Reader.
+func (s *records) Expired(pool string, now int64) ([]*shardv1.ReservationRecord, error) {
+	prefix := poolExpPrefix(pool)
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: appendTime(bytes.Clone(prefix), now+1)})
+	defer it.Close()
+	var out []*shardv1.ReservationRecord
+	for ok := it.First(); ok; ok = it.Next() {
+		r, err := parsePoolExp(it.Key()[len(prefix):], it.Value())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, it.Error()
+}
+
+// NextExpiry implements Reader.
+func (s *records) NextExpiry(key string, now int64) (int64, error) {
+	prefix := poolExpPrefix(Pool(key))
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: appendTime(bytes.Clone(prefix), now+1), UpperBound: prefixEnd(prefix)})
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		r, err := parsePoolExp(it.Key()[len(prefix):], it.Value())
+		if err != nil {
+			return 0, err
+		}
+		if Under(r.GetKey(), key) {
+			return r.GetExpiresAtUnixNano(), nil
+		}
+	}
+	return 0, it.Error()
+}
+
+// Under reports whether quota key k is level or in its subtree.
+func Under(k, level string) bool {
+	return k == level || strings.HasPrefix(k, level+"/")
+}
+
+// reclaimable lists up to limit open reservations of any pool whose
+// expiry passed by now, for the leader's reclaimer.
+func (s *records) reclaimable(now int64, limit int) (*shardv1.ReclaimCmd, error) {
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixReclaim}, UpperBound: timeBound(prefixReclaim, now)})
+	defer it.Close()
+	out := &shardv1.ReclaimCmd{}
+	for ok := it.First(); ok && len(out.Items) < limit; ok = it.Next() {
+		k := it.Key()
+		if len(k) < 10 {
+			return nil, fmt.Errorf("%w: reclaim index entry %q", ErrCorruptRecord, k)
+		}
+		key, id, _ := bytes.Cut(k[9:], []byte{0})
+		out.Items = append(out.Items, &shardv1.ReservationRef{Key: string(key), ReservationId: string(id), ExpiresAtUnixNano: decodeTime(k[1:9])})
+	}
+	return out, it.Error()
+}
+
+// writeQuota applies one quota Change to the batch, keeping the
+// reservation expiry indexes in step with the open reservations.
+func (s *records) writeQuota(b *pebble.Batch, c Change) error {
+	switch c.Kind {
+	case PutQuota:
+		return set(b, quotaKey(c.Quota.GetKey()), c.Quota)
+	case DeleteQuota:
+		return b.Delete(quotaKey(c.Key), nil)
+	case PutReservation, DeleteReservation:
+		key, id := c.Key, c.ID
+		if c.Kind == PutReservation {
+			key, id = c.Reservation.GetKey(), c.Reservation.GetReservationId()
+		}
+		old, err := s.Reservation(key, id)
+		if err != nil {
+			return err
+		}
+		if old.GetState() == shardv1.ReservationState_RESERVATION_STATE_OPEN {
+			if err := b.Delete(poolExpKey(old), nil); err != nil {
+				return err
+			}
+			if err := b.Delete(reclaimKey(old), nil); err != nil {
+				return err
+			}
+		}
+		if c.Kind == DeleteReservation {
+			return b.Delete(reservationKey(key, id), nil)
+		}
+		if r := c.Reservation; r.GetState() == shardv1.ReservationState_RESERVATION_STATE_OPEN {
+			if err := b.Set(poolExpKey(r), binary.BigEndian.AppendUint64(nil, uint64(r.GetAmount())), nil); err != nil {
+				return err
+			}
+			if err := b.Set(reclaimKey(r), nil, nil); err != nil {
+				return err
+			}
+		}
+		return set(b, reservationKey(key, id), c.Reservation)
+	case PutPool:
+		return set(b, poolKey(c.PoolRecord.GetPool()), c.PoolRecord)
+	case DeletePool:
+		return b.Delete(poolKey(c.Pool), nil)
+	case PutLedger:
+		return set(b, ledgerKey(Pool(c.Ledger.GetKey()), c.Ledger.GetSeq()), c.Ledger)
+	case DeleteLedger:
+		return b.Delete(ledgerKey(c.Pool, c.Seq), nil)
+	case PutReport:
+		return set(b, reportKey(c.Report.GetKey(), c.Report.GetReportId()), c.Report)
+	case DeleteReport:
+		return b.Delete(reportKey(c.Key, c.ID), nil)
+	}
+	return fmt.Errorf("shard: unknown change kind %d", c.Kind)
+}
+
+// recordCount counts the records of every kind in r.
+func recordCount(r *shardv1.RangeRecords) int {
+	return len(r.GetLocks()) + len(r.GetDedups()) + len(r.GetWaiters()) + len(r.GetQuotas()) +
+		len(r.GetReservations()) + len(r.GetPools()) + len(r.GetLedger()) + len(r.GetReports())
 }

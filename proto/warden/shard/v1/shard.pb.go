@@ -112,6 +112,62 @@ func (Code) EnumDescriptor() ([]byte, []int) {
 	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{0}
 }
 
+// ReservationState is where a reservation is in its life.
+type ReservationState int32
+
+const (
+	ReservationState_RESERVATION_STATE_UNSPECIFIED ReservationState = 0
+	ReservationState_RESERVATION_STATE_OPEN        ReservationState = 1
+	ReservationState_RESERVATION_STATE_COMMITTED   ReservationState = 2
+	ReservationState_RESERVATION_STATE_RELEASED    ReservationState = 3
+	ReservationState_RESERVATION_STATE_EXPIRED     ReservationState = 4
+)
+
+// Enum value maps for ReservationState.
+var (
+	ReservationState_name = map[int32]string{
+		0: "RESERVATION_STATE_UNSPECIFIED",
+		1: "RESERVATION_STATE_OPEN",
+		2: "RESERVATION_STATE_COMMITTED",
+		3: "RESERVATION_STATE_RELEASED",
+		4: "RESERVATION_STATE_EXPIRED",
+	}
+	ReservationState_value = map[string]int32{
+		"RESERVATION_STATE_UNSPECIFIED": 0,
+		"RESERVATION_STATE_OPEN":        1,
+		"RESERVATION_STATE_COMMITTED":   2,
+		"RESERVATION_STATE_RELEASED":    3,
+		"RESERVATION_STATE_EXPIRED":     4,
+	}
+)
+
+func (x ReservationState) Enum() *ReservationState {
+	p := new(ReservationState)
+	*p = x
+	return p
+}
+
+func (x ReservationState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReservationState) Descriptor() protoreflect.EnumDescriptor {
+	return file_warden_shard_v1_shard_proto_enumTypes[1].Descriptor()
+}
+
+func (ReservationState) Type() protoreflect.EnumType {
+	return &file_warden_shard_v1_shard_proto_enumTypes[1]
+}
+
+func (x ReservationState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReservationState.Descriptor instead.
+func (ReservationState) EnumDescriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{1}
+}
+
 // Envelope wraps every command proposed to a data shard.
 type Envelope struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -140,6 +196,12 @@ type Envelope struct {
 	//	*Envelope_ImportRange
 	//	*Envelope_ActivateRange
 	//	*Envelope_ReleaseRange
+	//	*Envelope_SetLimit
+	//	*Envelope_Reserve
+	//	*Envelope_Commit
+	//	*Envelope_ReleaseReservation
+	//	*Envelope_Reclaim
+	//	*Envelope_ReportUsage
 	Command       isEnvelope_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -327,6 +389,60 @@ func (x *Envelope) GetReleaseRange() *ReleaseRangeCmd {
 	return nil
 }
 
+func (x *Envelope) GetSetLimit() *SetLimitCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_SetLimit); ok {
+			return x.SetLimit
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetReserve() *ReserveCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_Reserve); ok {
+			return x.Reserve
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetCommit() *CommitCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_Commit); ok {
+			return x.Commit
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetReleaseReservation() *ReleaseReservationCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_ReleaseReservation); ok {
+			return x.ReleaseReservation
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetReclaim() *ReclaimCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_Reclaim); ok {
+			return x.Reclaim
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetReportUsage() *ReportUsageCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_ReportUsage); ok {
+			return x.ReportUsage
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Command interface {
 	isEnvelope_Command()
 }
@@ -383,6 +499,30 @@ type Envelope_ReleaseRange struct {
 	ReleaseRange *ReleaseRangeCmd `protobuf:"bytes,22,opt,name=release_range,json=releaseRange,proto3,oneof"`
 }
 
+type Envelope_SetLimit struct {
+	SetLimit *SetLimitCmd `protobuf:"bytes,23,opt,name=set_limit,json=setLimit,proto3,oneof"`
+}
+
+type Envelope_Reserve struct {
+	Reserve *ReserveCmd `protobuf:"bytes,24,opt,name=reserve,proto3,oneof"`
+}
+
+type Envelope_Commit struct {
+	Commit *CommitCmd `protobuf:"bytes,25,opt,name=commit,proto3,oneof"`
+}
+
+type Envelope_ReleaseReservation struct {
+	ReleaseReservation *ReleaseReservationCmd `protobuf:"bytes,26,opt,name=release_reservation,json=releaseReservation,proto3,oneof"`
+}
+
+type Envelope_Reclaim struct {
+	Reclaim *ReclaimCmd `protobuf:"bytes,27,opt,name=reclaim,proto3,oneof"`
+}
+
+type Envelope_ReportUsage struct {
+	ReportUsage *ReportUsageCmd `protobuf:"bytes,28,opt,name=report_usage,json=reportUsage,proto3,oneof"`
+}
+
 func (*Envelope_Acquire) isEnvelope_Command() {}
 
 func (*Envelope_Renew) isEnvelope_Command() {}
@@ -408,6 +548,18 @@ func (*Envelope_ImportRange) isEnvelope_Command() {}
 func (*Envelope_ActivateRange) isEnvelope_Command() {}
 
 func (*Envelope_ReleaseRange) isEnvelope_Command() {}
+
+func (*Envelope_SetLimit) isEnvelope_Command() {}
+
+func (*Envelope_Reserve) isEnvelope_Command() {}
+
+func (*Envelope_Commit) isEnvelope_Command() {}
+
+func (*Envelope_ReleaseReservation) isEnvelope_Command() {}
+
+func (*Envelope_Reclaim) isEnvelope_Command() {}
+
+func (*Envelope_ReportUsage) isEnvelope_Command() {}
 
 type AcquireCmd struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -997,17 +1149,20 @@ func (x *DedupRef) GetRequestId() string {
 
 // SetConfigCmd changes the shard config; unset fields keep their value.
 type SetConfigCmd struct {
-	state                 protoimpl.MessageState `protogen:"open.v1"`
-	MaxClockSkewNanos     *int64                 `protobuf:"varint,1,opt,name=max_clock_skew_nanos,json=maxClockSkewNanos,proto3,oneof" json:"max_clock_skew_nanos,omitempty"`
-	MinLeaseTtlNanos      *int64                 `protobuf:"varint,2,opt,name=min_lease_ttl_nanos,json=minLeaseTtlNanos,proto3,oneof" json:"min_lease_ttl_nanos,omitempty"`
-	MaxLeaseTtlNanos      *int64                 `protobuf:"varint,3,opt,name=max_lease_ttl_nanos,json=maxLeaseTtlNanos,proto3,oneof" json:"max_lease_ttl_nanos,omitempty"`
-	DefaultLeaseTtlNanos  *int64                 `protobuf:"varint,4,opt,name=default_lease_ttl_nanos,json=defaultLeaseTtlNanos,proto3,oneof" json:"default_lease_ttl_nanos,omitempty"`
-	DedupWindowNanos      *int64                 `protobuf:"varint,5,opt,name=dedup_window_nanos,json=dedupWindowNanos,proto3,oneof" json:"dedup_window_nanos,omitempty"`
-	MaxWaitTimeoutNanos   *int64                 `protobuf:"varint,6,opt,name=max_wait_timeout_nanos,json=maxWaitTimeoutNanos,proto3,oneof" json:"max_wait_timeout_nanos,omitempty"`
-	MaxWaitersPerResource *uint32                `protobuf:"varint,7,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3,oneof" json:"max_waiters_per_resource,omitempty"`
-	MaxWaitersPerTenant   *uint32                `protobuf:"varint,8,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3,oneof" json:"max_waiters_per_tenant,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	state                      protoimpl.MessageState `protogen:"open.v1"`
+	MaxClockSkewNanos          *int64                 `protobuf:"varint,1,opt,name=max_clock_skew_nanos,json=maxClockSkewNanos,proto3,oneof" json:"max_clock_skew_nanos,omitempty"`
+	MinLeaseTtlNanos           *int64                 `protobuf:"varint,2,opt,name=min_lease_ttl_nanos,json=minLeaseTtlNanos,proto3,oneof" json:"min_lease_ttl_nanos,omitempty"`
+	MaxLeaseTtlNanos           *int64                 `protobuf:"varint,3,opt,name=max_lease_ttl_nanos,json=maxLeaseTtlNanos,proto3,oneof" json:"max_lease_ttl_nanos,omitempty"`
+	DefaultLeaseTtlNanos       *int64                 `protobuf:"varint,4,opt,name=default_lease_ttl_nanos,json=defaultLeaseTtlNanos,proto3,oneof" json:"default_lease_ttl_nanos,omitempty"`
+	DedupWindowNanos           *int64                 `protobuf:"varint,5,opt,name=dedup_window_nanos,json=dedupWindowNanos,proto3,oneof" json:"dedup_window_nanos,omitempty"`
+	MaxWaitTimeoutNanos        *int64                 `protobuf:"varint,6,opt,name=max_wait_timeout_nanos,json=maxWaitTimeoutNanos,proto3,oneof" json:"max_wait_timeout_nanos,omitempty"`
+	MaxWaitersPerResource      *uint32                `protobuf:"varint,7,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3,oneof" json:"max_waiters_per_resource,omitempty"`
+	MaxWaitersPerTenant        *uint32                `protobuf:"varint,8,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3,oneof" json:"max_waiters_per_tenant,omitempty"`
+	DefaultReservationTtlNanos *int64                 `protobuf:"varint,9,opt,name=default_reservation_ttl_nanos,json=defaultReservationTtlNanos,proto3,oneof" json:"default_reservation_ttl_nanos,omitempty"`
+	MaxReservationTtlNanos     *int64                 `protobuf:"varint,10,opt,name=max_reservation_ttl_nanos,json=maxReservationTtlNanos,proto3,oneof" json:"max_reservation_ttl_nanos,omitempty"`
+	FairnessThresholdPercent   *uint32                `protobuf:"varint,11,opt,name=fairness_threshold_percent,json=fairnessThresholdPercent,proto3,oneof" json:"fairness_threshold_percent,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *SetConfigCmd) Reset() {
@@ -1096,6 +1251,449 @@ func (x *SetConfigCmd) GetMaxWaitersPerTenant() uint32 {
 	return 0
 }
 
+func (x *SetConfigCmd) GetDefaultReservationTtlNanos() int64 {
+	if x != nil && x.DefaultReservationTtlNanos != nil {
+		return *x.DefaultReservationTtlNanos
+	}
+	return 0
+}
+
+func (x *SetConfigCmd) GetMaxReservationTtlNanos() int64 {
+	if x != nil && x.MaxReservationTtlNanos != nil {
+		return *x.MaxReservationTtlNanos
+	}
+	return 0
+}
+
+func (x *SetConfigCmd) GetFairnessThresholdPercent() uint32 {
+	if x != nil && x.FairnessThresholdPercent != nil {
+		return *x.FairnessThresholdPercent
+	}
+	return 0
+}
+
+// SetLimitCmd sets the limit and weight of one level.
+type SetLimitCmd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Limit int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Weight is the level's share among its siblings under fairness (0: 1).
+	Weight        uint32 `protobuf:"varint,3,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetLimitCmd) Reset() {
+	*x = SetLimitCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetLimitCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetLimitCmd) ProtoMessage() {}
+
+func (x *SetLimitCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetLimitCmd.ProtoReflect.Descriptor instead.
+func (*SetLimitCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SetLimitCmd) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SetLimitCmd) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *SetLimitCmd) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+// ReserveCmd holds amount on every level of key's path for ttl.
+type ReserveCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Amount        int64                  `protobuf:"varint,2,opt,name=amount,proto3" json:"amount,omitempty"`
+	ReservationId string                 `protobuf:"bytes,3,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// TtlNanos 0 takes the config's default.
+	TtlNanos      int64 `protobuf:"varint,4,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveCmd) Reset() {
+	*x = ReserveCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveCmd) ProtoMessage() {}
+
+func (x *ReserveCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveCmd.ProtoReflect.Descriptor instead.
+func (*ReserveCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReserveCmd) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReserveCmd) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+func (x *ReserveCmd) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ReserveCmd) GetTtlNanos() int64 {
+	if x != nil {
+		return x.TtlNanos
+	}
+	return 0
+}
+
+// CommitCmd turns a reservation into usage: amount (0: all of it, at most
+// the reserved amount); the rest returns.
+type CommitCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ReservationId string                 `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	Amount        int64                  `protobuf:"varint,3,opt,name=amount,proto3" json:"amount,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitCmd) Reset() {
+	*x = CommitCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitCmd) ProtoMessage() {}
+
+func (x *CommitCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitCmd.ProtoReflect.Descriptor instead.
+func (*CommitCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CommitCmd) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CommitCmd) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *CommitCmd) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+type ReleaseReservationCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ReservationId string                 `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseReservationCmd) Reset() {
+	*x = ReleaseReservationCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseReservationCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseReservationCmd) ProtoMessage() {}
+
+func (x *ReleaseReservationCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseReservationCmd.ProtoReflect.Descriptor instead.
+func (*ReleaseReservationCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReleaseReservationCmd) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReleaseReservationCmd) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+// ReclaimCmd records the expiry of reservations the leader saw expired;
+// each applies only if still open with that expiry, and past it.
+type ReclaimCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*ReservationRef      `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReclaimCmd) Reset() {
+	*x = ReclaimCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReclaimCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReclaimCmd) ProtoMessage() {}
+
+func (x *ReclaimCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReclaimCmd.ProtoReflect.Descriptor instead.
+func (*ReclaimCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReclaimCmd) GetItems() []*ReservationRef {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type ReservationRef struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Key               string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ReservationId     string                 `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	ExpiresAtUnixNano int64                  `protobuf:"varint,3,opt,name=expires_at_unix_nano,json=expiresAtUnixNano,proto3" json:"expires_at_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ReservationRef) Reset() {
+	*x = ReservationRef{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReservationRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReservationRef) ProtoMessage() {}
+
+func (x *ReservationRef) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReservationRef.ProtoReflect.Descriptor instead.
+func (*ReservationRef) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReservationRef) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReservationRef) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ReservationRef) GetExpiresAtUnixNano() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixNano
+	}
+	return 0
+}
+
+// ReportUsageCmd compares observed usage of key with its committed usage
+// and, with correct, sets committed to observed (once per report_id).
+type ReportUsageCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Observed      int64                  `protobuf:"varint,2,opt,name=observed,proto3" json:"observed,omitempty"`
+	ReportId      string                 `protobuf:"bytes,3,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
+	Correct       bool                   `protobuf:"varint,4,opt,name=correct,proto3" json:"correct,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportUsageCmd) Reset() {
+	*x = ReportUsageCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportUsageCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportUsageCmd) ProtoMessage() {}
+
+func (x *ReportUsageCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportUsageCmd.ProtoReflect.Descriptor instead.
+func (*ReportUsageCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReportUsageCmd) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReportUsageCmd) GetObserved() int64 {
+	if x != nil {
+		return x.Observed
+	}
+	return 0
+}
+
+func (x *ReportUsageCmd) GetReportId() string {
+	if x != nil {
+		return x.ReportId
+	}
+	return ""
+}
+
+func (x *ReportUsageCmd) GetCorrect() bool {
+	if x != nil {
+		return x.Correct
+	}
+	return false
+}
+
 // Result is what the state machine answers to one command.
 type Result struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -1119,14 +1717,16 @@ type Result struct {
 	Dropped              []*WaiterEvent `protobuf:"bytes,11,rep,name=dropped,proto3" json:"dropped,omitempty"`
 	WaitDeadlineUnixNano int64          `protobuf:"varint,12,opt,name=wait_deadline_unix_nano,json=waitDeadlineUnixNano,proto3" json:"wait_deadline_unix_nano,omitempty"`
 	// WaiterSeq identifies the queue entry of a CODE_QUEUED request.
-	WaiterSeq     uint64 `protobuf:"varint,13,opt,name=waiter_seq,json=waiterSeq,proto3" json:"waiter_seq,omitempty"`
+	WaiterSeq uint64 `protobuf:"varint,13,opt,name=waiter_seq,json=waiterSeq,proto3" json:"waiter_seq,omitempty"`
+	// Quota is set by quota commands (with CODE_RESOURCE_EXHAUSTED too).
+	Quota         *QuotaOutcome `protobuf:"bytes,14,opt,name=quota,proto3" json:"quota,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1738,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1751,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{12}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Result) GetCode() Code {
@@ -1245,6 +1845,570 @@ func (x *Result) GetWaiterSeq() uint64 {
 	return 0
 }
 
+func (x *Result) GetQuota() *QuotaOutcome {
+	if x != nil {
+		return x.Quota
+	}
+	return nil
+}
+
+// QuotaOutcome is what a quota command decided.
+type QuotaOutcome struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Reservation is the reservation as the command left it (Reserve,
+	// Commit, Release; a replay returns the stored one).
+	Reservation *ReservationRecord `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// Remaining is the room left at the tightest limited level (Reserve),
+	// or, with CODE_RESOURCE_EXHAUSTED, at the refusing level.
+	Remaining int64 `protobuf:"varint,2,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// Level and reason ("LIMIT" or "FAIR_SHARE") name a refusal;
+	// retry_after_nanos is the time to the nearest expiry under that level
+	// (0: none pending).
+	Level           string `protobuf:"bytes,3,opt,name=level,proto3" json:"level,omitempty"`
+	Reason          string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	RetryAfterNanos int64  `protobuf:"varint,5,opt,name=retry_after_nanos,json=retryAfterNanos,proto3" json:"retry_after_nanos,omitempty"`
+	// Record is the level a SetLimit or ReportUsage changed or read.
+	Record *QuotaRecord `protobuf:"bytes,6,opt,name=record,proto3" json:"record,omitempty"`
+	// Drift is observed − committed (ReportUsage).
+	Drift         int64 `protobuf:"varint,7,opt,name=drift,proto3" json:"drift,omitempty"`
+	Replayed      bool  `protobuf:"varint,8,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaOutcome) Reset() {
+	*x = QuotaOutcome{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaOutcome) ProtoMessage() {}
+
+func (x *QuotaOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaOutcome.ProtoReflect.Descriptor instead.
+func (*QuotaOutcome) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *QuotaOutcome) GetReservation() *ReservationRecord {
+	if x != nil {
+		return x.Reservation
+	}
+	return nil
+}
+
+func (x *QuotaOutcome) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *QuotaOutcome) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *QuotaOutcome) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *QuotaOutcome) GetRetryAfterNanos() int64 {
+	if x != nil {
+		return x.RetryAfterNanos
+	}
+	return 0
+}
+
+func (x *QuotaOutcome) GetRecord() *QuotaRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+func (x *QuotaOutcome) GetDrift() int64 {
+	if x != nil {
+		return x.Drift
+	}
+	return 0
+}
+
+func (x *QuotaOutcome) GetReplayed() bool {
+	if x != nil {
+		return x.Replayed
+	}
+	return false
+}
+
+// QuotaRecord is one level of a quota tree. committed and reserved count
+// the level's own usage and all of its descendants'.
+type QuotaRecord struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Key               string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	HasLimit          bool                   `protobuf:"varint,2,opt,name=has_limit,json=hasLimit,proto3" json:"has_limit,omitempty"`
+	Limit             int64                  `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Weight            uint32                 `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
+	Committed         int64                  `protobuf:"varint,5,opt,name=committed,proto3" json:"committed,omitempty"`
+	Reserved          int64                  `protobuf:"varint,6,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	Version           uint64                 `protobuf:"varint,7,opt,name=version,proto3" json:"version,omitempty"`
+	UpdatedAtUnixNano int64                  `protobuf:"varint,8,opt,name=updated_at_unix_nano,json=updatedAtUnixNano,proto3" json:"updated_at_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *QuotaRecord) Reset() {
+	*x = QuotaRecord{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaRecord) ProtoMessage() {}
+
+func (x *QuotaRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaRecord.ProtoReflect.Descriptor instead.
+func (*QuotaRecord) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *QuotaRecord) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *QuotaRecord) GetHasLimit() bool {
+	if x != nil {
+		return x.HasLimit
+	}
+	return false
+}
+
+func (x *QuotaRecord) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *QuotaRecord) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *QuotaRecord) GetCommitted() int64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
+func (x *QuotaRecord) GetReserved() int64 {
+	if x != nil {
+		return x.Reserved
+	}
+	return 0
+}
+
+func (x *QuotaRecord) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *QuotaRecord) GetUpdatedAtUnixNano() int64 {
+	if x != nil {
+		return x.UpdatedAtUnixNano
+	}
+	return 0
+}
+
+// ReservationRecord is a reservation; an ended one is kept for the dedup
+// window so that retries find it.
+type ReservationRecord struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Key               string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ReservationId     string                 `protobuf:"bytes,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	Amount            int64                  `protobuf:"varint,3,opt,name=amount,proto3" json:"amount,omitempty"`
+	TtlNanos          int64                  `protobuf:"varint,4,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	ExpiresAtUnixNano int64                  `protobuf:"varint,5,opt,name=expires_at_unix_nano,json=expiresAtUnixNano,proto3" json:"expires_at_unix_nano,omitempty"`
+	State             ReservationState       `protobuf:"varint,6,opt,name=state,proto3,enum=warden.shard.v1.ReservationState" json:"state,omitempty"`
+	Committed         int64                  `protobuf:"varint,7,opt,name=committed,proto3" json:"committed,omitempty"`
+	EndedAtUnixNano   int64                  `protobuf:"varint,8,opt,name=ended_at_unix_nano,json=endedAtUnixNano,proto3" json:"ended_at_unix_nano,omitempty"`
+	// Remaining is what the Reserve answered, for replays.
+	Remaining     int64 `protobuf:"varint,9,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReservationRecord) Reset() {
+	*x = ReservationRecord{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReservationRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReservationRecord) ProtoMessage() {}
+
+func (x *ReservationRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReservationRecord.ProtoReflect.Descriptor instead.
+func (*ReservationRecord) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReservationRecord) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReservationRecord) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *ReservationRecord) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+func (x *ReservationRecord) GetTtlNanos() int64 {
+	if x != nil {
+		return x.TtlNanos
+	}
+	return 0
+}
+
+func (x *ReservationRecord) GetExpiresAtUnixNano() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixNano
+	}
+	return 0
+}
+
+func (x *ReservationRecord) GetState() ReservationState {
+	if x != nil {
+		return x.State
+	}
+	return ReservationState_RESERVATION_STATE_UNSPECIFIED
+}
+
+func (x *ReservationRecord) GetCommitted() int64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
+func (x *ReservationRecord) GetEndedAtUnixNano() int64 {
+	if x != nil {
+		return x.EndedAtUnixNano
+	}
+	return 0
+}
+
+func (x *ReservationRecord) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+// PoolRecord keeps a pool's ledger sequence.
+type PoolRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	LastSeq       uint64                 `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolRecord) Reset() {
+	*x = PoolRecord{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolRecord) ProtoMessage() {}
+
+func (x *PoolRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolRecord.ProtoReflect.Descriptor instead.
+func (*PoolRecord) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *PoolRecord) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *PoolRecord) GetLastSeq() uint64 {
+	if x != nil {
+		return x.LastSeq
+	}
+	return 0
+}
+
+// LedgerEvent is one immutable entry of a pool's ledger.
+type LedgerEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// Kind: SET_LIMIT, RESERVE, COMMIT, RELEASE, EXPIRE, CORRECTION.
+	Kind          string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Amount        int64  `protobuf:"varint,4,opt,name=amount,proto3" json:"amount,omitempty"`
+	ReservationId string `protobuf:"bytes,5,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	AtUnixNano    int64  `protobuf:"varint,6,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	// Limit (SET_LIMIT) and returned (COMMIT: the part of the reservation
+	// not committed).
+	Limit         int64  `protobuf:"varint,7,opt,name=limit,proto3" json:"limit,omitempty"`
+	Returned      int64  `protobuf:"varint,8,opt,name=returned,proto3" json:"returned,omitempty"`
+	ReportId      string `protobuf:"bytes,9,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerEvent) Reset() {
+	*x = LedgerEvent{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerEvent) ProtoMessage() {}
+
+func (x *LedgerEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerEvent.ProtoReflect.Descriptor instead.
+func (*LedgerEvent) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *LedgerEvent) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *LedgerEvent) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LedgerEvent) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *LedgerEvent) GetAmount() int64 {
+	if x != nil {
+		return x.Amount
+	}
+	return 0
+}
+
+func (x *LedgerEvent) GetReservationId() string {
+	if x != nil {
+		return x.ReservationId
+	}
+	return ""
+}
+
+func (x *LedgerEvent) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
+}
+
+func (x *LedgerEvent) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LedgerEvent) GetReturned() int64 {
+	if x != nil {
+		return x.Returned
+	}
+	return 0
+}
+
+func (x *LedgerEvent) GetReportId() string {
+	if x != nil {
+		return x.ReportId
+	}
+	return ""
+}
+
+// UsageReport remembers a ReportUsage with correct, by report_id.
+type UsageReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ReportId      string                 `protobuf:"bytes,2,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
+	Observed      int64                  `protobuf:"varint,3,opt,name=observed,proto3" json:"observed,omitempty"`
+	Drift         int64                  `protobuf:"varint,4,opt,name=drift,proto3" json:"drift,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageReport) Reset() {
+	*x = UsageReport{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageReport) ProtoMessage() {}
+
+func (x *UsageReport) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageReport.ProtoReflect.Descriptor instead.
+func (*UsageReport) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *UsageReport) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *UsageReport) GetReportId() string {
+	if x != nil {
+		return x.ReportId
+	}
+	return ""
+}
+
+func (x *UsageReport) GetObserved() int64 {
+	if x != nil {
+		return x.Observed
+	}
+	return 0
+}
+
+func (x *UsageReport) GetDrift() int64 {
+	if x != nil {
+		return x.Drift
+	}
+	return 0
+}
+
 // WaiterEvent is a change to a waiter; lease is set for a grant.
 type WaiterEvent struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1259,7 +2423,7 @@ type WaiterEvent struct {
 
 func (x *WaiterEvent) Reset() {
 	*x = WaiterEvent{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +2435,7 @@ func (x *WaiterEvent) String() string {
 func (*WaiterEvent) ProtoMessage() {}
 
 func (x *WaiterEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +2448,7 @@ func (x *WaiterEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterEvent.ProtoReflect.Descriptor instead.
 func (*WaiterEvent) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{13}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WaiterEvent) GetResource() string {
@@ -1327,7 +2491,7 @@ type LeaseInfo struct {
 
 func (x *LeaseInfo) Reset() {
 	*x = LeaseInfo{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +2503,7 @@ func (x *LeaseInfo) String() string {
 func (*LeaseInfo) ProtoMessage() {}
 
 func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +2516,7 @@ func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
 func (*LeaseInfo) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{14}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LeaseInfo) GetLeaseId() []byte {
@@ -1397,7 +2561,7 @@ type RangeDescriptor struct {
 
 func (x *RangeDescriptor) Reset() {
 	*x = RangeDescriptor{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1409,7 +2573,7 @@ func (x *RangeDescriptor) String() string {
 func (*RangeDescriptor) ProtoMessage() {}
 
 func (x *RangeDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1422,7 +2586,7 @@ func (x *RangeDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeDescriptor.ProtoReflect.Descriptor instead.
 func (*RangeDescriptor) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{15}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RangeDescriptor) GetShardId() uint64 {
@@ -1464,13 +2628,18 @@ type ShardConfig struct {
 	MaxWaitTimeoutNanos   int64                  `protobuf:"varint,6,opt,name=max_wait_timeout_nanos,json=maxWaitTimeoutNanos,proto3" json:"max_wait_timeout_nanos,omitempty"`
 	MaxWaitersPerResource uint32                 `protobuf:"varint,7,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3" json:"max_waiters_per_resource,omitempty"`
 	MaxWaitersPerTenant   uint32                 `protobuf:"varint,8,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3" json:"max_waiters_per_tenant,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Quotas (DESIGN.md §4): a reservation's ttl bounds and default, and the
+	// share of a parent's limit above which fairness applies, in percent.
+	DefaultReservationTtlNanos int64  `protobuf:"varint,9,opt,name=default_reservation_ttl_nanos,json=defaultReservationTtlNanos,proto3" json:"default_reservation_ttl_nanos,omitempty"`
+	MaxReservationTtlNanos     int64  `protobuf:"varint,10,opt,name=max_reservation_ttl_nanos,json=maxReservationTtlNanos,proto3" json:"max_reservation_ttl_nanos,omitempty"`
+	FairnessThresholdPercent   uint32 `protobuf:"varint,11,opt,name=fairness_threshold_percent,json=fairnessThresholdPercent,proto3" json:"fairness_threshold_percent,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *ShardConfig) Reset() {
 	*x = ShardConfig{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +2651,7 @@ func (x *ShardConfig) String() string {
 func (*ShardConfig) ProtoMessage() {}
 
 func (x *ShardConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +2664,7 @@ func (x *ShardConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardConfig.ProtoReflect.Descriptor instead.
 func (*ShardConfig) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{16}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ShardConfig) GetMaxClockSkewNanos() int64 {
@@ -1554,6 +2723,27 @@ func (x *ShardConfig) GetMaxWaitersPerTenant() uint32 {
 	return 0
 }
 
+func (x *ShardConfig) GetDefaultReservationTtlNanos() int64 {
+	if x != nil {
+		return x.DefaultReservationTtlNanos
+	}
+	return 0
+}
+
+func (x *ShardConfig) GetMaxReservationTtlNanos() int64 {
+	if x != nil {
+		return x.MaxReservationTtlNanos
+	}
+	return 0
+}
+
+func (x *ShardConfig) GetFairnessThresholdPercent() uint32 {
+	if x != nil {
+		return x.FairnessThresholdPercent
+	}
+	return 0
+}
+
 // ShardMeta is the shard-wide state kept beside the range records.
 type ShardMeta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1587,7 +2777,7 @@ type ShardMeta struct {
 
 func (x *ShardMeta) Reset() {
 	*x = ShardMeta{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +2789,7 @@ func (x *ShardMeta) String() string {
 func (*ShardMeta) ProtoMessage() {}
 
 func (x *ShardMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +2802,7 @@ func (x *ShardMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMeta.ProtoReflect.Descriptor instead.
 func (*ShardMeta) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{17}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ShardMeta) GetEpoch() uint64 {
@@ -1698,7 +2888,7 @@ type RangeFence struct {
 
 func (x *RangeFence) Reset() {
 	*x = RangeFence{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1710,7 +2900,7 @@ func (x *RangeFence) String() string {
 func (*RangeFence) ProtoMessage() {}
 
 func (x *RangeFence) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1723,7 +2913,7 @@ func (x *RangeFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeFence.ProtoReflect.Descriptor instead.
 func (*RangeFence) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RangeFence) GetOperatorId() uint64 {
@@ -1759,7 +2949,7 @@ type FenceRangeCmd struct {
 
 func (x *FenceRangeCmd) Reset() {
 	*x = FenceRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +2961,7 @@ func (x *FenceRangeCmd) String() string {
 func (*FenceRangeCmd) ProtoMessage() {}
 
 func (x *FenceRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +2974,7 @@ func (x *FenceRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRangeCmd.ProtoReflect.Descriptor instead.
 func (*FenceRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FenceRangeCmd) GetFence() *RangeFence {
@@ -1804,7 +2994,7 @@ type UnfenceRangeCmd struct {
 
 func (x *UnfenceRangeCmd) Reset() {
 	*x = UnfenceRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +3006,7 @@ func (x *UnfenceRangeCmd) String() string {
 func (*UnfenceRangeCmd) ProtoMessage() {}
 
 func (x *UnfenceRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +3019,7 @@ func (x *UnfenceRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRangeCmd.ProtoReflect.Descriptor instead.
 func (*UnfenceRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UnfenceRangeCmd) GetOperatorId() uint64 {
@@ -1845,13 +3035,18 @@ type RangeRecords struct {
 	Locks         []*LockRecord          `protobuf:"bytes,1,rep,name=locks,proto3" json:"locks,omitempty"`
 	Dedups        []*DedupRecord         `protobuf:"bytes,2,rep,name=dedups,proto3" json:"dedups,omitempty"`
 	Waiters       []*WaiterRecord        `protobuf:"bytes,3,rep,name=waiters,proto3" json:"waiters,omitempty"`
+	Quotas        []*QuotaRecord         `protobuf:"bytes,4,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	Reservations  []*ReservationRecord   `protobuf:"bytes,5,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	Pools         []*PoolRecord          `protobuf:"bytes,6,rep,name=pools,proto3" json:"pools,omitempty"`
+	Ledger        []*LedgerEvent         `protobuf:"bytes,7,rep,name=ledger,proto3" json:"ledger,omitempty"`
+	Reports       []*UsageReport         `protobuf:"bytes,8,rep,name=reports,proto3" json:"reports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RangeRecords) Reset() {
 	*x = RangeRecords{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1863,7 +3058,7 @@ func (x *RangeRecords) String() string {
 func (*RangeRecords) ProtoMessage() {}
 
 func (x *RangeRecords) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1876,7 +3071,7 @@ func (x *RangeRecords) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeRecords.ProtoReflect.Descriptor instead.
 func (*RangeRecords) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{21}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RangeRecords) GetLocks() []*LockRecord {
@@ -1900,6 +3095,41 @@ func (x *RangeRecords) GetWaiters() []*WaiterRecord {
 	return nil
 }
 
+func (x *RangeRecords) GetQuotas() []*QuotaRecord {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+func (x *RangeRecords) GetReservations() []*ReservationRecord {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+func (x *RangeRecords) GetPools() []*PoolRecord {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+func (x *RangeRecords) GetLedger() []*LedgerEvent {
+	if x != nil {
+		return x.Ledger
+	}
+	return nil
+}
+
+func (x *RangeRecords) GetReports() []*UsageReport {
+	if x != nil {
+		return x.Reports
+	}
+	return nil
+}
+
 // ImportRangeCmd writes records copied from a fenced source into an
 // inactive shard. Writing the same records again is a no-op, so an
 // interrupted copy can start over.
@@ -1913,7 +3143,7 @@ type ImportRangeCmd struct {
 
 func (x *ImportRangeCmd) Reset() {
 	*x = ImportRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1925,7 +3155,7 @@ func (x *ImportRangeCmd) String() string {
 func (*ImportRangeCmd) ProtoMessage() {}
 
 func (x *ImportRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1938,7 +3168,7 @@ func (x *ImportRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportRangeCmd.ProtoReflect.Descriptor instead.
 func (*ImportRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{22}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ImportRangeCmd) GetOperatorId() uint64 {
@@ -1972,7 +3202,7 @@ type ActivateRangeCmd struct {
 
 func (x *ActivateRangeCmd) Reset() {
 	*x = ActivateRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1984,7 +3214,7 @@ func (x *ActivateRangeCmd) String() string {
 func (*ActivateRangeCmd) ProtoMessage() {}
 
 func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1997,7 +3227,7 @@ func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActivateRangeCmd.ProtoReflect.Descriptor instead.
 func (*ActivateRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{23}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ActivateRangeCmd) GetOperatorId() uint64 {
@@ -2049,7 +3279,7 @@ type ReleaseRangeCmd struct {
 
 func (x *ReleaseRangeCmd) Reset() {
 	*x = ReleaseRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2061,7 +3291,7 @@ func (x *ReleaseRangeCmd) String() string {
 func (*ReleaseRangeCmd) ProtoMessage() {}
 
 func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2074,7 +3304,7 @@ func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRangeCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{24}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReleaseRangeCmd) GetOperatorId() uint64 {
@@ -2118,7 +3348,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +3360,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +3373,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{25}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *LockRecord) GetResource() string {
@@ -2247,7 +3477,7 @@ type WaiterRecord struct {
 
 func (x *WaiterRecord) Reset() {
 	*x = WaiterRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2259,7 +3489,7 @@ func (x *WaiterRecord) String() string {
 func (*WaiterRecord) ProtoMessage() {}
 
 func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2272,7 +3502,7 @@ func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterRecord.ProtoReflect.Descriptor instead.
 func (*WaiterRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{26}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WaiterRecord) GetResource() string {
@@ -2354,7 +3584,7 @@ type DedupRecord struct {
 
 func (x *DedupRecord) Reset() {
 	*x = DedupRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +3596,7 @@ func (x *DedupRecord) String() string {
 func (*DedupRecord) ProtoMessage() {}
 
 func (x *DedupRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +3609,7 @@ func (x *DedupRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupRecord.ProtoReflect.Descriptor instead.
 func (*DedupRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{27}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DedupRecord) GetResource() string {
@@ -2466,6 +3696,10 @@ type Query struct {
 	//	*Query_TimedOut
 	//	*Query_Hot
 	//	*Query_Export
+	//	*Query_Quota
+	//	*Query_Reservations
+	//	*Query_Ledger
+	//	*Query_Reclaimable
 	Query         isQuery_Query `protobuf_oneof:"query"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2473,7 +3707,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2485,7 +3719,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2498,7 +3732,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{28}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Query) GetNowUnixNano() int64 {
@@ -2587,6 +3821,42 @@ func (x *Query) GetExport() *ExportQuery {
 	return nil
 }
 
+func (x *Query) GetQuota() *QuotaQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_Quota); ok {
+			return x.Quota
+		}
+	}
+	return nil
+}
+
+func (x *Query) GetReservations() *ReservationsQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_Reservations); ok {
+			return x.Reservations
+		}
+	}
+	return nil
+}
+
+func (x *Query) GetLedger() *LedgerQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_Ledger); ok {
+			return x.Ledger
+		}
+	}
+	return nil
+}
+
+func (x *Query) GetReclaimable() *ScanQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_Reclaimable); ok {
+			return x.Reclaimable
+		}
+	}
+	return nil
+}
+
 type isQuery_Query interface {
 	isQuery_Query()
 }
@@ -2623,6 +3893,22 @@ type Query_Export struct {
 	Export *ExportQuery `protobuf:"bytes,17,opt,name=export,proto3,oneof"`
 }
 
+type Query_Quota struct {
+	Quota *QuotaQuery `protobuf:"bytes,18,opt,name=quota,proto3,oneof"`
+}
+
+type Query_Reservations struct {
+	Reservations *ReservationsQuery `protobuf:"bytes,19,opt,name=reservations,proto3,oneof"`
+}
+
+type Query_Ledger struct {
+	Ledger *LedgerQuery `protobuf:"bytes,20,opt,name=ledger,proto3,oneof"`
+}
+
+type Query_Reclaimable struct {
+	Reclaimable *ScanQuery `protobuf:"bytes,21,opt,name=reclaimable,proto3,oneof"`
+}
+
 func (*Query_Describe) isQuery_Query() {}
 
 func (*Query_Expired) isQuery_Query() {}
@@ -2639,6 +3925,262 @@ func (*Query_Hot) isQuery_Query() {}
 
 func (*Query_Export) isQuery_Query() {}
 
+func (*Query_Quota) isQuery_Query() {}
+
+func (*Query_Reservations) isQuery_Query() {}
+
+func (*Query_Ledger) isQuery_Query() {}
+
+func (*Query_Reclaimable) isQuery_Query() {}
+
+// QuotaQuery reads every level of key's path.
+type QuotaQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaQuery) Reset() {
+	*x = QuotaQuery{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaQuery) ProtoMessage() {}
+
+func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaQuery.ProtoReflect.Descriptor instead.
+func (*QuotaQuery) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *QuotaQuery) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// ReservationsQuery lists up to limit open reservations under key, after
+// reservation (key, id) after_key/after_id.
+type ReservationsQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Limit         uint32                 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	AfterKey      string                 `protobuf:"bytes,3,opt,name=after_key,json=afterKey,proto3" json:"after_key,omitempty"`
+	AfterId       string                 `protobuf:"bytes,4,opt,name=after_id,json=afterId,proto3" json:"after_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReservationsQuery) Reset() {
+	*x = ReservationsQuery{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReservationsQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReservationsQuery) ProtoMessage() {}
+
+func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReservationsQuery.ProtoReflect.Descriptor instead.
+func (*ReservationsQuery) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ReservationsQuery) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReservationsQuery) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ReservationsQuery) GetAfterKey() string {
+	if x != nil {
+		return x.AfterKey
+	}
+	return ""
+}
+
+func (x *ReservationsQuery) GetAfterId() string {
+	if x != nil {
+		return x.AfterId
+	}
+	return ""
+}
+
+// LedgerQuery lists up to limit events of key's subtree with seq > after_seq.
+type LedgerQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	AfterSeq      uint64                 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	Limit         uint32                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerQuery) Reset() {
+	*x = LedgerQuery{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerQuery) ProtoMessage() {}
+
+func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerQuery.ProtoReflect.Descriptor instead.
+func (*LedgerQuery) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *LedgerQuery) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LedgerQuery) GetAfterSeq() uint64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
+func (x *LedgerQuery) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// QuotaLevel is one level of a QuotaQuery's answer.
+type QuotaLevel struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Record *QuotaRecord           `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	// Reserved excludes expired_pending: reservations past their ttl that
+	// the reclaimer has not recorded yet (their capacity is free).
+	Reserved       int64 `protobuf:"varint,2,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	ExpiredPending int64 `protobuf:"varint,3,opt,name=expired_pending,json=expiredPending,proto3" json:"expired_pending,omitempty"`
+	// Remaining is limit − committed − reserved (for a level with a limit).
+	Remaining     int64 `protobuf:"varint,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaLevel) Reset() {
+	*x = QuotaLevel{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaLevel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaLevel) ProtoMessage() {}
+
+func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaLevel.ProtoReflect.Descriptor instead.
+func (*QuotaLevel) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *QuotaLevel) GetRecord() *QuotaRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+func (x *QuotaLevel) GetReserved() int64 {
+	if x != nil {
+		return x.Reserved
+	}
+	return 0
+}
+
+func (x *QuotaLevel) GetExpiredPending() int64 {
+	if x != nil {
+		return x.ExpiredPending
+	}
+	return 0
+}
+
+func (x *QuotaLevel) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
 // ExportQuery reads up to limit records of each kind with hashes in
 // [start, end) (end 0: 2^64), resuming after the storage key after
 // (empty: from the start).
@@ -2654,7 +4196,7 @@ type ExportQuery struct {
 
 func (x *ExportQuery) Reset() {
 	*x = ExportQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2666,7 +4208,7 @@ func (x *ExportQuery) String() string {
 func (*ExportQuery) ProtoMessage() {}
 
 func (x *ExportQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2679,7 +4221,7 @@ func (x *ExportQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportQuery.ProtoReflect.Descriptor instead.
 func (*ExportQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{29}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ExportQuery) GetStart() uint64 {
@@ -2720,7 +4262,7 @@ type DigestQuery struct {
 
 func (x *DigestQuery) Reset() {
 	*x = DigestQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2732,7 +4274,7 @@ func (x *DigestQuery) String() string {
 func (*DigestQuery) ProtoMessage() {}
 
 func (x *DigestQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2745,7 +4287,7 @@ func (x *DigestQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestQuery.ProtoReflect.Descriptor instead.
 func (*DigestQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{30}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{47}
 }
 
 type DescribeQuery struct {
@@ -2757,7 +4299,7 @@ type DescribeQuery struct {
 
 func (x *DescribeQuery) Reset() {
 	*x = DescribeQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2769,7 +4311,7 @@ func (x *DescribeQuery) String() string {
 func (*DescribeQuery) ProtoMessage() {}
 
 func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2782,7 +4324,7 @@ func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeQuery.ProtoReflect.Descriptor instead.
 func (*DescribeQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{31}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DescribeQuery) GetResource() string {
@@ -2802,7 +4344,7 @@ type ScanQuery struct {
 
 func (x *ScanQuery) Reset() {
 	*x = ScanQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2814,7 +4356,7 @@ func (x *ScanQuery) String() string {
 func (*ScanQuery) ProtoMessage() {}
 
 func (x *ScanQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2827,7 +4369,7 @@ func (x *ScanQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanQuery.ProtoReflect.Descriptor instead.
 func (*ScanQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{32}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ScanQuery) GetLimit() uint32 {
@@ -2845,7 +4387,7 @@ type MetaQuery struct {
 
 func (x *MetaQuery) Reset() {
 	*x = MetaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2857,7 +4399,7 @@ func (x *MetaQuery) String() string {
 func (*MetaQuery) ProtoMessage() {}
 
 func (x *MetaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2870,7 +4412,7 @@ func (x *MetaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaQuery.ProtoReflect.Descriptor instead.
 func (*MetaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{33}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
 }
 
 // HotQuery lists up to limit locks with the most waiters.
@@ -2883,7 +4425,7 @@ type HotQuery struct {
 
 func (x *HotQuery) Reset() {
 	*x = HotQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +4437,7 @@ func (x *HotQuery) String() string {
 func (*HotQuery) ProtoMessage() {}
 
 func (x *HotQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +4450,7 @@ func (x *HotQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotQuery.ProtoReflect.Descriptor instead.
 func (*HotQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{34}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *HotQuery) GetLimit() uint32 {
@@ -2936,15 +4478,22 @@ type QueryResult struct {
 	Drop         *DropWaitersCmd `protobuf:"bytes,8,opt,name=drop,proto3" json:"drop,omitempty"`
 	Hot          []*LockRecord   `protobuf:"bytes,9,rep,name=hot,proto3" json:"hot,omitempty"`
 	// Records and next answer an ExportQuery; next is empty at the end.
-	Records       *RangeRecords `protobuf:"bytes,10,opt,name=records,proto3" json:"records,omitempty"`
-	Next          []byte        `protobuf:"bytes,11,opt,name=next,proto3" json:"next,omitempty"`
+	Records *RangeRecords `protobuf:"bytes,10,opt,name=records,proto3" json:"records,omitempty"`
+	Next    []byte        `protobuf:"bytes,11,opt,name=next,proto3" json:"next,omitempty"`
+	// Levels answer a QuotaQuery, root first.
+	Levels []*QuotaLevel `protobuf:"bytes,12,rep,name=levels,proto3" json:"levels,omitempty"`
+	// Reservations answer a ReservationsQuery, ledger a LedgerQuery.
+	Reservations []*ReservationRecord `protobuf:"bytes,13,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	Ledger       []*LedgerEvent       `protobuf:"bytes,14,rep,name=ledger,proto3" json:"ledger,omitempty"`
+	// Reclaim answers a reclaimable ScanQuery.
+	Reclaim       *ReclaimCmd `protobuf:"bytes,15,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueryResult) Reset() {
 	*x = QueryResult{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +4505,7 @@ func (x *QueryResult) String() string {
 func (*QueryResult) ProtoMessage() {}
 
 func (x *QueryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +4518,7 @@ func (x *QueryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResult.ProtoReflect.Descriptor instead.
 func (*QueryResult) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{35}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *QueryResult) GetLock() *LockRecord {
@@ -3049,11 +4598,40 @@ func (x *QueryResult) GetNext() []byte {
 	return nil
 }
 
+func (x *QueryResult) GetLevels() []*QuotaLevel {
+	if x != nil {
+		return x.Levels
+	}
+	return nil
+}
+
+func (x *QueryResult) GetReservations() []*ReservationRecord {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+func (x *QueryResult) GetLedger() []*LedgerEvent {
+	if x != nil {
+		return x.Ledger
+	}
+	return nil
+}
+
+func (x *QueryResult) GetReclaim() *ReclaimCmd {
+	if x != nil {
+		return x.Reclaim
+	}
+	return nil
+}
+
 var File_warden_shard_v1_shard_proto protoreflect.FileDescriptor
 
 const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xcf\a\n" +
+	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xd5\n" +
+	"\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x19\n" +
 	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12\x1e\n" +
@@ -3077,7 +4655,13 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\runfence_range\x18\x13 \x01(\v2 .warden.shard.v1.UnfenceRangeCmdH\x00R\funfenceRange\x12D\n" +
 	"\fimport_range\x18\x14 \x01(\v2\x1f.warden.shard.v1.ImportRangeCmdH\x00R\vimportRange\x12J\n" +
 	"\x0eactivate_range\x18\x15 \x01(\v2!.warden.shard.v1.ActivateRangeCmdH\x00R\ractivateRange\x12G\n" +
-	"\rrelease_range\x18\x16 \x01(\v2 .warden.shard.v1.ReleaseRangeCmdH\x00R\freleaseRangeB\t\n" +
+	"\rrelease_range\x18\x16 \x01(\v2 .warden.shard.v1.ReleaseRangeCmdH\x00R\freleaseRange\x12;\n" +
+	"\tset_limit\x18\x17 \x01(\v2\x1c.warden.shard.v1.SetLimitCmdH\x00R\bsetLimit\x127\n" +
+	"\areserve\x18\x18 \x01(\v2\x1b.warden.shard.v1.ReserveCmdH\x00R\areserve\x124\n" +
+	"\x06commit\x18\x19 \x01(\v2\x1a.warden.shard.v1.CommitCmdH\x00R\x06commit\x12Y\n" +
+	"\x13release_reservation\x18\x1a \x01(\v2&.warden.shard.v1.ReleaseReservationCmdH\x00R\x12releaseReservation\x127\n" +
+	"\areclaim\x18\x1b \x01(\v2\x1b.warden.shard.v1.ReclaimCmdH\x00R\areclaim\x12D\n" +
+	"\freport_usage\x18\x1c \x01(\v2\x1f.warden.shard.v1.ReportUsageCmdH\x00R\vreportUsageB\t\n" +
 	"\acommand\"\xe8\x01\n" +
 	"\n" +
 	"AcquireCmd\x12\x1a\n" +
@@ -3122,7 +4706,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\bDedupRef\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tR\trequestId\"\x9c\x05\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\"\xc6\a\n" +
 	"\fSetConfigCmd\x124\n" +
 	"\x14max_clock_skew_nanos\x18\x01 \x01(\x03H\x00R\x11maxClockSkewNanos\x88\x01\x01\x122\n" +
 	"\x13min_lease_ttl_nanos\x18\x02 \x01(\x03H\x01R\x10minLeaseTtlNanos\x88\x01\x01\x122\n" +
@@ -3131,7 +4715,12 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x12dedup_window_nanos\x18\x05 \x01(\x03H\x04R\x10dedupWindowNanos\x88\x01\x01\x128\n" +
 	"\x16max_wait_timeout_nanos\x18\x06 \x01(\x03H\x05R\x13maxWaitTimeoutNanos\x88\x01\x01\x12<\n" +
 	"\x18max_waiters_per_resource\x18\a \x01(\rH\x06R\x15maxWaitersPerResource\x88\x01\x01\x128\n" +
-	"\x16max_waiters_per_tenant\x18\b \x01(\rH\aR\x13maxWaitersPerTenant\x88\x01\x01B\x17\n" +
+	"\x16max_waiters_per_tenant\x18\b \x01(\rH\aR\x13maxWaitersPerTenant\x88\x01\x01\x12F\n" +
+	"\x1ddefault_reservation_ttl_nanos\x18\t \x01(\x03H\bR\x1adefaultReservationTtlNanos\x88\x01\x01\x12>\n" +
+	"\x19max_reservation_ttl_nanos\x18\n" +
+	" \x01(\x03H\tR\x16maxReservationTtlNanos\x88\x01\x01\x12A\n" +
+	"\x1afairness_threshold_percent\x18\v \x01(\rH\n" +
+	"R\x18fairnessThresholdPercent\x88\x01\x01B\x17\n" +
 	"\x15_max_clock_skew_nanosB\x16\n" +
 	"\x14_min_lease_ttl_nanosB\x16\n" +
 	"\x14_max_lease_ttl_nanosB\x1a\n" +
@@ -3139,7 +4728,39 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x13_dedup_window_nanosB\x19\n" +
 	"\x17_max_wait_timeout_nanosB\x1b\n" +
 	"\x19_max_waiters_per_resourceB\x19\n" +
-	"\x17_max_waiters_per_tenant\"\x95\x04\n" +
+	"\x17_max_waiters_per_tenantB \n" +
+	"\x1e_default_reservation_ttl_nanosB\x1c\n" +
+	"\x1a_max_reservation_ttl_nanosB\x1d\n" +
+	"\x1b_fairness_threshold_percent\"M\n" +
+	"\vSetLimitCmd\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x16\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\"z\n" +
+	"\n" +
+	"ReserveCmd\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
+	"\x06amount\x18\x02 \x01(\x03R\x06amount\x12%\n" +
+	"\x0ereservation_id\x18\x03 \x01(\tR\rreservationId\x12\x1b\n" +
+	"\tttl_nanos\x18\x04 \x01(\x03R\bttlNanos\"\\\n" +
+	"\tCommitCmd\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12\x16\n" +
+	"\x06amount\x18\x03 \x01(\x03R\x06amount\"P\n" +
+	"\x15ReleaseReservationCmd\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\"C\n" +
+	"\n" +
+	"ReclaimCmd\x125\n" +
+	"\x05items\x18\x01 \x03(\v2\x1f.warden.shard.v1.ReservationRefR\x05items\"z\n" +
+	"\x0eReservationRef\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12/\n" +
+	"\x14expires_at_unix_nano\x18\x03 \x01(\x03R\x11expiresAtUnixNano\"u\n" +
+	"\x0eReportUsageCmd\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
+	"\bobserved\x18\x02 \x01(\x03R\bobserved\x12\x1b\n" +
+	"\treport_id\x18\x03 \x01(\tR\breportId\x12\x18\n" +
+	"\acorrect\x18\x04 \x01(\bR\acorrect\"\xca\x04\n" +
 	"\x06Result\x12)\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x15.warden.shard.v1.CodeR\x04code\x12\x14\n" +
 	"\x05field\x18\x02 \x01(\tR\x05field\x12\x16\n" +
@@ -3155,7 +4776,56 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\adropped\x18\v \x03(\v2\x1c.warden.shard.v1.WaiterEventR\adropped\x125\n" +
 	"\x17wait_deadline_unix_nano\x18\f \x01(\x03R\x14waitDeadlineUnixNano\x12\x1d\n" +
 	"\n" +
-	"waiter_seq\x18\r \x01(\x04R\twaiterSeq\"\x8c\x01\n" +
+	"waiter_seq\x18\r \x01(\x04R\twaiterSeq\x123\n" +
+	"\x05quota\x18\x0e \x01(\v2\x1d.warden.shard.v1.QuotaOutcomeR\x05quota\"\xb4\x02\n" +
+	"\fQuotaOutcome\x12D\n" +
+	"\vreservation\x18\x01 \x01(\v2\".warden.shard.v1.ReservationRecordR\vreservation\x12\x1c\n" +
+	"\tremaining\x18\x02 \x01(\x03R\tremaining\x12\x14\n" +
+	"\x05level\x18\x03 \x01(\tR\x05level\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12*\n" +
+	"\x11retry_after_nanos\x18\x05 \x01(\x03R\x0fretryAfterNanos\x124\n" +
+	"\x06record\x18\x06 \x01(\v2\x1c.warden.shard.v1.QuotaRecordR\x06record\x12\x14\n" +
+	"\x05drift\x18\a \x01(\x03R\x05drift\x12\x1a\n" +
+	"\breplayed\x18\b \x01(\bR\breplayed\"\xef\x01\n" +
+	"\vQuotaRecord\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
+	"\thas_limit\x18\x02 \x01(\bR\bhasLimit\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x03R\x05limit\x12\x16\n" +
+	"\x06weight\x18\x04 \x01(\rR\x06weight\x12\x1c\n" +
+	"\tcommitted\x18\x05 \x01(\x03R\tcommitted\x12\x1a\n" +
+	"\breserved\x18\x06 \x01(\x03R\breserved\x12\x18\n" +
+	"\aversion\x18\a \x01(\x04R\aversion\x12/\n" +
+	"\x14updated_at_unix_nano\x18\b \x01(\x03R\x11updatedAtUnixNano\"\xd4\x02\n" +
+	"\x11ReservationRecord\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12\x16\n" +
+	"\x06amount\x18\x03 \x01(\x03R\x06amount\x12\x1b\n" +
+	"\tttl_nanos\x18\x04 \x01(\x03R\bttlNanos\x12/\n" +
+	"\x14expires_at_unix_nano\x18\x05 \x01(\x03R\x11expiresAtUnixNano\x127\n" +
+	"\x05state\x18\x06 \x01(\x0e2!.warden.shard.v1.ReservationStateR\x05state\x12\x1c\n" +
+	"\tcommitted\x18\a \x01(\x03R\tcommitted\x12+\n" +
+	"\x12ended_at_unix_nano\x18\b \x01(\x03R\x0fendedAtUnixNano\x12\x1c\n" +
+	"\tremaining\x18\t \x01(\x03R\tremaining\";\n" +
+	"\n" +
+	"PoolRecord\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x19\n" +
+	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\"\xf5\x01\n" +
+	"\vLedgerEvent\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06amount\x18\x04 \x01(\x03R\x06amount\x12%\n" +
+	"\x0ereservation_id\x18\x05 \x01(\tR\rreservationId\x12 \n" +
+	"\fat_unix_nano\x18\x06 \x01(\x03R\n" +
+	"atUnixNano\x12\x14\n" +
+	"\x05limit\x18\a \x01(\x03R\x05limit\x12\x1a\n" +
+	"\breturned\x18\b \x01(\x03R\breturned\x12\x1b\n" +
+	"\treport_id\x18\t \x01(\tR\breportId\"n\n" +
+	"\vUsageReport\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
+	"\treport_id\x18\x02 \x01(\tR\breportId\x12\x1a\n" +
+	"\bobserved\x18\x03 \x01(\x03R\bobserved\x12\x14\n" +
+	"\x05drift\x18\x04 \x01(\x03R\x05drift\"\x8c\x01\n" +
 	"\vWaiterEvent\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -3173,7 +4843,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x03end\x18\x03 \x01(\x04R\x03end\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x04R\n" +
-	"generation\"\xa4\x03\n" +
+	"generation\"\xe0\x04\n" +
 	"\vShardConfig\x12/\n" +
 	"\x14max_clock_skew_nanos\x18\x01 \x01(\x03R\x11maxClockSkewNanos\x12-\n" +
 	"\x13min_lease_ttl_nanos\x18\x02 \x01(\x03R\x10minLeaseTtlNanos\x12-\n" +
@@ -3182,7 +4852,11 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x12dedup_window_nanos\x18\x05 \x01(\x03R\x10dedupWindowNanos\x123\n" +
 	"\x16max_wait_timeout_nanos\x18\x06 \x01(\x03R\x13maxWaitTimeoutNanos\x127\n" +
 	"\x18max_waiters_per_resource\x18\a \x01(\rR\x15maxWaitersPerResource\x123\n" +
-	"\x16max_waiters_per_tenant\x18\b \x01(\rR\x13maxWaitersPerTenant\"\x8e\x03\n" +
+	"\x16max_waiters_per_tenant\x18\b \x01(\rR\x13maxWaitersPerTenant\x12A\n" +
+	"\x1ddefault_reservation_ttl_nanos\x18\t \x01(\x03R\x1adefaultReservationTtlNanos\x129\n" +
+	"\x19max_reservation_ttl_nanos\x18\n" +
+	" \x01(\x03R\x16maxReservationTtlNanos\x12<\n" +
+	"\x1afairness_threshold_percent\x18\v \x01(\rR\x18fairnessThresholdPercent\"\x8e\x03\n" +
 	"\tShardMeta\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12+\n" +
@@ -3207,11 +4881,16 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05fence\x18\x01 \x01(\v2\x1b.warden.shard.v1.RangeFenceR\x05fence\"2\n" +
 	"\x0fUnfenceRangeCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
-	"operatorId\"\xb0\x01\n" +
+	"operatorId\"\xcf\x03\n" +
 	"\fRangeRecords\x121\n" +
 	"\x05locks\x18\x01 \x03(\v2\x1b.warden.shard.v1.LockRecordR\x05locks\x124\n" +
 	"\x06dedups\x18\x02 \x03(\v2\x1c.warden.shard.v1.DedupRecordR\x06dedups\x127\n" +
-	"\awaiters\x18\x03 \x03(\v2\x1d.warden.shard.v1.WaiterRecordR\awaiters\"j\n" +
+	"\awaiters\x18\x03 \x03(\v2\x1d.warden.shard.v1.WaiterRecordR\awaiters\x124\n" +
+	"\x06quotas\x18\x04 \x03(\v2\x1c.warden.shard.v1.QuotaRecordR\x06quotas\x12F\n" +
+	"\freservations\x18\x05 \x03(\v2\".warden.shard.v1.ReservationRecordR\freservations\x121\n" +
+	"\x05pools\x18\x06 \x03(\v2\x1b.warden.shard.v1.PoolRecordR\x05pools\x124\n" +
+	"\x06ledger\x18\a \x03(\v2\x1c.warden.shard.v1.LedgerEventR\x06ledger\x126\n" +
+	"\areports\x18\b \x03(\v2\x1c.warden.shard.v1.UsageReportR\areports\"j\n" +
 	"\x0eImportRangeCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
 	"operatorId\x127\n" +
@@ -3267,7 +4946,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x17wait_deadline_unix_nano\x18\t \x01(\x03R\x14waitDeadlineUnixNano\x12\x1d\n" +
 	"\n" +
 	"attempt_id\x18\n" +
-	" \x01(\fR\tattemptId\"\xf6\x03\n" +
+	" \x01(\fR\tattemptId\"\xed\x05\n" +
 	"\x05Query\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12<\n" +
 	"\bdescribe\x18\n" +
@@ -3278,8 +4957,30 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x06digest\x18\x0e \x01(\v2\x1c.warden.shard.v1.DigestQueryH\x00R\x06digest\x129\n" +
 	"\ttimed_out\x18\x0f \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\btimedOut\x12-\n" +
 	"\x03hot\x18\x10 \x01(\v2\x19.warden.shard.v1.HotQueryH\x00R\x03hot\x126\n" +
-	"\x06export\x18\x11 \x01(\v2\x1c.warden.shard.v1.ExportQueryH\x00R\x06exportB\a\n" +
-	"\x05query\"a\n" +
+	"\x06export\x18\x11 \x01(\v2\x1c.warden.shard.v1.ExportQueryH\x00R\x06export\x123\n" +
+	"\x05quota\x18\x12 \x01(\v2\x1b.warden.shard.v1.QuotaQueryH\x00R\x05quota\x12H\n" +
+	"\freservations\x18\x13 \x01(\v2\".warden.shard.v1.ReservationsQueryH\x00R\freservations\x126\n" +
+	"\x06ledger\x18\x14 \x01(\v2\x1c.warden.shard.v1.LedgerQueryH\x00R\x06ledger\x12>\n" +
+	"\vreclaimable\x18\x15 \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\vreclaimableB\a\n" +
+	"\x05query\"\x1e\n" +
+	"\n" +
+	"QuotaQuery\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"s\n" +
+	"\x11ReservationsQuery\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1b\n" +
+	"\tafter_key\x18\x03 \x01(\tR\bafterKey\x12\x19\n" +
+	"\bafter_id\x18\x04 \x01(\tR\aafterId\"R\n" +
+	"\vLedgerQuery\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
+	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"\xa5\x01\n" +
+	"\n" +
+	"QuotaLevel\x124\n" +
+	"\x06record\x18\x01 \x01(\v2\x1c.warden.shard.v1.QuotaRecordR\x06record\x12\x1a\n" +
+	"\breserved\x18\x02 \x01(\x03R\breserved\x12'\n" +
+	"\x0fexpired_pending\x18\x03 \x01(\x03R\x0eexpiredPending\x12\x1c\n" +
+	"\tremaining\x18\x04 \x01(\x03R\tremaining\"a\n" +
 	"\vExportQuery\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\x04R\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\x04R\x03end\x12\x14\n" +
@@ -3292,7 +4993,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\v\n" +
 	"\tMetaQuery\" \n" +
 	"\bHotQuery\x12\x14\n" +
-	"\x05limit\x18\x01 \x01(\rR\x05limit\"\xea\x03\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\"\xd4\x05\n" +
 	"\vQueryResult\x12/\n" +
 	"\x04lock\x18\x01 \x01(\v2\x1b.warden.shard.v1.LockRecordR\x04lock\x12.\n" +
 	"\x04meta\x18\x02 \x01(\v2\x1a.warden.shard.v1.ShardMetaR\x04meta\x122\n" +
@@ -3305,7 +5006,11 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x03hot\x18\t \x03(\v2\x1b.warden.shard.v1.LockRecordR\x03hot\x127\n" +
 	"\arecords\x18\n" +
 	" \x01(\v2\x1d.warden.shard.v1.RangeRecordsR\arecords\x12\x12\n" +
-	"\x04next\x18\v \x01(\fR\x04next*\xe2\x01\n" +
+	"\x04next\x18\v \x01(\fR\x04next\x123\n" +
+	"\x06levels\x18\f \x03(\v2\x1b.warden.shard.v1.QuotaLevelR\x06levels\x12F\n" +
+	"\freservations\x18\r \x03(\v2\".warden.shard.v1.ReservationRecordR\freservations\x124\n" +
+	"\x06ledger\x18\x0e \x03(\v2\x1c.warden.shard.v1.LedgerEventR\x06ledger\x125\n" +
+	"\areclaim\x18\x0f \x01(\v2\x1b.warden.shard.v1.ReclaimCmdR\areclaim*\xe2\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x11\n" +
@@ -3316,7 +5021,13 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x10CODE_UNAVAILABLE\x10\x06\x12\x11\n" +
 	"\rCODE_INTERNAL\x10\a\x12\x0f\n" +
 	"\vCODE_QUEUED\x10\b\x12\x1b\n" +
-	"\x17CODE_RESOURCE_EXHAUSTED\x10\tB<Z:github.com/warden-dev/warden/proto/warden/shard/v1;shardv1b\x06proto3"
+	"\x17CODE_RESOURCE_EXHAUSTED\x10\t*\xb1\x01\n" +
+	"\x10ReservationState\x12!\n" +
+	"\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16RESERVATION_STATE_OPEN\x10\x01\x12\x1f\n" +
+	"\x1bRESERVATION_STATE_COMMITTED\x10\x02\x12\x1e\n" +
+	"\x1aRESERVATION_STATE_RELEASED\x10\x03\x12\x1d\n" +
+	"\x19RESERVATION_STATE_EXPIRED\x10\x04B<Z:github.com/warden-dev/warden/proto/warden/shard/v1;shardv1b\x06proto3"
 
 var (
 	file_warden_shard_v1_shard_proto_rawDescOnce sync.Once
@@ -3330,102 +5041,145 @@ func file_warden_shard_v1_shard_proto_rawDescGZIP() []byte {
 	return file_warden_shard_v1_shard_proto_rawDescData
 }
 
-var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_warden_shard_v1_shard_proto_goTypes = []any{
-	(Code)(0),                // 0: warden.shard.v1.Code
-	(*Envelope)(nil),         // 1: warden.shard.v1.Envelope
-	(*AcquireCmd)(nil),       // 2: warden.shard.v1.AcquireCmd
-	(*CancelWaitCmd)(nil),    // 3: warden.shard.v1.CancelWaitCmd
-	(*DropWaitersCmd)(nil),   // 4: warden.shard.v1.DropWaitersCmd
-	(*WaiterRef)(nil),        // 5: warden.shard.v1.WaiterRef
-	(*RenewCmd)(nil),         // 6: warden.shard.v1.RenewCmd
-	(*ReleaseCmd)(nil),       // 7: warden.shard.v1.ReleaseCmd
-	(*ExpireCmd)(nil),        // 8: warden.shard.v1.ExpireCmd
-	(*ExpireItem)(nil),       // 9: warden.shard.v1.ExpireItem
-	(*ForgetCmd)(nil),        // 10: warden.shard.v1.ForgetCmd
-	(*DedupRef)(nil),         // 11: warden.shard.v1.DedupRef
-	(*SetConfigCmd)(nil),     // 12: warden.shard.v1.SetConfigCmd
-	(*Result)(nil),           // 13: warden.shard.v1.Result
-	(*WaiterEvent)(nil),      // 14: warden.shard.v1.WaiterEvent
-	(*LeaseInfo)(nil),        // 15: warden.shard.v1.LeaseInfo
-	(*RangeDescriptor)(nil),  // 16: warden.shard.v1.RangeDescriptor
-	(*ShardConfig)(nil),      // 17: warden.shard.v1.ShardConfig
-	(*ShardMeta)(nil),        // 18: warden.shard.v1.ShardMeta
-	(*RangeFence)(nil),       // 19: warden.shard.v1.RangeFence
-	(*FenceRangeCmd)(nil),    // 20: warden.shard.v1.FenceRangeCmd
-	(*UnfenceRangeCmd)(nil),  // 21: warden.shard.v1.UnfenceRangeCmd
-	(*RangeRecords)(nil),     // 22: warden.shard.v1.RangeRecords
-	(*ImportRangeCmd)(nil),   // 23: warden.shard.v1.ImportRangeCmd
-	(*ActivateRangeCmd)(nil), // 24: warden.shard.v1.ActivateRangeCmd
-	(*ReleaseRangeCmd)(nil),  // 25: warden.shard.v1.ReleaseRangeCmd
-	(*LockRecord)(nil),       // 26: warden.shard.v1.LockRecord
-	(*WaiterRecord)(nil),     // 27: warden.shard.v1.WaiterRecord
-	(*DedupRecord)(nil),      // 28: warden.shard.v1.DedupRecord
-	(*Query)(nil),            // 29: warden.shard.v1.Query
-	(*ExportQuery)(nil),      // 30: warden.shard.v1.ExportQuery
-	(*DigestQuery)(nil),      // 31: warden.shard.v1.DigestQuery
-	(*DescribeQuery)(nil),    // 32: warden.shard.v1.DescribeQuery
-	(*ScanQuery)(nil),        // 33: warden.shard.v1.ScanQuery
-	(*MetaQuery)(nil),        // 34: warden.shard.v1.MetaQuery
-	(*HotQuery)(nil),         // 35: warden.shard.v1.HotQuery
-	(*QueryResult)(nil),      // 36: warden.shard.v1.QueryResult
+	(Code)(0),                     // 0: warden.shard.v1.Code
+	(ReservationState)(0),         // 1: warden.shard.v1.ReservationState
+	(*Envelope)(nil),              // 2: warden.shard.v1.Envelope
+	(*AcquireCmd)(nil),            // 3: warden.shard.v1.AcquireCmd
+	(*CancelWaitCmd)(nil),         // 4: warden.shard.v1.CancelWaitCmd
+	(*DropWaitersCmd)(nil),        // 5: warden.shard.v1.DropWaitersCmd
+	(*WaiterRef)(nil),             // 6: warden.shard.v1.WaiterRef
+	(*RenewCmd)(nil),              // 7: warden.shard.v1.RenewCmd
+	(*ReleaseCmd)(nil),            // 8: warden.shard.v1.ReleaseCmd
+	(*ExpireCmd)(nil),             // 9: warden.shard.v1.ExpireCmd
+	(*ExpireItem)(nil),            // 10: warden.shard.v1.ExpireItem
+	(*ForgetCmd)(nil),             // 11: warden.shard.v1.ForgetCmd
+	(*DedupRef)(nil),              // 12: warden.shard.v1.DedupRef
+	(*SetConfigCmd)(nil),          // 13: warden.shard.v1.SetConfigCmd
+	(*SetLimitCmd)(nil),           // 14: warden.shard.v1.SetLimitCmd
+	(*ReserveCmd)(nil),            // 15: warden.shard.v1.ReserveCmd
+	(*CommitCmd)(nil),             // 16: warden.shard.v1.CommitCmd
+	(*ReleaseReservationCmd)(nil), // 17: warden.shard.v1.ReleaseReservationCmd
+	(*ReclaimCmd)(nil),            // 18: warden.shard.v1.ReclaimCmd
+	(*ReservationRef)(nil),        // 19: warden.shard.v1.ReservationRef
+	(*ReportUsageCmd)(nil),        // 20: warden.shard.v1.ReportUsageCmd
+	(*Result)(nil),                // 21: warden.shard.v1.Result
+	(*QuotaOutcome)(nil),          // 22: warden.shard.v1.QuotaOutcome
+	(*QuotaRecord)(nil),           // 23: warden.shard.v1.QuotaRecord
+	(*ReservationRecord)(nil),     // 24: warden.shard.v1.ReservationRecord
+	(*PoolRecord)(nil),            // 25: warden.shard.v1.PoolRecord
+	(*LedgerEvent)(nil),           // 26: warden.shard.v1.LedgerEvent
+	(*UsageReport)(nil),           // 27: warden.shard.v1.UsageReport
+	(*WaiterEvent)(nil),           // 28: warden.shard.v1.WaiterEvent
+	(*LeaseInfo)(nil),             // 29: warden.shard.v1.LeaseInfo
+	(*RangeDescriptor)(nil),       // 30: warden.shard.v1.RangeDescriptor
+	(*ShardConfig)(nil),           // 31: warden.shard.v1.ShardConfig
+	(*ShardMeta)(nil),             // 32: warden.shard.v1.ShardMeta
+	(*RangeFence)(nil),            // 33: warden.shard.v1.RangeFence
+	(*FenceRangeCmd)(nil),         // 34: warden.shard.v1.FenceRangeCmd
+	(*UnfenceRangeCmd)(nil),       // 35: warden.shard.v1.UnfenceRangeCmd
+	(*RangeRecords)(nil),          // 36: warden.shard.v1.RangeRecords
+	(*ImportRangeCmd)(nil),        // 37: warden.shard.v1.ImportRangeCmd
+	(*ActivateRangeCmd)(nil),      // 38: warden.shard.v1.ActivateRangeCmd
+	(*ReleaseRangeCmd)(nil),       // 39: warden.shard.v1.ReleaseRangeCmd
+	(*LockRecord)(nil),            // 40: warden.shard.v1.LockRecord
+	(*WaiterRecord)(nil),          // 41: warden.shard.v1.WaiterRecord
+	(*DedupRecord)(nil),           // 42: warden.shard.v1.DedupRecord
+	(*Query)(nil),                 // 43: warden.shard.v1.Query
+	(*QuotaQuery)(nil),            // 44: warden.shard.v1.QuotaQuery
+	(*ReservationsQuery)(nil),     // 45: warden.shard.v1.ReservationsQuery
+	(*LedgerQuery)(nil),           // 46: warden.shard.v1.LedgerQuery
+	(*QuotaLevel)(nil),            // 47: warden.shard.v1.QuotaLevel
+	(*ExportQuery)(nil),           // 48: warden.shard.v1.ExportQuery
+	(*DigestQuery)(nil),           // 49: warden.shard.v1.DigestQuery
+	(*DescribeQuery)(nil),         // 50: warden.shard.v1.DescribeQuery
+	(*ScanQuery)(nil),             // 51: warden.shard.v1.ScanQuery
+	(*MetaQuery)(nil),             // 52: warden.shard.v1.MetaQuery
+	(*HotQuery)(nil),              // 53: warden.shard.v1.HotQuery
+	(*QueryResult)(nil),           // 54: warden.shard.v1.QueryResult
 }
 var file_warden_shard_v1_shard_proto_depIdxs = []int32{
-	2,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
-	6,  // 1: warden.shard.v1.Envelope.renew:type_name -> warden.shard.v1.RenewCmd
-	7,  // 2: warden.shard.v1.Envelope.release:type_name -> warden.shard.v1.ReleaseCmd
-	8,  // 3: warden.shard.v1.Envelope.expire:type_name -> warden.shard.v1.ExpireCmd
-	10, // 4: warden.shard.v1.Envelope.forget:type_name -> warden.shard.v1.ForgetCmd
-	12, // 5: warden.shard.v1.Envelope.set_config:type_name -> warden.shard.v1.SetConfigCmd
-	3,  // 6: warden.shard.v1.Envelope.cancel_wait:type_name -> warden.shard.v1.CancelWaitCmd
-	4,  // 7: warden.shard.v1.Envelope.drop_waiters:type_name -> warden.shard.v1.DropWaitersCmd
-	20, // 8: warden.shard.v1.Envelope.fence_range:type_name -> warden.shard.v1.FenceRangeCmd
-	21, // 9: warden.shard.v1.Envelope.unfence_range:type_name -> warden.shard.v1.UnfenceRangeCmd
-	23, // 10: warden.shard.v1.Envelope.import_range:type_name -> warden.shard.v1.ImportRangeCmd
-	24, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
-	25, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
-	5,  // 13: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
-	9,  // 14: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
-	11, // 15: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
-	0,  // 16: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
-	15, // 17: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
-	16, // 18: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
-	17, // 19: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
-	14, // 20: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
-	14, // 21: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
-	15, // 22: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
-	17, // 23: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
-	16, // 24: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
-	19, // 25: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
-	19, // 26: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
-	26, // 27: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
-	28, // 28: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
-	27, // 29: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
-	22, // 30: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
-	16, // 31: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
-	17, // 32: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
-	16, // 33: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
-	32, // 34: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	33, // 35: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	33, // 36: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	34, // 37: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	31, // 38: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
-	33, // 39: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
-	35, // 40: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
-	30, // 41: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
-	26, // 42: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	18, // 43: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	8,  // 44: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	10, // 45: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	4,  // 46: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
-	26, // 47: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
-	22, // 48: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
-	49, // [49:49] is the sub-list for method output_type
-	49, // [49:49] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	3,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
+	7,  // 1: warden.shard.v1.Envelope.renew:type_name -> warden.shard.v1.RenewCmd
+	8,  // 2: warden.shard.v1.Envelope.release:type_name -> warden.shard.v1.ReleaseCmd
+	9,  // 3: warden.shard.v1.Envelope.expire:type_name -> warden.shard.v1.ExpireCmd
+	11, // 4: warden.shard.v1.Envelope.forget:type_name -> warden.shard.v1.ForgetCmd
+	13, // 5: warden.shard.v1.Envelope.set_config:type_name -> warden.shard.v1.SetConfigCmd
+	4,  // 6: warden.shard.v1.Envelope.cancel_wait:type_name -> warden.shard.v1.CancelWaitCmd
+	5,  // 7: warden.shard.v1.Envelope.drop_waiters:type_name -> warden.shard.v1.DropWaitersCmd
+	34, // 8: warden.shard.v1.Envelope.fence_range:type_name -> warden.shard.v1.FenceRangeCmd
+	35, // 9: warden.shard.v1.Envelope.unfence_range:type_name -> warden.shard.v1.UnfenceRangeCmd
+	37, // 10: warden.shard.v1.Envelope.import_range:type_name -> warden.shard.v1.ImportRangeCmd
+	38, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
+	39, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
+	14, // 13: warden.shard.v1.Envelope.set_limit:type_name -> warden.shard.v1.SetLimitCmd
+	15, // 14: warden.shard.v1.Envelope.reserve:type_name -> warden.shard.v1.ReserveCmd
+	16, // 15: warden.shard.v1.Envelope.commit:type_name -> warden.shard.v1.CommitCmd
+	17, // 16: warden.shard.v1.Envelope.release_reservation:type_name -> warden.shard.v1.ReleaseReservationCmd
+	18, // 17: warden.shard.v1.Envelope.reclaim:type_name -> warden.shard.v1.ReclaimCmd
+	20, // 18: warden.shard.v1.Envelope.report_usage:type_name -> warden.shard.v1.ReportUsageCmd
+	6,  // 19: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
+	10, // 20: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
+	12, // 21: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
+	19, // 22: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
+	0,  // 23: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
+	29, // 24: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
+	30, // 25: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
+	31, // 26: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
+	28, // 27: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
+	28, // 28: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
+	22, // 29: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
+	24, // 30: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
+	23, // 31: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
+	1,  // 32: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
+	29, // 33: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
+	31, // 34: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
+	30, // 35: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
+	33, // 36: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
+	33, // 37: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
+	40, // 38: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
+	42, // 39: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
+	41, // 40: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
+	23, // 41: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
+	24, // 42: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
+	25, // 43: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
+	26, // 44: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
+	27, // 45: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
+	36, // 46: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
+	30, // 47: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
+	31, // 48: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
+	30, // 49: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
+	50, // 50: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	51, // 51: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	51, // 52: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	52, // 53: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	49, // 54: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	51, // 55: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
+	53, // 56: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
+	48, // 57: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
+	44, // 58: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
+	45, // 59: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
+	46, // 60: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
+	51, // 61: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
+	23, // 62: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
+	40, // 63: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	32, // 64: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	9,  // 65: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	11, // 66: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	5,  // 67: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
+	40, // 68: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
+	36, // 69: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
+	47, // 70: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
+	24, // 71: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
+	26, // 72: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
+	18, // 73: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
+	74, // [74:74] is the sub-list for method output_type
+	74, // [74:74] is the sub-list for method input_type
+	74, // [74:74] is the sub-list for extension type_name
+	74, // [74:74] is the sub-list for extension extendee
+	0,  // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
@@ -3447,9 +5201,15 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Envelope_ImportRange)(nil),
 		(*Envelope_ActivateRange)(nil),
 		(*Envelope_ReleaseRange)(nil),
+		(*Envelope_SetLimit)(nil),
+		(*Envelope_Reserve)(nil),
+		(*Envelope_Commit)(nil),
+		(*Envelope_ReleaseReservation)(nil),
+		(*Envelope_Reclaim)(nil),
+		(*Envelope_ReportUsage)(nil),
 	}
 	file_warden_shard_v1_shard_proto_msgTypes[11].OneofWrappers = []any{}
-	file_warden_shard_v1_shard_proto_msgTypes[28].OneofWrappers = []any{
+	file_warden_shard_v1_shard_proto_msgTypes[41].OneofWrappers = []any{
 		(*Query_Describe)(nil),
 		(*Query_Expired)(nil),
 		(*Query_Forgettable)(nil),
@@ -3458,14 +5218,18 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Query_TimedOut)(nil),
 		(*Query_Hot)(nil),
 		(*Query_Export)(nil),
+		(*Query_Quota)(nil),
+		(*Query_Reservations)(nil),
+		(*Query_Ledger)(nil),
+		(*Query_Reclaimable)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_shard_v1_shard_proto_rawDesc), len(file_warden_shard_v1_shard_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   36,
+			NumEnums:      2,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

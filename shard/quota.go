@@ -1,0 +1,475 @@
+package shard
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// Quotas (DESIGN.md §1 rule 7, §4). A key is a slash path, pool first; a
+// level is any prefix of it. Every level on a key's path is charged with
+// the key's usage, so a level's committed and reserved include its whole
+// subtree. Limits are optional per level; a key with no limit on any
+// level is refused (an unknown pool is never unlimited).
+
+// Quota key bounds.
+const (
+	MaxQuotaSegments     = 8
+	MaxQuotaSegmentBytes = 64
+	// MaxQuotaAmount bounds amounts, limits and observed usage, so sums
+	// over a tree never overflow int64.
+	MaxQuotaAmount = int64(1) << 50
+	// MaxQuotaWeight bounds a level's fairness weight.
+	MaxQuotaWeight = 1000
+)
+
+// Ledger event kinds.
+const (
+	LedgerSetLimit   = "SET_LIMIT"
+	LedgerReserve    = "RESERVE"
+	LedgerCommit     = "COMMIT"
+	LedgerRelease    = "RELEASE"
+	LedgerExpire     = "EXPIRE"
+	LedgerCorrection = "CORRECTION"
+)
+
+// Refusal reasons of an exhausted Reserve.
+const (
+	ReasonLimit     = "LIMIT"
+	ReasonFairShare = "FAIR_SHARE"
+)
+
+// CheckQuotaKey validates a quota key: 1–8 segments of 1–64 bytes of
+// [A-Za-z0-9._-], joined by '/'.
+func CheckQuotaKey(field, key string) error {
+	segs := strings.Split(key, "/")
+	if key == "" || len(segs) > MaxQuotaSegments {
+		return &FieldError{field, fmt.Sprintf("must have 1 to %d segments", MaxQuotaSegments)}
+	}
+	for _, s := range segs {
+		if len(s) == 0 || len(s) > MaxQuotaSegmentBytes {
+			return &FieldError{field, fmt.Sprintf("segments must be 1 to %d bytes", MaxQuotaSegmentBytes)}
+		}
+		for _, c := range []byte(s) {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+				return &FieldError{field, fmt.Sprintf("segment %q has %q; only [A-Za-z0-9._-] are allowed", s, c)}
+			}
+		}
+	}
+	return nil
+}
+
+// Levels returns the levels of key's path, root first.
+func Levels(key string) []string {
+	segs := strings.Split(key, "/")
+	out := make([]string, len(segs))
+	for i := range segs {
+		out[i] = strings.Join(segs[:i+1], "/")
+	}
+	return out
+}
+
+// quotaTree is the state of one key's path as a command sees it: the
+// level records (created empty when missing) and the capacity that
+// reservations past their ttl free at each level before the reclaimer
+// records them.
+type quotaTree struct {
+	levels  []*shardv1.QuotaRecord
+	expired []int64 // per level: expired-pending amount
+}
+
+func (a *applier) quotaLevel(key string) (*shardv1.QuotaRecord, error) {
+	if q, ok := a.quotas[key]; ok {
+		return q, nil
+	}
+	q, err := a.r.Quota(key)
+	if err != nil {
+		return nil, err
+	}
+	if q == nil {
+		q = &shardv1.QuotaRecord{Key: key, Weight: 1}
+	}
+	return q, nil
+}
+
+func (a *applier) setQuota(q *shardv1.QuotaRecord) {
+	q.Version++
+	q.UpdatedAtUnixNano = a.now
+	a.quotas[q.GetKey()] = q
+	a.put(Change{Kind: PutQuota, Quota: q})
+}
+
+// tree loads key's path as of now.
+func (a *applier) tree(key string) (*quotaTree, error) {
+	t := &quotaTree{}
+	for _, l := range Levels(key) {
+		q, err := a.quotaLevel(l)
+		if err != nil {
+			return nil, err
+		}
+		t.levels = append(t.levels, proto.CloneOf(q))
+	}
+	t.expired = make([]int64, len(t.levels))
+	exp, err := a.r.Expired(Pool(key), a.now)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range exp {
+		for i, q := range t.levels {
+			if Under(r.GetKey(), q.GetKey()) {
+				t.expired[i] += r.GetAmount()
+			}
+		}
+	}
+	return t, nil
+}
+
+// use is level i's committed plus live reserved usage.
+func (t *quotaTree) use(i int) int64 {
+	return t.levels[i].GetCommitted() + t.levels[i].GetReserved() - t.expired[i]
+}
+
+// charge adds reserved and committed deltas to every level of the path
+// and records them.
+func (a *applier) charge(t *quotaTree, reserved, committed int64) {
+	for _, q := range t.levels {
+		q.Reserved += reserved
+		q.Committed += committed
+		a.setQuota(q)
+	}
+}
+
+// ledger appends an event to the key's pool ledger.
+func (a *applier) ledger(e *shardv1.LedgerEvent) error {
+	pool := Pool(e.GetKey())
+	p, ok := a.pools[pool]
+	if !ok {
+		var err error
+		if p, err = a.r.PoolRecord(pool); err != nil {
+			return err
+		}
+		if p == nil {
+			p = &shardv1.PoolRecord{Pool: pool}
+		}
+	}
+	p = proto.CloneOf(p)
+	p.LastSeq++
+	a.pools[pool] = p
+	e.Seq, e.AtUnixNano = p.GetLastSeq(), a.now
+	a.put(Change{Kind: PutPool, PoolRecord: p})
+	a.put(Change{Kind: PutLedger, Ledger: e})
+	return nil
+}
+
+// checkQuotaKey refuses a malformed key or one this shard does not serve.
+func (a *applier) checkQuotaKey(key string) *shardv1.Result {
+	if err := CheckQuotaKey("key", key); err != nil {
+		return invalidErr(err)
+	}
+	return serves(a.meta, KeyHash(Pool(key)))
+}
+
+func (a *applier) setLimit(c *shardv1.SetLimitCmd) (*shardv1.Result, error) {
+	if res := a.checkQuotaKey(c.GetKey()); res != nil {
+		return res, nil
+	}
+	if c.GetLimit() < 0 || c.GetLimit() > MaxQuotaAmount {
+		return invalid("limit", fmt.Sprintf("must be within [0, %d]", MaxQuotaAmount)), nil
+	}
+	w := max(c.GetWeight(), 1)
+	if w > MaxQuotaWeight {
+		return invalid("weight", fmt.Sprintf("must be within [1, %d]", MaxQuotaWeight)), nil
+	}
+	q, err := a.quotaLevel(c.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	if q.GetHasLimit() && q.GetLimit() == c.GetLimit() && q.GetWeight() == w {
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Record: q, Replayed: true}}, nil
+	}
+	q = proto.CloneOf(q)
+	q.HasLimit, q.Limit, q.Weight = true, c.GetLimit(), w
+	a.setQuota(q)
+	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerSetLimit, Limit: c.GetLimit()}); err != nil {
+		return nil, err
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Record: q}}, nil
+}
+
+func (a *applier) reserve(c *shardv1.ReserveCmd) (*shardv1.Result, error) {
+	if res := a.checkQuotaKey(c.GetKey()); res != nil {
+		return res, nil
+	}
+	if err := CheckName("reservation_id", c.GetReservationId(), MaxRequestIDBytes); err != nil {
+		return invalidErr(err), nil
+	}
+	if c.GetAmount() <= 0 || c.GetAmount() > MaxQuotaAmount {
+		return invalid("amount", fmt.Sprintf("must be within [1, %d]", MaxQuotaAmount)), nil
+	}
+	ttl := c.GetTtlNanos()
+	if ttl == 0 {
+		ttl = a.cfg().GetDefaultReservationTtlNanos()
+	}
+	if ttl < a.cfg().GetMinLeaseTtlNanos() || ttl > a.cfg().GetMaxReservationTtlNanos() {
+		return invalid("ttl", fmt.Sprintf("must be within [%v, %v]", time.Duration(a.cfg().GetMinLeaseTtlNanos()), time.Duration(a.cfg().GetMaxReservationTtlNanos()))), nil
+	}
+	if old, err := a.reservation(c.GetKey(), c.GetReservationId()); err != nil || old != nil {
+		if err != nil {
+			return nil, err
+		}
+		if old.GetAmount() != c.GetAmount() || old.GetTtlNanos() != ttl {
+			return invalid("reservation_id", "was used with another amount or ttl"), nil
+		}
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Reservation: old, Remaining: old.GetRemaining(), Replayed: true}}, nil
+	}
+	t, err := a.tree(c.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	limited := false
+	remaining := MaxQuotaAmount
+	for i, q := range t.levels { // root first: the first refusal names the highest level
+		if !q.GetHasLimit() {
+			continue
+		}
+		limited = true
+		after := t.use(i) + c.GetAmount()
+		if after > q.GetLimit() {
+			return a.exhausted(t, i, ReasonLimit)
+		}
+		remaining = min(remaining, q.GetLimit()-after)
+		// Fairness: above the threshold of this level, no limited child on
+		// the path may go past its weighted share.
+		if i+1 < len(t.levels) && t.levels[i+1].GetHasLimit() && after*100 > q.GetLimit()*int64(a.cfg().GetFairnessThresholdPercent()) {
+			share, err := a.share(q, t.levels[i+1])
+			if err != nil {
+				return nil, err
+			}
+			if t.use(i+1)+c.GetAmount() > share {
+				return a.exhausted(t, i+1, ReasonFairShare, share)
+			}
+		}
+	}
+	if !limited {
+		return failed(fmt.Sprintf("no level of %q has a limit (set one on its pool %q)", c.GetKey(), Pool(c.GetKey()))), nil
+	}
+	a.charge(t, c.GetAmount(), 0)
+	r := &shardv1.ReservationRecord{Key: c.GetKey(), ReservationId: c.GetReservationId(), Amount: c.GetAmount(), TtlNanos: ttl,
+		ExpiresAtUnixNano: a.now + ttl, State: shardv1.ReservationState_RESERVATION_STATE_OPEN, Remaining: remaining}
+	a.setReservation(r)
+	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerReserve, Amount: c.GetAmount(), ReservationId: c.GetReservationId()}); err != nil {
+		return nil, err
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Reservation: r, Remaining: remaining}}, nil
+}
+
+// share is child's weighted share of parent's limit: weight / Σ weights of
+// the parent's children that have limits × parent limit.
+func (a *applier) share(parent, child *shardv1.QuotaRecord) (int64, error) {
+	kids, err := a.r.QuotaChildren(parent.GetKey())
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, k := range kids {
+		if k.GetKey() == child.GetKey() {
+			k = child
+		}
+		if k.GetHasLimit() {
+			total += int64(max(k.GetWeight(), 1))
+		}
+	}
+	if total == 0 {
+		return parent.GetLimit(), nil
+	}
+	return parent.GetLimit() * int64(max(child.GetWeight(), 1)) / total, nil
+}
+
+// exhausted refuses a Reserve at level i: remaining room there (under cap,
+// the fair share, when given) and the time to its nearest expiry.
+func (a *applier) exhausted(t *quotaTree, i int, reason string, cap ...int64) (*shardv1.Result, error) {
+	q := t.levels[i]
+	limit := q.GetLimit()
+	if len(cap) > 0 {
+		limit = cap[0]
+	}
+	next, err := a.r.NextExpiry(q.GetKey(), a.now)
+	if err != nil {
+		return nil, err
+	}
+	out := &shardv1.QuotaOutcome{Level: q.GetKey(), Reason: reason, Remaining: max(0, limit-t.use(i))}
+	if next != 0 {
+		out.RetryAfterNanos = next - a.now
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_RESOURCE_EXHAUSTED, Field: "amount",
+		Reason: fmt.Sprintf("%s: %s has %d left", reason, q.GetKey(), out.GetRemaining()), Quota: out}, nil
+}
+
+// reservation reads a reservation through this command's own writes.
+func (a *applier) reservation(key, id string) (*shardv1.ReservationRecord, error) {
+	if r, ok := a.reservations[key+"\x00"+id]; ok {
+		return r, nil
+	}
+	return a.r.Reservation(key, id)
+}
+
+func (a *applier) setReservation(r *shardv1.ReservationRecord) {
+	a.reservations[r.GetKey()+"\x00"+r.GetReservationId()] = r
+	a.put(Change{Kind: PutReservation, Reservation: r})
+}
+
+// reservationFor finds the reservation of a Commit or Release.
+func (a *applier) reservationFor(key, id string) (*shardv1.ReservationRecord, *shardv1.Result, error) {
+	if res := a.checkQuotaKey(key); res != nil {
+		return nil, res, nil
+	}
+	if err := CheckName("reservation_id", id, MaxRequestIDBytes); err != nil {
+		return nil, invalidErr(err), nil
+	}
+	r, err := a.reservation(key, id)
+	return r, nil, err
+}
+
+// live reports whether r is open and not past its ttl.
+func (a *applier) live(r *shardv1.ReservationRecord) bool {
+	return r.GetState() == shardv1.ReservationState_RESERVATION_STATE_OPEN && a.now < r.GetExpiresAtUnixNano()
+}
+
+func (a *applier) commit(c *shardv1.CommitCmd) (*shardv1.Result, error) {
+	r, res, err := a.reservationFor(c.GetKey(), c.GetReservationId())
+	if res != nil || err != nil {
+		return res, err
+	}
+	switch {
+	case r.GetState() == shardv1.ReservationState_RESERVATION_STATE_COMMITTED:
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Reservation: r, Replayed: true}}, nil
+	case r == nil:
+		return failed("no such reservation (refused, or forgotten after the dedup window)"), nil
+	case !a.live(r):
+		return failed("the reservation is released or expired; reserve again"), nil
+	case c.GetAmount() < 0 || c.GetAmount() > r.GetAmount():
+		return invalid("amount", fmt.Sprintf("must be within [0, %d] (0: all of the reservation)", r.GetAmount())), nil
+	}
+	amount := c.GetAmount()
+	if amount == 0 {
+		amount = r.GetAmount()
+	}
+	t, err := a.tree(c.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	a.charge(t, -r.GetAmount(), amount)
+	r = proto.CloneOf(r)
+	r.State, r.Committed, r.EndedAtUnixNano = shardv1.ReservationState_RESERVATION_STATE_COMMITTED, amount, a.now
+	a.setReservation(r)
+	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerCommit, Amount: amount, Returned: r.GetAmount() - amount, ReservationId: r.GetReservationId()}); err != nil {
+		return nil, err
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Reservation: r}}, nil
+}
+
+func (a *applier) releaseReservation(c *shardv1.ReleaseReservationCmd) (*shardv1.Result, error) {
+	r, res, err := a.reservationFor(c.GetKey(), c.GetReservationId())
+	if res != nil || err != nil {
+		return res, err
+	}
+	if r.GetState() == shardv1.ReservationState_RESERVATION_STATE_COMMITTED {
+		return failed("the reservation is committed: its usage is not returned by a release"), nil
+	}
+	if !a.live(r) {
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Reservation: r}}, nil
+	}
+	t, err := a.tree(c.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	a.charge(t, -r.GetAmount(), 0)
+	r = proto.CloneOf(r)
+	r.State, r.EndedAtUnixNano = shardv1.ReservationState_RESERVATION_STATE_RELEASED, a.now
+	a.setReservation(r)
+	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerRelease, Amount: r.GetAmount(), ReservationId: r.GetReservationId()}); err != nil {
+		return nil, err
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Released: true, Quota: &shardv1.QuotaOutcome{Reservation: r}}, nil
+}
+
+// reclaim records the expiry of reservations the leader saw expired.
+func (a *applier) reclaim(c *shardv1.ReclaimCmd) (*shardv1.Result, error) {
+	var n uint32
+	for _, it := range c.GetItems() {
+		if CheckQuotaKey("key", it.GetKey()) != nil || serves(a.meta, KeyHash(Pool(it.GetKey()))) != nil {
+			continue
+		}
+		r, err := a.reservation(it.GetKey(), it.GetReservationId())
+		if err != nil {
+			return nil, err
+		}
+		if r.GetState() != shardv1.ReservationState_RESERVATION_STATE_OPEN || r.GetExpiresAtUnixNano() != it.GetExpiresAtUnixNano() || a.now < r.GetExpiresAtUnixNano() {
+			continue
+		}
+		t, err := a.tree(r.GetKey())
+		if err != nil {
+			return nil, err
+		}
+		a.charge(t, -r.GetAmount(), 0)
+		r = proto.CloneOf(r)
+		r.State, r.EndedAtUnixNano = shardv1.ReservationState_RESERVATION_STATE_EXPIRED, a.now
+		a.setReservation(r)
+		if err := a.ledger(&shardv1.LedgerEvent{Key: r.GetKey(), Kind: LedgerExpire, Amount: r.GetAmount(), ReservationId: r.GetReservationId()}); err != nil {
+			return nil, err
+		}
+		n++
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: n}, nil
+}
+
+func (a *applier) reportUsage(c *shardv1.ReportUsageCmd) (*shardv1.Result, error) {
+	if res := a.checkQuotaKey(c.GetKey()); res != nil {
+		return res, nil
+	}
+	if c.GetObserved() < 0 || c.GetObserved() > MaxQuotaAmount {
+		return invalid("observed", fmt.Sprintf("must be within [0, %d]", MaxQuotaAmount)), nil
+	}
+	if c.GetCorrect() {
+		if err := CheckName("report_id", c.GetReportId(), MaxRequestIDBytes); err != nil {
+			return invalidErr(err), nil
+		}
+		old, err := a.r.Report(c.GetKey(), c.GetReportId())
+		if err != nil {
+			return nil, err
+		}
+		if old != nil {
+			if old.GetObserved() != c.GetObserved() {
+				return invalid("report_id", "was used with another observed value"), nil
+			}
+			q, err := a.quotaLevel(c.GetKey())
+			if err != nil {
+				return nil, err
+			}
+			return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Drift: old.GetDrift(), Record: q, Replayed: true}}, nil
+		}
+	}
+	t, err := a.tree(c.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	leaf := t.levels[len(t.levels)-1]
+	drift := c.GetObserved() - leaf.GetCommitted()
+	if !c.GetCorrect() {
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Drift: drift, Record: leaf}}, nil
+	}
+	// The correction moves committed usage by the drift on every level,
+	// so each level still counts its whole subtree. It may leave a level
+	// above its limit (DESIGN.md rule 7); nothing new is reserved there
+	// until it fits.
+	a.charge(t, 0, drift)
+	a.put(Change{Kind: PutReport, Report: &shardv1.UsageReport{Key: c.GetKey(), ReportId: c.GetReportId(), Observed: c.GetObserved(), Drift: drift}})
+	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerCorrection, Amount: drift, ReportId: c.GetReportId()}); err != nil {
+		return nil, err
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Drift: drift, Record: t.levels[len(t.levels)-1]}}, nil
+}
