@@ -27,6 +27,14 @@ import (
 //	set skew=D window=D min_ttl=D max_ttl=D default_ttl=D -> EXPECT
 //	describe RES -> EXPECT                 the stored record
 //	scan expired|forgettable|timed_out -> EXPECT
+//	limit KEY N [weight=W] -> EXPECT       SetLimit
+//	reserve KEY AMOUNT ID [ttl=D] -> EXPECT
+//	commit KEY ID [amount=N] -> EXPECT
+//	unreserve KEY ID -> EXPECT              release a reservation
+//	reclaim -> EXPECT                       the leader's reclaimer: every expired reservation
+//	report KEY OBSERVED ID [correct] -> EXPECT
+//	query KEY -> EXPECT                     each level of the path
+//	ledger KEY -> EXPECT                    the subtree's ledger events
 //
 // Lease names (L) stand for 16-byte lease ids. Durations are Go
 // durations from t0; EXPECT is the step's output exactly as the test
@@ -188,6 +196,72 @@ func (s *script) step(f []string) string {
 			}
 		}
 		return out(f[0], s.rep.propose(s.now, setConfigCmd(c)))
+	case "limit":
+		n, _ := strconv.ParseInt(f[2], 10, 64)
+		c := &shardv1.SetLimitCmd{Key: f[1], Limit: n}
+		if w, err := strconv.ParseUint(kv(f[3:])["weight"], 10, 32); err == nil {
+			c.Weight = uint32(w)
+		}
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: c}}))
+	case "reserve":
+		n, _ := strconv.ParseInt(f[2], 10, 64)
+		c := &shardv1.ReserveCmd{Key: f[1], Amount: n, ReservationId: f[3]}
+		if v, ok := kv(f[4:])["ttl"]; ok {
+			c.TtlNanos = s.dur(v)
+		}
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_Reserve{Reserve: c}}))
+	case "commit":
+		c := &shardv1.CommitCmd{Key: f[1], ReservationId: f[2]}
+		if v, ok := kv(f[3:])["amount"]; ok {
+			c.Amount, _ = strconv.ParseInt(v, 10, 64)
+		}
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_Commit{Commit: c}}))
+	case "unreserve":
+		return out("release", s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_ReleaseReservation{
+			ReleaseReservation: &shardv1.ReleaseReservationCmd{Key: f[1], ReservationId: f[2]}}}))
+	case "reclaim":
+		var items []*shardv1.ReservationRef
+		for _, it := range s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Reclaimable{Reclaimable: &shardv1.ScanQuery{Limit: 100}}}).GetReclaim().GetItems() {
+			items = append(items, it)
+		}
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_Reclaim{Reclaim: &shardv1.ReclaimCmd{Items: items}}}))
+	case "report":
+		n, _ := strconv.ParseInt(f[2], 10, 64)
+		c := &shardv1.ReportUsageCmd{Key: f[1], Observed: n, ReportId: f[3], Correct: len(f) > 4 && f[4] == "correct"}
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: c}}))
+	case "query":
+		var parts []string
+		for _, l := range s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: f[1]}}}).GetLevels() {
+			q := l.GetRecord()
+			lim := "-"
+			if q.GetHasLimit() {
+				lim = strconv.FormatInt(q.GetLimit(), 10)
+			}
+			p := fmt.Sprintf("%s:limit=%s,committed=%d,reserved=%d", q.GetKey(), lim, q.GetCommitted(), l.GetReserved())
+			if l.GetExpiredPending() > 0 {
+				p += fmt.Sprintf(",expired_pending=%d", l.GetExpiredPending())
+			}
+			if q.GetHasLimit() {
+				p += fmt.Sprintf(",remaining=%d", l.GetRemaining())
+			}
+			parts = append(parts, p)
+		}
+		return strings.Join(parts, " ")
+	case "ledger":
+		var parts []string
+		for _, e := range s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Ledger{Ledger: &shardv1.LedgerQuery{Key: f[1], Limit: 100}}}).GetLedger() {
+			p := fmt.Sprintf("%d:%s:%s", e.GetSeq(), e.GetKind(), e.GetKey())
+			if e.GetReservationId() != "" {
+				p += ":" + e.GetReservationId()
+			}
+			if e.GetKind() == "SET_LIMIT" {
+				p += fmt.Sprintf(":%d", e.GetLimit())
+			} else {
+				p += fmt.Sprintf(":%d", e.GetAmount())
+			}
+			parts = append(parts, p)
+		}
+		return "[" + strings.Join(parts, " ") + "]"
 	case "describe":
 		l := s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: f[1]}}}).GetLock()
 		switch {
@@ -271,11 +345,29 @@ func out(verb string, r *shardv1.Result) string {
 			fmt.Fprintf(&b, " waiters=%d", r.GetCount())
 		}
 	}
+	if qo := r.GetQuota(); qo != nil {
+		switch {
+		case r.GetCode() == shardv1.Code_CODE_RESOURCE_EXHAUSTED:
+			fmt.Fprintf(&b, " level=%s reason=%s remaining=%d", qo.GetLevel(), qo.GetReason(), qo.GetRemaining())
+			if qo.GetRetryAfterNanos() > 0 {
+				fmt.Fprintf(&b, " retry_after=%v", time.Duration(qo.GetRetryAfterNanos()))
+			}
+		case verb == "reserve":
+			fmt.Fprintf(&b, " remaining=%d expires=%s", qo.GetRemaining(), at(qo.GetReservation().GetExpiresAtUnixNano()))
+		case verb == "commit":
+			fmt.Fprintf(&b, " committed=%d", qo.GetReservation().GetCommitted())
+		case verb == "report":
+			fmt.Fprintf(&b, " drift=%d", qo.GetDrift())
+		}
+		if qo.GetReplayed() {
+			b.WriteString(" replayed")
+		}
+	}
 	if r.GetCode() == shardv1.Code_CODE_OK {
 		switch verb {
 		case "release":
 			b.WriteString(" released=" + strconv.FormatBool(r.GetReleased()))
-		case "expire", "forget", "drop", "cancel":
+		case "expire", "forget", "drop", "cancel", "reclaim":
 			b.WriteString(" count=" + strconv.Itoa(int(r.GetCount())))
 		}
 		if verb == "cancel" && r.GetReleased() {
