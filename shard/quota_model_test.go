@@ -1,0 +1,257 @@
+package shard
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"os"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// qModel is the reference model of one quota tree: limits, reservations
+// and corrections, from which every level's usage is recomputed from
+// scratch (the state machine keeps running counters instead).
+type qModel struct {
+	limits  map[string]*shardv1.SetLimitCmd
+	res     map[string]*mRes // by key NUL reservation id
+	correct map[string]int64 // key → total correction
+	reports map[string]int64 // report id → drift
+}
+
+type mRes struct {
+	key, id        string
+	amount, ttl    int64
+	expires        int64
+	state          shardv1.ReservationState
+	committed      int64
+	remainingReply int64
+}
+
+// usage returns level's committed and live reserved usage at now.
+func (m *qModel) usage(level string, now int64) (committed, reserved int64) {
+	for _, r := range m.res {
+		if !Under(r.key, level) {
+			continue
+		}
+		switch {
+		case r.state == shardv1.ReservationState_RESERVATION_STATE_COMMITTED:
+			committed += r.committed
+		case r.state == shardv1.ReservationState_RESERVATION_STATE_OPEN && now < r.expires:
+			reserved += r.amount
+		}
+	}
+	for k, c := range m.correct {
+		if Under(k, level) {
+			committed += c
+		}
+	}
+	return committed, reserved
+}
+
+// TestQuotaMatchesModel runs random SetLimit, Reserve (with retries and
+// changed parameters), Commit (whole and partial), Release, reclaim
+// passes, usage reports and time steps against a replica and the model,
+// and checks every result and every level's counters, and DESIGN.md rule
+// 7: no successful Reserve leaves a limited level on its path over its
+// limit.
+func TestQuotaMatchesModel(t *testing.T) {
+	keys := []string{"p", "p/a", "p/b", "p/a/x", "p/a/y", "p/b/z"}
+	rapid.Check(t, func(rt *rapid.T) {
+		dir, err := os.MkdirTemp("", "warden-quota-model-")
+		if err != nil {
+			rt.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		rep := openReplica(rt, dir, FirstShard)
+		defer func() { rep.sm.Close() }()
+		m := &qModel{limits: map[string]*shardv1.SetLimitCmd{}, res: map[string]*mRes{}, correct: map[string]int64{}, reports: map[string]int64{}}
+		now := t0
+		cfg := DefaultConfig()
+		prop := func(env *shardv1.Envelope) *shardv1.Result { return rep.propose(now, env) }
+		for step := range rapid.IntRange(1, 120).Draw(rt, "steps") {
+			key := rapid.SampledFrom(keys).Draw(rt, "key")
+			id := fmt.Sprintf("r%d", rapid.IntRange(0, 12).Draw(rt, "id"))
+			switch rapid.IntRange(0, 9).Draw(rt, "op") {
+			case 0, 1: // SetLimit
+				c := &shardv1.SetLimitCmd{Key: key, Limit: rapid.Int64Range(0, 60).Draw(rt, "limit"), Weight: uint32(rapid.IntRange(1, 3).Draw(rt, "weight"))}
+				if res := prop(&shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: c}}); res.GetCode() != shardv1.Code_CODE_OK {
+					rt.Fatalf("set limit: %v", res)
+				}
+				m.limits[key] = c
+			case 2, 3, 4: // Reserve
+				amount := rapid.Int64Range(1, 25).Draw(rt, "amount")
+				ttl := int64(rapid.IntRange(1, 10).Draw(rt, "ttl s")) * second
+				res := prop(&shardv1.Envelope{Command: &shardv1.Envelope_Reserve{Reserve: &shardv1.ReserveCmd{Key: key, Amount: amount, ReservationId: id, TtlNanos: ttl}}})
+				if old := m.res[key+"\x00"+id]; old != nil {
+					switch {
+					case old.amount != amount || old.ttl != ttl:
+						if res.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT {
+							rt.Fatalf("step %d: reserve %s with changed parameters: %v", step, id, res)
+						}
+					case !res.GetQuota().GetReplayed() || res.GetQuota().GetRemaining() != old.remainingReply:
+						rt.Fatalf("step %d: retry of %s: %v, want the original answer (remaining %d)", step, id, res, old.remainingReply)
+					}
+					continue
+				}
+				want, remaining := m.decide(key, amount, now, cfg)
+				if res.GetCode() != want {
+					rt.Fatalf("step %d: reserve %s %d on %s: %v %s, model says %v (%s)", step, id, amount, key, res.GetCode(), res.GetReason(), want, m.explain(key, now))
+				}
+				if want == shardv1.Code_CODE_OK {
+					if res.GetQuota().GetRemaining() != remaining {
+						rt.Fatalf("step %d: reserve %s: remaining %d, model says %d", step, id, res.GetQuota().GetRemaining(), remaining)
+					}
+					m.res[key+"\x00"+id] = &mRes{key: key, id: id, amount: amount, ttl: ttl, expires: now + ttl, state: shardv1.ReservationState_RESERVATION_STATE_OPEN, remainingReply: remaining}
+					for _, l := range Levels(key) { // rule 7
+						if lim := m.limits[l]; lim != nil {
+							if c, r := m.usage(l, now); c+r > lim.GetLimit() && r > 0 {
+								rt.Fatalf("step %d: reserve took %s to %d over its limit %d", step, l, c+r, lim.GetLimit())
+							}
+						}
+					}
+				}
+			case 5: // Commit
+				r := m.pick(rt)
+				if r == nil {
+					continue
+				}
+				id = r.id
+				part := rapid.Int64Range(0, r.amount).Draw(rt, "commit amount")
+				res := prop(&shardv1.Envelope{Command: &shardv1.Envelope_Commit{Commit: &shardv1.CommitCmd{Key: r.key, ReservationId: id, Amount: part}}})
+				switch {
+				case r.state == shardv1.ReservationState_RESERVATION_STATE_COMMITTED:
+					if res.GetCode() != shardv1.Code_CODE_OK || res.GetQuota().GetReservation().GetCommitted() != r.committed {
+						rt.Fatalf("step %d: second commit of %s: %v", step, id, res)
+					}
+				case r.state != shardv1.ReservationState_RESERVATION_STATE_OPEN || now >= r.expires:
+					if res.GetCode() != shardv1.Code_CODE_FAILED_PRECONDITION {
+						rt.Fatalf("step %d: commit of ended %s: %v", step, id, res)
+					}
+				default:
+					if res.GetCode() != shardv1.Code_CODE_OK {
+						rt.Fatalf("step %d: commit of %s: %v", step, id, res)
+					}
+					if part == 0 {
+						part = r.amount
+					}
+					r.state, r.committed = shardv1.ReservationState_RESERVATION_STATE_COMMITTED, part
+				}
+			case 6: // Release
+				r := m.pick(rt)
+				if r == nil {
+					continue
+				}
+				id = r.id
+				res := prop(&shardv1.Envelope{Command: &shardv1.Envelope_ReleaseReservation{ReleaseReservation: &shardv1.ReleaseReservationCmd{Key: r.key, ReservationId: id}}})
+				live := r.state == shardv1.ReservationState_RESERVATION_STATE_OPEN && now < r.expires
+				switch {
+				case r.state == shardv1.ReservationState_RESERVATION_STATE_COMMITTED:
+					if res.GetCode() != shardv1.Code_CODE_FAILED_PRECONDITION {
+						rt.Fatalf("step %d: release of committed %s: %v", step, id, res)
+					}
+				case res.GetCode() != shardv1.Code_CODE_OK || res.GetReleased() != live:
+					rt.Fatalf("step %d: release of %s (live %v): %v", step, id, live, res)
+				case live:
+					r.state = shardv1.ReservationState_RESERVATION_STATE_RELEASED
+				}
+			case 7: // the leader's reclaimer
+				scan := rep.query(now, &shardv1.Query{Query: &shardv1.Query_Reclaimable{Reclaimable: &shardv1.ScanQuery{Limit: 100}}}).GetReclaim()
+				if res := prop(&shardv1.Envelope{Command: &shardv1.Envelope_Reclaim{Reclaim: scan}}); res.GetCode() != shardv1.Code_CODE_OK {
+					rt.Fatalf("reclaim: %v", res)
+				}
+				for _, r := range m.res {
+					if r.state == shardv1.ReservationState_RESERVATION_STATE_OPEN && now >= r.expires {
+						r.state = shardv1.ReservationState_RESERVATION_STATE_EXPIRED
+					}
+				}
+			case 8: // ReportUsage with correction
+				rid := fmt.Sprintf("c%d", rapid.IntRange(0, 4).Draw(rt, "report"))
+				observed := rapid.Int64Range(0, 40).Draw(rt, "observed")
+				res := prop(&shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: &shardv1.ReportUsageCmd{Key: key, Observed: observed, ReportId: rid + "-" + key, Correct: true}}})
+				if d, ok := m.reports[rid+"-"+key]; ok {
+					if res.GetCode() == shardv1.Code_CODE_OK && res.GetQuota().GetDrift() != d {
+						rt.Fatalf("step %d: replayed report: %v, want drift %d", step, res, d)
+					}
+					continue
+				}
+				own, _ := m.usage(key, now)
+				if res.GetCode() != shardv1.Code_CODE_OK || res.GetQuota().GetDrift() != observed-own {
+					rt.Fatalf("step %d: report %s on %s: %v, model drift %d", step, rid, key, res, observed-own)
+				}
+				m.reports[rid+"-"+key] = observed - own
+				m.correct[key] += observed - own
+			case 9:
+				now += rapid.Int64Range(0, 3*second).Draw(rt, "advance")
+			}
+			// Every level's counters against the model.
+			for _, l := range rep.query(now, &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: "p/a/x"}}}).GetLevels() {
+				c, r := m.usage(l.GetRecord().GetKey(), now)
+				if l.GetRecord().GetCommitted() != c || l.GetReserved() != r {
+					rt.Fatalf("step %d: %s has committed %d reserved %d; model says %d, %d", step, l.GetRecord().GetKey(), l.GetRecord().GetCommitted(), l.GetReserved(), c, r)
+				}
+			}
+		}
+	})
+}
+
+// decide is the model's Reserve: every limited level on the path, root
+// first, must have room, and above the fairness threshold a limited child
+// may not pass its weighted share. It returns the code and the remaining
+// room at the tightest level.
+func (m *qModel) decide(key string, amount, now int64, cfg *shardv1.ShardConfig) (shardv1.Code, int64) {
+	levels := Levels(key)
+	limited := false
+	remaining := MaxQuotaAmount
+	for i, l := range levels {
+		lim := m.limits[l]
+		if lim == nil {
+			continue
+		}
+		limited = true
+		c, r := m.usage(l, now)
+		after := c + r + amount
+		if after > lim.GetLimit() {
+			return shardv1.Code_CODE_RESOURCE_EXHAUSTED, 0
+		}
+		remaining = min(remaining, lim.GetLimit()-after)
+		if i+1 < len(levels) && m.limits[levels[i+1]] != nil && after*100 > lim.GetLimit()*int64(cfg.GetFairnessThresholdPercent()) {
+			var total int64
+			for k, kl := range m.limits {
+				if len(Levels(k)) == i+2 && Under(k, l) {
+					total += int64(max(kl.GetWeight(), 1))
+				}
+			}
+			share := lim.GetLimit() * int64(max(m.limits[levels[i+1]].GetWeight(), 1)) / total
+			cc, cr := m.usage(levels[i+1], now)
+			if cc+cr+amount > share {
+				return shardv1.Code_CODE_RESOURCE_EXHAUSTED, 0
+			}
+		}
+	}
+	if !limited {
+		return shardv1.Code_CODE_FAILED_PRECONDITION, 0
+	}
+	return shardv1.Code_CODE_OK, remaining
+}
+
+// pick draws one of the reservations made so far, or nil.
+func (m *qModel) pick(rt *rapid.T) *mRes {
+	if len(m.res) == 0 {
+		return nil
+	}
+	ids := slices.Sorted(maps.Keys(m.res))
+	return m.res[rapid.SampledFrom(ids).Draw(rt, "reservation")]
+}
+
+func (m *qModel) explain(key string, now int64) string {
+	s := ""
+	for _, l := range Levels(key) {
+		c, r := m.usage(l, now)
+		s += fmt.Sprintf("%s: limit %v committed %d reserved %d; ", l, m.limits[l], c, r)
+	}
+	return s
+}
