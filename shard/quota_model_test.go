@@ -3,8 +3,8 @@ package shard
 import (
 	"fmt"
 	"maps"
-	"slices"
 	"os"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
