@@ -127,6 +127,9 @@ func resultToConnect(res *shardv1.Result) error {
 	case shardv1.Code_CODE_WRONG_SHARD, shardv1.Code_CODE_UNAVAILABLE:
 		return connect.NewError(connect.CodeUnavailable, err)
 	case shardv1.Code_CODE_RESOURCE_EXHAUSTED:
+		if q := res.GetQuota(); q != nil {
+			return withDetail(connect.NewError(connect.CodeResourceExhausted, err), quotaExhausted(q))
+		}
 		return withDetail(connect.NewError(connect.CodeResourceExhausted, err),
 			&wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
 	}

@@ -19,7 +19,18 @@ var metrics = struct {
 	forwards      prometheus.Counter
 	splitFence    prometheus.Histogram
 	clockOffset   *prometheus.GaugeVec
+	quotaDrift    *prometheus.GaugeVec
+	reclaimLag    prometheus.Gauge
 }{
+	quotaDrift: promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "warden_quota_drift",
+		Help: "Observed minus committed usage of a quota key at its last ReportUsage.",
+	}, []string{"key"}),
+	reclaimLag: promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "warden_quota_reclaim_lag_seconds",
+		Help: "How long past its ttl the oldest expired reservation waited for the reclaimer, at the leader's last pass (0 when none was waiting).",
+	}),
+
 	clockOffset: promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "warden_clock_offset_seconds",
 		Help: "Another node's wall clock minus this node's, in seconds, as last measured (NTP-style, within half a round trip).",

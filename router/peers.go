@@ -17,6 +17,7 @@ import (
 // peer is another Warden node's Connect API.
 type peer struct {
 	locks wardenv1connect.LockServiceClient
+	quota wardenv1connect.QuotaServiceClient
 	admin wardenv1connect.AdminServiceClient
 	node  placementv1connect.NodeServiceClient
 }
@@ -77,6 +78,7 @@ func (p *peers) get(addr string) *peer {
 	base := "http://" + addr
 	c := &peer{
 		locks: wardenv1connect.NewLockServiceClient(p.client, base),
+		quota: wardenv1connect.NewQuotaServiceClient(p.client, base),
 		admin: wardenv1connect.NewAdminServiceClient(p.client, base),
 		node:  placementv1connect.NewNodeServiceClient(p.client, base, withSecret(p.secret)),
 	}

@@ -462,6 +462,22 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 			return fmt.Errorf("forget: %w", err)
 		}
 	}
+	// The quota reclaimer: record the expiry of reservations past their
+	// ttl (their capacity is free already; this frees the records).
+	now := t.now()
+	q, err = r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: now, Query: &shardv1.Query_Reclaimable{Reclaimable: scan}})
+	if err != nil {
+		return err
+	}
+	rc := q.GetReclaim()
+	if len(rc.GetItems()) == 0 {
+		metrics.reclaimLag.Set(0)
+		return nil
+	}
+	metrics.reclaimLag.Set(time.Duration(now - rc.GetItems()[0].GetExpiresAtUnixNano()).Seconds())
+	if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_Reclaim{Reclaim: rc}}); err != nil {
+		return fmt.Errorf("reclaim: %w", err)
+	}
 	return nil
 }
 

@@ -28,10 +28,11 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	}, opts...)
 	mux := http.NewServeMux()
 	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), opts...))
+	mux.Handle(wardenv1connect.NewQuotaServiceHandler(NewQuotaServer(r), opts...))
 	mux.Handle(wardenv1connect.NewAdminServiceHandler(NewAdminServer(r), opts...))
 	// Nodes forward whole pages of records when a range moves.
 	mux.Handle(placementv1connect.NewNodeServiceHandler(&NodeServer{r}, append(opts, connect.WithReadMaxBytes(maxNodeRequestBytes), requireSecret(r.cfg.ClusterSecret))...))
-	services := []string{wardenv1connect.LockServiceName, wardenv1connect.AdminServiceName}
+	services := []string{wardenv1connect.LockServiceName, wardenv1connect.QuotaServiceName, wardenv1connect.AdminServiceName}
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))

@@ -1,0 +1,277 @@
+package router
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/shard"
+)
+
+// QuotaServer implements wardenv1connect.QuotaServiceHandler on a Router.
+// Quota keys route by their pool (the first segment), so a whole tree
+// lives in one shard and a Reserve checks every level in one entry.
+type QuotaServer struct {
+	r *Router
+}
+
+var _ wardenv1connect.QuotaServiceHandler = (*QuotaServer)(nil)
+
+// NewQuotaServer returns the QuotaService handler of r.
+func NewQuotaServer(r *Router) *QuotaServer { return &QuotaServer{r: r} }
+
+// quotaCall runs a quota RPC here, or on the node that leads the pool's
+// shard.
+func quotaCall[Req, Resp any](ctx context.Context, s *QuotaServer, method string, req *connect.Request[Req], key string,
+	remote func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
+	local func(context.Context, *Req) (*Resp, error)) (*connect.Response[Resp], error) {
+	if err := shard.CheckQuotaKey("key", key); err != nil {
+		return nil, observe(method, time.Now(), err)
+	}
+	if resp, ok, err := forward(ctx, s.r, req, shard.Pool(key), remote); ok {
+		return resp, err
+	}
+	start := time.Now()
+	out, err := local(ctx, req.Msg)
+	if err != nil {
+		return nil, observe(method, start, err)
+	}
+	return connect.NewResponse(out), observe(method, start, nil)
+}
+
+// propose proposes a quota command for key, routed by its pool.
+func (s *QuotaServer) propose(ctx context.Context, key string, env *shardv1.Envelope) (*shardv1.Result, error) {
+	return s.r.propose(ctx, shard.Pool(key), env)
+}
+
+func level(q *shardv1.QuotaRecord, reserved, expired, remaining int64) *wardenv1.QuotaLevel {
+	return &wardenv1.QuotaLevel{Key: q.GetKey(), HasLimit: q.GetHasLimit(), Limit: q.GetLimit(), Weight: q.GetWeight(),
+		Committed: q.GetCommitted(), Reserved: reserved, ExpiredPending: expired, Remaining: remaining}
+}
+
+// SetLimit implements QuotaService.SetLimit.
+func (s *QuotaServer) SetLimit(ctx context.Context, req *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
+	return quotaCall(ctx, s, "SetLimit", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
+		return p.quota.SetLimit
+	}, func(ctx context.Context, m *wardenv1.SetLimitRequest) (*wardenv1.SetLimitResponse, error) {
+		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{
+			Key: m.GetKey(), Limit: m.GetLimit(), Weight: m.GetWeight()}}})
+		if err != nil {
+			return nil, err
+		}
+		q := res.GetQuota().GetRecord()
+		return &wardenv1.SetLimitResponse{Level: level(q, q.GetReserved(), 0, max(0, q.GetLimit()-q.GetCommitted()-q.GetReserved()))}, nil
+	})
+}
+
+// Reserve implements QuotaService.Reserve.
+func (s *QuotaServer) Reserve(ctx context.Context, req *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
+	return quotaCall(ctx, s, "Reserve", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
+		return p.quota.Reserve
+	}, func(ctx context.Context, m *wardenv1.ReserveRequest) (*wardenv1.ReserveResponse, error) {
+		if err := shard.CheckName("reservation_id", m.GetReservationId(), shard.MaxRequestIDBytes); err != nil {
+			return nil, err
+		}
+		ttl, err := duration("ttl", m.GetTtl(), 0)
+		if err != nil {
+			return nil, err
+		}
+		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_Reserve{Reserve: &shardv1.ReserveCmd{
+			Key: m.GetKey(), Amount: m.GetAmount(), ReservationId: m.GetReservationId(), TtlNanos: int64(ttl)}}})
+		if err != nil {
+			return nil, err
+		}
+		r := res.GetQuota().GetReservation()
+		return &wardenv1.ReserveResponse{ReservationId: r.GetReservationId(), Remaining: res.GetQuota().GetRemaining(), ExpiresAt: timestamp(r.GetExpiresAtUnixNano())}, nil
+	})
+}
+
+// Commit implements QuotaService.Commit.
+func (s *QuotaServer) Commit(ctx context.Context, req *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
+	return quotaCall(ctx, s, "Commit", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
+		return p.quota.Commit
+	}, func(ctx context.Context, m *wardenv1.CommitRequest) (*wardenv1.CommitResponse, error) {
+		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_Commit{Commit: &shardv1.CommitCmd{
+			Key: m.GetKey(), ReservationId: m.GetReservationId(), Amount: m.GetAmount()}}})
+		if err != nil {
+			return nil, err
+		}
+		return &wardenv1.CommitResponse{Committed: res.GetQuota().GetReservation().GetCommitted()}, nil
+	})
+}
+
+// Release implements QuotaService.Release.
+func (s *QuotaServer) Release(ctx context.Context, req *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
+	return quotaCall(ctx, s, "ReleaseReservation", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
+		return p.quota.Release
+	}, func(ctx context.Context, m *wardenv1.QuotaServiceReleaseRequest) (*wardenv1.QuotaServiceReleaseResponse, error) {
+		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_ReleaseReservation{ReleaseReservation: &shardv1.ReleaseReservationCmd{
+			Key: m.GetKey(), ReservationId: m.GetReservationId()}}})
+		if err != nil {
+			return nil, err
+		}
+		return &wardenv1.QuotaServiceReleaseResponse{Released: res.GetReleased()}, nil
+	})
+}
+
+// Query implements QuotaService.Query.
+func (s *QuotaServer) Query(ctx context.Context, req *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
+	if req.Msg.GetConsistency() == wardenv1.Consistency_CONSISTENCY_STALE {
+		start := time.Now()
+		if err := shard.CheckQuotaKey("key", req.Msg.GetKey()); err != nil {
+			return nil, observe("Query", start, err)
+		}
+		if q, ok := s.r.staleRead(req.Msg.GetKey(), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: req.Msg.GetKey()}}}); ok {
+			return connect.NewResponse(queryResponse(q)), observe("Query", start, nil)
+		}
+		// No local replica: a linearizable read is at least as fresh.
+	}
+	return quotaCall(ctx, s, "Query", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
+		return p.quota.Query
+	}, func(ctx context.Context, m *wardenv1.QueryRequest) (*wardenv1.QueryResponse, error) {
+		q, err := s.r.read(ctx, shard.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: m.GetKey()}}})
+		if err != nil {
+			return nil, err
+		}
+		return queryResponse(q), nil
+	})
+}
+
+func queryResponse(q *shardv1.QueryResult) *wardenv1.QueryResponse {
+	out := &wardenv1.QueryResponse{AsOf: timestamp(q.GetTimeUnixNano())}
+	for _, l := range q.GetLevels() {
+		out.Levels = append(out.Levels, level(l.GetRecord(), l.GetReserved(), l.GetExpiredPending(), l.GetRemaining()))
+	}
+	return out
+}
+
+// staleRead reads key's pool from a local replica without a quorum round
+// (possibly behind: the answer says as of when).
+func (r *Router) staleRead(key string, q *shardv1.Query) (*shardv1.QueryResult, bool) {
+	rg, err := r.Map().ShardFor(shard.Pool(key))
+	if err != nil {
+		return nil, false
+	}
+	for i := range r.nodes {
+		out, err := r.nodes[i].Node.NH.StaleRead(rg.GetShardId(), q)
+		if err == nil {
+			return out.(*shardv1.QueryResult), true
+		}
+	}
+	return nil, false
+}
+
+// Page sizes of the list RPCs.
+const (
+	defaultPage = 100
+	maxPage     = 1000
+)
+
+func pageSize(field string, n uint32) (uint32, error) {
+	switch {
+	case n == 0:
+		return defaultPage, nil
+	case n > maxPage:
+		return 0, &shard.FieldError{Field: field, Reason: fmt.Sprintf("must be at most %d", maxPage)}
+	}
+	return n, nil
+}
+
+// ListReservations implements QuotaService.ListReservations.
+func (s *QuotaServer) ListReservations(ctx context.Context, req *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
+	return quotaCall(ctx, s, "ListReservations", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
+		return p.quota.ListReservations
+	}, func(ctx context.Context, m *wardenv1.ListReservationsRequest) (*wardenv1.ListReservationsResponse, error) {
+		size, err := pageSize("page_size", m.GetPageSize())
+		if err != nil {
+			return nil, err
+		}
+		rq := &shardv1.ReservationsQuery{Key: m.GetKey(), Limit: size}
+		if t := m.GetPageToken(); t != "" {
+			b, err := base64.RawURLEncoding.DecodeString(t)
+			key, id, ok := cutNUL(b)
+			if err != nil || !ok {
+				return nil, &shard.FieldError{Field: "page_token", Reason: "is not a token this service gave"}
+			}
+			rq.AfterKey, rq.AfterId = key, id
+		}
+		q, err := s.r.read(ctx, shard.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Reservations{Reservations: rq}})
+		if err != nil {
+			return nil, err
+		}
+		out := &wardenv1.ListReservationsResponse{}
+		for _, r := range q.GetReservations() {
+			out.Reservations = append(out.Reservations, &wardenv1.Reservation{Key: r.GetKey(), ReservationId: r.GetReservationId(),
+				Amount: r.GetAmount(), ExpiresAt: timestamp(r.GetExpiresAtUnixNano())})
+		}
+		if n := len(q.GetReservations()); n == int(size) {
+			last := q.GetReservations()[n-1]
+			out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(last.GetKey() + "\x00" + last.GetReservationId()))
+		}
+		return out, nil
+	})
+}
+
+func cutNUL(b []byte) (string, string, bool) {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i]), string(b[i+1:]), true
+		}
+	}
+	return "", "", false
+}
+
+// ListLedger implements QuotaService.ListLedger.
+func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
+	return quotaCall(ctx, s, "ListLedger", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
+		return p.quota.ListLedger
+	}, func(ctx context.Context, m *wardenv1.ListLedgerRequest) (*wardenv1.ListLedgerResponse, error) {
+		size, err := pageSize("limit", m.GetLimit())
+		if err != nil {
+			return nil, err
+		}
+		q, err := s.r.read(ctx, shard.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Ledger{Ledger: &shardv1.LedgerQuery{
+			Key: m.GetKey(), AfterSeq: m.GetAfterSeq(), Limit: size}}})
+		if err != nil {
+			return nil, err
+		}
+		out := &wardenv1.ListLedgerResponse{}
+		for _, e := range q.GetLedger() {
+			out.Events = append(out.Events, &wardenv1.LedgerEvent{Seq: e.GetSeq(), Key: e.GetKey(), Kind: e.GetKind(), Amount: e.GetAmount(),
+				ReservationId: e.GetReservationId(), At: timestamp(e.GetAtUnixNano()), Limit: e.GetLimit(), Returned: e.GetReturned(), ReportId: e.GetReportId()})
+		}
+		return out, nil
+	})
+}
+
+// ReportUsage implements QuotaService.ReportUsage.
+func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
+	return quotaCall(ctx, s, "ReportUsage", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
+		return p.quota.ReportUsage
+	}, func(ctx context.Context, m *wardenv1.ReportUsageRequest) (*wardenv1.ReportUsageResponse, error) {
+		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: &shardv1.ReportUsageCmd{
+			Key: m.GetKey(), Observed: m.GetObserved(), ReportId: m.GetReportId(), Correct: m.GetCorrect()}}})
+		if err != nil {
+			return nil, err
+		}
+		metrics.quotaDrift.WithLabelValues(m.GetKey()).Set(float64(res.GetQuota().GetDrift()))
+		q := res.GetQuota().GetRecord()
+		return &wardenv1.ReportUsageResponse{Drift: res.GetQuota().GetDrift(), Level: level(q, q.GetReserved(), 0, max(0, q.GetLimit()-q.GetCommitted()-q.GetReserved()))}, nil
+	})
+}
+
+// quotaExhausted is the QuotaExhausted detail of a refused Reserve.
+func quotaExhausted(q *shardv1.QuotaOutcome) *wardenv1.QuotaExhausted {
+	d := &wardenv1.QuotaExhausted{Level: q.GetLevel(), Remaining: q.GetRemaining(), Reason: q.GetReason()}
+	if q.GetRetryAfterNanos() > 0 {
+		d.RetryAfter = durationpb.New(time.Duration(q.GetRetryAfterNanos()))
+	}
+	return d
+}
