@@ -46,6 +46,7 @@ type globals struct {
 type cli struct {
 	globals
 	Lock  lockCmd  `cmd:"" help:"Exclusive locks with leases and fencing tokens."`
+	Quota quotaCmd `cmd:"" help:"Reserve, commit and release capacity against hierarchical limits."`
 	Admin adminCmd `cmd:"" help:"Operator commands."`
 }
 
@@ -271,6 +272,12 @@ func describeErr(err error) string {
 			msg += fmt.Sprintf(" (held with fencing token %d until %s)", v.GetFencingToken(), when(v.GetExpiresAt()))
 		case *wardenv1.FieldViolation:
 			msg += fmt.Sprintf(" (field %s)", v.GetField())
+		case *wardenv1.QuotaExhausted:
+			msg += fmt.Sprintf(" (%s at %s: %d left", v.GetReason(), v.GetLevel(), v.GetRemaining())
+			if v.GetRetryAfter() != nil {
+				msg += fmt.Sprintf(", retry after %v", v.GetRetryAfter().AsDuration().Round(time.Millisecond))
+			}
+			msg += ")"
 		}
 	}
 	return msg

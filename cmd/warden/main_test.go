@@ -77,3 +77,49 @@ func TestCLI(t *testing.T) {
 		t.Fatal("an unknown command was accepted")
 	}
 }
+
+// The quota commands, as the README's sequence runs them.
+func TestQuotaCLI(t *testing.T) {
+	dev, err := router.StartDev(router.DevConfig{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	srv := httptest.NewServer(router.NewHandler(dev.Router))
+	defer srv.Close()
+	cli := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(append([]string{"--addr", srv.URL}, args...), &out)
+		return out.String(), err
+	}
+	for _, l := range [][]string{{"gpu", "100"}, {"gpu/team-a", "60"}, {"gpu/team-a/train", "40"}} {
+		if _, err := cli("quota", "set-limit", l[0], l[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := cli("quota", "reserve", "gpu/team-a/train", "30", "--reservation-id", "job-1"); err != nil || !strings.Contains(out, "remaining      10") {
+		t.Fatalf("reserve printed %q (%v)", out, err)
+	}
+	_, err = cli("quota", "reserve", "gpu/team-a/train", "20", "--reservation-id", "job-2")
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(describeErr(err), "LIMIT at gpu/team-a/train: 10 left") {
+		t.Fatalf("exhausted: %v", describeErr(err))
+	}
+	if out, err := cli("quota", "commit", "gpu/team-a/train", "job-1", "--amount", "25"); err != nil || !strings.HasPrefix(out, "committed 25") {
+		t.Fatalf("commit printed %q (%v)", out, err)
+	}
+	if _, err := cli("quota", "release", "gpu/team-a/train", "job-1"); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("release of a committed reservation: %v", err)
+	}
+	if out, err := cli("quota", "query", "gpu/team-a/train"); err != nil || !strings.Contains(out, "remaining 15") {
+		t.Fatalf("query printed %q (%v)", out, err)
+	}
+	if out, err := cli("quota", "ledger", "gpu"); err != nil || strings.Count(out, "\n") != 5 || !strings.Contains(out, "returned 5") {
+		t.Fatalf("ledger printed %q (%v)", out, err)
+	}
+	if out, err := cli("quota", "report-usage", "gpu/team-a/train", "20", "--report-id", "audit-1", "--correct"); err != nil || !strings.HasPrefix(out, "drift -5") {
+		t.Fatalf("report-usage printed %q (%v)", out, err)
+	}
+	if out, err := cli("quota", "reservations", "gpu"); err != nil || out != "" {
+		t.Fatalf("reservations printed %q (%v)", out, err)
+	}
+}
