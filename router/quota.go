@@ -245,7 +245,8 @@ func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[warde
 		out := &wardenv1.ListLedgerResponse{}
 		for _, e := range q.GetLedger() {
 			out.Events = append(out.Events, &wardenv1.LedgerEvent{Seq: e.GetSeq(), Key: e.GetKey(), Kind: e.GetKind(), Amount: e.GetAmount(),
-				ReservationId: e.GetReservationId(), At: timestamp(e.GetAtUnixNano()), Limit: e.GetLimit(), Returned: e.GetReturned(), ReportId: e.GetReportId()})
+				ReservationId: e.GetReservationId(), At: timestamp(e.GetAtUnixNano()), Limit: e.GetLimit(), Returned: e.GetReturned(), ReportId: e.GetReportId(),
+				ExpiresAt: timestamp(e.GetExpiresAtUnixNano())})
 		}
 		return out, nil
 	})

@@ -261,7 +261,7 @@ func (a *applier) reserve(c *shardv1.ReserveCmd) (*shardv1.Result, error) {
 	r := &shardv1.ReservationRecord{Key: c.GetKey(), ReservationId: c.GetReservationId(), Amount: c.GetAmount(), TtlNanos: ttl,
 		ExpiresAtUnixNano: a.now + ttl, State: shardv1.ReservationState_RESERVATION_STATE_OPEN, Remaining: remaining}
 	a.setReservation(r)
-	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerReserve, Amount: c.GetAmount(), ReservationId: c.GetReservationId()}); err != nil {
+	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerReserve, Amount: c.GetAmount(), ReservationId: c.GetReservationId(), ExpiresAtUnixNano: r.GetExpiresAtUnixNano()}); err != nil {
 		return nil, err
 	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Reservation: r, Remaining: remaining}}, nil

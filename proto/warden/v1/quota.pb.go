@@ -1027,6 +1027,9 @@ type LedgerEvent struct {
 	Limit         int64                  `protobuf:"varint,7,opt,name=limit,proto3" json:"limit,omitempty"`
 	Returned      int64                  `protobuf:"varint,8,opt,name=returned,proto3" json:"returned,omitempty"`
 	ReportId      string                 `protobuf:"bytes,9,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
+	// ExpiresAt is a RESERVE's expiry: from then on its capacity is free,
+	// before the EXPIRE event is recorded.
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1122,6 +1125,13 @@ func (x *LedgerEvent) GetReportId() string {
 		return x.ReportId
 	}
 	return ""
+}
+
+func (x *LedgerEvent) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
 }
 
 type ReportUsageRequest struct {
@@ -1384,7 +1394,7 @@ const file_warden_v1_quota_proto_rawDesc = "" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\"D\n" +
 	"\x12ListLedgerResponse\x12.\n" +
-	"\x06events\x18\x01 \x03(\v2\x16.warden.v1.LedgerEventR\x06events\"\xff\x01\n" +
+	"\x06events\x18\x01 \x03(\v2\x16.warden.v1.LedgerEventR\x06events\"\xba\x02\n" +
 	"\vLedgerEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -1394,7 +1404,10 @@ const file_warden_v1_quota_proto_rawDesc = "" +
 	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x14\n" +
 	"\x05limit\x18\a \x01(\x03R\x05limit\x12\x1a\n" +
 	"\breturned\x18\b \x01(\x03R\breturned\x12\x1b\n" +
-	"\treport_id\x18\t \x01(\tR\breportId\"y\n" +
+	"\treport_id\x18\t \x01(\tR\breportId\x129\n" +
+	"\n" +
+	"expires_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"y\n" +
 	"\x12ReportUsageRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\bobserved\x18\x02 \x01(\x03R\bobserved\x12\x1b\n" +
@@ -1474,29 +1487,30 @@ var file_warden_v1_quota_proto_depIdxs = []int32{
 	22, // 7: warden.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
 	17, // 8: warden.v1.ListLedgerResponse.events:type_name -> warden.v1.LedgerEvent
 	22, // 9: warden.v1.LedgerEvent.at:type_name -> google.protobuf.Timestamp
-	11, // 10: warden.v1.ReportUsageResponse.level:type_name -> warden.v1.QuotaLevel
-	21, // 11: warden.v1.QuotaExhausted.retry_after:type_name -> google.protobuf.Duration
-	1,  // 12: warden.v1.QuotaService.SetLimit:input_type -> warden.v1.SetLimitRequest
-	3,  // 13: warden.v1.QuotaService.Reserve:input_type -> warden.v1.ReserveRequest
-	5,  // 14: warden.v1.QuotaService.Commit:input_type -> warden.v1.CommitRequest
-	7,  // 15: warden.v1.QuotaService.Release:input_type -> warden.v1.QuotaServiceReleaseRequest
-	9,  // 16: warden.v1.QuotaService.Query:input_type -> warden.v1.QueryRequest
-	12, // 17: warden.v1.QuotaService.ListReservations:input_type -> warden.v1.ListReservationsRequest
-	15, // 18: warden.v1.QuotaService.ListLedger:input_type -> warden.v1.ListLedgerRequest
-	18, // 19: warden.v1.QuotaService.ReportUsage:input_type -> warden.v1.ReportUsageRequest
-	2,  // 20: warden.v1.QuotaService.SetLimit:output_type -> warden.v1.SetLimitResponse
-	4,  // 21: warden.v1.QuotaService.Reserve:output_type -> warden.v1.ReserveResponse
-	6,  // 22: warden.v1.QuotaService.Commit:output_type -> warden.v1.CommitResponse
-	8,  // 23: warden.v1.QuotaService.Release:output_type -> warden.v1.QuotaServiceReleaseResponse
-	10, // 24: warden.v1.QuotaService.Query:output_type -> warden.v1.QueryResponse
-	13, // 25: warden.v1.QuotaService.ListReservations:output_type -> warden.v1.ListReservationsResponse
-	16, // 26: warden.v1.QuotaService.ListLedger:output_type -> warden.v1.ListLedgerResponse
-	19, // 27: warden.v1.QuotaService.ReportUsage:output_type -> warden.v1.ReportUsageResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	22, // 10: warden.v1.LedgerEvent.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 11: warden.v1.ReportUsageResponse.level:type_name -> warden.v1.QuotaLevel
+	21, // 12: warden.v1.QuotaExhausted.retry_after:type_name -> google.protobuf.Duration
+	1,  // 13: warden.v1.QuotaService.SetLimit:input_type -> warden.v1.SetLimitRequest
+	3,  // 14: warden.v1.QuotaService.Reserve:input_type -> warden.v1.ReserveRequest
+	5,  // 15: warden.v1.QuotaService.Commit:input_type -> warden.v1.CommitRequest
+	7,  // 16: warden.v1.QuotaService.Release:input_type -> warden.v1.QuotaServiceReleaseRequest
+	9,  // 17: warden.v1.QuotaService.Query:input_type -> warden.v1.QueryRequest
+	12, // 18: warden.v1.QuotaService.ListReservations:input_type -> warden.v1.ListReservationsRequest
+	15, // 19: warden.v1.QuotaService.ListLedger:input_type -> warden.v1.ListLedgerRequest
+	18, // 20: warden.v1.QuotaService.ReportUsage:input_type -> warden.v1.ReportUsageRequest
+	2,  // 21: warden.v1.QuotaService.SetLimit:output_type -> warden.v1.SetLimitResponse
+	4,  // 22: warden.v1.QuotaService.Reserve:output_type -> warden.v1.ReserveResponse
+	6,  // 23: warden.v1.QuotaService.Commit:output_type -> warden.v1.CommitResponse
+	8,  // 24: warden.v1.QuotaService.Release:output_type -> warden.v1.QuotaServiceReleaseResponse
+	10, // 25: warden.v1.QuotaService.Query:output_type -> warden.v1.QueryResponse
+	13, // 26: warden.v1.QuotaService.ListReservations:output_type -> warden.v1.ListReservationsResponse
+	16, // 27: warden.v1.QuotaService.ListLedger:output_type -> warden.v1.ListLedgerResponse
+	19, // 28: warden.v1.QuotaService.ReportUsage:output_type -> warden.v1.ReportUsageResponse
+	21, // [21:29] is the sub-list for method output_type
+	13, // [13:21] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_quota_proto_init() }

@@ -2240,11 +2240,14 @@ type LedgerEvent struct {
 	AtUnixNano    int64  `protobuf:"varint,6,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
 	// Limit (SET_LIMIT) and returned (COMMIT: the part of the reservation
 	// not committed).
-	Limit         int64  `protobuf:"varint,7,opt,name=limit,proto3" json:"limit,omitempty"`
-	Returned      int64  `protobuf:"varint,8,opt,name=returned,proto3" json:"returned,omitempty"`
-	ReportId      string `protobuf:"bytes,9,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Limit    int64  `protobuf:"varint,7,opt,name=limit,proto3" json:"limit,omitempty"`
+	Returned int64  `protobuf:"varint,8,opt,name=returned,proto3" json:"returned,omitempty"`
+	ReportId string `protobuf:"bytes,9,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
+	// ExpiresAt is a RESERVE's expiry: from then on its capacity is free
+	// even before the EXPIRE event is recorded.
+	ExpiresAtUnixNano int64 `protobuf:"varint,10,opt,name=expires_at_unix_nano,json=expiresAtUnixNano,proto3" json:"expires_at_unix_nano,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *LedgerEvent) Reset() {
@@ -2338,6 +2341,13 @@ func (x *LedgerEvent) GetReportId() string {
 		return x.ReportId
 	}
 	return ""
+}
+
+func (x *LedgerEvent) GetExpiresAtUnixNano() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixNano
+	}
+	return 0
 }
 
 // UsageReport remembers a ReportUsage with correct, by report_id.
@@ -4809,7 +4819,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\n" +
 	"PoolRecord\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x19\n" +
-	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\"\xf5\x01\n" +
+	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\"\xa6\x02\n" +
 	"\vLedgerEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -4820,7 +4830,9 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"atUnixNano\x12\x14\n" +
 	"\x05limit\x18\a \x01(\x03R\x05limit\x12\x1a\n" +
 	"\breturned\x18\b \x01(\x03R\breturned\x12\x1b\n" +
-	"\treport_id\x18\t \x01(\tR\breportId\"n\n" +
+	"\treport_id\x18\t \x01(\tR\breportId\x12/\n" +
+	"\x14expires_at_unix_nano\x18\n" +
+	" \x01(\x03R\x11expiresAtUnixNano\"n\n" +
 	"\vUsageReport\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
 	"\treport_id\x18\x02 \x01(\tR\breportId\x12\x1a\n" +
