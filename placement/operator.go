@@ -11,6 +11,7 @@ import (
 
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // ShardClient proposes to and reads from the leader of any data shard,
@@ -396,7 +397,7 @@ func (o *Operators) copyRange(ctx context.Context, opID uint64, s *placementv1.S
 		if f := q.GetMeta().GetFence(); f.GetOperatorId() != opID {
 			return fmt.Errorf("source shard %d is not fenced by this split (fence %v)", s.GetSource(), f)
 		}
-		if recs := q.GetRecords(); len(recs.GetLocks())+len(recs.GetDedups())+len(recs.GetWaiters()) > 0 {
+		if recs := q.GetRecords(); shard.RecordCount(recs) > 0 {
 			if _, err := o.propose(ctx, s.GetTarget(), s.GetGeneration(), &shardv1.Envelope{Command: &shardv1.Envelope_ImportRange{ImportRange: &shardv1.ImportRangeCmd{
 				OperatorId: opID, Records: recs}}}); err != nil {
 				return err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/lni/dragonboat/v4"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -106,9 +107,17 @@ func (c *cluster) stopReplica(i int) {
 
 func (c *cluster) startReplica(i int) {
 	c.t.Helper()
-	if err := c.dev.Nodes[i].Node.StartDataShard(shardID, c.dev.Nodes[i].Node.ID(), c.dev.Members(), false, false); err != nil {
-		c.t.Fatal(err)
+	for range 100 { // a stop completes in the background
+		err := c.dev.Nodes[i].Node.StartDataShard(shardID, c.dev.Nodes[i].Node.ID(), c.dev.Members(), false, false)
+		if !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
+	c.t.Fatal("the stopped replica never went away")
 }
 
 // localLock reads a resource's lock record from replica i without a

@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -207,4 +208,126 @@ func TestQuotaNeverOversells(t *testing.T) {
 	}
 	t.Logf("%d ledger events; pool o: committed %d, reserved %d of 300; %d acknowledged reservations",
 		len(events), resp.Msg.GetLevels()[0].GetCommitted(), resp.Msg.GetLevels()[0].GetReserved(), len(acked))
+}
+
+// Case Q7: restarts never hand out a fresh budget. limit(k)=10, 4
+// reserved and committed; every replica restarts in turn (with a
+// snapshot and a leader change on the way); then R(k,7) is exhausted
+// with remaining 6 and R(k,6) succeeds, and the ledger has no gap.
+func TestQuotaSurvivesRestarts(t *testing.T) {
+	c := startCluster(t, router.DevConfig{SnapshotEntries: 20, CompactionOverhead: 5})
+	quota := wardenv1connect.NewQuotaServiceClient(c.srv.Client(), c.srv.URL)
+	if _, err := quota.SetLimit(ctx(t), connect.NewRequest(&wardenv1.SetLimitRequest{Key: "k", Limit: 10})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := quota.Reserve(ctx(t), connect.NewRequest(&wardenv1.ReserveRequest{Key: "k", Amount: 4, ReservationId: "r"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := quota.Commit(ctx(t), connect.NewRequest(&wardenv1.CommitRequest{Key: "k", ReservationId: "r"})); err != nil {
+		t.Fatal(err)
+	}
+	for i := range router.DevNodes {
+		// Enough traffic for snapshots and log compaction on the way.
+		for n := range 30 {
+			if _, err := untilKnown(func() (*connect.Response[wardenv1.SetLimitResponse], error) {
+				return quota.SetLimit(ctx(t), connect.NewRequest(&wardenv1.SetLimitRequest{Key: fmt.Sprintf("other/%d", n%3), Limit: int64(n)}))
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.stopReplica(i)
+		c.startReplica(i)
+	}
+	c.restart() // and the whole cluster
+	quota = wardenv1connect.NewQuotaServiceClient(c.srv.Client(), c.srv.URL)
+	_, err := untilKnown(func() (*connect.Response[wardenv1.ReserveResponse], error) {
+		return quota.Reserve(ctx(t), connect.NewRequest(&wardenv1.ReserveRequest{Key: "k", Amount: 7, ReservationId: "r1"}))
+	})
+	var ce *connect.Error
+	if connect.CodeOf(err) != connect.CodeResourceExhausted || !errors.As(err, &ce) || detail[*wardenv1.QuotaExhausted](t, ce).GetRemaining() != 6 {
+		t.Fatalf("R(k,7) after restarts: %v", err)
+	}
+	if _, err := quota.Reserve(ctx(t), connect.NewRequest(&wardenv1.ReserveRequest{Key: "k", Amount: 6, ReservationId: "r2"})); err != nil {
+		t.Fatalf("R(k,6): %v", err)
+	}
+	resp, err := quota.ListLedger(ctx(t), connect.NewRequest(&wardenv1.ListLedgerRequest{Key: "k", Limit: 1000}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay(t, resp.Msg.GetEvents()) // checks the sequence has no gap
+	if n := len(resp.Msg.GetEvents()); n != 4 {
+		t.Fatalf("ledger of k: %d events, want SET_LIMIT, RESERVE, COMMIT, RESERVE", n)
+	}
+}
+
+// A split of the shard holding a pool under reserve traffic: no
+// reservation is lost (each acknowledged one commits after the split),
+// the ledger has no gap, and the limit holds.
+func TestQuotaThroughSplit(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	quota := wardenv1connect.NewQuotaServiceClient(c.srv.Client(), c.srv.URL)
+	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
+	pools := []string{"alpha", "beta", "gamma", "delta", "epsilon", "zeta"}
+	for _, p := range pools {
+		if _, err := quota.SetLimit(ctx(t), connect.NewRequest(&wardenv1.SetLimitRequest{Key: p, Limit: 100})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var held []*wardenv1.ReserveRequest
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range 4 {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req := &wardenv1.ReserveRequest{Key: pools[(w+n)%len(pools)] + "/job", Amount: 1, ReservationId: fmt.Sprintf("w%d-%d", w, n)}
+				_, err := untilKnown(func() (*connect.Response[wardenv1.ReserveResponse], error) {
+					return quota.Reserve(ctx(t), connect.NewRequest(req))
+				})
+				switch {
+				case err == nil:
+					mu.Lock()
+					held = append(held, req)
+					mu.Unlock()
+				case connect.CodeOf(err) != connect.CodeResourceExhausted:
+					t.Errorf("reserve: %v", err)
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	if _, err := admin.SplitShard(ctx(t), connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: 1})); err != nil {
+		t.Fatalf("split: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	for _, r := range held {
+		if _, err := untilKnown(func() (*connect.Response[wardenv1.CommitResponse], error) {
+			return quota.Commit(ctx(t), connect.NewRequest(&wardenv1.CommitRequest{Key: r.GetKey(), ReservationId: r.GetReservationId()}))
+		}); err != nil {
+			t.Fatalf("commit %s after the split: %v", r.GetReservationId(), err)
+		}
+	}
+	moved := 0
+	for _, p := range pools {
+		resp, err := quota.ListLedger(ctx(t), connect.NewRequest(&wardenv1.ListLedgerRequest{Key: p, Limit: 1000}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := replay(t, resp.Msg.GetEvents())
+		if l.committed[p] > 100 {
+			t.Fatalf("%s committed %d of 100", p, l.committed[p])
+		}
+		if shard.KeyHash(p) >= 1<<63 {
+			moved++
+		}
+	}
+	t.Logf("%d reservations committed across the split; %d of %d pools moved", len(held), moved, len(pools))
 }

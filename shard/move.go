@@ -166,7 +166,7 @@ func (a *applier) importRange(c *shardv1.ImportRangeCmd) (*shardv1.Result, error
 	for _, u := range recs.GetReports() {
 		a.put(Change{Kind: PutReport, Report: u})
 	}
-	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(recordCount(recs))}, nil
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(RecordCount(recs))}, nil
 }
 
 // countHeld moves the meta's count of held locks by delta if l is held.
@@ -325,7 +325,7 @@ func (a *applier) releaseRange(c *shardv1.ReleaseRangeCmd) (*shardv1.Result, err
 	a.meta.QueuedWaiters -= uint64(len(recs.GetWaiters()))
 	a.meta.Range = proto.CloneOf(keep)
 	a.meta.Fence = nil
-	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(recordCount(recs))}, nil
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(RecordCount(recs))}, nil
 }
 
 func failed(reason string) *shardv1.Result {

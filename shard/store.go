@@ -411,7 +411,7 @@ func (s *records) Records(start, end uint64, after []byte, limit int) (*shardv1.
 	out := &shardv1.RangeRecords{}
 	var last []byte
 	for ok := it.First(); ok; ok = it.Next() {
-		if limit > 0 && len(last) > 0 && recordCount(out) == limit {
+		if limit > 0 && len(last) > 0 && RecordCount(out) == limit {
 			return out, last, nil
 		}
 		k := it.Key()
@@ -632,8 +632,8 @@ func (s *records) writeQuota(b *pebble.Batch, c Change) error {
 	return fmt.Errorf("shard: unknown change kind %d", c.Kind)
 }
 
-// recordCount counts the records of every kind in r.
-func recordCount(r *shardv1.RangeRecords) int {
+// RecordCount counts the records of every kind in r.
+func RecordCount(r *shardv1.RangeRecords) int {
 	return len(r.GetLocks()) + len(r.GetDedups()) + len(r.GetWaiters()) + len(r.GetQuotas()) +
 		len(r.GetReservations()) + len(r.GetPools()) + len(r.GetLedger()) + len(r.GetReports())
 }
