@@ -98,9 +98,10 @@ type Config struct {
 
 // Client talks to a Warden cluster. It is safe for concurrent use.
 type Client struct {
-	cfg   Config
-	locks []wardenv1connect.LockServiceClient
-	next  atomic.Uint32 // index of the endpoint to try first
+	cfg    Config
+	locks  []wardenv1connect.LockServiceClient
+	quotas []wardenv1connect.QuotaServiceClient
+	next   atomic.Uint32 // index of the endpoint to try first
 }
 
 // New returns a client for the given node URLs.
@@ -128,6 +129,7 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg}
 	for _, e := range cfg.Endpoints {
 		c.locks = append(c.locks, wardenv1connect.NewLockServiceClient(cfg.HTTPClient, e))
+		c.quotas = append(c.quotas, wardenv1connect.NewQuotaServiceClient(cfg.HTTPClient, e))
 	}
 	return c, nil
 }
@@ -137,10 +139,15 @@ func NewWithConfig(cfg Config) (*Client, error) {
 // another answer or ctx ends. f must be safe to repeat: it carries the
 // same request or lease id every time.
 func (c *Client) call(ctx context.Context, f func(context.Context, wardenv1connect.LockServiceClient) error) error {
+	return c.retry(ctx, func(ctx context.Context, i int) error { return f(ctx, c.locks[i]) })
+}
+
+// retry runs f with the index of the current endpoint, as call does.
+func (c *Client) retry(ctx context.Context, f func(context.Context, int) error) error {
 	backoff := c.cfg.RetryBase
 	for {
 		i := c.next.Load() % uint32(len(c.locks))
-		err := f(ctx, c.locks[i])
+		err := f(ctx, int(i))
 		if connect.CodeOf(err) != connect.CodeUnavailable {
 			return err
 		}
