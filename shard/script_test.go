@@ -220,11 +220,8 @@ func (s *script) step(f []string) string {
 		return out("release", s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_ReleaseReservation{
 			ReleaseReservation: &shardv1.ReleaseReservationCmd{Key: f[1], ReservationId: f[2]}}}))
 	case "reclaim":
-		var items []*shardv1.ReservationRef
-		for _, it := range s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Reclaimable{Reclaimable: &shardv1.ScanQuery{Limit: 100}}}).GetReclaim().GetItems() {
-			items = append(items, it)
-		}
-		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_Reclaim{Reclaim: &shardv1.ReclaimCmd{Items: items}}}))
+		scan := s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Reclaimable{Reclaimable: &shardv1.ScanQuery{Limit: 100}}}).GetReclaim()
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_Reclaim{Reclaim: scan}}))
 	case "report":
 		n, _ := strconv.ParseInt(f[2], 10, 64)
 		c := &shardv1.ReportUsageCmd{Key: f[1], Observed: n, ReportId: f[3], Correct: len(f) > 4 && f[4] == "correct"}
