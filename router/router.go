@@ -457,7 +457,7 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	if err != nil {
 		return err
 	}
-	if f := q.GetForget(); len(f.GetDedup())+len(f.GetIdleLocks()) > 0 {
+	if f := q.GetForget(); len(f.GetDedup())+len(f.GetIdleLocks())+len(f.GetReservations()) > 0 {
 		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_Forget{Forget: f}}); err != nil {
 			return fmt.Errorf("forget: %w", err)
 		}

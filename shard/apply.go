@@ -764,6 +764,23 @@ func (a *applier) forget(c *shardv1.ForgetCmd) (*shardv1.Result, error) {
 		a.deleteLock(res)
 		n++
 	}
+	// Ended reservations are kept one dedup window, for retries of their
+	// Reserve, Commit and Release.
+	for _, ref := range c.GetReservations() {
+		if CheckQuotaKey("key", ref.GetKey()) != nil || serves(a.meta, KeyHash(Pool(ref.GetKey()))) != nil {
+			continue
+		}
+		r, err := a.reservation(ref.GetKey(), ref.GetReservationId())
+		if err != nil {
+			return nil, err
+		}
+		if r == nil || r.GetState() == shardv1.ReservationState_RESERVATION_STATE_OPEN || a.now < r.GetEndedAtUnixNano()+window {
+			continue
+		}
+		a.reservations[ref.GetKey()+"\x00"+ref.GetReservationId()] = nil
+		a.put(Change{Kind: DeleteReservation, Key: ref.GetKey(), ID: ref.GetReservationId()})
+		n++
+	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: n}, nil
 }
 

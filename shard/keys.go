@@ -142,6 +142,10 @@ func timeBound(prefix byte, t int64) []byte {
 //
 //	'o' pool 0x00 expires_at key 0x00 id         → amount (8 bytes BE): per pool
 //	'y' expires_at key 0x00 id                   for the leader's reclaimer
+//
+// and ended reservations join the ended index, for forgetting:
+//
+//	'f' ended_at 'v' key 0x00 id
 const (
 	kindQuota       = 'q'
 	kindReservation = 'v'
@@ -199,6 +203,13 @@ func poolExpKey(r *shardv1.ReservationRecord) []byte {
 
 func reclaimKey(r *shardv1.ReservationRecord) []byte {
 	b := appendTime([]byte{prefixReclaim}, r.GetExpiresAtUnixNano())
+	b = append(append(b, r.GetKey()...), 0)
+	return append(b, r.GetReservationId()...)
+}
+
+func endedReservationKey(r *shardv1.ReservationRecord) []byte {
+	b := appendTime([]byte{prefixEnded}, r.GetEndedAtUnixNano())
+	b = append(b, kindReservation)
 	b = append(append(b, r.GetKey()...), 0)
 	return append(b, r.GetReservationId()...)
 }

@@ -23,7 +23,7 @@ import (
 //	renew RES L -> EXPECT
 //	release RES L -> EXPECT
 //	expire RES L EXP -> EXPECT             EXP: the expiry the leader saw, or "seen"
-//	forget [dedup=RES/REQ,...] [idle=RES,...] -> EXPECT
+//	forget [dedup=RES/REQ,...] [idle=RES,...] [res=KEY:ID,...] -> EXPECT
 //	set skew=D window=D min_ttl=D max_ttl=D default_ttl=D -> EXPECT
 //	describe RES -> EXPECT                 the stored record
 //	scan expired|forgettable|timed_out -> EXPECT
@@ -165,6 +165,10 @@ func (s *script) step(f []string) string {
 			c.Dedup = append(c.Dedup, &shardv1.DedupRef{Resource: r, RequestId: q})
 		}
 		c.IdleLocks = splitList(o["idle"])
+		for _, r := range splitList(o["res"]) {
+			k, id, _ := strings.Cut(r, ":")
+			c.Reservations = append(c.Reservations, &shardv1.ReservationRef{Key: k, ReservationId: id})
+		}
 		return out(f[0], s.rep.propose(s.now, forgetCmd(c)))
 	case "set":
 		c := &shardv1.SetConfigCmd{}
@@ -294,6 +298,9 @@ func (s *script) step(f []string) string {
 		}
 		for _, r := range fc.GetIdleLocks() {
 			out = append(out, "idle:"+r)
+		}
+		for _, r := range fc.GetReservations() {
+			out = append(out, "res:"+r.GetKey()+":"+r.GetReservationId())
 		}
 		return "[" + strings.Join(out, " ") + "]"
 	}

@@ -320,7 +320,7 @@ func (s *records) forgettable(now int64, limit int) (*shardv1.ForgetCmd, error) 
 	cmd := &shardv1.ForgetCmd{}
 	hi := timeBound(prefixEnded, now-meta.GetConfig().GetDedupWindowNanos())
 	it := s.g.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixEnded}, UpperBound: hi})
-	for it.First(); it.Valid() && len(cmd.Dedup)+len(cmd.IdleLocks) < limit; it.Next() {
+	for it.First(); it.Valid() && len(cmd.Dedup)+len(cmd.IdleLocks)+len(cmd.Reservations) < limit; it.Next() {
 		k := it.Key()
 		rest := k[10:]
 		switch k[9] {
@@ -333,6 +333,13 @@ func (s *records) forgettable(now int64, limit int) (*shardv1.ForgetCmd, error) 
 				return nil, fmt.Errorf("%w: ended index key %q", ErrCorruptRecord, k)
 			}
 			cmd.Dedup = append(cmd.Dedup, &shardv1.DedupRef{Resource: string(res), RequestId: string(req)})
+		case kindReservation:
+			key, id, ok := bytes.Cut(rest, []byte{0})
+			if !ok {
+				_ = it.Close()
+				return nil, fmt.Errorf("%w: ended index key %q", ErrCorruptRecord, k)
+			}
+			cmd.Reservations = append(cmd.Reservations, &shardv1.ReservationRef{Key: string(key), ReservationId: string(id)})
 		}
 	}
 	return cmd, it.Close()
@@ -596,11 +603,16 @@ func (s *records) writeQuota(b *pebble.Batch, c Change) error {
 		if err != nil {
 			return err
 		}
-		if old.GetState() == shardv1.ReservationState_RESERVATION_STATE_OPEN {
+		switch {
+		case old.GetState() == shardv1.ReservationState_RESERVATION_STATE_OPEN:
 			if err := b.Delete(poolExpKey(old), nil); err != nil {
 				return err
 			}
 			if err := b.Delete(reclaimKey(old), nil); err != nil {
+				return err
+			}
+		case old != nil:
+			if err := b.Delete(endedReservationKey(old), nil); err != nil {
 				return err
 			}
 		}
@@ -614,6 +626,8 @@ func (s *records) writeQuota(b *pebble.Batch, c Change) error {
 			if err := b.Set(reclaimKey(r), nil, nil); err != nil {
 				return err
 			}
+		} else if err := b.Set(endedReservationKey(r), nil, nil); err != nil {
+			return err
 		}
 		return set(b, reservationKey(key, id), c.Reservation)
 	case PutPool:

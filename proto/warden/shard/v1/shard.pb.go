@@ -1044,9 +1044,11 @@ func (x *ExpireItem) GetExpiresAtUnixNano() int64 {
 // ForgetCmd deletes dedup entries and idle lock records whose dedup window
 // has passed. Each item is re-checked at apply time.
 type ForgetCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Dedup         []*DedupRef            `protobuf:"bytes,1,rep,name=dedup,proto3" json:"dedup,omitempty"`
-	IdleLocks     []string               `protobuf:"bytes,2,rep,name=idle_locks,json=idleLocks,proto3" json:"idle_locks,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Dedup     []*DedupRef            `protobuf:"bytes,1,rep,name=dedup,proto3" json:"dedup,omitempty"`
+	IdleLocks []string               `protobuf:"bytes,2,rep,name=idle_locks,json=idleLocks,proto3" json:"idle_locks,omitempty"`
+	// Reservations ended (committed, released, expired) a dedup window ago.
+	Reservations  []*ReservationRef `protobuf:"bytes,3,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1091,6 +1093,13 @@ func (x *ForgetCmd) GetDedup() []*DedupRef {
 func (x *ForgetCmd) GetIdleLocks() []string {
 	if x != nil {
 		return x.IdleLocks
+	}
+	return nil
+}
+
+func (x *ForgetCmd) GetReservations() []*ReservationRef {
+	if x != nil {
+		return x.Reservations
 	}
 	return nil
 }
@@ -4708,11 +4717,12 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"ExpireItem\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\fR\aleaseId\x12/\n" +
-	"\x14expires_at_unix_nano\x18\x03 \x01(\x03R\x11expiresAtUnixNano\"[\n" +
+	"\x14expires_at_unix_nano\x18\x03 \x01(\x03R\x11expiresAtUnixNano\"\xa0\x01\n" +
 	"\tForgetCmd\x12/\n" +
 	"\x05dedup\x18\x01 \x03(\v2\x19.warden.shard.v1.DedupRefR\x05dedup\x12\x1d\n" +
 	"\n" +
-	"idle_locks\x18\x02 \x03(\tR\tidleLocks\"E\n" +
+	"idle_locks\x18\x02 \x03(\tR\tidleLocks\x12C\n" +
+	"\freservations\x18\x03 \x03(\v2\x1f.warden.shard.v1.ReservationRefR\freservations\"E\n" +
 	"\bDedupRef\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -5135,63 +5145,64 @@ var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	6,  // 19: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
 	10, // 20: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
 	12, // 21: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
-	19, // 22: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
-	0,  // 23: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
-	29, // 24: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
-	30, // 25: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
-	31, // 26: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
-	28, // 27: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
-	28, // 28: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
-	22, // 29: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
-	24, // 30: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
-	23, // 31: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
-	1,  // 32: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
-	29, // 33: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
-	31, // 34: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
-	30, // 35: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
-	33, // 36: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
-	33, // 37: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
-	40, // 38: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
-	42, // 39: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
-	41, // 40: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
-	23, // 41: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
-	24, // 42: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
-	25, // 43: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
-	26, // 44: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
-	27, // 45: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
-	36, // 46: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
-	30, // 47: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
-	31, // 48: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
-	30, // 49: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
-	50, // 50: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	51, // 51: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	51, // 52: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	52, // 53: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	49, // 54: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
-	51, // 55: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
-	53, // 56: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
-	48, // 57: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
-	44, // 58: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
-	45, // 59: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
-	46, // 60: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
-	51, // 61: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
-	23, // 62: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
-	40, // 63: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	32, // 64: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	9,  // 65: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	11, // 66: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	5,  // 67: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
-	40, // 68: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
-	36, // 69: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
-	47, // 70: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
-	24, // 71: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
-	26, // 72: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
-	18, // 73: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
-	74, // [74:74] is the sub-list for method output_type
-	74, // [74:74] is the sub-list for method input_type
-	74, // [74:74] is the sub-list for extension type_name
-	74, // [74:74] is the sub-list for extension extendee
-	0,  // [0:74] is the sub-list for field type_name
+	19, // 22: warden.shard.v1.ForgetCmd.reservations:type_name -> warden.shard.v1.ReservationRef
+	19, // 23: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
+	0,  // 24: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
+	29, // 25: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
+	30, // 26: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
+	31, // 27: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
+	28, // 28: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
+	28, // 29: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
+	22, // 30: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
+	24, // 31: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
+	23, // 32: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
+	1,  // 33: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
+	29, // 34: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
+	31, // 35: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
+	30, // 36: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
+	33, // 37: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
+	33, // 38: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
+	40, // 39: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
+	42, // 40: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
+	41, // 41: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
+	23, // 42: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
+	24, // 43: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
+	25, // 44: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
+	26, // 45: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
+	27, // 46: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
+	36, // 47: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
+	30, // 48: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
+	31, // 49: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
+	30, // 50: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
+	50, // 51: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	51, // 52: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	51, // 53: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	52, // 54: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	49, // 55: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	51, // 56: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
+	53, // 57: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
+	48, // 58: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
+	44, // 59: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
+	45, // 60: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
+	46, // 61: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
+	51, // 62: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
+	23, // 63: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
+	40, // 64: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	32, // 65: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	9,  // 66: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	11, // 67: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	5,  // 68: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
+	40, // 69: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
+	36, // 70: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
+	47, // 71: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
+	24, // 72: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
+	26, // 73: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
+	18, // 74: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
+	75, // [75:75] is the sub-list for method output_type
+	75, // [75:75] is the sub-list for method input_type
+	75, // [75:75] is the sub-list for extension type_name
+	75, // [75:75] is the sub-list for extension extendee
+	0,  // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
