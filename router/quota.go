@@ -243,6 +243,10 @@ func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[warde
 			return nil, err
 		}
 		out := &wardenv1.ListLedgerResponse{}
+		for _, k := range q.GetCheckpoints() {
+			out.Checkpoints = append(out.Checkpoints, &wardenv1.LedgerCheckpoint{Key: k.GetKey(), ThroughSeq: k.GetThroughSeq(),
+				HasLimit: k.GetHasLimit(), Limit: k.GetLimit(), Committed: k.GetCommitted()})
+		}
 		for _, e := range q.GetLedger() {
 			out.Events = append(out.Events, &wardenv1.LedgerEvent{Seq: e.GetSeq(), Key: e.GetKey(), Kind: e.GetKind(), Amount: e.GetAmount(),
 				ReservationId: e.GetReservationId(), At: timestamp(e.GetAtUnixNano()), Limit: e.GetLimit(), Returned: e.GetReturned(), ReportId: e.GetReportId(),

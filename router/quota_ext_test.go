@@ -42,13 +42,21 @@ type ledgerReplay struct {
 	commits   map[string]int
 }
 
-func replay(t *testing.T, events []*wardenv1.LedgerEvent) *ledgerReplay {
+func replay(t *testing.T, events []*wardenv1.LedgerEvent, checkpoints ...*wardenv1.LedgerCheckpoint) *ledgerReplay {
 	t.Helper()
 	l := &ledgerReplay{limits: map[string]int64{}, committed: map[string]int64{}, open: map[string]*wardenv1.LedgerEvent{},
 		reserves: map[string]int{}, commits: map[string]int{}}
+	var first uint64 // the last compacted seq
+	for _, k := range checkpoints {
+		if k.GetHasLimit() {
+			l.limits[k.GetKey()] = k.GetLimit()
+		}
+		l.addCommitted(k.GetKey(), k.GetCommitted())
+		first = max(first, k.GetThroughSeq())
+	}
 	for i, e := range events {
-		if e.GetSeq() != uint64(i+1) {
-			t.Fatalf("ledger gap: event %d has seq %d", i+1, e.GetSeq())
+		if e.GetSeq() != first+uint64(i+1) {
+			t.Fatalf("ledger gap: event %d after the checkpoints has seq %d", i+1, e.GetSeq())
 		}
 		id := e.GetKey() + "\x00" + e.GetReservationId()
 		switch e.GetKind() {

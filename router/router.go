@@ -470,13 +470,23 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 		return err
 	}
 	rc := q.GetReclaim()
-	if len(rc.GetItems()) == 0 {
-		metrics.reclaimLag.Set(0)
-		return nil
+	metrics.reclaimLag.Set(0)
+	if len(rc.GetItems()) > 0 {
+		metrics.reclaimLag.Set(time.Duration(now - rc.GetItems()[0].GetExpiresAtUnixNano()).Seconds())
+		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_Reclaim{Reclaim: rc}}); err != nil {
+			return fmt.Errorf("reclaim: %w", err)
+		}
 	}
-	metrics.reclaimLag.Set(time.Duration(now - rc.GetItems()[0].GetExpiresAtUnixNano()).Seconds())
-	if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_Reclaim{Reclaim: rc}}); err != nil {
-		return fmt.Errorf("reclaim: %w", err)
+	// Ledger retention: fold events older than the shard's retention into
+	// per-key checkpoints.
+	q, err = r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: t.now(), Query: &shardv1.Query_Compactable{Compactable: scan}})
+	if err != nil {
+		return err
+	}
+	if c := q.GetCompact(); len(c.GetItems()) > 0 {
+		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_CompactLedger{CompactLedger: c}}); err != nil {
+			return fmt.Errorf("compact ledger: %w", err)
+		}
 	}
 	return nil
 }

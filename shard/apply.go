@@ -24,6 +24,7 @@ func DefaultConfig() *shardv1.ShardConfig {
 		DefaultReservationTtlNanos: int64(5 * time.Minute),
 		MaxReservationTtlNanos:     int64(time.Hour),
 		FairnessThresholdPercent:   80,
+		LedgerRetentionNanos:       int64(7 * 24 * time.Hour),
 		DedupWindowNanos:           int64(10 * time.Minute),
 		MaxWaitTimeoutNanos:        int64(5 * time.Minute),
 		MaxWaitersPerResource:      1_000,
@@ -74,6 +75,10 @@ type Reader interface {
 	PoolRecord(pool string) (*shardv1.PoolRecord, error)
 	// Report returns a recorded usage report, or nil.
 	Report(key, reportID string) (*shardv1.UsageReport, error)
+	// Checkpoint returns the ledger checkpoint of key, or nil.
+	Checkpoint(key string) (*shardv1.LedgerCheckpoint, error)
+	// LedgerFrom returns up to limit events of pool from seq on, in order.
+	LedgerFrom(pool string, seq uint64, limit int) ([]*shardv1.LedgerEvent, error)
 	// Expired returns the pool's open reservations whose expiry is at or
 	// before now (key and amount set only), oldest first.
 	Expired(pool string, now int64) ([]*shardv1.ReservationRecord, error)
@@ -109,6 +114,8 @@ const (
 	DeleteLedger
 	PutReport
 	DeleteReport
+	PutCheckpoint
+	DeleteCheckpoint
 )
 
 // Change is one write decided by Apply. Put kinds carry the new record;
@@ -133,6 +140,7 @@ type Change struct {
 	PoolRecord  *shardv1.PoolRecord
 	Ledger      *shardv1.LedgerEvent
 	Report      *shardv1.UsageReport
+	Checkpoint  *shardv1.LedgerCheckpoint
 	Key, ID     string
 	Pool        string
 }
@@ -213,6 +221,8 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 		res, err = a.reclaim(c.Reclaim)
 	case *shardv1.Envelope_ReportUsage:
 		res, err = a.reportUsage(c.ReportUsage)
+	case *shardv1.Envelope_CompactLedger:
+		res, err = a.compactLedger(c.CompactLedger)
 	default:
 		res = invalid("command", "is missing or unknown")
 	}
@@ -799,6 +809,7 @@ func (a *applier) setConfig(c *shardv1.SetConfigCmd) *shardv1.Result {
 	set(&cfg.MaxWaitTimeoutNanos, c.MaxWaitTimeoutNanos)
 	set(&cfg.DefaultReservationTtlNanos, c.DefaultReservationTtlNanos)
 	set(&cfg.MaxReservationTtlNanos, c.MaxReservationTtlNanos)
+	set(&cfg.LedgerRetentionNanos, c.LedgerRetentionNanos)
 	if c.FairnessThresholdPercent != nil {
 		cfg.FairnessThresholdPercent = *c.FairnessThresholdPercent
 	}
@@ -836,6 +847,8 @@ func CheckConfig(c *shardv1.ShardConfig) error {
 		return &FieldError{"max_reservation_ttl", fmt.Sprintf("must be within [min_lease_ttl, %v]", time.Duration(maxDurationBound))}
 	case c.GetDefaultReservationTtlNanos() < c.GetMinLeaseTtlNanos() || c.GetDefaultReservationTtlNanos() > c.GetMaxReservationTtlNanos():
 		return &FieldError{"default_reservation_ttl", "must be within [min_lease_ttl, max_reservation_ttl]"}
+	case c.GetLedgerRetentionNanos() != 0 && (c.GetLedgerRetentionNanos() < int64(time.Hour) || c.GetLedgerRetentionNanos() > 10*365*int64(24*time.Hour)):
+		return &FieldError{"ledger_retention", "must be 0 (forever) or within [1h, 3650 days]"}
 	case c.GetFairnessThresholdPercent() < 1 || c.GetFairnessThresholdPercent() > 100:
 		return &FieldError{"fairness_threshold_percent", "must be within [1, 100]"}
 	}

@@ -137,11 +137,13 @@ func timeBound(prefix byte, t int64) []byte {
 //	'r' hash(pool) 'p' pool                      PoolRecord (ledger sequence)
 //	'r' hash(pool) 'g' pool 0x00 seq             LedgerEvent (seq: 8 bytes BE)
 //	'r' hash(pool) 'u' key 0x00 report_id        UsageReport
+//	'r' hash(pool) 'k' key                       LedgerCheckpoint
 //
 // and two derived indexes of open reservations, by expiry:
 //
 //	'o' pool 0x00 expires_at key 0x00 id         → amount (8 bytes BE): per pool
 //	'y' expires_at key 0x00 id                   for the leader's reclaimer
+//	'l' at pool 0x00 seq                         ledger events by age, for retention
 //
 // and ended reservations join the ended index, for forgetting:
 //
@@ -152,6 +154,8 @@ const (
 	kindPool        = 'p'
 	kindLedger      = 'g'
 	kindReport      = 'u'
+	kindCheckpoint  = 'k'
+	prefixLedgerAge = 'l'
 	prefixPoolExp   = 'o'
 	prefixReclaim   = 'y'
 )
@@ -212,4 +216,12 @@ func endedReservationKey(r *shardv1.ReservationRecord) []byte {
 	b = append(b, kindReservation)
 	b = append(append(b, r.GetKey()...), 0)
 	return append(b, r.GetReservationId()...)
+}
+
+func checkpointKey(key string) []byte { return append(quotaPrefix(Pool(key), kindCheckpoint), key...) }
+
+func ledgerAgeKey(e *shardv1.LedgerEvent) []byte {
+	b := appendTime([]byte{prefixLedgerAge}, e.GetAtUnixNano())
+	b = append(append(b, Pool(e.GetKey())...), 0)
+	return binary.BigEndian.AppendUint64(b, e.GetSeq())
 }

@@ -166,6 +166,9 @@ func (a *applier) importRange(c *shardv1.ImportRangeCmd) (*shardv1.Result, error
 	for _, u := range recs.GetReports() {
 		a.put(Change{Kind: PutReport, Report: u})
 	}
+	for _, k := range recs.GetCheckpoints() {
+		a.put(Change{Kind: PutCheckpoint, Checkpoint: k})
+	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(RecordCount(recs))}, nil
 }
 
@@ -215,6 +218,11 @@ func checkRecords(r *shardv1.RangeRecords) *shardv1.Result {
 	}
 	for _, u := range r.GetReports() {
 		if err := CheckQuotaKey("records.reports.key", u.GetKey()); err != nil {
+			return invalidErr(err)
+		}
+	}
+	for _, k := range r.GetCheckpoints() {
+		if err := CheckQuotaKey("records.checkpoints.key", k.GetKey()); err != nil {
 			return invalidErr(err)
 		}
 	}
@@ -320,6 +328,9 @@ func (a *applier) releaseRange(c *shardv1.ReleaseRangeCmd) (*shardv1.Result, err
 	}
 	for _, u := range recs.GetReports() {
 		a.put(Change{Kind: DeleteReport, Key: u.GetKey(), ID: u.GetReportId()})
+	}
+	for _, k := range recs.GetCheckpoints() {
+		a.put(Change{Kind: DeleteCheckpoint, Key: k.GetKey()})
 	}
 	a.dirtyMeta()
 	a.meta.QueuedWaiters -= uint64(len(recs.GetWaiters()))

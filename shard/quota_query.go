@@ -94,3 +94,22 @@ func (s *records) ledgerEvents(q *shardv1.LedgerQuery) ([]*shardv1.LedgerEvent, 
 	}
 	return out, it.Error()
 }
+
+// checkpoints answers the checkpoint part of a LedgerQuery: those of the
+// keys at or under key.
+func (s *records) checkpoints(key string) ([]*shardv1.LedgerCheckpoint, error) {
+	prefix := checkpointKey(key)
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(quotaPrefix(Pool(key), kindCheckpoint))})
+	defer it.Close()
+	var out []*shardv1.LedgerCheckpoint
+	for ok := it.First(); ok && bytes.HasPrefix(it.Key(), prefix); ok = it.Next() {
+		k := &shardv1.LedgerCheckpoint{}
+		if err := proto.Unmarshal(it.Value(), k); err != nil {
+			return nil, fmt.Errorf("%w: checkpoint %q: %v", ErrCorruptRecord, it.Key(), err)
+		}
+		if Under(k.GetKey(), key) {
+			out = append(out, k)
+		}
+	}
+	return out, it.Error()
+}

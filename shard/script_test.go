@@ -35,6 +35,8 @@ import (
 //	report KEY OBSERVED ID [correct] -> EXPECT
 //	query KEY -> EXPECT                     each level of the path
 //	ledger KEY -> EXPECT                    the subtree's ledger events
+//	compact -> EXPECT                       the leader's ledger retention pass
+//	checkpoints KEY -> EXPECT               the subtree's ledger checkpoints
 //
 // Lease names (L) stand for 16-byte lease ids. Durations are Go
 // durations from t0; EXPECT is the step's output exactly as the test
@@ -197,6 +199,8 @@ func (s *script) step(f []string) string {
 				c.DefaultLeaseTtlNanos = &d
 			case "max_wait":
 				c.MaxWaitTimeoutNanos = &d
+			case "retention":
+				c.LedgerRetentionNanos = &d
 			}
 		}
 		return out(f[0], s.rep.propose(s.now, setConfigCmd(c)))
@@ -223,6 +227,15 @@ func (s *script) step(f []string) string {
 	case "unreserve":
 		return out("release", s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_ReleaseReservation{
 			ReleaseReservation: &shardv1.ReleaseReservationCmd{Key: f[1], ReservationId: f[2]}}}))
+	case "compact":
+		scan := s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Compactable{Compactable: &shardv1.ScanQuery{Limit: 100}}}).GetCompact()
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_CompactLedger{CompactLedger: scan}}))
+	case "checkpoints":
+		var parts []string
+		for _, k := range s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Ledger{Ledger: &shardv1.LedgerQuery{Key: f[1], Limit: 1}}}).GetCheckpoints() {
+			parts = append(parts, fmt.Sprintf("%s@%d:limit=%d,committed=%d", k.GetKey(), k.GetThroughSeq(), k.GetLimit(), k.GetCommitted()))
+		}
+		return "[" + strings.Join(parts, " ") + "]"
 	case "reclaim":
 		scan := s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Reclaimable{Reclaimable: &shardv1.ScanQuery{Limit: 100}}}).GetReclaim()
 		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_Reclaim{Reclaim: scan}}))
@@ -371,7 +384,7 @@ func out(verb string, r *shardv1.Result) string {
 		switch verb {
 		case "release":
 			b.WriteString(" released=" + strconv.FormatBool(r.GetReleased()))
-		case "expire", "forget", "drop", "cancel", "reclaim":
+		case "expire", "forget", "drop", "cancel", "reclaim", "compact":
 			b.WriteString(" count=" + strconv.Itoa(int(r.GetCount())))
 		}
 		if verb == "cancel" && r.GetReleased() {

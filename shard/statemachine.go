@@ -294,6 +294,11 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 		out.Reservations, err = r.openReservations(qq.Reservations, now)
 	case *shardv1.Query_Ledger:
 		out.Ledger, err = r.ledgerEvents(qq.Ledger)
+		if err == nil && qq.Ledger.GetAfterSeq() == 0 {
+			out.Checkpoints, err = r.checkpoints(qq.Ledger.GetKey())
+		}
+	case *shardv1.Query_Compactable:
+		out.Compact, err = r.compactable(now, int(qq.Compactable.GetLimit()))
 	case *shardv1.Query_Reclaimable:
 		out.Reclaim, err = r.reclaimable(now, int(qq.Reclaimable.GetLimit()))
 	case *shardv1.Query_Meta:

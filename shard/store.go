@@ -451,6 +451,9 @@ func (s *records) Records(start, end uint64, after []byte, limit int) (*shardv1.
 		case kindReport:
 			u := &shardv1.UsageReport{}
 			out.Reports, m = append(out.Reports, u), u
+		case kindCheckpoint:
+			k := &shardv1.LedgerCheckpoint{}
+			out.Checkpoints, m = append(out.Checkpoints, k), k
 		default:
 			return nil, nil, fmt.Errorf("%w: range key %q has kind %q", ErrCorruptRecord, k, k[9])
 		}
@@ -635,9 +638,26 @@ func (s *records) writeQuota(b *pebble.Batch, c Change) error {
 	case DeletePool:
 		return b.Delete(poolKey(c.Pool), nil)
 	case PutLedger:
+		if err := b.Set(ledgerAgeKey(c.Ledger), nil, nil); err != nil {
+			return err
+		}
 		return set(b, ledgerKey(Pool(c.Ledger.GetKey()), c.Ledger.GetSeq()), c.Ledger)
 	case DeleteLedger:
+		old := &shardv1.LedgerEvent{}
+		ok, err := s.get(ledgerKey(c.Pool, c.Seq), old)
+		if err != nil {
+			return err
+		}
+		if ok {
+			if err := b.Delete(ledgerAgeKey(old), nil); err != nil {
+				return err
+			}
+		}
 		return b.Delete(ledgerKey(c.Pool, c.Seq), nil)
+	case PutCheckpoint:
+		return set(b, checkpointKey(c.Checkpoint.GetKey()), c.Checkpoint)
+	case DeleteCheckpoint:
+		return b.Delete(checkpointKey(c.Key), nil)
 	case PutReport:
 		return set(b, reportKey(c.Report.GetKey(), c.Report.GetReportId()), c.Report)
 	case DeleteReport:
@@ -649,5 +669,64 @@ func (s *records) writeQuota(b *pebble.Batch, c Change) error {
 // RecordCount counts the records of every kind in r.
 func RecordCount(r *shardv1.RangeRecords) int {
 	return len(r.GetLocks()) + len(r.GetDedups()) + len(r.GetWaiters()) + len(r.GetQuotas()) +
-		len(r.GetReservations()) + len(r.GetPools()) + len(r.GetLedger()) + len(r.GetReports())
+		len(r.GetReservations()) + len(r.GetPools()) + len(r.GetLedger()) + len(r.GetReports()) + len(r.GetCheckpoints())
+}
+
+// Checkpoint implements Reader.
+func (s *records) Checkpoint(key string) (*shardv1.LedgerCheckpoint, error) {
+	k := &shardv1.LedgerCheckpoint{}
+	ok, err := s.get(checkpointKey(key), k)
+	if !ok || err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// LedgerFrom implements Reader.
+func (s *records) LedgerFrom(pool string, seq uint64, limit int) ([]*shardv1.LedgerEvent, error) {
+	prefix := ledgerPrefix(pool)
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: binary.BigEndian.AppendUint64(bytes.Clone(prefix), seq), UpperBound: prefixEnd(prefix)})
+	defer it.Close()
+	var out []*shardv1.LedgerEvent
+	for ok := it.First(); ok && len(out) < limit; ok = it.Next() {
+		e := &shardv1.LedgerEvent{}
+		if err := proto.Unmarshal(it.Value(), e); err != nil {
+			return nil, fmt.Errorf("%w: ledger %q: %v", ErrCorruptRecord, it.Key(), err)
+		}
+		out = append(out, e)
+	}
+	return out, it.Error()
+}
+
+// compactable lists, per pool, the last event older than the ledger
+// retention at now, among the oldest limit events.
+func (s *records) compactable(now int64, limit int) (*shardv1.CompactLedgerCmd, error) {
+	meta, err := s.Meta()
+	if err != nil {
+		return nil, err
+	}
+	out := &shardv1.CompactLedgerCmd{}
+	keep := meta.GetConfig().GetLedgerRetentionNanos()
+	if keep == 0 {
+		return out, nil
+	}
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixLedgerAge}, UpperBound: timeBound(prefixLedgerAge, now-keep)})
+	defer it.Close()
+	through := map[string]uint64{}
+	var pools []string
+	for ok, n := it.First(), 0; ok && n < limit; ok, n = it.Next(), n+1 {
+		k := it.Key()
+		if len(k) < 18 {
+			return nil, fmt.Errorf("%w: ledger age index entry %q", ErrCorruptRecord, k)
+		}
+		pool, seq := string(k[9:len(k)-9]), binary.BigEndian.Uint64(k[len(k)-8:])
+		if _, seen := through[pool]; !seen {
+			pools = append(pools, pool)
+		}
+		through[pool] = max(through[pool], seq)
+	}
+	for _, p := range pools {
+		out.Items = append(out.Items, &shardv1.PoolSeq{Pool: p, ThroughSeq: through[p]})
+	}
+	return out, it.Error()
 }

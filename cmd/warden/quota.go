@@ -195,6 +195,9 @@ func (c *ledgerCmd) Run(g *globals) error {
 		return fmt.Errorf("ledger %s: %w", c.Key, err)
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
+		for _, k := range resp.Msg.GetCheckpoints() {
+			fmt.Fprintf(w, "checkpoint through %d: %s limit %d committed %d\n", k.GetThroughSeq(), k.GetKey(), k.GetLimit(), k.GetCommitted())
+		}
 		for _, e := range resp.Msg.GetEvents() {
 			detail := fmt.Sprintf("amount %d", e.GetAmount())
 			switch e.GetKind() {

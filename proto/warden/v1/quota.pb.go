@@ -971,8 +971,12 @@ func (x *ListLedgerRequest) GetLimit() uint32 {
 }
 
 type ListLedgerResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Events        []*LedgerEvent         `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Events []*LedgerEvent         `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Checkpoints (with after_seq 0) stand for the events that retention
+	// compacted: per key, what they added up to through through_seq.
+	// Replaying the checkpoints, then the events, gives the current totals.
+	Checkpoints   []*LedgerCheckpoint `protobuf:"bytes,2,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1014,6 +1018,90 @@ func (x *ListLedgerResponse) GetEvents() []*LedgerEvent {
 	return nil
 }
 
+func (x *ListLedgerResponse) GetCheckpoints() []*LedgerCheckpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
+// LedgerCheckpoint sums one key's compacted events.
+type LedgerCheckpoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ThroughSeq    uint64                 `protobuf:"varint,2,opt,name=through_seq,json=throughSeq,proto3" json:"through_seq,omitempty"`
+	HasLimit      bool                   `protobuf:"varint,3,opt,name=has_limit,json=hasLimit,proto3" json:"has_limit,omitempty"`
+	Limit         int64                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	Committed     int64                  `protobuf:"varint,5,opt,name=committed,proto3" json:"committed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerCheckpoint) Reset() {
+	*x = LedgerCheckpoint{}
+	mi := &file_warden_v1_quota_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerCheckpoint) ProtoMessage() {}
+
+func (x *LedgerCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_quota_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerCheckpoint.ProtoReflect.Descriptor instead.
+func (*LedgerCheckpoint) Descriptor() ([]byte, []int) {
+	return file_warden_v1_quota_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LedgerCheckpoint) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LedgerCheckpoint) GetThroughSeq() uint64 {
+	if x != nil {
+		return x.ThroughSeq
+	}
+	return 0
+}
+
+func (x *LedgerCheckpoint) GetHasLimit() bool {
+	if x != nil {
+		return x.HasLimit
+	}
+	return false
+}
+
+func (x *LedgerCheckpoint) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LedgerCheckpoint) GetCommitted() int64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
 // LedgerEvent is one immutable event of a pool's ledger.
 type LedgerEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1036,7 +1124,7 @@ type LedgerEvent struct {
 
 func (x *LedgerEvent) Reset() {
 	*x = LedgerEvent{}
-	mi := &file_warden_v1_quota_proto_msgTypes[16]
+	mi := &file_warden_v1_quota_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1136,7 @@ func (x *LedgerEvent) String() string {
 func (*LedgerEvent) ProtoMessage() {}
 
 func (x *LedgerEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_quota_proto_msgTypes[16]
+	mi := &file_warden_v1_quota_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1149,7 @@ func (x *LedgerEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerEvent.ProtoReflect.Descriptor instead.
 func (*LedgerEvent) Descriptor() ([]byte, []int) {
-	return file_warden_v1_quota_proto_rawDescGZIP(), []int{16}
+	return file_warden_v1_quota_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LedgerEvent) GetSeq() uint64 {
@@ -1146,7 +1234,7 @@ type ReportUsageRequest struct {
 
 func (x *ReportUsageRequest) Reset() {
 	*x = ReportUsageRequest{}
-	mi := &file_warden_v1_quota_proto_msgTypes[17]
+	mi := &file_warden_v1_quota_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1158,7 +1246,7 @@ func (x *ReportUsageRequest) String() string {
 func (*ReportUsageRequest) ProtoMessage() {}
 
 func (x *ReportUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_quota_proto_msgTypes[17]
+	mi := &file_warden_v1_quota_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1171,7 +1259,7 @@ func (x *ReportUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportUsageRequest.ProtoReflect.Descriptor instead.
 func (*ReportUsageRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_quota_proto_rawDescGZIP(), []int{17}
+	return file_warden_v1_quota_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReportUsageRequest) GetKey() string {
@@ -1212,7 +1300,7 @@ type ReportUsageResponse struct {
 
 func (x *ReportUsageResponse) Reset() {
 	*x = ReportUsageResponse{}
-	mi := &file_warden_v1_quota_proto_msgTypes[18]
+	mi := &file_warden_v1_quota_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1224,7 +1312,7 @@ func (x *ReportUsageResponse) String() string {
 func (*ReportUsageResponse) ProtoMessage() {}
 
 func (x *ReportUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_quota_proto_msgTypes[18]
+	mi := &file_warden_v1_quota_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1237,7 +1325,7 @@ func (x *ReportUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportUsageResponse.ProtoReflect.Descriptor instead.
 func (*ReportUsageResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_quota_proto_rawDescGZIP(), []int{18}
+	return file_warden_v1_quota_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReportUsageResponse) GetDrift() int64 {
@@ -1271,7 +1359,7 @@ type QuotaExhausted struct {
 
 func (x *QuotaExhausted) Reset() {
 	*x = QuotaExhausted{}
-	mi := &file_warden_v1_quota_proto_msgTypes[19]
+	mi := &file_warden_v1_quota_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1283,7 +1371,7 @@ func (x *QuotaExhausted) String() string {
 func (*QuotaExhausted) ProtoMessage() {}
 
 func (x *QuotaExhausted) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_quota_proto_msgTypes[19]
+	mi := &file_warden_v1_quota_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1296,7 +1384,7 @@ func (x *QuotaExhausted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaExhausted.ProtoReflect.Descriptor instead.
 func (*QuotaExhausted) Descriptor() ([]byte, []int) {
-	return file_warden_v1_quota_proto_rawDescGZIP(), []int{19}
+	return file_warden_v1_quota_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *QuotaExhausted) GetLevel() string {
@@ -1392,9 +1480,17 @@ const file_warden_v1_quota_proto_rawDesc = "" +
 	"\x11ListLedgerRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
 	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\rR\x05limit\"D\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"\x83\x01\n" +
 	"\x12ListLedgerResponse\x12.\n" +
-	"\x06events\x18\x01 \x03(\v2\x16.warden.v1.LedgerEventR\x06events\"\xba\x02\n" +
+	"\x06events\x18\x01 \x03(\v2\x16.warden.v1.LedgerEventR\x06events\x12=\n" +
+	"\vcheckpoints\x18\x02 \x03(\v2\x1b.warden.v1.LedgerCheckpointR\vcheckpoints\"\x96\x01\n" +
+	"\x10LedgerCheckpoint\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1f\n" +
+	"\vthrough_seq\x18\x02 \x01(\x04R\n" +
+	"throughSeq\x12\x1b\n" +
+	"\thas_limit\x18\x03 \x01(\bR\bhasLimit\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x1c\n" +
+	"\tcommitted\x18\x05 \x01(\x03R\tcommitted\"\xba\x02\n" +
 	"\vLedgerEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -1450,7 +1546,7 @@ func file_warden_v1_quota_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_v1_quota_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warden_v1_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_warden_v1_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_warden_v1_quota_proto_goTypes = []any{
 	(Consistency)(0),                    // 0: warden.v1.Consistency
 	(*SetLimitRequest)(nil),             // 1: warden.v1.SetLimitRequest
@@ -1469,48 +1565,50 @@ var file_warden_v1_quota_proto_goTypes = []any{
 	(*Reservation)(nil),                 // 14: warden.v1.Reservation
 	(*ListLedgerRequest)(nil),           // 15: warden.v1.ListLedgerRequest
 	(*ListLedgerResponse)(nil),          // 16: warden.v1.ListLedgerResponse
-	(*LedgerEvent)(nil),                 // 17: warden.v1.LedgerEvent
-	(*ReportUsageRequest)(nil),          // 18: warden.v1.ReportUsageRequest
-	(*ReportUsageResponse)(nil),         // 19: warden.v1.ReportUsageResponse
-	(*QuotaExhausted)(nil),              // 20: warden.v1.QuotaExhausted
-	(*durationpb.Duration)(nil),         // 21: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),       // 22: google.protobuf.Timestamp
+	(*LedgerCheckpoint)(nil),            // 17: warden.v1.LedgerCheckpoint
+	(*LedgerEvent)(nil),                 // 18: warden.v1.LedgerEvent
+	(*ReportUsageRequest)(nil),          // 19: warden.v1.ReportUsageRequest
+	(*ReportUsageResponse)(nil),         // 20: warden.v1.ReportUsageResponse
+	(*QuotaExhausted)(nil),              // 21: warden.v1.QuotaExhausted
+	(*durationpb.Duration)(nil),         // 22: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 23: google.protobuf.Timestamp
 }
 var file_warden_v1_quota_proto_depIdxs = []int32{
 	11, // 0: warden.v1.SetLimitResponse.level:type_name -> warden.v1.QuotaLevel
-	21, // 1: warden.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	22, // 2: warden.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 1: warden.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	23, // 2: warden.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: warden.v1.QueryRequest.consistency:type_name -> warden.v1.Consistency
 	11, // 4: warden.v1.QueryResponse.levels:type_name -> warden.v1.QuotaLevel
-	22, // 5: warden.v1.QueryResponse.as_of:type_name -> google.protobuf.Timestamp
+	23, // 5: warden.v1.QueryResponse.as_of:type_name -> google.protobuf.Timestamp
 	14, // 6: warden.v1.ListReservationsResponse.reservations:type_name -> warden.v1.Reservation
-	22, // 7: warden.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
-	17, // 8: warden.v1.ListLedgerResponse.events:type_name -> warden.v1.LedgerEvent
-	22, // 9: warden.v1.LedgerEvent.at:type_name -> google.protobuf.Timestamp
-	22, // 10: warden.v1.LedgerEvent.expires_at:type_name -> google.protobuf.Timestamp
-	11, // 11: warden.v1.ReportUsageResponse.level:type_name -> warden.v1.QuotaLevel
-	21, // 12: warden.v1.QuotaExhausted.retry_after:type_name -> google.protobuf.Duration
-	1,  // 13: warden.v1.QuotaService.SetLimit:input_type -> warden.v1.SetLimitRequest
-	3,  // 14: warden.v1.QuotaService.Reserve:input_type -> warden.v1.ReserveRequest
-	5,  // 15: warden.v1.QuotaService.Commit:input_type -> warden.v1.CommitRequest
-	7,  // 16: warden.v1.QuotaService.Release:input_type -> warden.v1.QuotaServiceReleaseRequest
-	9,  // 17: warden.v1.QuotaService.Query:input_type -> warden.v1.QueryRequest
-	12, // 18: warden.v1.QuotaService.ListReservations:input_type -> warden.v1.ListReservationsRequest
-	15, // 19: warden.v1.QuotaService.ListLedger:input_type -> warden.v1.ListLedgerRequest
-	18, // 20: warden.v1.QuotaService.ReportUsage:input_type -> warden.v1.ReportUsageRequest
-	2,  // 21: warden.v1.QuotaService.SetLimit:output_type -> warden.v1.SetLimitResponse
-	4,  // 22: warden.v1.QuotaService.Reserve:output_type -> warden.v1.ReserveResponse
-	6,  // 23: warden.v1.QuotaService.Commit:output_type -> warden.v1.CommitResponse
-	8,  // 24: warden.v1.QuotaService.Release:output_type -> warden.v1.QuotaServiceReleaseResponse
-	10, // 25: warden.v1.QuotaService.Query:output_type -> warden.v1.QueryResponse
-	13, // 26: warden.v1.QuotaService.ListReservations:output_type -> warden.v1.ListReservationsResponse
-	16, // 27: warden.v1.QuotaService.ListLedger:output_type -> warden.v1.ListLedgerResponse
-	19, // 28: warden.v1.QuotaService.ReportUsage:output_type -> warden.v1.ReportUsageResponse
-	21, // [21:29] is the sub-list for method output_type
-	13, // [13:21] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	23, // 7: warden.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 8: warden.v1.ListLedgerResponse.events:type_name -> warden.v1.LedgerEvent
+	17, // 9: warden.v1.ListLedgerResponse.checkpoints:type_name -> warden.v1.LedgerCheckpoint
+	23, // 10: warden.v1.LedgerEvent.at:type_name -> google.protobuf.Timestamp
+	23, // 11: warden.v1.LedgerEvent.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 12: warden.v1.ReportUsageResponse.level:type_name -> warden.v1.QuotaLevel
+	22, // 13: warden.v1.QuotaExhausted.retry_after:type_name -> google.protobuf.Duration
+	1,  // 14: warden.v1.QuotaService.SetLimit:input_type -> warden.v1.SetLimitRequest
+	3,  // 15: warden.v1.QuotaService.Reserve:input_type -> warden.v1.ReserveRequest
+	5,  // 16: warden.v1.QuotaService.Commit:input_type -> warden.v1.CommitRequest
+	7,  // 17: warden.v1.QuotaService.Release:input_type -> warden.v1.QuotaServiceReleaseRequest
+	9,  // 18: warden.v1.QuotaService.Query:input_type -> warden.v1.QueryRequest
+	12, // 19: warden.v1.QuotaService.ListReservations:input_type -> warden.v1.ListReservationsRequest
+	15, // 20: warden.v1.QuotaService.ListLedger:input_type -> warden.v1.ListLedgerRequest
+	19, // 21: warden.v1.QuotaService.ReportUsage:input_type -> warden.v1.ReportUsageRequest
+	2,  // 22: warden.v1.QuotaService.SetLimit:output_type -> warden.v1.SetLimitResponse
+	4,  // 23: warden.v1.QuotaService.Reserve:output_type -> warden.v1.ReserveResponse
+	6,  // 24: warden.v1.QuotaService.Commit:output_type -> warden.v1.CommitResponse
+	8,  // 25: warden.v1.QuotaService.Release:output_type -> warden.v1.QuotaServiceReleaseResponse
+	10, // 26: warden.v1.QuotaService.Query:output_type -> warden.v1.QueryResponse
+	13, // 27: warden.v1.QuotaService.ListReservations:output_type -> warden.v1.ListReservationsResponse
+	16, // 28: warden.v1.QuotaService.ListLedger:output_type -> warden.v1.ListLedgerResponse
+	20, // 29: warden.v1.QuotaService.ReportUsage:output_type -> warden.v1.ReportUsageResponse
+	22, // [22:30] is the sub-list for method output_type
+	14, // [14:22] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_quota_proto_init() }
@@ -1524,7 +1622,7 @@ func file_warden_v1_quota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_quota_proto_rawDesc), len(file_warden_v1_quota_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -202,6 +202,7 @@ type Envelope struct {
 	//	*Envelope_ReleaseReservation
 	//	*Envelope_Reclaim
 	//	*Envelope_ReportUsage
+	//	*Envelope_CompactLedger
 	Command       isEnvelope_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -443,6 +444,15 @@ func (x *Envelope) GetReportUsage() *ReportUsageCmd {
 	return nil
 }
 
+func (x *Envelope) GetCompactLedger() *CompactLedgerCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_CompactLedger); ok {
+			return x.CompactLedger
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Command interface {
 	isEnvelope_Command()
 }
@@ -523,6 +533,10 @@ type Envelope_ReportUsage struct {
 	ReportUsage *ReportUsageCmd `protobuf:"bytes,28,opt,name=report_usage,json=reportUsage,proto3,oneof"`
 }
 
+type Envelope_CompactLedger struct {
+	CompactLedger *CompactLedgerCmd `protobuf:"bytes,29,opt,name=compact_ledger,json=compactLedger,proto3,oneof"`
+}
+
 func (*Envelope_Acquire) isEnvelope_Command() {}
 
 func (*Envelope_Renew) isEnvelope_Command() {}
@@ -560,6 +574,8 @@ func (*Envelope_ReleaseReservation) isEnvelope_Command() {}
 func (*Envelope_Reclaim) isEnvelope_Command() {}
 
 func (*Envelope_ReportUsage) isEnvelope_Command() {}
+
+func (*Envelope_CompactLedger) isEnvelope_Command() {}
 
 type AcquireCmd struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1170,6 +1186,7 @@ type SetConfigCmd struct {
 	DefaultReservationTtlNanos *int64                 `protobuf:"varint,9,opt,name=default_reservation_ttl_nanos,json=defaultReservationTtlNanos,proto3,oneof" json:"default_reservation_ttl_nanos,omitempty"`
 	MaxReservationTtlNanos     *int64                 `protobuf:"varint,10,opt,name=max_reservation_ttl_nanos,json=maxReservationTtlNanos,proto3,oneof" json:"max_reservation_ttl_nanos,omitempty"`
 	FairnessThresholdPercent   *uint32                `protobuf:"varint,11,opt,name=fairness_threshold_percent,json=fairnessThresholdPercent,proto3,oneof" json:"fairness_threshold_percent,omitempty"`
+	LedgerRetentionNanos       *int64                 `protobuf:"varint,12,opt,name=ledger_retention_nanos,json=ledgerRetentionNanos,proto3,oneof" json:"ledger_retention_nanos,omitempty"`
 	unknownFields              protoimpl.UnknownFields
 	sizeCache                  protoimpl.SizeCache
 }
@@ -1277,6 +1294,13 @@ func (x *SetConfigCmd) GetMaxReservationTtlNanos() int64 {
 func (x *SetConfigCmd) GetFairnessThresholdPercent() uint32 {
 	if x != nil && x.FairnessThresholdPercent != nil {
 		return *x.FairnessThresholdPercent
+	}
+	return 0
+}
+
+func (x *SetConfigCmd) GetLedgerRetentionNanos() int64 {
+	if x != nil && x.LedgerRetentionNanos != nil {
+		return *x.LedgerRetentionNanos
 	}
 	return 0
 }
@@ -2359,6 +2383,185 @@ func (x *LedgerEvent) GetExpiresAtUnixNano() int64 {
 	return 0
 }
 
+// LedgerCheckpoint is what the compacted ledger events of one key added
+// up to, through seq: replaying checkpoints, then the events after them,
+// gives the current totals.
+type LedgerCheckpoint struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Key        string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ThroughSeq uint64                 `protobuf:"varint,2,opt,name=through_seq,json=throughSeq,proto3" json:"through_seq,omitempty"`
+	HasLimit   bool                   `protobuf:"varint,3,opt,name=has_limit,json=hasLimit,proto3" json:"has_limit,omitempty"`
+	Limit      int64                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Committed is the committed usage the key's own COMMIT and CORRECTION
+	// events added.
+	Committed     int64 `protobuf:"varint,5,opt,name=committed,proto3" json:"committed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerCheckpoint) Reset() {
+	*x = LedgerCheckpoint{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerCheckpoint) ProtoMessage() {}
+
+func (x *LedgerCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerCheckpoint.ProtoReflect.Descriptor instead.
+func (*LedgerCheckpoint) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *LedgerCheckpoint) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LedgerCheckpoint) GetThroughSeq() uint64 {
+	if x != nil {
+		return x.ThroughSeq
+	}
+	return 0
+}
+
+func (x *LedgerCheckpoint) GetHasLimit() bool {
+	if x != nil {
+		return x.HasLimit
+	}
+	return false
+}
+
+func (x *LedgerCheckpoint) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *LedgerCheckpoint) GetCommitted() int64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
+// CompactLedgerCmd folds each pool's events up to through_seq that are
+// older than the ledger retention into checkpoints, and deletes them.
+type CompactLedgerCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*PoolSeq             `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompactLedgerCmd) Reset() {
+	*x = CompactLedgerCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactLedgerCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactLedgerCmd) ProtoMessage() {}
+
+func (x *CompactLedgerCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactLedgerCmd.ProtoReflect.Descriptor instead.
+func (*CompactLedgerCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *CompactLedgerCmd) GetItems() []*PoolSeq {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type PoolSeq struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	ThroughSeq    uint64                 `protobuf:"varint,2,opt,name=through_seq,json=throughSeq,proto3" json:"through_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolSeq) Reset() {
+	*x = PoolSeq{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolSeq) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolSeq) ProtoMessage() {}
+
+func (x *PoolSeq) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolSeq.ProtoReflect.Descriptor instead.
+func (*PoolSeq) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *PoolSeq) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *PoolSeq) GetThroughSeq() uint64 {
+	if x != nil {
+		return x.ThroughSeq
+	}
+	return 0
+}
+
 // UsageReport remembers a ReportUsage with correct, by report_id.
 type UsageReport struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2372,7 +2575,7 @@ type UsageReport struct {
 
 func (x *UsageReport) Reset() {
 	*x = UsageReport{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2587,7 @@ func (x *UsageReport) String() string {
 func (*UsageReport) ProtoMessage() {}
 
 func (x *UsageReport) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2600,7 @@ func (x *UsageReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageReport.ProtoReflect.Descriptor instead.
 func (*UsageReport) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{25}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *UsageReport) GetKey() string {
@@ -2442,7 +2645,7 @@ type WaiterEvent struct {
 
 func (x *WaiterEvent) Reset() {
 	*x = WaiterEvent{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2454,7 +2657,7 @@ func (x *WaiterEvent) String() string {
 func (*WaiterEvent) ProtoMessage() {}
 
 func (x *WaiterEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2467,7 +2670,7 @@ func (x *WaiterEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterEvent.ProtoReflect.Descriptor instead.
 func (*WaiterEvent) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{26}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WaiterEvent) GetResource() string {
@@ -2510,7 +2713,7 @@ type LeaseInfo struct {
 
 func (x *LeaseInfo) Reset() {
 	*x = LeaseInfo{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2522,7 +2725,7 @@ func (x *LeaseInfo) String() string {
 func (*LeaseInfo) ProtoMessage() {}
 
 func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2535,7 +2738,7 @@ func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
 func (*LeaseInfo) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{27}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *LeaseInfo) GetLeaseId() []byte {
@@ -2580,7 +2783,7 @@ type RangeDescriptor struct {
 
 func (x *RangeDescriptor) Reset() {
 	*x = RangeDescriptor{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2795,7 @@ func (x *RangeDescriptor) String() string {
 func (*RangeDescriptor) ProtoMessage() {}
 
 func (x *RangeDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2808,7 @@ func (x *RangeDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeDescriptor.ProtoReflect.Descriptor instead.
 func (*RangeDescriptor) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{28}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RangeDescriptor) GetShardId() uint64 {
@@ -2652,13 +2855,16 @@ type ShardConfig struct {
 	DefaultReservationTtlNanos int64  `protobuf:"varint,9,opt,name=default_reservation_ttl_nanos,json=defaultReservationTtlNanos,proto3" json:"default_reservation_ttl_nanos,omitempty"`
 	MaxReservationTtlNanos     int64  `protobuf:"varint,10,opt,name=max_reservation_ttl_nanos,json=maxReservationTtlNanos,proto3" json:"max_reservation_ttl_nanos,omitempty"`
 	FairnessThresholdPercent   uint32 `protobuf:"varint,11,opt,name=fairness_threshold_percent,json=fairnessThresholdPercent,proto3" json:"fairness_threshold_percent,omitempty"`
-	unknownFields              protoimpl.UnknownFields
-	sizeCache                  protoimpl.SizeCache
+	// LedgerRetention is how long quota ledger events are kept before the
+	// leader folds them into per-key checkpoints (0: forever).
+	LedgerRetentionNanos int64 `protobuf:"varint,12,opt,name=ledger_retention_nanos,json=ledgerRetentionNanos,proto3" json:"ledger_retention_nanos,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ShardConfig) Reset() {
 	*x = ShardConfig{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +2876,7 @@ func (x *ShardConfig) String() string {
 func (*ShardConfig) ProtoMessage() {}
 
 func (x *ShardConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +2889,7 @@ func (x *ShardConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardConfig.ProtoReflect.Descriptor instead.
 func (*ShardConfig) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{29}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ShardConfig) GetMaxClockSkewNanos() int64 {
@@ -2763,6 +2969,13 @@ func (x *ShardConfig) GetFairnessThresholdPercent() uint32 {
 	return 0
 }
 
+func (x *ShardConfig) GetLedgerRetentionNanos() int64 {
+	if x != nil {
+		return x.LedgerRetentionNanos
+	}
+	return 0
+}
+
 // ShardMeta is the shard-wide state kept beside the range records.
 type ShardMeta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2796,7 +3009,7 @@ type ShardMeta struct {
 
 func (x *ShardMeta) Reset() {
 	*x = ShardMeta{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2808,7 +3021,7 @@ func (x *ShardMeta) String() string {
 func (*ShardMeta) ProtoMessage() {}
 
 func (x *ShardMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2821,7 +3034,7 @@ func (x *ShardMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMeta.ProtoReflect.Descriptor instead.
 func (*ShardMeta) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{30}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ShardMeta) GetEpoch() uint64 {
@@ -2907,7 +3120,7 @@ type RangeFence struct {
 
 func (x *RangeFence) Reset() {
 	*x = RangeFence{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2919,7 +3132,7 @@ func (x *RangeFence) String() string {
 func (*RangeFence) ProtoMessage() {}
 
 func (x *RangeFence) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2932,7 +3145,7 @@ func (x *RangeFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeFence.ProtoReflect.Descriptor instead.
 func (*RangeFence) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{31}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RangeFence) GetOperatorId() uint64 {
@@ -2968,7 +3181,7 @@ type FenceRangeCmd struct {
 
 func (x *FenceRangeCmd) Reset() {
 	*x = FenceRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2980,7 +3193,7 @@ func (x *FenceRangeCmd) String() string {
 func (*FenceRangeCmd) ProtoMessage() {}
 
 func (x *FenceRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2993,7 +3206,7 @@ func (x *FenceRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRangeCmd.ProtoReflect.Descriptor instead.
 func (*FenceRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{32}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *FenceRangeCmd) GetFence() *RangeFence {
@@ -3013,7 +3226,7 @@ type UnfenceRangeCmd struct {
 
 func (x *UnfenceRangeCmd) Reset() {
 	*x = UnfenceRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3238,7 @@ func (x *UnfenceRangeCmd) String() string {
 func (*UnfenceRangeCmd) ProtoMessage() {}
 
 func (x *UnfenceRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3251,7 @@ func (x *UnfenceRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRangeCmd.ProtoReflect.Descriptor instead.
 func (*UnfenceRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{33}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UnfenceRangeCmd) GetOperatorId() uint64 {
@@ -3059,13 +3272,14 @@ type RangeRecords struct {
 	Pools         []*PoolRecord          `protobuf:"bytes,6,rep,name=pools,proto3" json:"pools,omitempty"`
 	Ledger        []*LedgerEvent         `protobuf:"bytes,7,rep,name=ledger,proto3" json:"ledger,omitempty"`
 	Reports       []*UsageReport         `protobuf:"bytes,8,rep,name=reports,proto3" json:"reports,omitempty"`
+	Checkpoints   []*LedgerCheckpoint    `protobuf:"bytes,9,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RangeRecords) Reset() {
 	*x = RangeRecords{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3077,7 +3291,7 @@ func (x *RangeRecords) String() string {
 func (*RangeRecords) ProtoMessage() {}
 
 func (x *RangeRecords) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3090,7 +3304,7 @@ func (x *RangeRecords) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeRecords.ProtoReflect.Descriptor instead.
 func (*RangeRecords) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{34}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RangeRecords) GetLocks() []*LockRecord {
@@ -3149,6 +3363,13 @@ func (x *RangeRecords) GetReports() []*UsageReport {
 	return nil
 }
 
+func (x *RangeRecords) GetCheckpoints() []*LedgerCheckpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
 // ImportRangeCmd writes records copied from a fenced source into an
 // inactive shard. Writing the same records again is a no-op, so an
 // interrupted copy can start over.
@@ -3162,7 +3383,7 @@ type ImportRangeCmd struct {
 
 func (x *ImportRangeCmd) Reset() {
 	*x = ImportRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3174,7 +3395,7 @@ func (x *ImportRangeCmd) String() string {
 func (*ImportRangeCmd) ProtoMessage() {}
 
 func (x *ImportRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3187,7 +3408,7 @@ func (x *ImportRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportRangeCmd.ProtoReflect.Descriptor instead.
 func (*ImportRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{35}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ImportRangeCmd) GetOperatorId() uint64 {
@@ -3221,7 +3442,7 @@ type ActivateRangeCmd struct {
 
 func (x *ActivateRangeCmd) Reset() {
 	*x = ActivateRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3233,7 +3454,7 @@ func (x *ActivateRangeCmd) String() string {
 func (*ActivateRangeCmd) ProtoMessage() {}
 
 func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3246,7 +3467,7 @@ func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActivateRangeCmd.ProtoReflect.Descriptor instead.
 func (*ActivateRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{36}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ActivateRangeCmd) GetOperatorId() uint64 {
@@ -3298,7 +3519,7 @@ type ReleaseRangeCmd struct {
 
 func (x *ReleaseRangeCmd) Reset() {
 	*x = ReleaseRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3310,7 +3531,7 @@ func (x *ReleaseRangeCmd) String() string {
 func (*ReleaseRangeCmd) ProtoMessage() {}
 
 func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3323,7 +3544,7 @@ func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRangeCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{37}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReleaseRangeCmd) GetOperatorId() uint64 {
@@ -3367,7 +3588,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3379,7 +3600,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3392,7 +3613,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{38}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LockRecord) GetResource() string {
@@ -3496,7 +3717,7 @@ type WaiterRecord struct {
 
 func (x *WaiterRecord) Reset() {
 	*x = WaiterRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3508,7 +3729,7 @@ func (x *WaiterRecord) String() string {
 func (*WaiterRecord) ProtoMessage() {}
 
 func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3521,7 +3742,7 @@ func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterRecord.ProtoReflect.Descriptor instead.
 func (*WaiterRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{39}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WaiterRecord) GetResource() string {
@@ -3603,7 +3824,7 @@ type DedupRecord struct {
 
 func (x *DedupRecord) Reset() {
 	*x = DedupRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3615,7 +3836,7 @@ func (x *DedupRecord) String() string {
 func (*DedupRecord) ProtoMessage() {}
 
 func (x *DedupRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3628,7 +3849,7 @@ func (x *DedupRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupRecord.ProtoReflect.Descriptor instead.
 func (*DedupRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{40}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DedupRecord) GetResource() string {
@@ -3719,6 +3940,7 @@ type Query struct {
 	//	*Query_Reservations
 	//	*Query_Ledger
 	//	*Query_Reclaimable
+	//	*Query_Compactable
 	Query         isQuery_Query `protobuf_oneof:"query"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3726,7 +3948,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3738,7 +3960,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3751,7 +3973,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{41}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Query) GetNowUnixNano() int64 {
@@ -3876,6 +4098,15 @@ func (x *Query) GetReclaimable() *ScanQuery {
 	return nil
 }
 
+func (x *Query) GetCompactable() *ScanQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_Compactable); ok {
+			return x.Compactable
+		}
+	}
+	return nil
+}
+
 type isQuery_Query interface {
 	isQuery_Query()
 }
@@ -3928,6 +4159,10 @@ type Query_Reclaimable struct {
 	Reclaimable *ScanQuery `protobuf:"bytes,21,opt,name=reclaimable,proto3,oneof"`
 }
 
+type Query_Compactable struct {
+	Compactable *ScanQuery `protobuf:"bytes,22,opt,name=compactable,proto3,oneof"`
+}
+
 func (*Query_Describe) isQuery_Query() {}
 
 func (*Query_Expired) isQuery_Query() {}
@@ -3952,6 +4187,8 @@ func (*Query_Ledger) isQuery_Query() {}
 
 func (*Query_Reclaimable) isQuery_Query() {}
 
+func (*Query_Compactable) isQuery_Query() {}
+
 // QuotaQuery reads every level of key's path.
 type QuotaQuery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3962,7 +4199,7 @@ type QuotaQuery struct {
 
 func (x *QuotaQuery) Reset() {
 	*x = QuotaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3974,7 +4211,7 @@ func (x *QuotaQuery) String() string {
 func (*QuotaQuery) ProtoMessage() {}
 
 func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3987,7 +4224,7 @@ func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaQuery.ProtoReflect.Descriptor instead.
 func (*QuotaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{42}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *QuotaQuery) GetKey() string {
@@ -4011,7 +4248,7 @@ type ReservationsQuery struct {
 
 func (x *ReservationsQuery) Reset() {
 	*x = ReservationsQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4023,7 +4260,7 @@ func (x *ReservationsQuery) String() string {
 func (*ReservationsQuery) ProtoMessage() {}
 
 func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4036,7 +4273,7 @@ func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservationsQuery.ProtoReflect.Descriptor instead.
 func (*ReservationsQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{43}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReservationsQuery) GetKey() string {
@@ -4079,7 +4316,7 @@ type LedgerQuery struct {
 
 func (x *LedgerQuery) Reset() {
 	*x = LedgerQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4091,7 +4328,7 @@ func (x *LedgerQuery) String() string {
 func (*LedgerQuery) ProtoMessage() {}
 
 func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4104,7 +4341,7 @@ func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerQuery.ProtoReflect.Descriptor instead.
 func (*LedgerQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{44}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *LedgerQuery) GetKey() string {
@@ -4144,7 +4381,7 @@ type QuotaLevel struct {
 
 func (x *QuotaLevel) Reset() {
 	*x = QuotaLevel{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4156,7 +4393,7 @@ func (x *QuotaLevel) String() string {
 func (*QuotaLevel) ProtoMessage() {}
 
 func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4169,7 +4406,7 @@ func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaLevel.ProtoReflect.Descriptor instead.
 func (*QuotaLevel) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{45}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *QuotaLevel) GetRecord() *QuotaRecord {
@@ -4215,7 +4452,7 @@ type ExportQuery struct {
 
 func (x *ExportQuery) Reset() {
 	*x = ExportQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4227,7 +4464,7 @@ func (x *ExportQuery) String() string {
 func (*ExportQuery) ProtoMessage() {}
 
 func (x *ExportQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4240,7 +4477,7 @@ func (x *ExportQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportQuery.ProtoReflect.Descriptor instead.
 func (*ExportQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{46}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ExportQuery) GetStart() uint64 {
@@ -4281,7 +4518,7 @@ type DigestQuery struct {
 
 func (x *DigestQuery) Reset() {
 	*x = DigestQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4293,7 +4530,7 @@ func (x *DigestQuery) String() string {
 func (*DigestQuery) ProtoMessage() {}
 
 func (x *DigestQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4306,7 +4543,7 @@ func (x *DigestQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestQuery.ProtoReflect.Descriptor instead.
 func (*DigestQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{47}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
 }
 
 type DescribeQuery struct {
@@ -4318,7 +4555,7 @@ type DescribeQuery struct {
 
 func (x *DescribeQuery) Reset() {
 	*x = DescribeQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4330,7 +4567,7 @@ func (x *DescribeQuery) String() string {
 func (*DescribeQuery) ProtoMessage() {}
 
 func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4343,7 +4580,7 @@ func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeQuery.ProtoReflect.Descriptor instead.
 func (*DescribeQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DescribeQuery) GetResource() string {
@@ -4363,7 +4600,7 @@ type ScanQuery struct {
 
 func (x *ScanQuery) Reset() {
 	*x = ScanQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4375,7 +4612,7 @@ func (x *ScanQuery) String() string {
 func (*ScanQuery) ProtoMessage() {}
 
 func (x *ScanQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4388,7 +4625,7 @@ func (x *ScanQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanQuery.ProtoReflect.Descriptor instead.
 func (*ScanQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ScanQuery) GetLimit() uint32 {
@@ -4406,7 +4643,7 @@ type MetaQuery struct {
 
 func (x *MetaQuery) Reset() {
 	*x = MetaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4418,7 +4655,7 @@ func (x *MetaQuery) String() string {
 func (*MetaQuery) ProtoMessage() {}
 
 func (x *MetaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4431,7 +4668,7 @@ func (x *MetaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaQuery.ProtoReflect.Descriptor instead.
 func (*MetaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{53}
 }
 
 // HotQuery lists up to limit locks with the most waiters.
@@ -4444,7 +4681,7 @@ type HotQuery struct {
 
 func (x *HotQuery) Reset() {
 	*x = HotQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +4693,7 @@ func (x *HotQuery) String() string {
 func (*HotQuery) ProtoMessage() {}
 
 func (x *HotQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +4706,7 @@ func (x *HotQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotQuery.ProtoReflect.Descriptor instead.
 func (*HotQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *HotQuery) GetLimit() uint32 {
@@ -4505,14 +4742,19 @@ type QueryResult struct {
 	Reservations []*ReservationRecord `protobuf:"bytes,13,rep,name=reservations,proto3" json:"reservations,omitempty"`
 	Ledger       []*LedgerEvent       `protobuf:"bytes,14,rep,name=ledger,proto3" json:"ledger,omitempty"`
 	// Reclaim answers a reclaimable ScanQuery.
-	Reclaim       *ReclaimCmd `protobuf:"bytes,15,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	Reclaim *ReclaimCmd `protobuf:"bytes,15,opt,name=reclaim,proto3" json:"reclaim,omitempty"`
+	// Compact answers a compactable ScanQuery.
+	Compact *CompactLedgerCmd `protobuf:"bytes,16,opt,name=compact,proto3" json:"compact,omitempty"`
+	// Checkpoints answer a LedgerQuery with after_seq 0: the keys of the
+	// subtree whose older events were compacted.
+	Checkpoints   []*LedgerCheckpoint `protobuf:"bytes,17,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueryResult) Reset() {
 	*x = QueryResult{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4524,7 +4766,7 @@ func (x *QueryResult) String() string {
 func (*QueryResult) ProtoMessage() {}
 
 func (x *QueryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4537,7 +4779,7 @@ func (x *QueryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResult.ProtoReflect.Descriptor instead.
 func (*QueryResult) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *QueryResult) GetLock() *LockRecord {
@@ -4645,12 +4887,25 @@ func (x *QueryResult) GetReclaim() *ReclaimCmd {
 	return nil
 }
 
+func (x *QueryResult) GetCompact() *CompactLedgerCmd {
+	if x != nil {
+		return x.Compact
+	}
+	return nil
+}
+
+func (x *QueryResult) GetCheckpoints() []*LedgerCheckpoint {
+	if x != nil {
+		return x.Checkpoints
+	}
+	return nil
+}
+
 var File_warden_shard_v1_shard_proto protoreflect.FileDescriptor
 
 const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xd5\n" +
-	"\n" +
+	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xa1\v\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x19\n" +
 	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12\x1e\n" +
@@ -4680,7 +4935,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x06commit\x18\x19 \x01(\v2\x1a.warden.shard.v1.CommitCmdH\x00R\x06commit\x12Y\n" +
 	"\x13release_reservation\x18\x1a \x01(\v2&.warden.shard.v1.ReleaseReservationCmdH\x00R\x12releaseReservation\x127\n" +
 	"\areclaim\x18\x1b \x01(\v2\x1b.warden.shard.v1.ReclaimCmdH\x00R\areclaim\x12D\n" +
-	"\freport_usage\x18\x1c \x01(\v2\x1f.warden.shard.v1.ReportUsageCmdH\x00R\vreportUsageB\t\n" +
+	"\freport_usage\x18\x1c \x01(\v2\x1f.warden.shard.v1.ReportUsageCmdH\x00R\vreportUsage\x12J\n" +
+	"\x0ecompact_ledger\x18\x1d \x01(\v2!.warden.shard.v1.CompactLedgerCmdH\x00R\rcompactLedgerB\t\n" +
 	"\acommand\"\xe8\x01\n" +
 	"\n" +
 	"AcquireCmd\x12\x1a\n" +
@@ -4726,7 +4982,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\bDedupRef\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tR\trequestId\"\xc6\a\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\"\x9c\b\n" +
 	"\fSetConfigCmd\x124\n" +
 	"\x14max_clock_skew_nanos\x18\x01 \x01(\x03H\x00R\x11maxClockSkewNanos\x88\x01\x01\x122\n" +
 	"\x13min_lease_ttl_nanos\x18\x02 \x01(\x03H\x01R\x10minLeaseTtlNanos\x88\x01\x01\x122\n" +
@@ -4740,7 +4996,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x19max_reservation_ttl_nanos\x18\n" +
 	" \x01(\x03H\tR\x16maxReservationTtlNanos\x88\x01\x01\x12A\n" +
 	"\x1afairness_threshold_percent\x18\v \x01(\rH\n" +
-	"R\x18fairnessThresholdPercent\x88\x01\x01B\x17\n" +
+	"R\x18fairnessThresholdPercent\x88\x01\x01\x129\n" +
+	"\x16ledger_retention_nanos\x18\f \x01(\x03H\vR\x14ledgerRetentionNanos\x88\x01\x01B\x17\n" +
 	"\x15_max_clock_skew_nanosB\x16\n" +
 	"\x14_min_lease_ttl_nanosB\x16\n" +
 	"\x14_max_lease_ttl_nanosB\x1a\n" +
@@ -4751,7 +5008,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x17_max_waiters_per_tenantB \n" +
 	"\x1e_default_reservation_ttl_nanosB\x1c\n" +
 	"\x1a_max_reservation_ttl_nanosB\x1d\n" +
-	"\x1b_fairness_threshold_percent\"M\n" +
+	"\x1b_fairness_threshold_percentB\x19\n" +
+	"\x17_ledger_retention_nanos\"M\n" +
 	"\vSetLimitCmd\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x16\n" +
@@ -4842,7 +5100,20 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\breturned\x18\b \x01(\x03R\breturned\x12\x1b\n" +
 	"\treport_id\x18\t \x01(\tR\breportId\x12/\n" +
 	"\x14expires_at_unix_nano\x18\n" +
-	" \x01(\x03R\x11expiresAtUnixNano\"n\n" +
+	" \x01(\x03R\x11expiresAtUnixNano\"\x96\x01\n" +
+	"\x10LedgerCheckpoint\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1f\n" +
+	"\vthrough_seq\x18\x02 \x01(\x04R\n" +
+	"throughSeq\x12\x1b\n" +
+	"\thas_limit\x18\x03 \x01(\bR\bhasLimit\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x1c\n" +
+	"\tcommitted\x18\x05 \x01(\x03R\tcommitted\"B\n" +
+	"\x10CompactLedgerCmd\x12.\n" +
+	"\x05items\x18\x01 \x03(\v2\x18.warden.shard.v1.PoolSeqR\x05items\">\n" +
+	"\aPoolSeq\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1f\n" +
+	"\vthrough_seq\x18\x02 \x01(\x04R\n" +
+	"throughSeq\"n\n" +
 	"\vUsageReport\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
 	"\treport_id\x18\x02 \x01(\tR\breportId\x12\x1a\n" +
@@ -4865,7 +5136,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x03end\x18\x03 \x01(\x04R\x03end\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x04R\n" +
-	"generation\"\xe0\x04\n" +
+	"generation\"\x96\x05\n" +
 	"\vShardConfig\x12/\n" +
 	"\x14max_clock_skew_nanos\x18\x01 \x01(\x03R\x11maxClockSkewNanos\x12-\n" +
 	"\x13min_lease_ttl_nanos\x18\x02 \x01(\x03R\x10minLeaseTtlNanos\x12-\n" +
@@ -4878,7 +5149,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x1ddefault_reservation_ttl_nanos\x18\t \x01(\x03R\x1adefaultReservationTtlNanos\x129\n" +
 	"\x19max_reservation_ttl_nanos\x18\n" +
 	" \x01(\x03R\x16maxReservationTtlNanos\x12<\n" +
-	"\x1afairness_threshold_percent\x18\v \x01(\rR\x18fairnessThresholdPercent\"\x8e\x03\n" +
+	"\x1afairness_threshold_percent\x18\v \x01(\rR\x18fairnessThresholdPercent\x124\n" +
+	"\x16ledger_retention_nanos\x18\f \x01(\x03R\x14ledgerRetentionNanos\"\x8e\x03\n" +
 	"\tShardMeta\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12+\n" +
@@ -4903,7 +5175,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05fence\x18\x01 \x01(\v2\x1b.warden.shard.v1.RangeFenceR\x05fence\"2\n" +
 	"\x0fUnfenceRangeCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
-	"operatorId\"\xcf\x03\n" +
+	"operatorId\"\x94\x04\n" +
 	"\fRangeRecords\x121\n" +
 	"\x05locks\x18\x01 \x03(\v2\x1b.warden.shard.v1.LockRecordR\x05locks\x124\n" +
 	"\x06dedups\x18\x02 \x03(\v2\x1c.warden.shard.v1.DedupRecordR\x06dedups\x127\n" +
@@ -4912,7 +5184,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\freservations\x18\x05 \x03(\v2\".warden.shard.v1.ReservationRecordR\freservations\x121\n" +
 	"\x05pools\x18\x06 \x03(\v2\x1b.warden.shard.v1.PoolRecordR\x05pools\x124\n" +
 	"\x06ledger\x18\a \x03(\v2\x1c.warden.shard.v1.LedgerEventR\x06ledger\x126\n" +
-	"\areports\x18\b \x03(\v2\x1c.warden.shard.v1.UsageReportR\areports\"j\n" +
+	"\areports\x18\b \x03(\v2\x1c.warden.shard.v1.UsageReportR\areports\x12C\n" +
+	"\vcheckpoints\x18\t \x03(\v2!.warden.shard.v1.LedgerCheckpointR\vcheckpoints\"j\n" +
 	"\x0eImportRangeCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
 	"operatorId\x127\n" +
@@ -4968,7 +5241,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x17wait_deadline_unix_nano\x18\t \x01(\x03R\x14waitDeadlineUnixNano\x12\x1d\n" +
 	"\n" +
 	"attempt_id\x18\n" +
-	" \x01(\fR\tattemptId\"\xed\x05\n" +
+	" \x01(\fR\tattemptId\"\xad\x06\n" +
 	"\x05Query\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12<\n" +
 	"\bdescribe\x18\n" +
@@ -4983,7 +5256,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05quota\x18\x12 \x01(\v2\x1b.warden.shard.v1.QuotaQueryH\x00R\x05quota\x12H\n" +
 	"\freservations\x18\x13 \x01(\v2\".warden.shard.v1.ReservationsQueryH\x00R\freservations\x126\n" +
 	"\x06ledger\x18\x14 \x01(\v2\x1c.warden.shard.v1.LedgerQueryH\x00R\x06ledger\x12>\n" +
-	"\vreclaimable\x18\x15 \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\vreclaimableB\a\n" +
+	"\vreclaimable\x18\x15 \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\vreclaimable\x12>\n" +
+	"\vcompactable\x18\x16 \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\vcompactableB\a\n" +
 	"\x05query\"\x1e\n" +
 	"\n" +
 	"QuotaQuery\x12\x10\n" +
@@ -5015,7 +5289,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\v\n" +
 	"\tMetaQuery\" \n" +
 	"\bHotQuery\x12\x14\n" +
-	"\x05limit\x18\x01 \x01(\rR\x05limit\"\xd4\x05\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\"\xd6\x06\n" +
 	"\vQueryResult\x12/\n" +
 	"\x04lock\x18\x01 \x01(\v2\x1b.warden.shard.v1.LockRecordR\x04lock\x12.\n" +
 	"\x04meta\x18\x02 \x01(\v2\x1a.warden.shard.v1.ShardMetaR\x04meta\x122\n" +
@@ -5032,7 +5306,9 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x06levels\x18\f \x03(\v2\x1b.warden.shard.v1.QuotaLevelR\x06levels\x12F\n" +
 	"\freservations\x18\r \x03(\v2\".warden.shard.v1.ReservationRecordR\freservations\x124\n" +
 	"\x06ledger\x18\x0e \x03(\v2\x1c.warden.shard.v1.LedgerEventR\x06ledger\x125\n" +
-	"\areclaim\x18\x0f \x01(\v2\x1b.warden.shard.v1.ReclaimCmdR\areclaim*\xe2\x01\n" +
+	"\areclaim\x18\x0f \x01(\v2\x1b.warden.shard.v1.ReclaimCmdR\areclaim\x12;\n" +
+	"\acompact\x18\x10 \x01(\v2!.warden.shard.v1.CompactLedgerCmdR\acompact\x12C\n" +
+	"\vcheckpoints\x18\x11 \x03(\v2!.warden.shard.v1.LedgerCheckpointR\vcheckpoints*\xe2\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x11\n" +
@@ -5064,7 +5340,7 @@ func file_warden_shard_v1_shard_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(Code)(0),                     // 0: warden.shard.v1.Code
 	(ReservationState)(0),         // 1: warden.shard.v1.ReservationState
@@ -5093,34 +5369,37 @@ var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(*ReservationRecord)(nil),     // 24: warden.shard.v1.ReservationRecord
 	(*PoolRecord)(nil),            // 25: warden.shard.v1.PoolRecord
 	(*LedgerEvent)(nil),           // 26: warden.shard.v1.LedgerEvent
-	(*UsageReport)(nil),           // 27: warden.shard.v1.UsageReport
-	(*WaiterEvent)(nil),           // 28: warden.shard.v1.WaiterEvent
-	(*LeaseInfo)(nil),             // 29: warden.shard.v1.LeaseInfo
-	(*RangeDescriptor)(nil),       // 30: warden.shard.v1.RangeDescriptor
-	(*ShardConfig)(nil),           // 31: warden.shard.v1.ShardConfig
-	(*ShardMeta)(nil),             // 32: warden.shard.v1.ShardMeta
-	(*RangeFence)(nil),            // 33: warden.shard.v1.RangeFence
-	(*FenceRangeCmd)(nil),         // 34: warden.shard.v1.FenceRangeCmd
-	(*UnfenceRangeCmd)(nil),       // 35: warden.shard.v1.UnfenceRangeCmd
-	(*RangeRecords)(nil),          // 36: warden.shard.v1.RangeRecords
-	(*ImportRangeCmd)(nil),        // 37: warden.shard.v1.ImportRangeCmd
-	(*ActivateRangeCmd)(nil),      // 38: warden.shard.v1.ActivateRangeCmd
-	(*ReleaseRangeCmd)(nil),       // 39: warden.shard.v1.ReleaseRangeCmd
-	(*LockRecord)(nil),            // 40: warden.shard.v1.LockRecord
-	(*WaiterRecord)(nil),          // 41: warden.shard.v1.WaiterRecord
-	(*DedupRecord)(nil),           // 42: warden.shard.v1.DedupRecord
-	(*Query)(nil),                 // 43: warden.shard.v1.Query
-	(*QuotaQuery)(nil),            // 44: warden.shard.v1.QuotaQuery
-	(*ReservationsQuery)(nil),     // 45: warden.shard.v1.ReservationsQuery
-	(*LedgerQuery)(nil),           // 46: warden.shard.v1.LedgerQuery
-	(*QuotaLevel)(nil),            // 47: warden.shard.v1.QuotaLevel
-	(*ExportQuery)(nil),           // 48: warden.shard.v1.ExportQuery
-	(*DigestQuery)(nil),           // 49: warden.shard.v1.DigestQuery
-	(*DescribeQuery)(nil),         // 50: warden.shard.v1.DescribeQuery
-	(*ScanQuery)(nil),             // 51: warden.shard.v1.ScanQuery
-	(*MetaQuery)(nil),             // 52: warden.shard.v1.MetaQuery
-	(*HotQuery)(nil),              // 53: warden.shard.v1.HotQuery
-	(*QueryResult)(nil),           // 54: warden.shard.v1.QueryResult
+	(*LedgerCheckpoint)(nil),      // 27: warden.shard.v1.LedgerCheckpoint
+	(*CompactLedgerCmd)(nil),      // 28: warden.shard.v1.CompactLedgerCmd
+	(*PoolSeq)(nil),               // 29: warden.shard.v1.PoolSeq
+	(*UsageReport)(nil),           // 30: warden.shard.v1.UsageReport
+	(*WaiterEvent)(nil),           // 31: warden.shard.v1.WaiterEvent
+	(*LeaseInfo)(nil),             // 32: warden.shard.v1.LeaseInfo
+	(*RangeDescriptor)(nil),       // 33: warden.shard.v1.RangeDescriptor
+	(*ShardConfig)(nil),           // 34: warden.shard.v1.ShardConfig
+	(*ShardMeta)(nil),             // 35: warden.shard.v1.ShardMeta
+	(*RangeFence)(nil),            // 36: warden.shard.v1.RangeFence
+	(*FenceRangeCmd)(nil),         // 37: warden.shard.v1.FenceRangeCmd
+	(*UnfenceRangeCmd)(nil),       // 38: warden.shard.v1.UnfenceRangeCmd
+	(*RangeRecords)(nil),          // 39: warden.shard.v1.RangeRecords
+	(*ImportRangeCmd)(nil),        // 40: warden.shard.v1.ImportRangeCmd
+	(*ActivateRangeCmd)(nil),      // 41: warden.shard.v1.ActivateRangeCmd
+	(*ReleaseRangeCmd)(nil),       // 42: warden.shard.v1.ReleaseRangeCmd
+	(*LockRecord)(nil),            // 43: warden.shard.v1.LockRecord
+	(*WaiterRecord)(nil),          // 44: warden.shard.v1.WaiterRecord
+	(*DedupRecord)(nil),           // 45: warden.shard.v1.DedupRecord
+	(*Query)(nil),                 // 46: warden.shard.v1.Query
+	(*QuotaQuery)(nil),            // 47: warden.shard.v1.QuotaQuery
+	(*ReservationsQuery)(nil),     // 48: warden.shard.v1.ReservationsQuery
+	(*LedgerQuery)(nil),           // 49: warden.shard.v1.LedgerQuery
+	(*QuotaLevel)(nil),            // 50: warden.shard.v1.QuotaLevel
+	(*ExportQuery)(nil),           // 51: warden.shard.v1.ExportQuery
+	(*DigestQuery)(nil),           // 52: warden.shard.v1.DigestQuery
+	(*DescribeQuery)(nil),         // 53: warden.shard.v1.DescribeQuery
+	(*ScanQuery)(nil),             // 54: warden.shard.v1.ScanQuery
+	(*MetaQuery)(nil),             // 55: warden.shard.v1.MetaQuery
+	(*HotQuery)(nil),              // 56: warden.shard.v1.HotQuery
+	(*QueryResult)(nil),           // 57: warden.shard.v1.QueryResult
 }
 var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	3,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
@@ -5131,78 +5410,84 @@ var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	13, // 5: warden.shard.v1.Envelope.set_config:type_name -> warden.shard.v1.SetConfigCmd
 	4,  // 6: warden.shard.v1.Envelope.cancel_wait:type_name -> warden.shard.v1.CancelWaitCmd
 	5,  // 7: warden.shard.v1.Envelope.drop_waiters:type_name -> warden.shard.v1.DropWaitersCmd
-	34, // 8: warden.shard.v1.Envelope.fence_range:type_name -> warden.shard.v1.FenceRangeCmd
-	35, // 9: warden.shard.v1.Envelope.unfence_range:type_name -> warden.shard.v1.UnfenceRangeCmd
-	37, // 10: warden.shard.v1.Envelope.import_range:type_name -> warden.shard.v1.ImportRangeCmd
-	38, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
-	39, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
+	37, // 8: warden.shard.v1.Envelope.fence_range:type_name -> warden.shard.v1.FenceRangeCmd
+	38, // 9: warden.shard.v1.Envelope.unfence_range:type_name -> warden.shard.v1.UnfenceRangeCmd
+	40, // 10: warden.shard.v1.Envelope.import_range:type_name -> warden.shard.v1.ImportRangeCmd
+	41, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
+	42, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
 	14, // 13: warden.shard.v1.Envelope.set_limit:type_name -> warden.shard.v1.SetLimitCmd
 	15, // 14: warden.shard.v1.Envelope.reserve:type_name -> warden.shard.v1.ReserveCmd
 	16, // 15: warden.shard.v1.Envelope.commit:type_name -> warden.shard.v1.CommitCmd
 	17, // 16: warden.shard.v1.Envelope.release_reservation:type_name -> warden.shard.v1.ReleaseReservationCmd
 	18, // 17: warden.shard.v1.Envelope.reclaim:type_name -> warden.shard.v1.ReclaimCmd
 	20, // 18: warden.shard.v1.Envelope.report_usage:type_name -> warden.shard.v1.ReportUsageCmd
-	6,  // 19: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
-	10, // 20: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
-	12, // 21: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
-	19, // 22: warden.shard.v1.ForgetCmd.reservations:type_name -> warden.shard.v1.ReservationRef
-	19, // 23: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
-	0,  // 24: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
-	29, // 25: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
-	30, // 26: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
-	31, // 27: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
-	28, // 28: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
-	28, // 29: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
-	22, // 30: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
-	24, // 31: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
-	23, // 32: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
-	1,  // 33: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
-	29, // 34: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
-	31, // 35: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
-	30, // 36: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
-	33, // 37: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
-	33, // 38: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
-	40, // 39: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
-	42, // 40: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
-	41, // 41: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
-	23, // 42: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
-	24, // 43: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
-	25, // 44: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
-	26, // 45: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
-	27, // 46: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
-	36, // 47: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
-	30, // 48: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
-	31, // 49: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
-	30, // 50: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
-	50, // 51: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	51, // 52: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	51, // 53: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	52, // 54: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	49, // 55: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
-	51, // 56: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
-	53, // 57: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
-	48, // 58: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
-	44, // 59: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
-	45, // 60: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
-	46, // 61: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
-	51, // 62: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
-	23, // 63: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
-	40, // 64: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	32, // 65: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	9,  // 66: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	11, // 67: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	5,  // 68: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
-	40, // 69: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
-	36, // 70: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
-	47, // 71: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
-	24, // 72: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
-	26, // 73: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
-	18, // 74: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
-	75, // [75:75] is the sub-list for method output_type
-	75, // [75:75] is the sub-list for method input_type
-	75, // [75:75] is the sub-list for extension type_name
-	75, // [75:75] is the sub-list for extension extendee
-	0,  // [0:75] is the sub-list for field type_name
+	28, // 19: warden.shard.v1.Envelope.compact_ledger:type_name -> warden.shard.v1.CompactLedgerCmd
+	6,  // 20: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
+	10, // 21: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
+	12, // 22: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
+	19, // 23: warden.shard.v1.ForgetCmd.reservations:type_name -> warden.shard.v1.ReservationRef
+	19, // 24: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
+	0,  // 25: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
+	32, // 26: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
+	33, // 27: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
+	34, // 28: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
+	31, // 29: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
+	31, // 30: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
+	22, // 31: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
+	24, // 32: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
+	23, // 33: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
+	1,  // 34: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
+	29, // 35: warden.shard.v1.CompactLedgerCmd.items:type_name -> warden.shard.v1.PoolSeq
+	32, // 36: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
+	34, // 37: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
+	33, // 38: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
+	36, // 39: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
+	36, // 40: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
+	43, // 41: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
+	45, // 42: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
+	44, // 43: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
+	23, // 44: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
+	24, // 45: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
+	25, // 46: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
+	26, // 47: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
+	30, // 48: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
+	27, // 49: warden.shard.v1.RangeRecords.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
+	39, // 50: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
+	33, // 51: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
+	34, // 52: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
+	33, // 53: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
+	53, // 54: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	54, // 55: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	54, // 56: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	55, // 57: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	52, // 58: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	54, // 59: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
+	56, // 60: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
+	51, // 61: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
+	47, // 62: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
+	48, // 63: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
+	49, // 64: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
+	54, // 65: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
+	54, // 66: warden.shard.v1.Query.compactable:type_name -> warden.shard.v1.ScanQuery
+	23, // 67: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
+	43, // 68: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	35, // 69: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	9,  // 70: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	11, // 71: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	5,  // 72: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
+	43, // 73: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
+	39, // 74: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
+	50, // 75: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
+	24, // 76: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
+	26, // 77: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
+	18, // 78: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
+	28, // 79: warden.shard.v1.QueryResult.compact:type_name -> warden.shard.v1.CompactLedgerCmd
+	27, // 80: warden.shard.v1.QueryResult.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
+	81, // [81:81] is the sub-list for method output_type
+	81, // [81:81] is the sub-list for method input_type
+	81, // [81:81] is the sub-list for extension type_name
+	81, // [81:81] is the sub-list for extension extendee
+	0,  // [0:81] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
@@ -5230,9 +5515,10 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Envelope_ReleaseReservation)(nil),
 		(*Envelope_Reclaim)(nil),
 		(*Envelope_ReportUsage)(nil),
+		(*Envelope_CompactLedger)(nil),
 	}
 	file_warden_shard_v1_shard_proto_msgTypes[11].OneofWrappers = []any{}
-	file_warden_shard_v1_shard_proto_msgTypes[41].OneofWrappers = []any{
+	file_warden_shard_v1_shard_proto_msgTypes[44].OneofWrappers = []any{
 		(*Query_Describe)(nil),
 		(*Query_Expired)(nil),
 		(*Query_Forgettable)(nil),
@@ -5245,6 +5531,7 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Query_Reservations)(nil),
 		(*Query_Ledger)(nil),
 		(*Query_Reclaimable)(nil),
+		(*Query_Compactable)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -5252,7 +5539,7 @@ func file_warden_shard_v1_shard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_shard_v1_shard_proto_rawDesc), len(file_warden_shard_v1_shard_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   53,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
