@@ -47,7 +47,7 @@ fuzz:
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME)
 
 ## bench: acquire+release throughput and latency (1 and 64 clients) and waiter hand-off latency on a dev cluster,
-## then acquire+release on a three-process cluster before and after a split
+## then, on a three-process cluster, acquire+release before and after a split and reserve+commit
 bench:
 	$(GO) test ./router -run '^$$' -bench 'AcquireRelease|HandOff' -benchtime 5s -count 3 -timeout 30m
 	WARDEN_BENCH=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
