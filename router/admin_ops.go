@@ -188,6 +188,11 @@ func (s *AdminServer) setShardConfig(ctx context.Context, m *wardenv1.SetShardCo
 		MaxWaitTimeoutNanos:   nanos(m.GetMaxWaitTimeout()),
 		MaxWaitersPerResource: m.MaxWaitersPerResource,
 		MaxWaitersPerTenant:   m.MaxWaitersPerTenant,
+
+		DefaultReservationTtlNanos: nanos(m.GetDefaultReservationTtl()),
+		MaxReservationTtlNanos:     nanos(m.GetMaxReservationTtl()),
+		FairnessThresholdPercent:   m.FairnessThresholdPercent,
+		LedgerRetentionNanos:       nanos(m.GetLedgerRetention()),
 	}
 	out := &wardenv1.SetShardConfigResponse{}
 	for _, id := range ids {
@@ -209,6 +214,11 @@ func (s *AdminServer) setShardConfig(ctx context.Context, m *wardenv1.SetShardCo
 			MaxWaitTimeout:        durationpb.New(time.Duration(c.GetMaxWaitTimeoutNanos())),
 			MaxWaitersPerResource: c.GetMaxWaitersPerResource(),
 			MaxWaitersPerTenant:   c.GetMaxWaitersPerTenant(),
+
+			DefaultReservationTtl:    durationpb.New(time.Duration(c.GetDefaultReservationTtlNanos())),
+			MaxReservationTtl:        durationpb.New(time.Duration(c.GetMaxReservationTtlNanos())),
+			FairnessThresholdPercent: c.GetFairnessThresholdPercent(),
+			LedgerRetention:          durationpb.New(time.Duration(c.GetLedgerRetentionNanos())),
 		})
 	}
 	return connect.NewResponse(out), nil

@@ -158,6 +158,10 @@ type configCmd struct {
 	MaxWait         *time.Duration `name:"max-wait" placeholder:"DURATION" help:"Longest wait_timeout accepted (default 5m)."`
 	MaxWaiters      *uint32        `name:"max-waiters" placeholder:"N" help:"Waiters per resource (default 1000)."`
 	MaxTenant       *uint32        `name:"max-tenant-waiters" placeholder:"N" help:"Waiters per tenant (default 10000)."`
+	DefaultResTTL   *time.Duration `name:"default-reservation-ttl" placeholder:"DURATION" help:"Quota reservation ttl when none is given (default 5m)."`
+	MaxResTTL       *time.Duration `name:"max-reservation-ttl" placeholder:"DURATION" help:"Longest quota reservation ttl (default 1h)."`
+	Fairness        *uint32        `name:"fairness-threshold" placeholder:"PERCENT" help:"Share of a parent's limit above which fairness applies (default 80)."`
+	Retention       *time.Duration `name:"ledger-retention" placeholder:"DURATION" help:"How long quota ledger events are kept before they fold into checkpoints (default 168h; 0: forever)."`
 }
 
 func dur(d *time.Duration) *durationpb.Duration {
@@ -175,6 +179,8 @@ func (c *configCmd) Run(g *globals) error {
 		ShardId: c.ShardID, MaxClockSkew: dur(c.MaxClockSkew), MinLeaseTtl: dur(c.MinLeaseTTL), MaxLeaseTtl: dur(c.MaxLeaseTTL),
 		DefaultLeaseTtl: dur(c.DefaultLeaseTTL), DedupWindow: dur(c.DedupWindow), MaxWaitTimeout: dur(c.MaxWait),
 		MaxWaitersPerResource: c.MaxWaiters, MaxWaitersPerTenant: c.MaxTenant,
+		DefaultReservationTtl: dur(c.DefaultResTTL), MaxReservationTtl: dur(c.MaxResTTL), FairnessThresholdPercent: c.Fairness,
+		LedgerRetention: dur(c.Retention),
 	}))
 	if err != nil {
 		return fmt.Errorf("set-config: %w", err)
@@ -185,6 +191,8 @@ func (c *configCmd) Run(g *globals) error {
 				s.GetShardId(), s.GetMaxClockSkew().AsDuration(), s.GetMinLeaseTtl().AsDuration(), s.GetMaxLeaseTtl().AsDuration(),
 				s.GetDefaultLeaseTtl().AsDuration(), s.GetDedupWindow().AsDuration(), s.GetMaxWaitTimeout().AsDuration(),
 				s.GetMaxWaitersPerResource(), s.GetMaxWaitersPerTenant())
+			fmt.Fprintf(w, "  quotas: reservation ttl %v (at most %v), fairness above %d%%, ledger retention %v\n",
+				s.GetDefaultReservationTtl().AsDuration(), s.GetMaxReservationTtl().AsDuration(), s.GetFairnessThresholdPercent(), s.GetLedgerRetention().AsDuration())
 		}
 	})
 }

@@ -991,8 +991,15 @@ type SetShardConfigRequest struct {
 	MaxWaitTimeout        *durationpb.Duration `protobuf:"bytes,7,opt,name=max_wait_timeout,json=maxWaitTimeout,proto3" json:"max_wait_timeout,omitempty"`
 	MaxWaitersPerResource *uint32              `protobuf:"varint,8,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3,oneof" json:"max_waiters_per_resource,omitempty"`
 	MaxWaitersPerTenant   *uint32              `protobuf:"varint,9,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3,oneof" json:"max_waiters_per_tenant,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Quotas: a reservation's default and longest ttl, the fairness
+	// threshold (percent of a parent's limit), and how long ledger events
+	// are kept before they fold into checkpoints (0: forever).
+	DefaultReservationTtl    *durationpb.Duration `protobuf:"bytes,10,opt,name=default_reservation_ttl,json=defaultReservationTtl,proto3" json:"default_reservation_ttl,omitempty"`
+	MaxReservationTtl        *durationpb.Duration `protobuf:"bytes,11,opt,name=max_reservation_ttl,json=maxReservationTtl,proto3" json:"max_reservation_ttl,omitempty"`
+	FairnessThresholdPercent *uint32              `protobuf:"varint,12,opt,name=fairness_threshold_percent,json=fairnessThresholdPercent,proto3,oneof" json:"fairness_threshold_percent,omitempty"`
+	LedgerRetention          *durationpb.Duration `protobuf:"bytes,13,opt,name=ledger_retention,json=ledgerRetention,proto3" json:"ledger_retention,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *SetShardConfigRequest) Reset() {
@@ -1088,6 +1095,34 @@ func (x *SetShardConfigRequest) GetMaxWaitersPerTenant() uint32 {
 	return 0
 }
 
+func (x *SetShardConfigRequest) GetDefaultReservationTtl() *durationpb.Duration {
+	if x != nil {
+		return x.DefaultReservationTtl
+	}
+	return nil
+}
+
+func (x *SetShardConfigRequest) GetMaxReservationTtl() *durationpb.Duration {
+	if x != nil {
+		return x.MaxReservationTtl
+	}
+	return nil
+}
+
+func (x *SetShardConfigRequest) GetFairnessThresholdPercent() uint32 {
+	if x != nil && x.FairnessThresholdPercent != nil {
+		return *x.FairnessThresholdPercent
+	}
+	return 0
+}
+
+func (x *SetShardConfigRequest) GetLedgerRetention() *durationpb.Duration {
+	if x != nil {
+		return x.LedgerRetention
+	}
+	return nil
+}
+
 type SetShardConfigResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Shards        []*ShardConfigInfo     `protobuf:"bytes,1,rep,name=shards,proto3" json:"shards,omitempty"`
@@ -1134,18 +1169,22 @@ func (x *SetShardConfigResponse) GetShards() []*ShardConfigInfo {
 
 // ShardConfigInfo is one shard's config after the change.
 type ShardConfigInfo struct {
-	state                 protoimpl.MessageState `protogen:"open.v1"`
-	ShardId               uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
-	MaxClockSkew          *durationpb.Duration   `protobuf:"bytes,2,opt,name=max_clock_skew,json=maxClockSkew,proto3" json:"max_clock_skew,omitempty"`
-	MinLeaseTtl           *durationpb.Duration   `protobuf:"bytes,3,opt,name=min_lease_ttl,json=minLeaseTtl,proto3" json:"min_lease_ttl,omitempty"`
-	MaxLeaseTtl           *durationpb.Duration   `protobuf:"bytes,4,opt,name=max_lease_ttl,json=maxLeaseTtl,proto3" json:"max_lease_ttl,omitempty"`
-	DefaultLeaseTtl       *durationpb.Duration   `protobuf:"bytes,5,opt,name=default_lease_ttl,json=defaultLeaseTtl,proto3" json:"default_lease_ttl,omitempty"`
-	DedupWindow           *durationpb.Duration   `protobuf:"bytes,6,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
-	MaxWaitTimeout        *durationpb.Duration   `protobuf:"bytes,7,opt,name=max_wait_timeout,json=maxWaitTimeout,proto3" json:"max_wait_timeout,omitempty"`
-	MaxWaitersPerResource uint32                 `protobuf:"varint,8,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3" json:"max_waiters_per_resource,omitempty"`
-	MaxWaitersPerTenant   uint32                 `protobuf:"varint,9,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3" json:"max_waiters_per_tenant,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	state                    protoimpl.MessageState `protogen:"open.v1"`
+	ShardId                  uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	MaxClockSkew             *durationpb.Duration   `protobuf:"bytes,2,opt,name=max_clock_skew,json=maxClockSkew,proto3" json:"max_clock_skew,omitempty"`
+	MinLeaseTtl              *durationpb.Duration   `protobuf:"bytes,3,opt,name=min_lease_ttl,json=minLeaseTtl,proto3" json:"min_lease_ttl,omitempty"`
+	MaxLeaseTtl              *durationpb.Duration   `protobuf:"bytes,4,opt,name=max_lease_ttl,json=maxLeaseTtl,proto3" json:"max_lease_ttl,omitempty"`
+	DefaultLeaseTtl          *durationpb.Duration   `protobuf:"bytes,5,opt,name=default_lease_ttl,json=defaultLeaseTtl,proto3" json:"default_lease_ttl,omitempty"`
+	DedupWindow              *durationpb.Duration   `protobuf:"bytes,6,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	MaxWaitTimeout           *durationpb.Duration   `protobuf:"bytes,7,opt,name=max_wait_timeout,json=maxWaitTimeout,proto3" json:"max_wait_timeout,omitempty"`
+	MaxWaitersPerResource    uint32                 `protobuf:"varint,8,opt,name=max_waiters_per_resource,json=maxWaitersPerResource,proto3" json:"max_waiters_per_resource,omitempty"`
+	MaxWaitersPerTenant      uint32                 `protobuf:"varint,9,opt,name=max_waiters_per_tenant,json=maxWaitersPerTenant,proto3" json:"max_waiters_per_tenant,omitempty"`
+	DefaultReservationTtl    *durationpb.Duration   `protobuf:"bytes,10,opt,name=default_reservation_ttl,json=defaultReservationTtl,proto3" json:"default_reservation_ttl,omitempty"`
+	MaxReservationTtl        *durationpb.Duration   `protobuf:"bytes,11,opt,name=max_reservation_ttl,json=maxReservationTtl,proto3" json:"max_reservation_ttl,omitempty"`
+	FairnessThresholdPercent uint32                 `protobuf:"varint,12,opt,name=fairness_threshold_percent,json=fairnessThresholdPercent,proto3" json:"fairness_threshold_percent,omitempty"`
+	LedgerRetention          *durationpb.Duration   `protobuf:"bytes,13,opt,name=ledger_retention,json=ledgerRetention,proto3" json:"ledger_retention,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *ShardConfigInfo) Reset() {
@@ -1239,6 +1278,34 @@ func (x *ShardConfigInfo) GetMaxWaitersPerTenant() uint32 {
 		return x.MaxWaitersPerTenant
 	}
 	return 0
+}
+
+func (x *ShardConfigInfo) GetDefaultReservationTtl() *durationpb.Duration {
+	if x != nil {
+		return x.DefaultReservationTtl
+	}
+	return nil
+}
+
+func (x *ShardConfigInfo) GetMaxReservationTtl() *durationpb.Duration {
+	if x != nil {
+		return x.MaxReservationTtl
+	}
+	return nil
+}
+
+func (x *ShardConfigInfo) GetFairnessThresholdPercent() uint32 {
+	if x != nil {
+		return x.FairnessThresholdPercent
+	}
+	return 0
+}
+
+func (x *ShardConfigInfo) GetLedgerRetention() *durationpb.Duration {
+	if x != nil {
+		return x.LedgerRetention
+	}
+	return nil
 }
 
 type MoveReplicaRequest struct {
@@ -1592,7 +1659,7 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\x04R\x05index\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\xeb\x04\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xb1\a\n" +
 	"\x15SetShardConfigRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12?\n" +
 	"\x0emax_clock_skew\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fmaxClockSkew\x12=\n" +
@@ -1602,11 +1669,17 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\fdedup_window\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x12C\n" +
 	"\x10max_wait_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\x0emaxWaitTimeout\x12<\n" +
 	"\x18max_waiters_per_resource\x18\b \x01(\rH\x00R\x15maxWaitersPerResource\x88\x01\x01\x128\n" +
-	"\x16max_waiters_per_tenant\x18\t \x01(\rH\x01R\x13maxWaitersPerTenant\x88\x01\x01B\x1b\n" +
+	"\x16max_waiters_per_tenant\x18\t \x01(\rH\x01R\x13maxWaitersPerTenant\x88\x01\x01\x12Q\n" +
+	"\x17default_reservation_ttl\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x15defaultReservationTtl\x12I\n" +
+	"\x13max_reservation_ttl\x18\v \x01(\v2\x19.google.protobuf.DurationR\x11maxReservationTtl\x12A\n" +
+	"\x1afairness_threshold_percent\x18\f \x01(\rH\x02R\x18fairnessThresholdPercent\x88\x01\x01\x12D\n" +
+	"\x10ledger_retention\x18\r \x01(\v2\x19.google.protobuf.DurationR\x0fledgerRetentionB\x1b\n" +
 	"\x19_max_waiters_per_resourceB\x19\n" +
-	"\x17_max_waiters_per_tenant\"L\n" +
+	"\x17_max_waiters_per_tenantB\x1d\n" +
+	"\x1b_fairness_threshold_percent\"L\n" +
 	"\x16SetShardConfigResponse\x122\n" +
-	"\x06shards\x18\x01 \x03(\v2\x1a.warden.v1.ShardConfigInfoR\x06shards\"\xa3\x04\n" +
+	"\x06shards\x18\x01 \x03(\v2\x1a.warden.v1.ShardConfigInfoR\x06shards\"\xc5\x06\n" +
 	"\x0fShardConfigInfo\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12?\n" +
 	"\x0emax_clock_skew\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\fmaxClockSkew\x12=\n" +
@@ -1616,7 +1689,12 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\fdedup_window\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\x12C\n" +
 	"\x10max_wait_timeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\x0emaxWaitTimeout\x127\n" +
 	"\x18max_waiters_per_resource\x18\b \x01(\rR\x15maxWaitersPerResource\x123\n" +
-	"\x16max_waiters_per_tenant\x18\t \x01(\rR\x13maxWaitersPerTenant\"o\n" +
+	"\x16max_waiters_per_tenant\x18\t \x01(\rR\x13maxWaitersPerTenant\x12Q\n" +
+	"\x17default_reservation_ttl\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x15defaultReservationTtl\x12I\n" +
+	"\x13max_reservation_ttl\x18\v \x01(\v2\x19.google.protobuf.DurationR\x11maxReservationTtl\x12<\n" +
+	"\x1afairness_threshold_percent\x18\f \x01(\rR\x18fairnessThresholdPercent\x12D\n" +
+	"\x10ledger_retention\x18\r \x01(\v2\x19.google.protobuf.DurationR\x0fledgerRetention\"o\n" +
 	"\x12MoveReplicaRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12 \n" +
 	"\ffrom_node_id\x18\x02 \x01(\x04R\n" +
@@ -1706,37 +1784,43 @@ var file_warden_v1_admin_proto_depIdxs = []int32{
 	25, // 9: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
 	25, // 10: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
 	25, // 11: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
-	19, // 12: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	25, // 13: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	25, // 14: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	25, // 15: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	25, // 16: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	25, // 17: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	25, // 18: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
-	24, // 19: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
-	3,  // 20: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
-	6,  // 21: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
-	10, // 22: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	20, // 23: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
-	22, // 24: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
-	12, // 25: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	14, // 26: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	17, // 27: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	0,  // 28: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	4,  // 29: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	7,  // 30: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	11, // 31: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	21, // 32: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
-	23, // 33: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
-	13, // 34: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	15, // 35: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	18, // 36: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	1,  // 37: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	29, // [29:38] is the sub-list for method output_type
-	20, // [20:29] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	25, // 12: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
+	25, // 13: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
+	25, // 14: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
+	19, // 15: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
+	25, // 16: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	25, // 17: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	25, // 18: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	25, // 19: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	25, // 20: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	25, // 21: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	25, // 22: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
+	25, // 23: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
+	25, // 24: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
+	24, // 25: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
+	3,  // 26: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	6,  // 27: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	10, // 28: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	20, // 29: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	22, // 30: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
+	12, // 31: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	14, // 32: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	17, // 33: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	0,  // 34: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	4,  // 35: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	7,  // 36: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	11, // 37: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	21, // 38: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	23, // 39: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
+	13, // 40: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	15, // 41: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	18, // 42: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	1,  // 43: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	35, // [35:44] is the sub-list for method output_type
+	26, // [26:35] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
