@@ -123,6 +123,9 @@ func (s *QuotaServer) Release(ctx context.Context, req *connect.Request[wardenv1
 
 // Query implements QuotaService.Query.
 func (s *QuotaServer) Query(ctx context.Context, req *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
+	if _, known := wardenv1.Consistency_name[int32(req.Msg.GetConsistency())]; !known {
+		return nil, observe("Query", time.Now(), &shard.FieldError{Field: "consistency", Reason: "must be CONSISTENCY_LINEARIZABLE or CONSISTENCY_STALE"})
+	}
 	if req.Msg.GetConsistency() == wardenv1.Consistency_CONSISTENCY_STALE {
 		start := time.Now()
 		if err := shard.CheckQuotaKey("key", req.Msg.GetKey()); err != nil {
@@ -197,7 +200,7 @@ func (s *QuotaServer) ListReservations(ctx context.Context, req *connect.Request
 		if t := m.GetPageToken(); t != "" {
 			b, err := base64.RawURLEncoding.DecodeString(t)
 			key, id, ok := cutNUL(b)
-			if err != nil || !ok {
+			if err != nil || !ok || !shard.Under(key, m.GetKey()) || shard.CheckName("page_token", id, shard.MaxRequestIDBytes) != nil {
 				return nil, &shard.FieldError{Field: "page_token", Reason: "is not a token this service gave"}
 			}
 			rq.AfterKey, rq.AfterId = key, id

@@ -54,7 +54,7 @@ func CheckQuotaKey(field, key string) error {
 		if len(s) == 0 || len(s) > MaxQuotaSegmentBytes {
 			return &FieldError{field, fmt.Sprintf("segments must be 1 to %d bytes", MaxQuotaSegmentBytes)}
 		}
-		for _, c := range []byte(s) {
+		for _, c := range s {
 			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
 				return &FieldError{field, fmt.Sprintf("segment %q has %q; only [A-Za-z0-9._-] are allowed", s, c)}
 			}
@@ -462,10 +462,30 @@ func (a *applier) reportUsage(c *shardv1.ReportUsageCmd) (*shardv1.Result, error
 	if !c.GetCorrect() {
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Drift: drift, Record: leaf}}, nil
 	}
-	// The correction moves committed usage by the drift on every level,
-	// so each level still counts its whole subtree. It may leave a level
-	// above its limit (DESIGN.md rule 7); nothing new is reserved there
-	// until it fits.
+	limited := false
+	for _, q := range t.levels {
+		limited = limited || q.GetHasLimit()
+	}
+	if !limited {
+		return failed(fmt.Sprintf("no level of %q has a limit: an unknown pool takes no corrections", c.GetKey())), nil
+	}
+	// observed is the level's whole usage, its children's included; the
+	// correction changes only the level's own part, which cannot go below
+	// zero, so every level still counts exactly its subtree.
+	kids, err := a.r.QuotaChildren(c.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	var below int64
+	for _, k := range kids {
+		below += k.GetCommitted()
+	}
+	if c.GetObserved() < below {
+		return invalid("observed", fmt.Sprintf("%d is below the %d its sub-levels have committed; correct them first", c.GetObserved(), below)), nil
+	}
+	// The correction moves committed usage by the drift on every level of
+	// the path. It may leave a level above its limit (DESIGN.md rule 7);
+	// nothing new is reserved there until it fits.
 	a.charge(t, 0, drift)
 	a.put(Change{Kind: PutReport, Report: &shardv1.UsageReport{Key: c.GetKey(), ReportId: c.GetReportId(), Observed: c.GetObserved(), Drift: drift}})
 	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerCorrection, Amount: drift, ReportId: c.GetReportId()}); err != nil {

@@ -178,6 +178,28 @@ func TestQuotaMatchesModel(t *testing.T) {
 					}
 					continue
 				}
+				limited, below := false, int64(0)
+				for _, l := range Levels(key) {
+					limited = limited || m.limits[l] != nil
+				}
+				for _, k := range keys {
+					if len(Levels(k)) == len(Levels(key))+1 && Under(k, key) {
+						c, _ := m.usage(k, now)
+						below += c
+					}
+				}
+				switch {
+				case !limited:
+					if res.GetCode() != shardv1.Code_CODE_FAILED_PRECONDITION {
+						rt.Fatalf("step %d: correction on %s with no limit on its path: %v", step, key, res)
+					}
+					continue
+				case observed < below:
+					if res.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT {
+						rt.Fatalf("step %d: correction of %s to %d below its sub-levels' %d: %v", step, key, observed, below, res)
+					}
+					continue
+				}
 				own, _ := m.usage(key, now)
 				if res.GetCode() != shardv1.Code_CODE_OK || res.GetQuota().GetDrift() != observed-own {
 					rt.Fatalf("step %d: report %s on %s: %v, model drift %d", step, rid, key, res, observed-own)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/cockroachdb/pebble"
 	"google.golang.org/protobuf/proto"
@@ -76,6 +77,9 @@ const maxLedgerScan = 10_000
 // ledgerEvents answers a LedgerQuery: events of key's subtree with seq >
 // after_seq, in sequence order.
 func (s *records) ledgerEvents(q *shardv1.LedgerQuery) ([]*shardv1.LedgerEvent, error) {
+	if q.GetAfterSeq() == math.MaxUint64 {
+		return nil, nil // nothing comes after the last sequence number
+	}
 	prefix := ledgerPrefix(Pool(q.GetKey()))
 	it := s.g.NewIter(&pebble.IterOptions{LowerBound: binary.BigEndian.AppendUint64(bytes.Clone(prefix), q.GetAfterSeq()+1), UpperBound: prefixEnd(prefix)})
 	defer it.Close()
