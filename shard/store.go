@@ -80,6 +80,16 @@ func (s *records) get(key []byte, m proto.Message) (bool, error) {
 	return true, nil
 }
 
+// getAs reads the record at key into m: m, or nil when there is none.
+func getAs[T proto.Message](s *records, key []byte, m T) (T, error) {
+	ok, err := s.get(key, m)
+	if !ok || err != nil {
+		var none T
+		return none, err
+	}
+	return m, nil
+}
+
 // Meta implements Reader.
 func (s *records) Meta() (*shardv1.ShardMeta, error) {
 	if s.meta != nil {
@@ -100,12 +110,7 @@ func (s *records) Meta() (*shardv1.ShardMeta, error) {
 
 // Lock implements Reader.
 func (s *records) Lock(resource string) (*shardv1.LockRecord, error) {
-	l := &shardv1.LockRecord{}
-	ok, err := s.get(lockKey(resource), l)
-	if !ok || err != nil {
-		return nil, err
-	}
-	return l, nil
+	return getAs(s, lockKey(resource), &shardv1.LockRecord{})
 }
 
 // Dedup implements Reader.
@@ -467,12 +472,7 @@ func (s *records) Records(start, end uint64, after []byte, limit int) (*shardv1.
 
 // Quota implements Reader.
 func (s *records) Quota(key string) (*shardv1.QuotaRecord, error) {
-	q := &shardv1.QuotaRecord{}
-	ok, err := s.get(quotaKey(key), q)
-	if !ok || err != nil {
-		return nil, err
-	}
-	return q, nil
+	return getAs(s, quotaKey(key), &shardv1.QuotaRecord{})
 }
 
 // QuotaChildren implements Reader.
@@ -506,12 +506,7 @@ func (s *records) Reservation(key, id string) (*shardv1.ReservationRecord, error
 
 // PoolRecord implements Reader.
 func (s *records) PoolRecord(pool string) (*shardv1.PoolRecord, error) {
-	p := &shardv1.PoolRecord{}
-	ok, err := s.get(poolKey(pool), p)
-	if !ok || err != nil {
-		return nil, err
-	}
-	return p, nil
+	return getAs(s, poolKey(pool), &shardv1.PoolRecord{})
 }
 
 // Report implements Reader.
@@ -674,12 +669,7 @@ func RecordCount(r *shardv1.RangeRecords) int {
 
 // Checkpoint implements Reader.
 func (s *records) Checkpoint(key string) (*shardv1.LedgerCheckpoint, error) {
-	k := &shardv1.LedgerCheckpoint{}
-	ok, err := s.get(checkpointKey(key), k)
-	if !ok || err != nil {
-		return nil, err
-	}
-	return k, nil
+	return getAs(s, checkpointKey(key), &shardv1.LedgerCheckpoint{})
 }
 
 // LedgerFrom implements Reader.

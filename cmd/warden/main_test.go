@@ -20,19 +20,25 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func TestCLI(t *testing.T) {
+// devCLI starts a dev cluster and returns a function that runs the CLI
+// against it, returning what it printed.
+func devCLI(t *testing.T) func(args ...string) (string, error) {
+	t.Helper()
 	dev, err := router.StartDev(router.DevConfig{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dev.Close()
 	srv := httptest.NewServer(router.NewHandler(dev.Router))
-	defer srv.Close()
-	cli := func(args ...string) (string, error) {
+	t.Cleanup(func() { srv.Close(); dev.Close() })
+	return func(args ...string) (string, error) {
 		var out bytes.Buffer
 		err := run(append([]string{"--addr", srv.URL}, args...), &out)
 		return out.String(), err
 	}
+}
+
+func TestCLI(t *testing.T) {
+	cli := devCLI(t)
 
 	out, err := cli("lock", "acquire", "orders/42", "--ttl", "20s", "--holder", "w1", "--request-id", "job-1", "--json")
 	if err != nil {
@@ -80,18 +86,7 @@ func TestCLI(t *testing.T) {
 
 // The quota commands, as the README's sequence runs them.
 func TestQuotaCLI(t *testing.T) {
-	dev, err := router.StartDev(router.DevConfig{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	srv := httptest.NewServer(router.NewHandler(dev.Router))
-	defer srv.Close()
-	cli := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		err := run(append([]string{"--addr", srv.URL}, args...), &out)
-		return out.String(), err
-	}
+	cli := devCLI(t)
 	for _, l := range [][]string{{"gpu", "100"}, {"gpu/team-a", "60"}, {"gpu/team-a/train", "40"}} {
 		if _, err := cli("quota", "set-limit", l[0], l[1]); err != nil {
 			t.Fatal(err)
@@ -100,7 +95,7 @@ func TestQuotaCLI(t *testing.T) {
 	if out, err := cli("quota", "reserve", "gpu/team-a/train", "30", "--reservation-id", "job-1"); err != nil || !strings.Contains(out, "remaining      10") {
 		t.Fatalf("reserve printed %q (%v)", out, err)
 	}
-	_, err = cli("quota", "reserve", "gpu/team-a/train", "20", "--reservation-id", "job-2")
+	_, err := cli("quota", "reserve", "gpu/team-a/train", "20", "--reservation-id", "job-2")
 	if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(describeErr(err), "LIMIT at gpu/team-a/train: 10 left") {
 		t.Fatalf("exhausted: %v", describeErr(err))
 	}
