@@ -115,22 +115,12 @@ func (s *records) Lock(resource string) (*shardv1.LockRecord, error) {
 
 // Dedup implements Reader.
 func (s *records) Dedup(resource, requestID string) (*shardv1.DedupRecord, error) {
-	d := &shardv1.DedupRecord{}
-	ok, err := s.get(dedupKey(resource, requestID), d)
-	if !ok || err != nil {
-		return nil, err
-	}
-	return d, nil
+	return getAs(s, dedupKey(resource, requestID), &shardv1.DedupRecord{})
 }
 
 // Waiter implements Reader.
 func (s *records) Waiter(resource string, seq uint64) (*shardv1.WaiterRecord, error) {
-	w := &shardv1.WaiterRecord{}
-	ok, err := s.get(waiterKey(resource, seq), w)
-	if !ok || err != nil {
-		return nil, err
-	}
-	return w, nil
+	return getAs(s, waiterKey(resource, seq), &shardv1.WaiterRecord{})
 }
 
 // NextWaiter implements Reader.
@@ -496,12 +486,7 @@ func (s *records) QuotaChildren(parent string) ([]*shardv1.QuotaRecord, error) {
 
 // Reservation implements Reader.
 func (s *records) Reservation(key, id string) (*shardv1.ReservationRecord, error) {
-	r := &shardv1.ReservationRecord{}
-	ok, err := s.get(reservationKey(key, id), r)
-	if !ok || err != nil {
-		return nil, err
-	}
-	return r, nil
+	return getAs(s, reservationKey(key, id), &shardv1.ReservationRecord{})
 }
 
 // PoolRecord implements Reader.
@@ -511,12 +496,7 @@ func (s *records) PoolRecord(pool string) (*shardv1.PoolRecord, error) {
 
 // Report implements Reader.
 func (s *records) Report(key, reportID string) (*shardv1.UsageReport, error) {
-	r := &shardv1.UsageReport{}
-	ok, err := s.get(reportKey(key, reportID), r)
-	if !ok || err != nil {
-		return nil, err
-	}
-	return r, nil
+	return getAs(s, reportKey(key, reportID), &shardv1.UsageReport{})
 }
 
 // parsePoolExp decodes a pool expiry index entry after its prefix.
