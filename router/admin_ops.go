@@ -64,6 +64,9 @@ func (s *AdminServer) TransferLeader(ctx context.Context, req *connect.Request[w
 
 func (s *AdminServer) transferLeader(ctx context.Context, req *connect.Request[wardenv1.TransferLeaderRequest]) (*connect.Response[wardenv1.TransferLeaderResponse], error) {
 	m := req.Msg
+	if err := s.r.RefreshMap(ctx); err != nil { // a move may have just placed the replica
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+	}
 	sh := s.r.Map().Shard(m.GetShardId())
 	if sh == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("shard_id: shard %d does not exist", m.GetShardId()))

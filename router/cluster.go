@@ -135,6 +135,10 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		}
 	}
 	st, err := meta.Read(ctx)
+	for err != nil && ctx.Err() == nil { // one read waits at most 5 s; an election may take longer
+		time.Sleep(100 * time.Millisecond)
+		st, err = meta.Read(ctx)
+	}
 	if err != nil {
 		c.closeNodes()
 		return nil, err
