@@ -136,9 +136,9 @@ func (n *Node) StopDataShard(shardID, replicaID uint64) error {
 	if err := n.NH.StopShard(shardID); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
 		return fmt.Errorf("placement: node %d: stop shard %d: %w", n.cfg.ID, shardID, err)
 	}
-	for {
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		err := n.NH.RemoveData(shardID, replicaID)
-		if !errors.Is(err, dragonboat.ErrShardNotStopped) {
+		if !errors.Is(err, dragonboat.ErrShardNotStopped) || time.Now().After(deadline) {
 			if err != nil {
 				return fmt.Errorf("placement: node %d: remove shard %d: %w", n.cfg.ID, shardID, err)
 			}

@@ -21,9 +21,10 @@ import (
 // untilKnown retries a quota call while its outcome is unknown
 // (unavailable: a leader change, no quorum yet), with the same ids.
 func untilKnown[T any](f func() (T, error)) (T, error) {
-	for i := 0; ; i++ {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
 		v, err := f()
-		if connect.CodeOf(err) != connect.CodeUnavailable || i == 300 {
+		if connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
 			return v, err
 		}
 		time.Sleep(20 * time.Millisecond)
