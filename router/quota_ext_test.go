@@ -286,6 +286,8 @@ func TestQuotaThroughSplit(t *testing.T) {
 	var held []*wardenv1.ReserveRequest
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
+	halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer halt() // when the test fails early too
 	for w := range 4 {
 		wg.Go(func() {
 			for n := 0; ; n++ {
@@ -315,8 +317,7 @@ func TestQuotaThroughSplit(t *testing.T) {
 		t.Fatalf("split: %v", err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	wg.Wait()
+	halt()
 	for _, r := range held {
 		if _, err := untilKnown(func() (*connect.Response[wardenv1.CommitResponse], error) {
 			return quota.Commit(ctx(t), connect.NewRequest(&wardenv1.CommitRequest{Key: r.GetKey(), ReservationId: r.GetReservationId()}))

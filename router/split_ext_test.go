@@ -54,6 +54,7 @@ func TestSplitUnderTraffic(t *testing.T) {
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
+	defer func() { stop.Store(true); wg.Wait() }() // when the test fails early too
 	var ops, unavailable atomic.Int64
 	errs := make(chan error, workers)
 	lastToken := sync.Map{} // resource → last token the traffic saw

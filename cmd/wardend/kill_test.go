@@ -30,6 +30,7 @@ func TestClusterSurvivesKills(t *testing.T) {
 
 	// One down, under traffic, whichever shards it led.
 	tr := c.runTraffic(4)
+	defer tr.stop.Store(true) // when the test fails early too
 	time.Sleep(500 * time.Millisecond)
 	victim := 2
 	c.kill(victim)

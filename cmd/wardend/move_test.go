@@ -25,6 +25,7 @@ func TestClusterMoveReplica(t *testing.T) {
 	four := c.join("az1")
 
 	tr := c.runTraffic(3)
+	defer tr.stop.Store(true) // when the test fails early too
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	resp, err := c.nodes[four].admin.MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: 1, FromNodeId: 1, ToNodeId: 4}))

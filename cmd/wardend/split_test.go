@@ -146,6 +146,7 @@ func TestClusterSplitUnderTraffic(t *testing.T) {
 	}
 
 	tr := c.runTraffic(6)
+	defer tr.stop.Store(true) // when the test fails early too
 	time.Sleep(time.Second)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
