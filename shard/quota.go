@@ -74,9 +74,9 @@ func Levels(key string) []string {
 }
 
 // quotaTree is the state of one key's path as a command sees it: the
-// level records (created empty when missing) and the capacity that
-// reservations past their ttl free at each level before the reclaimer
-// records them.
+// level records (created empty when missing) and, for a Reserve, the
+// capacity that reservations past their ttl free at each level before the
+// reclaimer records them (see countExpired).
 type quotaTree struct {
 	levels  []*shardv1.QuotaRecord
 	expired []int64 // per level: expired-pending amount
@@ -103,7 +103,7 @@ func (a *applier) setQuota(q *shardv1.QuotaRecord) {
 	a.put(Change{Kind: PutQuota, Quota: q})
 }
 
-// tree loads key's path as of now.
+// tree loads key's path.
 func (a *applier) tree(key string) (*quotaTree, error) {
 	t := &quotaTree{}
 	for _, l := range Levels(key) {
@@ -114,9 +114,17 @@ func (a *applier) tree(key string) (*quotaTree, error) {
 		t.levels = append(t.levels, proto.CloneOf(q))
 	}
 	t.expired = make([]int64, len(t.levels))
-	exp, err := a.r.Expired(Pool(key), a.now)
+	return t, nil
+}
+
+// countExpired fills t.expired: the capacity that reservations past their
+// ttl, not yet reclaimed, hold at each level. Only a Reserve needs it
+// (to treat that capacity as free); the other commands charge the levels
+// by exact amounts.
+func (a *applier) countExpired(t *quotaTree) error {
+	exp, err := a.r.Expired(Pool(t.levels[0].GetKey()), a.now)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, r := range exp {
 		for i, q := range t.levels {
@@ -125,7 +133,7 @@ func (a *applier) tree(key string) (*quotaTree, error) {
 			}
 		}
 	}
-	return t, nil
+	return nil
 }
 
 // use is level i's committed plus live reserved usage.
@@ -228,6 +236,9 @@ func (a *applier) reserve(c *shardv1.ReserveCmd) (*shardv1.Result, error) {
 	}
 	t, err := a.tree(c.GetKey())
 	if err != nil {
+		return nil, err
+	}
+	if err := a.countExpired(t); err != nil {
 		return nil, err
 	}
 	limited := false
