@@ -173,6 +173,24 @@ func refusedToConnect(refused *placement.RefusedError) error {
 	return connect.NewError(connect.CodeFailedPrecondition, refused)
 }
 
+// runOperator records an operator with begin and drives it to its end,
+// returning it as begun and as last recorded. A refusal of the placement
+// group is mapped to its Connect code.
+func (s *AdminServer) runOperator(ctx context.Context, begin func() (*placementv1.Operator, error)) (op, last *placementv1.Operator, err error) {
+	op, err = begin()
+	var refused *placement.RefusedError
+	if errors.As(err, &refused) {
+		return nil, nil, refusedToConnect(refused)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+	}
+	if last, err = s.r.ops.Run(ctx, op.GetId()); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+	}
+	return op, last, nil
+}
+
 // MoveReplica implements AdminService.MoveReplica, driven like SplitShard.
 func (s *AdminServer) MoveReplica(ctx context.Context, req *connect.Request[wardenv1.MoveReplicaRequest]) (*connect.Response[wardenv1.MoveReplicaResponse], error) {
 	start := time.Now()
@@ -188,17 +206,11 @@ func (s *AdminServer) moveReplica(ctx context.Context, m *wardenv1.MoveReplicaRe
 	if !s.r.live(m.GetToNodeId()) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("to_node_id: node %d does not answer", m.GetToNodeId()))
 	}
-	op, err := s.r.ops.BeginMove(ctx, m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId())
-	var refused *placement.RefusedError
-	if errors.As(err, &refused) {
-		return nil, refusedToConnect(refused)
-	}
+	op, last, err := s.runOperator(ctx, func() (*placementv1.Operator, error) {
+		return s.r.ops.BeginMove(ctx, m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId())
+	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
-	}
-	last, err := s.r.ops.Run(ctx, op.GetId())
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+		return nil, err
 	}
 	if last.GetMove().GetRollingBack() {
 		return nil, connect.NewError(connect.CodeAborted, fmt.Errorf("move %d was rolled back: the new replica did not catch up", op.GetId()))
@@ -210,17 +222,11 @@ func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequ
 	if m.GetShardId() == 0 {
 		return nil, &shard.FieldError{Field: "shard_id", Reason: "is required"}
 	}
-	op, err := s.r.ops.BeginSplit(ctx, m.GetShardId(), m.GetSplitAt())
-	var refused *placement.RefusedError
-	if errors.As(err, &refused) {
-		return nil, refusedToConnect(refused)
-	}
+	op, last, err := s.runOperator(ctx, func() (*placementv1.Operator, error) {
+		return s.r.ops.BeginSplit(ctx, m.GetShardId(), m.GetSplitAt())
+	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
-	}
-	last, err := s.r.ops.Run(ctx, op.GetId())
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+		return nil, err
 	}
 	if err := s.r.RefreshMap(ctx); err != nil { // route by the new map at once
 		s.r.cfg.Logger.Debug("placement map refresh", "err", err)
