@@ -144,7 +144,7 @@ func TestRevisionExhaustedRefusesGrant(t *testing.T) {
 	r := newReplica(t)
 	meta := initialMeta(1)()
 	meta.Revision = MaxRevision
-	b := r.sm.mu.db.NewBatch()
+	b := writeBatch{r.sm.mu.db.NewBatch(), newValueCache()}
 	if err := set(b, keyMeta, meta); err != nil {
 		t.Fatal(err)
 	}

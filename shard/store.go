@@ -182,7 +182,7 @@ func appliedIndex(g getter) (uint64, error) {
 
 // write applies one Change to the batch, keeping the indexes in step with
 // the records. The batch must be indexed so that s reads through it.
-func (s *records) write(b *pebble.Batch, c Change) error {
+func (s *records) write(b writeBatch, c Change) error {
 	switch c.Kind {
 	case PutMeta:
 		s.meta = c.Meta
@@ -259,14 +259,14 @@ func (s *records) write(b *pebble.Batch, c Change) error {
 	return s.writeQuota(b, c)
 }
 
-func indexLock(b *pebble.Batch, l *shardv1.LockRecord) error {
+func indexLock(b writeBatch, l *shardv1.LockRecord) error {
 	if l.GetHeld() {
 		return b.Set(expiryKey(l.GetExpiresAtUnixNano(), l.GetResource()), l.GetLeaseId(), nil)
 	}
 	return b.Set(endedLockKey(l.GetEndedAtUnixNano(), l.GetResource()), nil, nil)
 }
 
-func unindexLock(b *pebble.Batch, l *shardv1.LockRecord) error {
+func unindexLock(b writeBatch, l *shardv1.LockRecord) error {
 	if l == nil {
 		return nil
 	}
@@ -276,7 +276,7 @@ func unindexLock(b *pebble.Batch, l *shardv1.LockRecord) error {
 	return b.Delete(endedLockKey(l.GetEndedAtUnixNano(), l.GetResource()), nil)
 }
 
-func set(b *pebble.Batch, key []byte, m proto.Message) error {
+func set(b writeBatch, key []byte, m proto.Message) error {
 	v, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 	if err != nil {
 		return err
@@ -566,7 +566,7 @@ func (s *records) reclaimable(now int64, limit int) (*shardv1.ReclaimCmd, error)
 
 // writeQuota applies one quota Change to the batch, keeping the
 // reservation expiry indexes in step with the open reservations.
-func (s *records) writeQuota(b *pebble.Batch, c Change) error {
+func (s *records) writeQuota(b writeBatch, c Change) error {
 	switch c.Kind {
 	case PutQuota:
 		return set(b, quotaKey(c.Quota.GetKey()), c.Quota)
