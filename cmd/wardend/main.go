@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	_ "net/http/pprof" // served only with --pprof-addr
 	"os"
 	"os/signal"
 	"slices"
@@ -55,6 +56,7 @@ type cli struct {
 	RaftLogLevel   slog.Level    `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
 	ShutdownWait   time.Duration `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
 	AuditLog       string        `help:"Write the audit log (one JSON line per Acquire, Renew, Release) to this file, or - for stderr."`
+	PprofAddr      string        `name:"pprof-addr" placeholder:"HOST:PORT" help:"Serve Go's profiler (/debug/pprof/) on this address, for performance work; keep it on loopback. Off by default."`
 }
 
 func main() {
@@ -105,6 +107,15 @@ func run(c cli) error {
 	}
 	defer cluster.Close()
 
+	if c.PprofAddr != "" {
+		pl, err := net.Listen("tcp", c.PprofAddr)
+		if err != nil {
+			return fmt.Errorf("pprof-addr: %w", err)
+		}
+		defer pl.Close()
+		// net/http/pprof registers its handlers on the default mux.
+		go func() { _ = http.Serve(pl, http.DefaultServeMux) }()
+	}
 	srv := router.NewServer(c.Listen, router.NewHandler(cluster.Router))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

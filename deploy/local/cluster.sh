@@ -41,9 +41,13 @@ start() {
 		if running "$n"; then
 			continue
 		fi
+		extra=()
+		if [[ -n ${WARDEN_PPROF_BASE:-} ]]; then
+			extra=(--pprof-addr "127.0.0.1:$((WARDEN_PPROF_BASE + n))")
+		fi
 		"$wardend" --node-id "$n" --zone "az$n" --raft-addr "$(raft "$n")" --listen "$(listen "$n")" \
 			--data-dir "$dir/node-$n" --initial-members "$members" --cluster-secret-file "$dir/cluster-secret" \
-			>>"$dir/node-$n.log" 2>&1 &
+			"${extra[@]}" >>"$dir/node-$n.log" 2>&1 &
 		echo $! >"$(pidfile "$n")"
 		echo "node $n: pid $!, Connect on $(listen "$n"), log $dir/node-$n.log"
 	done
