@@ -10,7 +10,9 @@
 # Node N serves Connect on 127.0.0.1:$((LISTEN_BASE+N)) and Raft on
 # 127.0.0.1:$((RAFT_BASE+N)). Environment: WARDEN_CLUSTER_DIR (default
 # ./data/cluster), WARDEN_LISTEN_BASE (7070), WARDEN_RAFT_BASE (7100),
-# WARDEND and WARDEN (the binaries, default ./bin/wardend and ./bin/warden).
+# WARDEND and WARDEN (the binaries, default ./bin/wardend and ./bin/warden),
+# WARDEN_PPROF_BASE (unset: no profiler; else node N serves /debug/pprof/
+# on 127.0.0.1:$((WARDEN_PPROF_BASE+N))).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
