@@ -6,7 +6,7 @@ DATA    ?= ./data/dev
 LISTEN  ?= 127.0.0.1:7070
 PKGS    := ./...
 
-.PHONY: all generate check-generate build run cluster cluster-stop test fuzz bench lint clean
+.PHONY: all generate check-generate build run cluster cluster-stop test fuzz bench loadtest loadtest-compare lint clean
 
 all: build
 
@@ -34,10 +34,12 @@ cluster: build
 cluster-stop:
 	./deploy/local/cluster.sh stop
 
-## test: vet, then the whole test suite with the race detector
+## test: vet, then the whole test suite with the race detector (the load harness is its own module under loadtest/;
+## its etcd and ZooKeeper adapter tests skip when those servers are not installed, unless WARDEN_PEER_TESTS=1)
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	cd loadtest && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 
 ## fuzz: a short run of every fuzz target (FUZZTIME each)
 FUZZTIME ?= 20s
@@ -52,11 +54,22 @@ bench:
 	$(GO) test ./router -run '^$$' -bench 'AcquireRelease|HandOff' -benchtime 5s -count 3 -timeout 30m
 	WARDEN_BENCH=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
 
+## loadtest: the reference profile for 60 s on a three-process cluster, one replica SIGKILLed at 30 s,
+## snapshot and log compaction forced at 35 s, restart at 50 s; writes loadtest/out/report.{json,md} and chart.png
+loadtest:
+	./loadtest/run.sh
+
+## loadtest-compare: find-max of the reference profile on Warden, etcd (two recipes) and ZooKeeper, one after
+## the other; writes loadtest/out/compare.md with the ratios
+loadtest-compare:
+	./loadtest/compare.sh
+
 ## lint: formatting, vet, staticcheck and the dependency pins of DESIGN.md §7
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
+	cd loadtest && $(GO) vet ./... && $(GO) tool -modfile=../tools/staticcheck/go.mod staticcheck ./...
 	./.ci/check-pins
 
 clean:

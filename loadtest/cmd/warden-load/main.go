@@ -1,0 +1,143 @@
+// Command warden-load drives a lock service (Warden, etcd or ZooKeeper)
+// with an open-loop workload and writes report.json, report.md and
+// chart.png.
+//
+//	warden-load run --target warden --endpoints http://127.0.0.1:7071,... --profile reference --duration 60s \
+//	    --fault kill@30s --fault snapshot@35s --fault restart@45s --out loadtest/out
+//	warden-load compare --out loadtest/out warden-report.json etcd-report.json zk-report.json
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/warden-dev/warden/loadtest/harness"
+	"github.com/warden-dev/warden/loadtest/targets/etcd"
+	"github.com/warden-dev/warden/loadtest/targets/warden"
+	"github.com/warden-dev/warden/loadtest/targets/zk"
+)
+
+type runCmd struct {
+	Target        string        `help:"Service under load: warden, etcd (lease + put-if-absent), etcd-mutex (concurrency.Mutex) or zk (ephemeral sequential recipe)." enum:"warden,etcd,etcd-mutex,zk" default:"warden"`
+	Endpoints     []string      `help:"The service's endpoints: Warden base URLs (http://127.0.0.1:7071), etcd client URLs or ZooKeeper host:port." required:""`
+	Profile       string        `help:"Workload: reference, contended or quota." enum:"reference,contended,quota" default:"reference"`
+	Scale         float64       `help:"Factor on the profile's rates and held locks (1 = 20,000 held locks, 2,000 acquires/s)." default:"1"`
+	Duration      time.Duration `help:"Length of the measured phase (with --find-max, of each step)." default:"60s"`
+	RampTimeout   time.Duration `help:"Longest ramp to the profile's held locks." default:"2m"`
+	Fault         []string      `help:"Fault to inject, kind@time after the measured phase starts: kill@30s, kill-leader@30s, restart@45s, snapshot@35s, transfer-leader@40s. Repeatable."`
+	FindMax       bool          `help:"Step the scale up by --step-factor until p99 acquire passes 200 ms or errors pass 0.1 %."`
+	StepFactor    float64       `help:"Scale factor between find-max steps." default:"1.25"`
+	MaxSteps      int           `help:"Most find-max steps." default:"12"`
+	MaxInFlight   int           `help:"Most operations outstanding; later arrivals count as overload errors." default:"20000"`
+	OpTimeout     time.Duration `help:"Bound on one operation with its retries." default:"10s"`
+	Out           string        `help:"Directory for the report files." default:"loadtest/out"`
+	Prefix        string        `help:"Prefix of the report file names (default: none for warden, the target's name and a dash otherwise)."`
+	ClusterScript string        `help:"Script that kills and starts the target's nodes (deploy/local/cluster.sh, loadtest/peers/etcd.sh, loadtest/peers/zk.sh)."`
+}
+
+type compareCmd struct {
+	Out     string   `help:"Directory for compare.md." default:"loadtest/out"`
+	Reports []string `arg:"" help:"report.json files; the first (Warden) is the base of the ratios."`
+}
+
+var cli struct {
+	Run     runCmd     `cmd:"" help:"Run a profile against one target."`
+	Compare compareCmd `cmd:"" help:"Write the side-by-side of several reports."`
+}
+
+func main() {
+	ctx := kong.Parse(&cli, kong.Description("Load harness for Warden and its peers (etcd, ZooKeeper)."))
+	ctx.FatalIfErrorf(ctx.Run())
+}
+
+func (c *runCmd) Run() error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	p, err := harness.ProfileByName(c.Profile, c.Scale)
+	if err != nil {
+		return err
+	}
+	cfg := harness.Config{
+		Profile: p, Duration: c.Duration, RampTimeout: c.RampTimeout,
+		FindMax: c.FindMax, StepFactor: c.StepFactor, MaxSteps: c.MaxSteps,
+		Driver: harness.DriverConfig{MaxInFlight: c.MaxInFlight, OpTimeout: c.OpTimeout},
+	}
+	for _, f := range c.Fault {
+		fs, err := harness.ParseFault(f)
+		if err != nil {
+			return err
+		}
+		cfg.Faults = append(cfg.Faults, fs)
+	}
+	t, err := c.target()
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := harness.Run(ctx, t, cfg, log)
+	if err != nil {
+		return err
+	}
+	prefix := c.Prefix
+	if prefix == "" && c.Target != "warden" {
+		prefix = c.Target + "-"
+	}
+	if err := harness.WriteFiles(c.Out, prefix, rep); err != nil {
+		return err
+	}
+	s := rep.Safety
+	fmt.Printf("%s %s ×%g: %.0f commits/s, p99 acquire %.1f ms, safety %d/%d/%d; report in %s\n",
+		rep.Target, p.Name, p.Scale, rep.CommitsPerSec, rep.Ops[harness.OpAcquire].P99MS,
+		s.DoubleGrants, s.TokenRegressions, s.LostAcknowledgedLeases, filepath.Join(c.Out, prefix+"report.md"))
+	if rep.MaxCommitsPerSec != nil {
+		fmt.Printf("max sustained: %.0f commits/s, %.0f acquires/s\n", *rep.MaxCommitsPerSec, *rep.MaxAcquiresPerSec)
+	}
+	if n := s.DoubleGrants + s.TokenRegressions + s.LostAcknowledgedLeases; n > 0 {
+		return fmt.Errorf("%d safety violations: %s", n, strings.Join(s.Examples, "; "))
+	}
+	return nil
+}
+
+func (c *runCmd) target() (harness.Target, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	switch c.Target {
+	case "etcd":
+		return etcd.New(ctx, etcd.Config{Endpoints: c.Endpoints, Mode: etcd.ModeLease, Script: c.ClusterScript})
+	case "etcd-mutex":
+		return etcd.New(ctx, etcd.Config{Endpoints: c.Endpoints, Mode: etcd.ModeMutex, Script: c.ClusterScript})
+	case "zk":
+		return zk.New(ctx, zk.Config{Servers: c.Endpoints, Script: c.ClusterScript})
+	}
+	return warden.New(warden.Config{Endpoints: c.Endpoints, ClusterScript: c.ClusterScript})
+}
+
+func (c *compareCmd) Run() error {
+	var reps []*harness.Report
+	for _, path := range c.Reports {
+		r, err := harness.ReadReport(path)
+		if err != nil {
+			return err
+		}
+		reps = append(reps, r)
+	}
+	if err := os.MkdirAll(c.Out, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(c.Out, "compare.md"))
+	if err != nil {
+		return err
+	}
+	harness.WriteComparison(f, reps)
+	return f.Close()
+}

@@ -1,0 +1,203 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+)
+
+// memTarget is an in-memory lock service: correct, or broken in one way.
+type memTarget struct {
+	mu      sync.Mutex
+	locks   map[string]*memLock
+	tokens  map[string]uint64
+	changed *sync.Cond
+	// grantAlways grants every acquire (double grants); constToken gives
+	// every grant token 1 (token regressions); loseRenewals answers every
+	// renewal after the first two seconds "lost" (lost acknowledged leases).
+	grantAlways, constToken, loseRenewals bool
+	born                                  time.Time
+	next                                  int
+}
+
+type memLock struct {
+	id      int
+	expires time.Time
+}
+
+func newMemTarget() *memTarget {
+	t := &memTarget{locks: map[string]*memLock{}, tokens: map[string]uint64{}, born: time.Now()}
+	t.changed = sync.NewCond(&t.mu)
+	return t
+}
+
+func (t *memTarget) Name() string { return "mem" }
+func (t *memTarget) Costs() Costs { return Costs{Acquire: 1, Renew: 1, Release: 1, Note: "in memory"} }
+func (t *memTarget) Close() error { return nil }
+func (t *memTarget) held(r string) bool {
+	l := t.locks[r]
+	return l != nil && time.Now().Before(l.expires)
+}
+
+func (t *memTarget) Acquire(ctx context.Context, r string, ttl, wait time.Duration) (Lease, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	deadline := time.Now().Add(wait)
+	for t.held(r) && !t.grantAlways {
+		if wait == 0 || time.Now().After(deadline) {
+			return Lease{}, ErrHeld
+		}
+		t.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		t.mu.Lock()
+	}
+	t.next++
+	t.tokens[r]++
+	tok := t.tokens[r]
+	if t.constToken {
+		tok = 1
+	}
+	t.locks[r] = &memLock{id: t.next, expires: time.Now().Add(ttl)}
+	return Lease{Resource: r, Token: tok, TTL: ttl, Handle: t.next}, nil
+}
+
+func (t *memTarget) Renew(ctx context.Context, l Lease) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cur := t.locks[l.Resource]
+	if t.loseRenewals && time.Since(t.born) > 2*time.Second || cur == nil || cur.id != l.Handle.(int) || !t.held(l.Resource) {
+		return ErrLost
+	}
+	cur.expires = time.Now().Add(l.TTL)
+	return nil
+}
+
+func (t *memTarget) Release(ctx context.Context, l Lease) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cur := t.locks[l.Resource]
+	if cur == nil || cur.id != l.Handle.(int) {
+		return ErrLost
+	}
+	delete(t.locks, l.Resource)
+	return nil
+}
+
+// tiny is a contended profile small and fast enough for a unit test: 100
+// locks held and renewed every 200 ms, 100 acquires/s, and 200 acquires/s
+// queueing on one hot lock held 20 ms each.
+func tiny() Profile {
+	p := Contended(0.02)
+	p.AcquireRate, p.ReleaseRate = 100, 100
+	p.RenewEvery = 200 * time.Millisecond
+	p.LeaseTTL = 2 * time.Second
+	p.ContendedRate = 200
+	p.HoldTime = 20 * time.Millisecond
+	p.WaitTimeout = time.Second
+	return p
+}
+
+func runMem(t *testing.T, target *memTarget) *Report {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rep, err := Run(context.Background(), target, Config{Profile: tiny(), Duration: 2 * time.Second, RampTimeout: 10 * time.Second}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func TestCorrectTargetHasNoViolations(t *testing.T) {
+	rep := runMem(t, newMemTarget())
+	if s := rep.Safety; s.DoubleGrants+s.TokenRegressions+s.LostAcknowledgedLeases != 0 {
+		t.Fatalf("violations on a correct target: %+v", s)
+	}
+	for _, op := range []string{OpAcquire, OpRenew, OpRelease, OpAcquireContended} {
+		if rep.Ops[op].Count == 0 {
+			t.Errorf("no successful %s in %+v", op, rep.Ops)
+		}
+	}
+	if rep.CommitsPerSec <= 0 || rep.HeldAtEnd == 0 {
+		t.Errorf("commits/s %v, held at end %d", rep.CommitsPerSec, rep.HeldAtEnd)
+	}
+}
+
+func TestCheckerCatchesBrokenTargets(t *testing.T) {
+	for name, broken := range map[string]func(*memTarget){
+		"double grants":            func(m *memTarget) { m.grantAlways = true },
+		"token regressions":        func(m *memTarget) { m.constToken = true },
+		"lost acknowledged leases": func(m *memTarget) { m.loseRenewals = true },
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := newMemTarget()
+			broken(m)
+			s := runMem(t, m).Safety
+			got := map[string]int64{"double grants": s.DoubleGrants, "token regressions": s.TokenRegressions, "lost acknowledged leases": s.LostAcknowledgedLeases}[name]
+			if got == 0 {
+				t.Fatalf("%s not counted: %+v", name, s)
+			}
+		})
+	}
+}
+
+func TestCheckerAllowsReleaseThenGrant(t *testing.T) {
+	c := NewChecker()
+	t0 := time.Now()
+	a := Lease{Resource: "r", Token: 5, TTL: time.Minute}
+	c.Granted(a, t0, t0.Add(time.Millisecond))
+	c.Releasing(a, t0.Add(2*time.Millisecond))
+	c.Released(a, t0.Add(2*time.Millisecond), nil)
+	b := Lease{Resource: "r", Token: 6, TTL: time.Minute}
+	c.Granted(b, t0.Add(3*time.Millisecond), t0.Add(4*time.Millisecond))
+	// A renewal answered lost after the lease's certain time is no violation.
+	c.Renewed(b, t0.Add(2*time.Minute), ErrLost)
+	// Nor is a grant after the last lease's TTL ran out.
+	d := Lease{Resource: "r", Token: 7, TTL: time.Minute}
+	c.Granted(d, t0.Add(3*time.Minute), t0.Add(3*time.Minute))
+	if s := c.Safety(); s.DoubleGrants+s.TokenRegressions+s.LostAcknowledgedLeases != 0 {
+		t.Fatalf("%+v", s)
+	}
+	c.Granted(Lease{Resource: "r", Token: 8, TTL: time.Minute}, t0.Add(3*time.Minute), t0.Add(3*time.Minute+time.Second))
+	if s := c.Safety(); s.DoubleGrants != 1 {
+		t.Fatalf("a grant while the last lease is current: %+v", s)
+	}
+}
+
+func TestRecorderWindows(t *testing.T) {
+	start := time.Now()
+	r := NewRecorder(start)
+	for i := range 100 { // latencies 1..100 ms, all done within second 0
+		at := start.Add(time.Duration(i) * time.Millisecond)
+		r.Record(OpAcquire, at, at.Add(time.Duration(i+1)*time.Millisecond), nil)
+	}
+	r.Record(OpAcquire, start, start.Add(1500*time.Millisecond), errors.New("boom"))
+	all := r.Summary(0, 0)[OpAcquire]
+	if all.Count != 100 || all.MaxMS < 99 || all.MaxMS > 101 || all.P50MS < 49 || all.P50MS > 52 {
+		t.Fatalf("whole run: %+v", all)
+	}
+	if all.Errors["other"] != 1 {
+		t.Fatalf("errors: %v", all.Errors)
+	}
+	if n := r.Successes(0, 1, OpAcquire); n != 100 {
+		t.Fatalf("second 0 holds %d successes", n)
+	}
+	if w := r.Summary(1, 2)[OpAcquire]; w.Count != 0 || w.Errors["other"] != 1 {
+		t.Fatalf("second 1: %+v", w)
+	}
+}
+
+func TestParseFault(t *testing.T) {
+	f, err := ParseFault("kill@30s")
+	if err != nil || f.Kind != "kill" || f.At != 30*time.Second {
+		t.Fatalf("%+v %v", f, err)
+	}
+	for _, bad := range []string{"kill", "@3s", "kill@soon", "kill@-1s"} {
+		if _, err := ParseFault(bad); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+}

@@ -1,0 +1,197 @@
+package harness
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// WriteFiles writes report.json, report.md and chart.png into dir, named
+// with prefix (for example "warden-" for a comparison; "" for one run).
+func WriteFiles(dir, prefix string, rep *Report) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, prefix+"report.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	var md strings.Builder
+	WriteMarkdown(&md, rep, prefix+"chart.png")
+	if err := os.WriteFile(filepath.Join(dir, prefix+"report.md"), []byte(md.String()), 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, prefix+"chart.png"))
+	if err != nil {
+		return err
+	}
+	if err := WriteChart(f, rep); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// ReadReport reads a report.json.
+func ReadReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var rep Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &rep, nil
+}
+
+func errorsText(errs map[string]int64) string {
+	var parts []string
+	for _, c := range slices.Sorted(maps.Keys(errs)) {
+		parts = append(parts, fmt.Sprintf("%s %d", c, errs[c]))
+	}
+	if len(parts) == 0 {
+		return "0"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func opTable(w io.Writer, ops opSummary) {
+	fmt.Fprintln(w, "| operation | count | p50 ms | p95 ms | p99 ms | max ms | errors |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---|")
+	for _, n := range slices.Sorted(maps.Keys(ops)) {
+		s := ops[n]
+		fmt.Fprintf(w, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %s |\n", n, s.Count, s.P50MS, s.P95MS, s.P99MS, s.MaxMS, errorsText(s.Errors))
+	}
+}
+
+// WriteMarkdown writes the report for people; chart names the PNG beside it.
+func WriteMarkdown(w io.Writer, rep *Report, chart string) {
+	p := rep.Profile
+	fmt.Fprintf(w, "# Load report: %s, %s profile ×%g\n\n", rep.Target, p.Name, p.Scale)
+	fmt.Fprintf(w, "Started %s on %s. Ramp to %d held locks took %.1f s; the measured phase ran %.1f s.\n\n",
+		rep.StartedAt.Format("2006-01-02 15:04:05Z"), rep.Machine, p.HeldLocks, rep.RampS, rep.DurationS)
+	fmt.Fprintf(w, "Offered: %.0f acquires/s and %.0f releases/s over %d resources, %d locks held and renewed every %s ±%.0f %%, lease TTL %s",
+		p.AcquireRate, p.ReleaseRate, p.Resources, p.HeldLocks, p.RenewEvery, p.RenewJitter*100, p.LeaseTTL)
+	if p.ContendedRate > 0 {
+		fmt.Fprintf(w, "; %.0f contended acquires/s on %d hot locks held %s each", p.ContendedRate, p.HotResources, p.HoldTime)
+	}
+	if p.QuotaRate > 0 {
+		fmt.Fprintf(w, "; %.0f reservations/s", p.QuotaRate)
+	}
+	fmt.Fprintf(w, ".\n\n")
+	fmt.Fprintf(w, "- **Commits/s** (acknowledged state changes): **%.0f**\n", rep.CommitsPerSec)
+	fmt.Fprintf(w, "- Target's own replicated writes/s: %.0f (%s)\n", rep.WritesPerSec, rep.Costs.Note)
+	fmt.Fprintf(w, "- Acquires granted/s: %.0f; held at the end: %d\n", rep.AcquiresPerSec, rep.HeldAtEnd)
+	if rep.MaxCommitsPerSec != nil {
+		fmt.Fprintf(w, "- **Max sustained** (p99 acquire ≤ 200 ms, errors < 0.1 %%): **%.0f commits/s, %.0f acquires/s**\n", *rep.MaxCommitsPerSec, *rep.MaxAcquiresPerSec)
+	}
+	s := rep.Safety
+	fmt.Fprintf(w, "- Safety: %d double grants, %d token regressions, %d lost acknowledged leases\n\n", s.DoubleGrants, s.TokenRegressions, s.LostAcknowledgedLeases)
+	for _, e := range s.Examples {
+		fmt.Fprintf(w, "  - %s\n", e)
+	}
+	opTable(w, rep.Ops)
+	if len(rep.Faults) > 0 {
+		fmt.Fprintf(w, "\n## Faults\n\n| kind | at s | took s | error |\n|---|---:|---:|---|\n")
+		for _, f := range rep.Faults {
+			fmt.Fprintf(w, "| %s | %.1f | %.1f | %s |\n", f.Kind, f.AtS, f.TookS, f.Error)
+		}
+	}
+	if len(rep.Steps) > 0 {
+		fmt.Fprintf(w, "\n## Find-max steps\n\n| scale | acquires/s | commits/s | p99 acquire ms | error rate | passed |\n|---:|---:|---:|---:|---:|---|\n")
+		for _, st := range rep.Steps {
+			res := "yes"
+			if !st.Passed {
+				res = "no: " + st.Reason
+			}
+			fmt.Fprintf(w, "| %.3g | %.0f | %.0f | %.1f | %.5f | %s |\n", st.Scale, st.AcquiresPerSec, st.CommitsPerSec, st.P99AcquireMS, st.ErrorRate, res)
+		}
+	}
+	fmt.Fprintf(w, "\n![latency and throughput over time](%s)\n", chart)
+}
+
+// AtScale returns the find-max step run at scale, if there was one.
+func (r *Report) AtScale(scale float64) (Step, bool) {
+	for _, st := range r.Steps {
+		if math.Abs(st.Scale-scale) < 0.01 {
+			return st, true
+		}
+	}
+	return Step{}, false
+}
+
+// best is the highest passing find-max step.
+func (r *Report) best() (Step, bool) {
+	var out Step
+	ok := false
+	for _, st := range r.Steps {
+		if st.Passed {
+			out, ok = st, true
+		}
+	}
+	return out, ok
+}
+
+// WriteComparison writes the side-by-side of several targets' find-max
+// reports of the same profile; the first (Warden) is the base of the
+// ratios.
+func WriteComparison(w io.Writer, reps []*Report) {
+	if len(reps) == 0 {
+		return
+	}
+	base := reps[0]
+	fmt.Fprintf(w, "# Side by side: %s profile, same machine, one target after the other\n\n", base.Profile.Name)
+	fmt.Fprintf(w, "Each target ran find-max: the reference profile (scale 1 = 20,000 held locks renewed every 10 s, 2,000 acquires/s and 2,000 releases/s) stepped up until p99 acquire passed 200 ms or errors passed 0.1 %%. \"Max\" is the highest step that passed; \"at reference\" is the step at scale 1.\n\n")
+	fmt.Fprintln(w, "| target | max scale | max acquires/s | max commits/s | own writes/s at max | p99 acquire at max ms | p99 acquire at reference ms | safety violations |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range reps {
+		b, ok := r.best()
+		ref := "not reached"
+		if st, ok := r.AtScale(1); ok {
+			ref = fmt.Sprintf("%.1f", st.P99AcquireMS)
+		}
+		n := r.Safety.DoubleGrants + r.Safety.TokenRegressions + r.Safety.LostAcknowledgedLeases
+		if !ok {
+			fmt.Fprintf(w, "| %s | none passed | – | – | – | – | %s | %d |\n", r.Target, ref, n)
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %.2f | %.0f | %.0f | %.0f | %.1f | %s | %d |\n", r.Target, b.Scale, b.AcquiresPerSec, b.CommitsPerSec, b.WritesPerSec, b.P99AcquireMS, ref, n)
+	}
+	fmt.Fprintf(w, "\n## Ratios (%s ÷ peer)\n\n| peer | max sustained acquires/s | max commits/s | p99 acquire at reference (below 1: %s is faster) |\n|---|---:|---:|---:|\n", base.Target, base.Target)
+	bb, bok := base.best()
+	bref, brefOK := base.AtScale(1)
+	for _, r := range reps[1:] {
+		pb, pok := r.best()
+		pref, prefOK := r.AtScale(1)
+		acq, com, p99 := "–", "–", "–"
+		if bok && pok {
+			acq, com = ratioF(bb.AcquiresPerSec, pb.AcquiresPerSec), ratioF(bb.CommitsPerSec, pb.CommitsPerSec)
+		}
+		if brefOK && prefOK {
+			p99 = ratioF(bref.P99AcquireMS, pref.P99AcquireMS)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", r.Target, acq, com, p99)
+	}
+	fmt.Fprintf(w, "\n## What each side pays\n\n")
+	for _, r := range reps {
+		fmt.Fprintf(w, "- **%s**: acquire %.3g, renew %.3g, release %.3g replicated writes. %s\n", r.Target, r.Costs.Acquire, r.Costs.Renew, r.Costs.Release, r.Costs.Note)
+	}
+	fmt.Fprintf(w, "\nPer-target details: <target>-report.md and <target>-chart.png beside this file.\n")
+}
+
+func ratioF(a, b float64) string {
+	if b == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}

@@ -1,0 +1,302 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// FaultSpec is a fault to inject At after the steady phase starts.
+type FaultSpec struct {
+	Kind string
+	At   time.Duration
+}
+
+// ParseFault parses "kind@seconds", for example "kill@30s" or
+// "snapshot@35s".
+func ParseFault(s string) (FaultSpec, error) {
+	kind, at, ok := strings.Cut(s, "@")
+	if !ok || kind == "" {
+		return FaultSpec{}, fmt.Errorf("fault: want kind@duration (kill@30s), got %q", s)
+	}
+	d, err := time.ParseDuration(at)
+	if err != nil || d < 0 {
+		return FaultSpec{}, fmt.Errorf("fault %q: bad time %q: want a duration like 30s", s, at)
+	}
+	return FaultSpec{Kind: kind, At: d}, nil
+}
+
+// FaultEvent is an injected fault in the report: at_s on the report's
+// time axis (seconds since the driver started), how long the injection
+// took, and its error if it failed.
+type FaultEvent struct {
+	Kind  string  `json:"kind"`
+	AtS   float64 `json:"at_s"`
+	TookS float64 `json:"took_s"`
+	Error string  `json:"error,omitempty"`
+}
+
+// Config is one run.
+type Config struct {
+	Profile Profile
+	// Duration is the steady phase (or, with FindMax, each step's).
+	Duration time.Duration
+	// RampTimeout bounds the ramp to the profile's held locks.
+	RampTimeout time.Duration
+	Faults      []FaultSpec
+	// FindMax steps the scale up by StepFactor from Profile.Scale until
+	// p99 acquire passes MaxP99 or errors pass MaxErrorRate, at most
+	// MaxSteps steps.
+	FindMax      bool
+	StepFactor   float64
+	MaxSteps     int
+	MaxP99       time.Duration
+	MaxErrorRate float64
+	Driver       DriverConfig
+}
+
+// Step is one rate of a find-max run.
+type Step struct {
+	Scale          float64   `json:"scale"`
+	FromS          float64   `json:"from_s"`
+	ToS            float64   `json:"to_s"`
+	AcquiresPerSec float64   `json:"acquires_per_sec"`
+	CommitsPerSec  float64   `json:"commits_per_sec"`
+	WritesPerSec   float64   `json:"writes_per_sec"`
+	P99AcquireMS   float64   `json:"p99_acquire_ms"`
+	ErrorRate      float64   `json:"error_rate"`
+	Passed         bool      `json:"passed"`
+	Reason         string    `json:"reason,omitempty"`
+	Ops            opSummary `json:"ops"`
+}
+
+type opSummary = map[string]OpSummary
+
+// Report is report.json.
+type Report struct {
+	Target  string  `json:"target"`
+	Profile Profile `json:"profile"`
+	// DurationS is the measured (steady) phase; RampS the ramp before it.
+	DurationS float64 `json:"duration_s"`
+	RampS     float64 `json:"ramp_s"`
+	// CommitsPerSec counts acknowledged state changes per second of the
+	// steady phase: grants, renewals, releases, reserves, commits and
+	// reservation releases. WritesPerSec weighs them by the target's
+	// Costs: its own replicated writes.
+	CommitsPerSec  float64      `json:"commits_per_sec"`
+	WritesPerSec   float64      `json:"writes_per_sec"`
+	AcquiresPerSec float64      `json:"acquires_per_sec"`
+	HeldAtEnd      int          `json:"held_at_end"`
+	Ops            opSummary    `json:"ops"`
+	Faults         []FaultEvent `json:"faults"`
+	// MaxCommitsPerSec and MaxAcquiresPerSec are the best passing step of
+	// a find-max run.
+	MaxCommitsPerSec  *float64 `json:"max_commits_per_sec,omitempty"`
+	MaxAcquiresPerSec *float64 `json:"max_acquires_per_sec,omitempty"`
+	Steps             []Step   `json:"steps,omitempty"`
+	Safety            Safety   `json:"safety"`
+	Costs             Costs    `json:"costs"`
+	// Series is each operation's per-second count and latency, for the
+	// chart; SteadyFromS marks where the steady phase starts.
+	Series      map[string][]Point `json:"series"`
+	SteadyFromS float64            `json:"steady_from_s"`
+	Machine     string             `json:"machine"`
+	StartedAt   time.Time          `json:"started_at"`
+}
+
+// stateChanges are the operations that count as commits.
+var stateChanges = []string{OpAcquire, OpAcquireContended, OpRenew, OpRelease, OpReserve, OpCommit, OpReleaseQuota}
+
+func secs(d time.Duration) float64 { return d.Seconds() }
+
+// Run ramps up, runs the steady phase (or the find-max steps) with the
+// faults, and returns the report.
+func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, error) {
+	if cfg.RampTimeout == 0 {
+		cfg.RampTimeout = 2 * time.Minute
+	}
+	if cfg.StepFactor <= 1 {
+		cfg.StepFactor = 1.25
+	}
+	if cfg.MaxSteps == 0 {
+		cfg.MaxSteps = 12
+	}
+	if cfg.MaxP99 == 0 {
+		cfg.MaxP99 = 200 * time.Millisecond
+	}
+	if cfg.MaxErrorRate == 0 {
+		cfg.MaxErrorRate = 0.001
+	}
+	top := cfg.Profile.Scale
+	if cfg.FindMax {
+		top *= pow(cfg.StepFactor, cfg.MaxSteps)
+	}
+	cfg.Driver.Resources = cfg.Profile.Rescaled(top).Resources
+	cfg.Driver.Log = log
+	d := NewDriver(t, cfg.Driver)
+	defer d.Close()
+	rep := &Report{
+		Target:    t.Name(),
+		Profile:   cfg.Profile,
+		Costs:     t.Costs(),
+		Machine:   fmt.Sprintf("%d CPUs, %s/%s, %s", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version()),
+		StartedAt: time.Now().UTC(),
+	}
+	p := cfg.Profile
+	if p.QuotaRate > 0 {
+		q, ok := t.(QuotaTarget)
+		if !ok {
+			return nil, fmt.Errorf("profile quota: target %s has no quota service", t.Name())
+		}
+		if err := q.SetupQuota(ctx, p.QuotaPools, p.QuotaTenants, 1<<50, 1<<45); err != nil {
+			return nil, fmt.Errorf("quota setup: %w", err)
+		}
+	}
+	log.Info("ramp", "target", t.Name(), "profile", p.Name, "held_locks", p.HeldLocks)
+	if err := d.Ramp(ctx, p, cfg.RampTimeout); err != nil {
+		return nil, err
+	}
+	steadyFrom := d.Elapsed()
+	rep.RampS, rep.SteadyFromS = secs(steadyFrom), secs(steadyFrom)
+	log.Info("steady", "ramp_s", fmt.Sprintf("%.1f", rep.RampS), "held", d.Held())
+
+	var faults sync.WaitGroup
+	var mu sync.Mutex
+	if len(cfg.Faults) > 0 {
+		f, ok := t.(Faulter)
+		if !ok {
+			return nil, fmt.Errorf("faults: target %s cannot inject faults", t.Name())
+		}
+		fctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		for _, fs := range cfg.Faults {
+			faults.Add(1)
+			go func() {
+				defer faults.Done()
+				select {
+				case <-time.After(fs.At):
+				case <-fctx.Done():
+					return
+				}
+				at := d.Elapsed()
+				log.Info("fault", "kind", fs.Kind, "at_s", fmt.Sprintf("%.1f", secs(at)))
+				ictx, icancel := context.WithTimeout(fctx, time.Minute)
+				err := f.Fault(ictx, fs.Kind)
+				icancel()
+				ev := FaultEvent{Kind: fs.Kind, AtS: secs(at), TookS: secs(d.Elapsed() - at)}
+				if err != nil {
+					ev.Error = err.Error()
+					log.Warn("fault failed", "kind", fs.Kind, "err", err)
+				}
+				mu.Lock()
+				rep.Faults = append(rep.Faults, ev)
+				mu.Unlock()
+			}()
+		}
+	}
+
+	if !cfg.FindMax {
+		d.Steady(ctx, p, cfg.Duration)
+	} else {
+		for i := range cfg.MaxSteps {
+			sp := p.Rescaled(p.Scale * pow(cfg.StepFactor, i))
+			if err := d.Ramp(ctx, sp, cfg.RampTimeout); err != nil {
+				rep.Steps = append(rep.Steps, Step{Scale: sp.Scale, Reason: err.Error()})
+				break
+			}
+			from := d.Elapsed()
+			d.Steady(ctx, sp, cfg.Duration)
+			st := step(d, sp, from, d.Elapsed(), cfg)
+			st.WritesPerSec = writes(rep.Costs, st.Ops) / (st.ToS - st.FromS)
+			log.Info("step", "scale", sp.Scale, "acquires_per_sec", int(st.AcquiresPerSec), "commits_per_sec", int(st.CommitsPerSec),
+				"p99_acquire_ms", st.P99AcquireMS, "error_rate", st.ErrorRate, "passed", st.Passed)
+			rep.Steps = append(rep.Steps, st)
+			if !st.Passed {
+				break
+			}
+			c, a := st.CommitsPerSec, st.AcquiresPerSec
+			rep.MaxCommitsPerSec, rep.MaxAcquiresPerSec = &c, &a
+		}
+	}
+	steadyTo := d.Elapsed()
+	faults.Wait()
+	whole := step(d, p, steadyFrom, steadyTo, cfg)
+	rep.DurationS = secs(steadyTo - steadyFrom)
+	rep.Ops = whole.Ops
+	rep.CommitsPerSec = whole.CommitsPerSec
+	rep.AcquiresPerSec = whole.AcquiresPerSec
+	rep.WritesPerSec = writes(rep.Costs, whole.Ops) / rep.DurationS
+	rep.HeldAtEnd = d.Held()
+	rep.Safety = d.chk.Safety()
+	rep.Series = map[string][]Point{}
+	for _, op := range append(stateChanges, OpHandoff) {
+		if s := d.rec.Series(op); s != nil {
+			rep.Series[op] = s
+		}
+	}
+	sort.Slice(rep.Faults, func(i, j int) bool { return rep.Faults[i].AtS < rep.Faults[j].AtS })
+	return rep, nil
+}
+
+func pow(f float64, n int) float64 {
+	r := 1.0
+	for range n {
+		r *= f
+	}
+	return r
+}
+
+// step summarises [from, to) of the driver's time axis.
+func step(d *Driver, p Profile, from, to time.Duration, cfg Config) Step {
+	// Whole seconds inside the window: the first partial second is left out.
+	f, t := int(from/time.Second)+1, int(to/time.Second)
+	span := float64(t - f)
+	if span <= 0 {
+		span = 1
+	}
+	ops := d.rec.Summary(f, t)
+	acq := ops[OpAcquire]
+	st := Step{
+		Scale:          p.Scale,
+		FromS:          float64(f),
+		ToS:            float64(t),
+		AcquiresPerSec: float64(acq.Count) / span,
+		CommitsPerSec:  float64(d.rec.Successes(f, t, stateChanges...)) / span,
+		P99AcquireMS:   acq.P99MS,
+		Ops:            ops,
+	}
+	var bad, all int64
+	for _, s := range ops {
+		for code, n := range s.Errors {
+			if failure(code) {
+				bad += n
+			}
+		}
+		all += s.Count
+	}
+	if all+bad > 0 {
+		st.ErrorRate = float64(bad) / float64(all+bad)
+	}
+	switch {
+	case st.P99AcquireMS > float64(cfg.MaxP99.Milliseconds()):
+		st.Reason = fmt.Sprintf("p99 acquire %.1f ms > %d ms", st.P99AcquireMS, cfg.MaxP99.Milliseconds())
+	case st.ErrorRate > cfg.MaxErrorRate:
+		st.Reason = fmt.Sprintf("error rate %.4f > %.4f", st.ErrorRate, cfg.MaxErrorRate)
+	case st.AcquiresPerSec < 0.9*p.AcquireRate:
+		st.Reason = fmt.Sprintf("%.0f acquires/s granted of %.0f offered", st.AcquiresPerSec, p.AcquireRate)
+	default:
+		st.Passed = true
+	}
+	return st
+}
+
+// writes is the target's replicated writes for ops.
+func writes(c Costs, ops opSummary) float64 {
+	return c.Acquire*float64(ops[OpAcquire].Count+ops[OpAcquireContended].Count) +
+		c.Renew*float64(ops[OpRenew].Count) + c.Release*float64(ops[OpRelease].Count)
+}

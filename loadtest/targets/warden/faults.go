@@ -1,0 +1,232 @@
+package warden
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/warden-dev/warden/loadtest/harness"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+)
+
+// SetupQuota implements harness.QuotaTarget: limits on pool-NN and
+// pool-NN/tenant-NN.
+func (t *Target) SetupQuota(ctx context.Context, pools, tenants int, poolLimit, tenantLimit int64) error {
+	set := func(key string, limit int64) error {
+		return t.call(ctx, poolOf(key), func(c conn) error {
+			_, err := c.quota.SetLimit(ctx, connect.NewRequest(&wardenv1.SetLimitRequest{Key: key, Limit: limit}))
+			return err
+		})
+	}
+	for p := range pools {
+		pool := fmt.Sprintf("pool-%02d", p)
+		if err := set(pool, poolLimit); err != nil {
+			return fmt.Errorf("set limit %s: %w", pool, err)
+		}
+		for n := range tenants {
+			key := fmt.Sprintf("%s/tenant-%02d", pool, n)
+			if err := set(key, tenantLimit); err != nil {
+				return fmt.Errorf("set limit %s: %w", key, err)
+			}
+		}
+	}
+	return nil
+}
+
+type reservation struct{ key, id string }
+
+// poolOf is the routing key of a quota key: its pool, the first segment
+// (a pool's whole tree lives in one shard).
+func poolOf(key string) string {
+	pool, _, _ := strings.Cut(key, "/")
+	return pool
+}
+
+// Reserve implements harness.QuotaTarget; retries keep the reservation id.
+func (t *Target) Reserve(ctx context.Context, key string, amount int64, ttl time.Duration) (any, error) {
+	req := &wardenv1.ReserveRequest{Key: key, Amount: amount, ReservationId: requestID(), Ttl: durationpb.New(ttl)}
+	err := t.call(ctx, poolOf(key), func(c conn) error {
+		_, err := c.quota.Reserve(ctx, connect.NewRequest(req))
+		return err
+	})
+	switch {
+	case err == nil:
+		return reservation{key, req.ReservationId}, nil
+	case connect.CodeOf(err) == connect.CodeResourceExhausted:
+		return nil, harness.ErrExhausted
+	}
+	return nil, codeErr{err}
+}
+
+// Commit implements harness.QuotaTarget.
+func (t *Target) Commit(ctx context.Context, r any) error {
+	res := r.(reservation)
+	err := t.call(ctx, poolOf(res.key), func(c conn) error {
+		_, err := c.quota.Commit(ctx, connect.NewRequest(&wardenv1.CommitRequest{Key: res.key, ReservationId: res.id}))
+		return err
+	})
+	if err != nil {
+		return codeErr{err}
+	}
+	return nil
+}
+
+// ReleaseReservation implements harness.QuotaTarget.
+func (t *Target) ReleaseReservation(ctx context.Context, r any) error {
+	res := r.(reservation)
+	err := t.call(ctx, poolOf(res.key), func(c conn) error {
+		_, err := c.quota.Release(ctx, connect.NewRequest(&wardenv1.QuotaServiceReleaseRequest{Key: res.key, ReservationId: res.id}))
+		return err
+	})
+	if err != nil {
+		return codeErr{err}
+	}
+	return nil
+}
+
+// Fault implements harness.Faulter on a deploy/local cluster:
+//   - kill: SIGKILL (cluster.sh kill N) a node that leads no data shard;
+//   - kill-leader: SIGKILL the node leading the first shard;
+//   - restart: start the killed nodes again (cluster.sh start);
+//   - snapshot: AdminService.Snapshot of every shard: each replica takes
+//     a snapshot and compacts its Raft log behind it;
+//   - transfer-leader: move each shard's leadership to another live replica.
+func (t *Target) Fault(ctx context.Context, kind string) error {
+	switch kind {
+	case "kill", "kill-leader":
+		shards, err := t.shards(ctx)
+		if err != nil {
+			return err
+		}
+		leaders := map[uint64]bool{}
+		for _, s := range shards {
+			leaders[s.GetLeaderNodeId()] = true
+		}
+		victim := 0
+		for i := range t.cfg.Endpoints {
+			n := i + 1
+			if slices.Contains(t.killed, n) {
+				continue
+			}
+			if kind == "kill" && !leaders[uint64(n)] || kind == "kill-leader" && uint64(n) == shards[0].GetLeaderNodeId() {
+				victim = n
+				break
+			}
+		}
+		if victim == 0 {
+			return fmt.Errorf("%s: no node to kill among %d (leaders %v)", kind, len(t.cfg.Endpoints), leaders)
+		}
+		if err := t.script(ctx, "kill", strconv.Itoa(victim)); err != nil {
+			return err
+		}
+		t.killed = append(t.killed, victim)
+		return nil
+	case "restart":
+		if err := t.script(ctx, "start"); err != nil {
+			return err
+		}
+		t.killed = nil
+		return nil
+	case "snapshot":
+		resp, err := adminCall(ctx, t, func(a wardenv1connect.AdminServiceClient) (*connect.Response[wardenv1.SnapshotResponse], error) {
+			return a.Snapshot(ctx, connect.NewRequest(&wardenv1.SnapshotRequest{}))
+		})
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, s := range resp.GetSnapshots() {
+			if s.GetError() != "" && !slices.Contains(t.killed, int(s.GetNodeId())) {
+				errs = append(errs, fmt.Errorf("shard %d node %d: %s", s.GetShardId(), s.GetNodeId(), s.GetError()))
+			}
+		}
+		return errors.Join(errs...)
+	case "transfer-leader":
+		shards, err := t.shards(ctx)
+		if err != nil {
+			return err
+		}
+		for _, s := range shards {
+			to := uint64(0)
+			for _, r := range s.GetReplicas() {
+				if r.GetNodeId() != s.GetLeaderNodeId() && !slices.Contains(t.killed, int(r.GetNodeId())) {
+					to = r.GetNodeId()
+					break
+				}
+			}
+			if to == 0 {
+				return fmt.Errorf("transfer-leader: shard %d has no other live replica", s.GetId())
+			}
+			if _, err := adminCall(ctx, t, func(a wardenv1connect.AdminServiceClient) (*connect.Response[wardenv1.TransferLeaderResponse], error) {
+				return a.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: s.GetId(), NodeId: to}))
+			}); err != nil {
+				return fmt.Errorf("transfer-leader shard %d to node %d: %w", s.GetId(), to, err)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("fault: unknown kind %q (kill, kill-leader, restart, snapshot, transfer-leader)", kind)
+}
+
+// shards lists the active data shards, the first shard first.
+func (t *Target) shards(ctx context.Context) ([]*wardenv1.ShardInfo, error) {
+	resp, err := adminCall(ctx, t, func(a wardenv1connect.AdminServiceClient) (*connect.Response[wardenv1.ListShardsResponse], error) {
+		return a.ListShards(ctx, connect.NewRequest(&wardenv1.ListShardsRequest{}))
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []*wardenv1.ShardInfo
+	for _, s := range resp.GetShards() {
+		if s.GetState() == "active" {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no active shard")
+	}
+	return out, nil
+}
+
+// adminCall runs f against each live node in turn until one answers.
+func adminCall[R any](ctx context.Context, t *Target, f func(wardenv1connect.AdminServiceClient) (*connect.Response[R], error)) (*R, error) {
+	var errs []error
+	for i, a := range t.admins {
+		if slices.Contains(t.killed, i+1) {
+			continue
+		}
+		r, err := f(a)
+		if err == nil {
+			return r.Msg, nil
+		}
+		errs = append(errs, fmt.Errorf("node %d: %w", i+1, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// script runs the cluster script with args.
+func (t *Target) script(ctx context.Context, args ...string) error {
+	if t.cfg.ClusterScript == "" {
+		return errors.New("no cluster script configured (--cluster-script)")
+	}
+	cmd := exec.CommandContext(ctx, t.cfg.ClusterScript, args...)
+	cmd.Env = append(os.Environ(), t.cfg.ClusterEnv...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %v: %w: %s", t.cfg.ClusterScript, args, err, out)
+	}
+	return nil
+}

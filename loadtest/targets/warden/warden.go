@@ -1,0 +1,280 @@
+// Package warden is the load harness's adapter for Warden itself: the
+// LockService, QuotaService and AdminService over Connect, and fault
+// injection on a deploy/local cluster.
+package warden
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/warden-dev/warden/loadtest/harness"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+)
+
+// Config configures the target.
+type Config struct {
+	// Endpoints are the nodes' base URLs; requests are spread over them
+	// (a node that does not lead the shard forwards to the one that does).
+	Endpoints []string
+	// ConnsPerEndpoint is how many HTTP/2 connections each endpoint gets
+	// (default 4): one connection carries at most the server's stream
+	// limit of concurrent requests.
+	ConnsPerEndpoint int
+	// ClusterScript is deploy/local/cluster.sh, for the kill and restart
+	// faults; ClusterEnv its environment (WARDEN_CLUSTER_DIR, ports).
+	ClusterScript string
+	ClusterEnv    []string
+}
+
+// Target drives a Warden cluster. Like a smart client, it sends each
+// request to the node that leads the key's shard, by a placement map it
+// refreshes every second (ListShards, ListNodes); a stale map costs one
+// forward by the node it reached.
+type Target struct {
+	cfg    Config
+	conns  []conn
+	admins []wardenv1connect.AdminServiceClient
+	killed []int // nodes killed by faults, for restart
+	routes atomic.Pointer[[]route]
+	stop   chan struct{}
+}
+
+// route sends the keys whose hash lies in [start, end) (end 0: 2^64) to
+// endpoint.
+type route struct {
+	start, end uint64
+	endpoint   int
+}
+
+type conn struct {
+	endpoint int
+	lock     wardenv1connect.LockServiceClient
+	quota    wardenv1connect.QuotaServiceClient
+}
+
+// New returns a target for the cluster at cfg.Endpoints.
+func New(cfg Config) (*Target, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, errors.New("warden target: no endpoints")
+	}
+	if cfg.ConnsPerEndpoint <= 0 {
+		cfg.ConnsPerEndpoint = 4
+	}
+	t := &Target{cfg: cfg, stop: make(chan struct{})}
+	for i, e := range cfg.Endpoints {
+		for range cfg.ConnsPerEndpoint {
+			tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 16}
+			tr.Protocols.SetUnencryptedHTTP2(true)
+			hc := &http.Client{Transport: tr}
+			t.conns = append(t.conns, conn{
+				endpoint: i,
+				lock:     wardenv1connect.NewLockServiceClient(hc, e),
+				quota:    wardenv1connect.NewQuotaServiceClient(hc, e),
+			})
+		}
+		t.admins = append(t.admins, wardenv1connect.NewAdminServiceClient(http.DefaultClient, e))
+	}
+	go t.refreshRoutes()
+	return t, nil
+}
+
+// refreshRoutes reloads the routes every second until Close.
+func (t *Target) refreshRoutes() {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if rs, err := t.loadRoutes(ctx); err == nil {
+			t.routes.Store(&rs)
+		}
+		cancel()
+		select {
+		case <-t.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (t *Target) loadRoutes(ctx context.Context) ([]route, error) {
+	nodes, err := adminCall(ctx, t, func(a wardenv1connect.AdminServiceClient) (*connect.Response[wardenv1.ListNodesResponse], error) {
+		return a.ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+	})
+	if err != nil {
+		return nil, err
+	}
+	endpointOf := map[uint64]int{}
+	for _, n := range nodes.GetNodes() {
+		for i, e := range t.cfg.Endpoints {
+			if strings.TrimPrefix(strings.TrimPrefix(e, "http://"), "https://") == n.GetListenAddr() {
+				endpointOf[n.GetId()] = i
+			}
+		}
+	}
+	shards, err := t.shards(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var rs []route
+	for _, s := range shards {
+		if e, ok := endpointOf[s.GetLeaderNodeId()]; ok {
+			rs = append(rs, route{s.GetRangeStart(), s.GetRangeEnd(), e})
+		}
+	}
+	return rs, nil
+}
+
+// first picks the connection for a request on key: one to the node that
+// leads key's shard, or any when the map does not say.
+func (t *Target) first(key string) conn {
+	if rs := t.routes.Load(); rs != nil {
+		h := xxhash.Sum64String(key) // as shard.KeyHash places keys
+		for _, r := range *rs {
+			if h >= r.start && (r.end == 0 || h < r.end) {
+				per := t.cfg.ConnsPerEndpoint
+				return t.conns[r.endpoint*per+rand.IntN(per)]
+			}
+		}
+	}
+	return t.conns[rand.IntN(len(t.conns))]
+}
+
+// Name implements harness.Target.
+func (t *Target) Name() string { return "warden" }
+
+// Costs implements harness.Target: every operation is one replicated
+// command (Dragonboat may batch several into one Raft entry and fsync).
+func (t *Target) Costs() harness.Costs {
+	return harness.Costs{Acquire: 1, Renew: 1, Release: 1,
+		Note: "every acquire, renewal and release is one command committed by a Raft quorum and fsynced; per-lock leases with fencing tokens"}
+}
+
+// Close implements harness.Target.
+func (t *Target) Close() error {
+	close(t.stop)
+	return nil
+}
+
+// codeErr reports a Connect error by its code name ("unavailable").
+type codeErr struct{ err error }
+
+func (e codeErr) Error() string { return e.err.Error() }
+func (e codeErr) Unwrap() error { return e.err }
+func (e codeErr) Code() string {
+	if errors.Is(e.err, context.DeadlineExceeded) {
+		return "deadline_exceeded"
+	}
+	return strings.ReplaceAll(connect.CodeOf(e.err).String(), " ", "_")
+}
+
+// call runs f on the connection for key, moving to another endpoint
+// while the answer is unavailable, until ctx ends. f must be safe to
+// repeat.
+func (t *Target) call(ctx context.Context, key string, f func(conn) error) error {
+	c := t.first(key)
+	for {
+		err := f(c)
+		if connect.CodeOf(err) != connect.CodeUnavailable {
+			return err
+		}
+		next := t.conns[rand.IntN(len(t.conns))]
+		if len(t.cfg.Endpoints) > 1 {
+			for next.endpoint == c.endpoint {
+				next = t.conns[rand.IntN(len(t.conns))]
+			}
+		}
+		c = next
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last answer: %v)", ctx.Err(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func requestID() string {
+	b := make([]byte, 12)
+	crand.Read(b) // never fails (Go 1.24+)
+	return hex.EncodeToString(b)
+}
+
+// lease is the harness.Lease handle.
+type lease struct{ id string }
+
+// Acquire implements harness.Target. Retries keep the request id, so an
+// acquire whose answer was lost returns the same lease.
+func (t *Target) Acquire(ctx context.Context, resource string, ttl, wait time.Duration) (harness.Lease, error) {
+	req := &wardenv1.AcquireRequest{Resource: resource, RequestId: requestID(), LeaseTtl: durationpb.New(ttl), Holder: "loadtest"}
+	first := time.Now()
+	var resp *wardenv1.AcquireResponse
+	err := t.call(ctx, resource, func(c conn) error {
+		if wait > 0 {
+			left := wait - time.Since(first)
+			if left <= 0 {
+				return harness.ErrHeld
+			}
+			req.WaitTimeout = durationpb.New(left)
+		}
+		r, err := c.lock.Acquire(ctx, connect.NewRequest(req))
+		if err == nil {
+			resp = r.Msg
+		}
+		return err
+	})
+	switch {
+	case err == nil:
+		return harness.Lease{Resource: resource, Token: resp.GetFencingToken(), TTL: resp.GetLeaseTtl().AsDuration(), Handle: lease{resp.GetLeaseId()}}, nil
+	case errors.Is(err, harness.ErrHeld), connect.CodeOf(err) == connect.CodeAborted:
+		return harness.Lease{}, harness.ErrHeld
+	case wait > 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded && ctx.Err() == nil:
+		return harness.Lease{}, harness.ErrHeld // the wait ran out
+	}
+	return harness.Lease{}, codeErr{err}
+}
+
+// Renew implements harness.Target.
+func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
+	err := t.call(ctx, l.Resource, func(c conn) error {
+		_, err := c.lock.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: l.Resource, LeaseId: l.Handle.(lease).id}))
+		return err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case connect.CodeOf(err) == connect.CodeFailedPrecondition:
+		return harness.ErrLost
+	}
+	return codeErr{err}
+}
+
+// Release implements harness.Target: released=false is ErrLost.
+func (t *Target) Release(ctx context.Context, l harness.Lease) error {
+	var released bool
+	err := t.call(ctx, l.Resource, func(c conn) error {
+		r, err := c.lock.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: l.Resource, LeaseId: l.Handle.(lease).id}))
+		if err == nil {
+			released = r.Msg.GetReleased()
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return codeErr{err}
+	case !released:
+		return harness.ErrLost
+	}
+	return nil
+}
