@@ -260,10 +260,14 @@ func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
 	return codeErr{err}
 }
 
-// Release implements harness.Target: released=false is ErrLost.
+// Release implements harness.Target: released=false is ErrLost, unless
+// an earlier attempt's outcome is unknown (it may have released the lease
+// itself, so the retry finds nothing to release).
 func (t *Target) Release(ctx context.Context, l harness.Lease) error {
 	var released bool
+	attempts := 0
 	err := t.call(ctx, l.Resource, func(c conn) error {
+		attempts++
 		r, err := c.lock.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: l.Resource, LeaseId: l.Handle.(lease).id}))
 		if err == nil {
 			released = r.Msg.GetReleased()
@@ -273,7 +277,7 @@ func (t *Target) Release(ctx context.Context, l harness.Lease) error {
 	switch {
 	case err != nil:
 		return codeErr{err}
-	case !released:
+	case !released && attempts == 1:
 		return harness.ErrLost
 	}
 	return nil
