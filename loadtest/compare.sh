@@ -3,7 +3,7 @@
 # concurrency.Mutex) and ZooKeeper (the ephemeral-sequential lock recipe),
 # each a three-member cluster on loopback with fsync on, one after the
 # other on this machine, each driven by the same find-max run of the
-# reference profile: the scale steps up from LOADTEST_FROM (0.25) by √2
+# reference profile: the scale steps up from LOADTEST_FROM (0.125) by √2
 # every LOADTEST_STEP (20s) until p99 acquire passes 200 ms or errors pass
 # 0.1 %. Writes <target>-report.{json,md} and -chart.png per target and
 # compare.md (ratios against Warden) to $LOADTEST_OUT (loadtest/out).
@@ -11,7 +11,7 @@
 # stops every cluster it started.
 #
 # Environment: LOADTEST_TARGETS ("warden etcd etcd-mutex zk"), LOADTEST_FROM,
-# LOADTEST_STEP, LOADTEST_STEPS (8), LOADTEST_OUT.
+# LOADTEST_STEP, LOADTEST_STEPS (10), LOADTEST_OUT.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -36,7 +36,7 @@ trap cleanup EXIT
 run() { # target script endpoints
 	local target=$1 script=$2 endpoints=$3
 	timeout 30m ./bin/warden-load run --target "$target" --endpoints "$endpoints" --profile reference \
-		--find-max --scale "${LOADTEST_FROM:-0.25}" --step-factor 1.41421356 --max-steps "${LOADTEST_STEPS:-8}" \
+		--find-max --scale "${LOADTEST_FROM:-0.125}" --step-factor 1.41421356 --max-steps "${LOADTEST_STEPS:-10}" \
 		--duration "${LOADTEST_STEP:-20s}" --cluster-script "$script" --out "$out" --prefix "$target-"
 }
 

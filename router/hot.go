@@ -2,6 +2,7 @@ package router
 
 import (
 	"cmp"
+	"container/heap"
 	"slices"
 	"sync"
 	"time"
@@ -21,15 +22,72 @@ type rateTracker struct {
 	mu struct {
 		sync.Mutex
 		start time.Time // of the current window
-		cur   map[string]uint64
-		prev  map[string]uint64
+		cur   *spaceSaving
+		prev  *spaceSaving
 	}
+}
+
+// spaceSaving is one window's counts: a map from resource to its entry,
+// and the entries in a min-heap by count, so the least counted is found
+// in O(1) and replaced in O(log capacity).
+type spaceSaving struct {
+	byResource map[string]*hotEntry
+	heap       hotHeap
+}
+
+type hotEntry struct {
+	resource string
+	count    uint64
+	index    int // in the heap
+}
+
+type hotHeap []*hotEntry
+
+func (h hotHeap) Len() int           { return len(h) }
+func (h hotHeap) Less(i, j int) bool { return h[i].count < h[j].count }
+func (h hotHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *hotHeap) Push(x any) {
+	e := x.(*hotEntry)
+	e.index = len(*h)
+	*h = append(*h, e)
+}
+func (h *hotHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+func newSpaceSaving() *spaceSaving { return &spaceSaving{byResource: map[string]*hotEntry{}} }
+
+func (s *spaceSaving) add(resource string, capacity int) {
+	if e, ok := s.byResource[resource]; ok {
+		e.count++
+		heap.Fix(&s.heap, e.index)
+		return
+	}
+	if len(s.heap) < capacity {
+		e := &hotEntry{resource: resource, count: 1}
+		heap.Push(&s.heap, e)
+		s.byResource[resource] = e
+		return
+	}
+	// The least counted gives its place, and its count, to the newcomer.
+	e := s.heap[0]
+	delete(s.byResource, e.resource)
+	e.resource = resource
+	e.count++
+	s.byResource[resource] = e
+	heap.Fix(&s.heap, 0)
 }
 
 func newRateTracker(capacity int, window time.Duration) *rateTracker {
 	t := &rateTracker{capacity: capacity, window: window}
 	t.mu.start = time.Now()
-	t.mu.cur, t.mu.prev = map[string]uint64{}, map[string]uint64{}
+	t.mu.cur, t.mu.prev = newSpaceSaving(), newSpaceSaving()
 	return t
 }
 
@@ -37,9 +95,9 @@ func newRateTracker(capacity int, window time.Duration) *rateTracker {
 func (t *rateTracker) rollLocked(now time.Time) {
 	switch {
 	case now.Sub(t.mu.start) >= 2*t.window:
-		t.mu.prev, t.mu.cur, t.mu.start = map[string]uint64{}, map[string]uint64{}, now
+		t.mu.prev, t.mu.cur, t.mu.start = newSpaceSaving(), newSpaceSaving(), now
 	case now.Sub(t.mu.start) >= t.window:
-		t.mu.prev, t.mu.cur, t.mu.start = t.mu.cur, map[string]uint64{}, t.mu.start.Add(t.window)
+		t.mu.prev, t.mu.cur, t.mu.start = t.mu.cur, newSpaceSaving(), t.mu.start.Add(t.window)
 	}
 }
 
@@ -48,17 +106,7 @@ func (t *rateTracker) add(resource string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.rollLocked(time.Now())
-	if _, ok := t.mu.cur[resource]; !ok && len(t.mu.cur) >= t.capacity {
-		minRes, minN := "", uint64(0)
-		for r, n := range t.mu.cur {
-			if minRes == "" || n < minN {
-				minRes, minN = r, n
-			}
-		}
-		delete(t.mu.cur, minRes)
-		t.mu.cur[resource] = minN
-	}
-	t.mu.cur[resource]++
+	t.mu.cur.add(resource, t.capacity)
 }
 
 type resourceRate struct {
@@ -74,11 +122,10 @@ func (t *rateTracker) top(n int) []resourceRate {
 	t.rollLocked(now)
 	span := (t.window + now.Sub(t.mu.start)).Seconds()
 	counts := map[string]uint64{}
-	for r, c := range t.mu.prev {
-		counts[r] += c
-	}
-	for r, c := range t.mu.cur {
-		counts[r] += c
+	for _, w := range []*spaceSaving{t.mu.prev, t.mu.cur} {
+		for r, e := range w.byResource {
+			counts[r] += e.count
+		}
 	}
 	out := make([]resourceRate, 0, len(counts))
 	for r, c := range counts {

@@ -27,7 +27,7 @@ var (
 // WriteChart draws the report as a PNG of 1,200 × 800 points: above, p50
 // and p99 latency per second of the main operations on a log scale; below,
 // acknowledged state changes per second. Dashed verticals mark the start
-// of the steady phase and each fault.
+// of the steady phase, each find-max step and each fault.
 func WriteChart(w io.Writer, rep *Report) error {
 	lat := plot.New()
 	lat.Title.Text = fmt.Sprintf("%s, %s profile ×%g: latency per second", rep.Target, rep.Profile.Name, rep.Profile.Scale)
@@ -36,7 +36,7 @@ func WriteChart(w io.Writer, rep *Report) error {
 	lat.Y.Scale = plot.LogScale{}
 	lat.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	lat.Legend.Top = true
-	ymax := 1.0
+	ymin, ymax := math.Inf(1), 1.0
 	ci := 0
 	for _, op := range []string{OpAcquire, OpAcquireContended, OpRenew, OpRelease, OpReserve} {
 		pts := rep.Series[op]
@@ -51,7 +51,7 @@ func WriteChart(w io.Writer, rep *Report) error {
 					v = p.P50MS
 				}
 				v = math.Max(v, 0.01)
-				ymax = math.Max(ymax, v)
+				ymin, ymax = math.Min(ymin, v), math.Max(ymax, v)
 				xy[i] = plotter.XY{X: float64(p.Second), Y: v}
 			}
 			l, err := plotter.NewLine(xy)
@@ -93,13 +93,19 @@ func WriteChart(w io.Writer, rep *Report) error {
 	l.Color = chartColors[0]
 	tput.Add(l)
 
+	if math.IsInf(ymin, 1) {
+		ymin = 0.01
+	}
 	marks := []FaultEvent{{Kind: "steady", AtS: rep.SteadyFromS}}
+	for _, st := range rep.Steps[min(1, len(rep.Steps)):] {
+		marks = append(marks, FaultEvent{Kind: fmt.Sprintf("×%.2g", st.Scale), AtS: st.FromS})
+	}
 	marks = append(marks, rep.Faults...)
 	for _, m := range marks {
 		for _, pl := range []struct {
 			p      *plot.Plot
 			lo, hi float64
-		}{{lat, 0.01, ymax}, {tput, 0, tmax}} {
+		}{{lat, ymin, ymax}, {tput, 0, tmax}} {
 			v, err := plotter.NewLine(plotter.XYs{{X: m.AtS, Y: pl.lo}, {X: m.AtS, Y: pl.hi}})
 			if err != nil {
 				return err
