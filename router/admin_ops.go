@@ -119,7 +119,7 @@ func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv
 		ids = []uint64{id}
 	}
 	out := &wardenv1.SnapshotResponse{}
-	remote := map[string]bool{}
+	remote := map[string][]*wardenv1.ReplicaSnapshot{} // by node address: the replicas it would snapshot
 	m := s.r.Map()
 	for _, id := range ids {
 		for _, rep := range m.Shard(id).GetReplicas() {
@@ -127,14 +127,19 @@ func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv
 			if s.r.isLocal(rep.GetNodeId()) {
 				out.Snapshots = append(out.Snapshots, s.r.snapshotLocal(ctx, id, rep.GetNodeId()))
 			} else if req.Header().Get(forwardedHeader) == "" && node != nil {
-				remote[node.GetListenAddr()] = true
+				remote[node.GetListenAddr()] = append(remote[node.GetListenAddr()], &wardenv1.ReplicaSnapshot{ShardId: id, NodeId: rep.GetNodeId()})
 			}
 		}
 	}
-	for addr := range remote {
+	for addr, reps := range remote {
 		resp, err := s.r.peers.get(addr).admin.Snapshot(ctx, forwardedReq(req.Msg))
 		if err != nil {
-			out.Snapshots = append(out.Snapshots, &wardenv1.ReplicaSnapshot{Error: fmt.Sprintf("node %s: %v", addr, err)})
+			// Each replica the node hosts gets the error, so a caller can
+			// tell which were not snapshotted.
+			for _, rs := range reps {
+				rs.Error = fmt.Sprintf("node %s: %v", addr, err)
+			}
+			out.Snapshots = append(out.Snapshots, reps...)
 			continue
 		}
 		out.Snapshots = append(out.Snapshots, resp.Msg.GetSnapshots()...)

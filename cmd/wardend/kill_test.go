@@ -51,6 +51,29 @@ func TestClusterSurvivesKills(t *testing.T) {
 	}
 	c.checkLeases(leases)
 
+	// A forced snapshot and compaction with the node down: the live
+	// replicas compact, and each of the down node's replicas is reported
+	// by shard and node with the error.
+	snap, err := c.nodes[0].admin.Snapshot(context.Background(), connect.NewRequest(&wardenv1.SnapshotRequest{}))
+	if err != nil {
+		t.Fatalf("snapshot with node %d down: %v", victim+1, err)
+	}
+	down := 0
+	for _, s := range snap.Msg.GetSnapshots() {
+		switch {
+		case s.GetNodeId() == uint64(victim+1):
+			down++
+			if s.GetError() == "" || s.GetShardId() == 0 {
+				t.Errorf("the down node's replica: %v", s)
+			}
+		case s.GetShardId() == 0 || s.GetNodeId() == 0:
+			t.Errorf("a replica without ids: %v", s)
+		}
+	}
+	if down != 2 { // it hosts a replica of both shards
+		t.Fatalf("%d replicas of the down node reported: %v", down, snap.Msg.GetSnapshots())
+	}
+
 	// The restarted node catches up: it answers for what happened while
 	// it was down (its reads go to the leaders, so check its replicas too).
 	c.start(victim)
