@@ -41,6 +41,7 @@ type runCmd struct {
 	OpTimeout     time.Duration `help:"Bound on one operation with its retries." default:"10s"`
 	Out           string        `help:"Directory for the report files." default:"loadtest/out"`
 	Prefix        string        `help:"Prefix of the report file names (default: none for warden, the target's name and a dash otherwise)."`
+	Conns         int           `help:"Warden target: HTTP/2 connections to each node." default:"4"`
 	ClusterScript string        `help:"Script that kills and starts the target's nodes (deploy/local/cluster.sh, loadtest/peers/etcd.sh, loadtest/peers/zk.sh)."`
 }
 
@@ -119,7 +120,7 @@ func (c *runCmd) target() (harness.Target, error) {
 	case "zk":
 		return zk.New(ctx, zk.Config{Servers: c.Endpoints, Script: c.ClusterScript})
 	}
-	return warden.New(warden.Config{Endpoints: c.Endpoints, ClusterScript: c.ClusterScript})
+	return warden.New(warden.Config{Endpoints: c.Endpoints, ConnsPerEndpoint: c.Conns, ClusterScript: c.ClusterScript})
 }
 
 func (c *compareCmd) Run() error {
