@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -198,6 +199,30 @@ func TestParseFault(t *testing.T) {
 	for _, bad := range []string{"kill", "@3s", "kill@soon", "kill@-1s"} {
 		if _, err := ParseFault(bad); err == nil {
 			t.Errorf("%q parsed", bad)
+		}
+	}
+}
+
+func TestComparisonRatios(t *testing.T) {
+	w := &Report{Target: "warden", Profile: Reference(0.125), Steps: []Step{
+		{Scale: 0.5, AcquiresPerSec: 1000, CommitsPerSec: 3000, Passed: true},
+		{Scale: 1, AcquiresPerSec: 1100, P99AcquireMS: 900, Reason: "p99"},
+		{Scale: 1, AcquiresPerSec: 1900, CommitsPerSec: 5600, P99AcquireMS: 80, Passed: true}, // the retry passed
+		{Scale: 1.41, P99AcquireMS: 900},
+	}}
+	e := &Report{Target: "etcd", Profile: Reference(0.125), Steps: []Step{
+		{Scale: 0.5, AcquiresPerSec: 500, CommitsPerSec: 1400, Passed: true},
+		{Scale: 1, AcquiresPerSec: 700, P99AcquireMS: 320},
+	}}
+	if st, ok := w.AtScale(1); !ok || !st.Passed {
+		t.Fatalf("AtScale(1) = %+v, %v; want the passing retry", st, ok)
+	}
+	var b strings.Builder
+	WriteComparison(&b, []*Report{w, e})
+	out := b.String()
+	for _, want := range []string{"| etcd | 3.80× | 4.00× | 0.25× |", "| warden | 1.00 | 1900 | 5600 |"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("comparison lacks %q:\n%s", want, out)
 		}
 	}
 }

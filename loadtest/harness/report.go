@@ -120,14 +120,17 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 	fmt.Fprintf(w, "\n![latency and throughput over time](%s)\n", chart)
 }
 
-// AtScale returns the find-max step run at scale, if there was one.
+// AtScale returns the find-max step run at scale, if there was one: the
+// try that passed, or else the last try.
 func (r *Report) AtScale(scale float64) (Step, bool) {
+	var out Step
+	found := false
 	for _, st := range r.Steps {
-		if math.Abs(st.Scale-scale) < 0.01 {
-			return st, true
+		if math.Abs(st.Scale-scale) < 0.01 && !(found && out.Passed) {
+			out, found = st, true
 		}
 	}
-	return Step{}, false
+	return out, found
 }
 
 // best is the highest passing find-max step.
