@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -42,6 +43,7 @@ type runCmd struct {
 	Out           string        `help:"Directory for the report files." default:"loadtest/out"`
 	Prefix        string        `help:"Prefix of the report file names (default: none for warden, the target's name and a dash otherwise)."`
 	Conns         int           `help:"Warden target: HTTP/2 connections to each node." default:"4"`
+	CPUProfile    string        `name:"cpuprofile" placeholder:"FILE" help:"Write the load generator's own CPU profile (pprof) to FILE."`
 	ClusterScript string        `help:"Script that kills and starts the target's nodes (deploy/local/cluster.sh, loadtest/peers/etcd.sh, loadtest/peers/zk.sh)."`
 }
 
@@ -83,6 +85,17 @@ func (c *runCmd) Run() error {
 		return err
 	}
 	defer t.Close()
+	if c.CPUProfile != "" {
+		f, err := os.Create(c.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := harness.Run(ctx, t, cfg, log)
