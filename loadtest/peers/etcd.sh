@@ -38,46 +38,19 @@
 # is run and keeps a long load test under the 2 GiB backend quota.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-DIR=${LOADTEST_PEER_DIR:-$ROOT/data/peers/etcd}
+PEER_NAME=etcd
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CLIENT_BASE=${ETCD_CLIENT_BASE:-12379}
 PEER_BASE=${ETCD_PEER_BASE:-$((CLIENT_BASE + 1))}
-START_TIMEOUT=${PEER_START_TIMEOUT:-60}
-HOST=127.0.0.1
-MEMBERS=(1 2 3)
-
-die() { echo "etcd.sh: $*" >&2; exit 1; }
+LEADER_WAIT=10 # seconds find_leader waits (one may be mid-election)
 
 client_port() { echo $((CLIENT_BASE + 10 * ($1 - 1))); }
 peer_port() { echo $((PEER_BASE + 10 * ($1 - 1))); }
 client_url() { echo "http://$HOST:$(client_port "$1")"; }
-member_dir() { echo "$DIR/etcd$1"; }
-pid_file() { echo "$(member_dir "$1")/etcd.pid"; }
-log_file() { echo "$(member_dir "$1")/etcd.log"; }
-
-check_ports() {
-	local seen=" " p n
-	for n in "${MEMBERS[@]}"; do
-		for p in "$(client_port "$n")" "$(peer_port "$n")"; do
-			[[ $seen == *" $p "* ]] && die "port $p is used twice: choose ETCD_CLIENT_BASE and ETCD_PEER_BASE so that base+0/10/20 do not overlap"
-			seen+="$p "
-		done
-	done
-}
-
-# member_pid N prints the pid of member N when it is running (a live process
-# whose command line names this member's data dir), else nothing.
-member_pid() {
-	local f pid
-	f=$(pid_file "$1")
-	[[ -f $f ]] || return 0
-	pid=$(<"$f")
-	[[ $pid =~ ^[0-9]+$ ]] || return 0
-	if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$(member_dir "$1")/data"; then
-		echo "$pid"
-	fi
-}
+endpoint() { client_url "$1"; }
+# A running member's command line names its data dir.
+member_marker() { echo "$(member_dir "$1")/data"; }
 
 # (curl's output is captured first: with pipefail, grep -q closing the pipe
 # early would fail the pipeline.)
@@ -92,27 +65,13 @@ is_leader() {
 	grep -qE '^etcd_server_is_leader 1' <<<"$out"
 }
 
-stop_system_service() {
-	# The Debian package may start its own etcd on the default ports; this
-	# harness runs its own members, so keep the system one stopped and disabled.
-	if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
-		systemctl disable --now etcd >/dev/null 2>&1 || true
-	fi
-	if [[ -x /etc/init.d/etcd ]]; then
-		/etc/init.d/etcd stop >/dev/null 2>&1 || true
-		command -v update-rc.d >/dev/null 2>&1 && update-rc.d etcd disable >/dev/null 2>&1 || true
-	fi
-}
-
 install() {
 	command -v etcd >/dev/null 2>&1 && return 0
 	echo "etcd.sh: etcd not found; installing etcd-server with apt-get" >&2
-	export DEBIAN_FRONTEND=noninteractive
-	if ! apt-get install -y etcd-server >&2; then
-		apt-get update >&2
-		apt-get install -y etcd-server >&2
-	fi
-	stop_system_service
+	apt_install etcd-server
+	# The Debian package may start its own etcd on the default ports; this
+	# harness runs its own members, so keep the system one stopped and disabled.
+	stop_system_service etcd
 	command -v etcd >/dev/null 2>&1 || die "etcd still missing after apt-get install etcd-server"
 }
 
@@ -145,14 +104,6 @@ start_member() {
 	echo $! >"$(pid_file "$n")"
 }
 
-log_tails() {
-	local n
-	for n in "${MEMBERS[@]}"; do
-		echo "---- etcd$n log tail ($(log_file "$n")) ----" >&2
-		tail -n 20 "$(log_file "$n")" >&2 2>/dev/null || true
-	done
-}
-
 wait_healthy() {
 	local deadline=$((SECONDS + START_TIMEOUT)) n ok
 	while ((SECONDS < deadline)); do
@@ -170,48 +121,12 @@ wait_healthy() {
 }
 
 start() {
-	check_ports
+	check_ports "ETCD_CLIENT_BASE and ETCD_PEER_BASE" client_port peer_port
 	install
-	mkdir -p "$DIR"
-	local n started=0
-	for n in "${MEMBERS[@]}"; do
-		if [[ -z $(member_pid "$n") ]]; then
-			start_member "$n"
-			started=1
-		fi
-	done
-	# A member that dies at once (port in use, bad flag) shows up here.
-	sleep 0.3
-	for n in "${MEMBERS[@]}"; do
-		if [[ -z $(member_pid "$n") ]]; then
-			echo "etcd.sh: etcd$n exited right after start" >&2
-			log_tails
-			exit 1
-		fi
-	done
+	start_missing 0.3
 	wait_healthy || exit 1
-	((started)) || echo "etcd.sh: all members were already running" >&2
+	((STARTED)) || echo "etcd.sh: all members were already running" >&2
 	endpoints
-}
-
-stop_member() {
-	local n=$1 sig=${2:-TERM} pid i
-	pid=$(member_pid "$n")
-	if [[ -n $pid ]]; then
-		kill "-$sig" "$pid" 2>/dev/null || true
-		for ((i = 0; i < 100; i++)); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
-		if kill -0 "$pid" 2>/dev/null; then
-			kill -KILL "$pid" 2>/dev/null || true
-			for ((i = 0; i < 50; i++)); do
-				kill -0 "$pid" 2>/dev/null || break
-				sleep 0.1
-			done
-		fi
-	fi
-	rm -f "$(pid_file "$n")"
 }
 
 # stop terminates the followers first, then the leader: a leader that gets
@@ -226,31 +141,6 @@ stop() {
 	done
 	wait
 	[[ $l == 0 ]] || stop_member "$l" TERM
-}
-
-leader() {
-	local n
-	for n in "${MEMBERS[@]}"; do
-		[[ -n $(member_pid "$n") ]] || continue
-		if is_leader "$n"; then
-			echo "$n"
-			return 0
-		fi
-	done
-	return 1
-}
-
-# find_leader waits up to 10 s for a leader (one may be mid-election).
-find_leader() {
-	local deadline=$((SECONDS + 10)) l
-	while ((SECONDS < deadline)); do
-		if l=$(leader); then
-			echo "$l"
-			return 0
-		fi
-		sleep 0.2
-	done
-	die "no leader found"
 }
 
 status() {
@@ -274,49 +164,4 @@ status() {
 	return $rc
 }
 
-endpoints() {
-	local n out=""
-	for n in "${MEMBERS[@]}"; do
-		out+="${out:+,}$(client_url "$n")"
-	done
-	echo "$out"
-}
-
-case "${1:-}" in
-start) start ;;
-stop) stop ;;
-status) status ;;
-kill)
-	[[ ${2:-} =~ ^[1-3]$ ]] || die "usage: etcd.sh kill N (N in 1..3)"
-	[[ -n $(member_pid "$2") ]] || die "etcd$2 is not running"
-	stop_member "$2" KILL
-	echo "$2"
-	;;
-killleader)
-	l=$(find_leader)
-	stop_member "$l" KILL
-	echo "$l"
-	;;
-killfollower)
-	l=$(find_leader)
-	for n in "${MEMBERS[@]}"; do
-		if [[ $n != "$l" && -n $(member_pid "$n") ]]; then
-			stop_member "$n" KILL
-			echo "$n"
-			exit 0
-		fi
-	done
-	die "no running follower"
-	;;
-leader) leader || die "no leader" ;;
-endpoints) endpoints ;;
-install) install ;;
-clean)
-	stop
-	rm -rf "$DIR"
-	;;
-*)
-	echo "usage: $0 start|stop|status|kill N|killleader|killfollower|leader|endpoints|install|clean" >&2
-	exit 2
-	;;
-esac
+dispatch "$@"

@@ -46,9 +46,9 @@
 # disabled.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-DIR=${LOADTEST_PEER_DIR:-$ROOT/data/peers/zk}
+PEER_NAME=zk
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CLIENT_BASE=${ZK_CLIENT_BASE:-12181}
 QUORUM_BASE=${ZK_QUORUM_BASE:-$((CLIENT_BASE + 1))}
 ELECTION_BASE=${ZK_ELECTION_BASE:-$((CLIENT_BASE + 2))}
@@ -56,47 +56,20 @@ TICK_MS=${ZK_TICK_MS:-2000}
 MIN_SESSION_MS=${ZK_MIN_SESSION_MS:-$((2 * TICK_MS))}
 MAX_SESSION_MS=${ZK_MAX_SESSION_MS:-60000}
 HEAP=${ZK_HEAP:-512m}
-START_TIMEOUT=${PEER_START_TIMEOUT:-60}
-HOST=127.0.0.1
-MEMBERS=(1 2 3)
+LEADER_WAIT=15 # seconds find_leader waits (one may be mid-election)
 ZK_JAR=/usr/share/java/zookeeper.jar
 # zookeeper.jar's manifest Class-Path names its dependencies in
 # /usr/share/java; slf4j-simple (from libslf4j-java, a dependency of
 # libzookeeper-java) is the logging backend, writing to the server's log.
 LOG_JAR=/usr/share/java/slf4j-simple.jar
 
-die() { echo "zk.sh: $*" >&2; exit 1; }
-
 client_port() { echo $((CLIENT_BASE + 10 * ($1 - 1))); }
 quorum_port() { echo $((QUORUM_BASE + 10 * ($1 - 1))); }
 election_port() { echo $((ELECTION_BASE + 10 * ($1 - 1))); }
-member_dir() { echo "$DIR/zk$1"; }
-pid_file() { echo "$(member_dir "$1")/zk.pid"; }
-log_file() { echo "$(member_dir "$1")/zk.log"; }
 cfg_file() { echo "$(member_dir "$1")/zoo.cfg"; }
-
-check_ports() {
-	local seen=" " p n
-	for n in "${MEMBERS[@]}"; do
-		for p in "$(client_port "$n")" "$(quorum_port "$n")" "$(election_port "$n")"; do
-			[[ $seen == *" $p "* ]] && die "port $p is used twice: choose ZK_CLIENT_BASE/ZK_QUORUM_BASE/ZK_ELECTION_BASE so that base+0/10/20 do not overlap"
-			seen+="$p "
-		done
-	done
-}
-
-# member_pid N prints the pid of server N when it is running (a live process
-# whose command line names this server's config), else nothing.
-member_pid() {
-	local f pid
-	f=$(pid_file "$1")
-	[[ -f $f ]] || return 0
-	pid=$(<"$f")
-	[[ $pid =~ ^[0-9]+$ ]] || return 0
-	if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$(cfg_file "$1")"; then
-		echo "$pid"
-	fi
-}
+endpoint() { echo "$HOST:$(client_port "$1")"; }
+# A running server's command line names its config.
+member_marker() { cfg_file "$1"; }
 
 # fourletter N CMD sends a four-letter word to server N and prints the reply.
 fourletter() {
@@ -114,25 +87,17 @@ mode() {
 	esac
 }
 
+is_leader() { [[ $(mode "$1") == leader ]]; }
+
 installed() { [[ -f $ZK_JAR ]] && command -v java >/dev/null 2>&1; }
 
 install() {
 	installed && return 0
 	echo "zk.sh: ZooKeeper not found; installing zookeeper with apt-get" >&2
-	export DEBIAN_FRONTEND=noninteractive
-	if ! apt-get install -y zookeeper >&2; then
-		apt-get update >&2
-		apt-get install -y zookeeper >&2
-	fi
+	apt_install zookeeper
 	# The zookeeper package ships no service (zookeeperd does); if one is
 	# there and running on the default ports, keep it stopped and disabled.
-	if command -v systemctl >/dev/null 2>&1 && systemctl is-system-running >/dev/null 2>&1; then
-		systemctl disable --now zookeeper >/dev/null 2>&1 || true
-	fi
-	if [[ -x /etc/init.d/zookeeper ]]; then
-		/etc/init.d/zookeeper stop >/dev/null 2>&1 || true
-		command -v update-rc.d >/dev/null 2>&1 && update-rc.d zookeeper disable >/dev/null 2>&1 || true
-	fi
+	stop_system_service zookeeper
 	installed || die "ZooKeeper still missing after apt-get install zookeeper"
 }
 
@@ -173,14 +138,6 @@ start_member() {
 	echo $! >"$(pid_file "$n")"
 }
 
-log_tails() {
-	local n
-	for n in "${MEMBERS[@]}"; do
-		echo "---- zk$n log tail ($(log_file "$n")) ----" >&2
-		tail -n 20 "$(log_file "$n")" >&2 2>/dev/null || true
-	done
-}
-
 wait_serving() {
 	local deadline=$((SECONDS + START_TIMEOUT)) n ok leaders m
 	while ((SECONDS < deadline)); do
@@ -204,43 +161,11 @@ wait_serving() {
 }
 
 start() {
-	check_ports
+	check_ports "ZK_CLIENT_BASE/ZK_QUORUM_BASE/ZK_ELECTION_BASE" client_port quorum_port election_port
 	install
-	mkdir -p "$DIR"
-	local n
-	for n in "${MEMBERS[@]}"; do
-		[[ -n $(member_pid "$n") ]] || start_member "$n"
-	done
-	sleep 0.5
-	for n in "${MEMBERS[@]}"; do
-		if [[ -z $(member_pid "$n") ]]; then
-			echo "zk.sh: zk$n exited right after start" >&2
-			log_tails
-			exit 1
-		fi
-	done
+	start_missing 0.5
 	wait_serving || exit 1
 	endpoints
-}
-
-stop_member() {
-	local n=$1 sig=${2:-TERM} pid i
-	pid=$(member_pid "$n")
-	if [[ -n $pid ]]; then
-		kill "-$sig" "$pid" 2>/dev/null || true
-		for ((i = 0; i < 100; i++)); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
-		if kill -0 "$pid" 2>/dev/null; then
-			kill -KILL "$pid" 2>/dev/null || true
-			for ((i = 0; i < 50; i++)); do
-				kill -0 "$pid" 2>/dev/null || break
-				sleep 0.1
-			done
-		fi
-	fi
-	rm -f "$(pid_file "$n")"
 }
 
 stop() {
@@ -249,31 +174,6 @@ stop() {
 		stop_member "$n" TERM &
 	done
 	wait
-}
-
-leader() {
-	local n
-	for n in "${MEMBERS[@]}"; do
-		[[ -n $(member_pid "$n") ]] || continue
-		if [[ $(mode "$n") == leader ]]; then
-			echo "$n"
-			return 0
-		fi
-	done
-	return 1
-}
-
-# find_leader waits up to 15 s for a leader (one may be mid-election).
-find_leader() {
-	local deadline=$((SECONDS + 15)) l
-	while ((SECONDS < deadline)); do
-		if l=$(leader); then
-			echo "$l"
-			return 0
-		fi
-		sleep 0.2
-	done
-	die "no leader found"
 }
 
 status() {
@@ -291,54 +191,9 @@ status() {
 				rc=3
 			fi
 		fi
-		echo "zk$n pid=$pid addr=$HOST:$(client_port "$n") mode=$m"
+		echo "zk$n pid=$pid addr=$(endpoint "$n") mode=$m"
 	done
 	return $rc
 }
 
-endpoints() {
-	local n out=""
-	for n in "${MEMBERS[@]}"; do
-		out+="${out:+,}$HOST:$(client_port "$n")"
-	done
-	echo "$out"
-}
-
-case "${1:-}" in
-start) start ;;
-stop) stop ;;
-status) status ;;
-kill)
-	[[ ${2:-} =~ ^[1-3]$ ]] || die "usage: zk.sh kill N (N in 1..3)"
-	[[ -n $(member_pid "$2") ]] || die "zk$2 is not running"
-	stop_member "$2" KILL
-	echo "$2"
-	;;
-killleader)
-	l=$(find_leader)
-	stop_member "$l" KILL
-	echo "$l"
-	;;
-killfollower)
-	l=$(find_leader)
-	for n in "${MEMBERS[@]}"; do
-		if [[ $n != "$l" && -n $(member_pid "$n") ]]; then
-			stop_member "$n" KILL
-			echo "$n"
-			exit 0
-		fi
-	done
-	die "no running follower"
-	;;
-leader) leader || die "no leader" ;;
-endpoints) endpoints ;;
-install) install ;;
-clean)
-	stop
-	rm -rf "$DIR"
-	;;
-*)
-	echo "usage: $0 start|stop|status|kill N|killleader|killfollower|leader|endpoints|install|clean" >&2
-	exit 2
-	;;
-esac
+dispatch "$@"

@@ -19,8 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -483,15 +481,13 @@ func (t *Target) Fault(ctx context.Context, kind string) error {
 	}
 }
 
+// script runs the peer script (cfg.Script) with args and cfg.ScriptEnv.
 func (t *Target) script(ctx context.Context, args ...string) error {
 	if t.cfg.Script == "" {
 		return errors.New("etcd: no peer script configured for faults")
 	}
-	cmd := exec.CommandContext(ctx, "bash", append([]string{t.cfg.Script}, args...)...)
-	cmd.Env = append(os.Environ(), t.cfg.ScriptEnv...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("etcd: %s %s: %w: %s", t.cfg.Script, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	if err := harness.RunScript(ctx, t.cfg.Script, t.cfg.ScriptEnv, args...); err != nil {
+		return fmt.Errorf("etcd: %w", err)
 	}
 	return nil
 }

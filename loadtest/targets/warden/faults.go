@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -217,16 +215,10 @@ func adminCall[R any](ctx context.Context, t *Target, f func(wardenv1connect.Adm
 	return nil, errors.Join(errs...)
 }
 
-// script runs the cluster script with args.
+// script runs the cluster script (with bash) with args and ClusterEnv.
 func (t *Target) script(ctx context.Context, args ...string) error {
 	if t.cfg.ClusterScript == "" {
 		return errors.New("no cluster script configured (--cluster-script)")
 	}
-	cmd := exec.CommandContext(ctx, t.cfg.ClusterScript, args...)
-	cmd.Env = append(os.Environ(), t.cfg.ClusterEnv...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %v: %w: %s", t.cfg.ClusterScript, args, err, out)
-	}
-	return nil
+	return harness.RunScript(ctx, t.cfg.ClusterScript, t.cfg.ClusterEnv, args...)
 }

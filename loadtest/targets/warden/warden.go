@@ -33,8 +33,9 @@ type Config struct {
 	// (default 4): one connection carries at most the server's stream
 	// limit of concurrent requests.
 	ConnsPerEndpoint int
-	// ClusterScript is deploy/local/cluster.sh, for the kill and restart
-	// faults; ClusterEnv its environment (WARDEN_CLUSTER_DIR, ports).
+	// ClusterScript is deploy/local/cluster.sh (run with bash), for the
+	// kill and restart faults; ClusterEnv its environment
+	// (WARDEN_CLUSTER_DIR, ports).
 	ClusterScript string
 	ClusterEnv    []string
 }

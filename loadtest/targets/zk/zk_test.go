@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +17,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/warden-dev/warden/loadtest/harness"
+	"github.com/warden-dev/warden/loadtest/targettest"
 )
 
 // ensemble is a three-server ZooKeeper ensemble started by peers/zk.sh.
@@ -26,33 +25,6 @@ type ensemble struct {
 	script  string
 	env     []string
 	servers []string
-}
-
-// freeBase finds a base port b such that b+off is free on 127.0.0.1 for
-// every off in offsets.
-func freeBase(t *testing.T, offsets []int) int {
-	t.Helper()
-	for try := 0; try < 100; try++ {
-		b := 20000 + rand.IntN(40000)
-		ok := true
-		var ls []net.Listener
-		for _, off := range offsets {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(b+off))
-			if err != nil {
-				ok = false
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return b
-		}
-	}
-	t.Fatal("no free port range found")
-	return 0
 }
 
 func zkInstalled() bool {
@@ -75,7 +47,7 @@ func startEnsemble(t *testing.T) *ensemble {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := freeBase(t, []int{0, 1, 2, 10, 11, 12, 20, 21, 22})
+	base := targettest.FreeBase(t, []int{0, 1, 2, 10, 11, 12, 20, 21, 22})
 	e := &ensemble{
 		script: script,
 		env: []string{
@@ -220,127 +192,18 @@ func expiry(t *testing.T, holder, other harness.Target, f *freezer) {
 	}
 }
 
-type result struct {
-	l   harness.Lease
-	err error
-}
-
-// contract checks the harness.Target behaviour every adapter must have.
+// contract checks targettest.Contract and then what is particular to
+// ZooKeeper: a waiter abandoned through its ctx leaves no node behind.
 func contract(t *testing.T, tg harness.Target, res string) {
+	targettest.Contract(t, tg, res)
 	ctx := context.Background()
 	const ttl = 10 * time.Second
-	acquire := func(res string, ttl, wait time.Duration) harness.Lease {
-		t.Helper()
-		l, err := tg.Acquire(ctx, res, ttl, wait)
-		if err != nil {
-			t.Fatalf("acquire %s: %v", res, err)
-		}
-		return l
+	l5, err := tg.Acquire(ctx, res, ttl, 0) // fails if the abandoned waiter's node is left
+	if err != nil {
+		t.Fatalf("acquire %s: %v", res, err)
 	}
-
-	l1 := acquire(res, ttl, 0)
-	if l1.TTL != ttl || l1.Resource != res {
-		t.Errorf("lease = %+v, want TTL %v on %s", l1, ttl, res)
-	}
-	if _, err := tg.Acquire(ctx, res, ttl, 0); !errors.Is(err, harness.ErrHeld) {
-		t.Fatalf("second acquire: err = %v, want ErrHeld", err)
-	}
-	if err := tg.Renew(ctx, l1); err != nil {
-		t.Fatalf("renew: %v", err)
-	}
-	if err := tg.Release(ctx, l1); err != nil {
-		t.Fatalf("release: %v", err)
-	}
-	if err := tg.Renew(ctx, l1); !errors.Is(err, harness.ErrLost) {
-		t.Fatalf("renew after release: err = %v, want ErrLost", err)
-	}
-	if err := tg.Release(ctx, l1); !errors.Is(err, harness.ErrLost) {
-		t.Fatalf("release after release: err = %v, want ErrLost", err)
-	}
-	l2 := acquire(res, ttl, 0)
-	if l2.Token <= l1.Token {
-		t.Fatalf("reacquire token %d <= %d", l2.Token, l1.Token)
-	}
-
-	// A waiting acquire is granted once the holder releases.
-	ch := make(chan result, 1)
-	go func() {
-		l, err := tg.Acquire(ctx, res, ttl, 10*time.Second)
-		ch <- result{l, err}
-	}()
-	select {
-	case r := <-ch:
-		t.Fatalf("waiting acquire returned while held: %+v, %v", r.l, r.err)
-	case <-time.After(500 * time.Millisecond):
-	}
-	if err := tg.Release(ctx, l2); err != nil {
-		t.Fatalf("release: %v", err)
-	}
-	var l3 harness.Lease
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			t.Fatalf("waiting acquire: %v", r.err)
-		}
-		l3 = r.l
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiting acquire not granted 10 s after release")
-	}
-	if l3.Token <= l2.Token {
-		t.Fatalf("waiter token %d <= %d", l3.Token, l2.Token)
-	}
-	if err := tg.Release(ctx, l3); err != nil {
-		t.Fatalf("release: %v", err)
-	}
-
-	// A wait that runs out gives ErrHeld.
-	l4 := acquire(res, ttl, 0)
-	start := time.Now()
-	if _, err := tg.Acquire(ctx, res, ttl, 700*time.Millisecond); !errors.Is(err, harness.ErrHeld) {
-		t.Fatalf("acquire with short wait: err = %v, want ErrHeld", err)
-	}
-	if d := time.Since(start); d < 600*time.Millisecond || d > 5*time.Second {
-		t.Errorf("short wait took %v", d)
-	}
-	// A caller whose ctx ends while it queues gets deadline_exceeded and
-	// leaves no node behind.
-	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err := tg.Acquire(cctx, res, ttl, 5*time.Second)
-	cancel()
-	var c harness.Coder
-	if !errors.As(err, &c) || c.Code() != "deadline_exceeded" {
-		t.Fatalf("acquire past ctx deadline: err = %v, want deadline_exceeded", err)
-	}
-	if err := tg.Release(ctx, l4); err != nil {
-		t.Fatalf("release: %v", err)
-	}
-	l5 := acquire(res, ttl, 0) // fails if the abandoned waiter's node is left
 	if err := tg.Release(ctx, l5); err != nil {
 		t.Fatalf("release: %v", err)
-	}
-}
-
-// acquireRetry retries an acquire that fails with a coded error (a
-// cluster that is electing a leader) or ErrHeld (an earlier try that ran
-// out of time may still have been granted; its lock is released in the
-// background) for up to 20 s, logging each failure.
-func acquireRetry(t *testing.T, tg harness.Target, res string) harness.Lease {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		l, err := tg.Acquire(ctx, res, 10*time.Second, 0)
-		cancel()
-		if err == nil {
-			return l
-		}
-		var c harness.Coder
-		retry := errors.As(err, &c) || errors.Is(err, harness.ErrHeld)
-		if !retry || time.Now().After(deadline) {
-			t.Fatalf("acquire %s: %v", res, err)
-		}
-		t.Logf("acquire %s: %v (retrying)", res, err)
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -357,7 +220,7 @@ func faults(t *testing.T, tg *Target, peers *ensemble) {
 			status, _ := peers.run("status")
 			t.Fatalf("fault %s: %v\nstatus:\n%s", kind, err, status)
 		}
-		l := acquireRetry(t, tg, "fault-res")
+		l := targettest.AcquireRetry(t, tg, "fault-res", 20*time.Second)
 		if l.Token <= last {
 			t.Fatalf("after %s: token %d <= %d", kind, l.Token, last)
 		}
