@@ -17,7 +17,8 @@ type Safety struct {
 	// greater than every token seen before on the resource.
 	TokenRegressions int64 `json:"token_regressions"`
 	// LostAcknowledgedLeases counts renewals and releases answered "not
-	// current" for a lease that was certainly current when they were sent.
+	// current" for a lease that was certainly current until after the
+	// answer arrived (so the service handled them while it was current).
 	LostAcknowledgedLeases int64 `json:"lost_acknowledged_leases"`
 	// Examples describes the first few violations.
 	Examples []string `json:"examples,omitempty"`
@@ -91,9 +92,12 @@ func (c *Checker) current(l Lease) *leaseView {
 	return nil
 }
 
-// Renewed records a renewal of l sent at sent: nil err extends what the
-// checker knows; ErrLost is a violation when l was certainly current.
-func (c *Checker) Renewed(l Lease, sent time.Time, err error) {
+// Renewed records a renewal of l sent at sent and answered at acked: nil
+// err extends what the checker knows; ErrLost is a violation when l was
+// certainly current until after acked. (A renewal sent in time but
+// handled after the lease ran out, as an overloaded service may, is
+// rightly answered lost.)
+func (c *Checker) Renewed(l Lease, sent, acked time.Time, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h := c.current(l)
@@ -105,10 +109,10 @@ func (c *Checker) Renewed(l Lease, sent time.Time, err error) {
 		if u := sent.Add(l.TTL); u.After(h.certainUntil) {
 			h.certainUntil = u
 		}
-	case ErrorCode(err) == "lost" && h.releasing.IsZero() && sent.Before(h.certainUntil):
+	case ErrorCode(err) == "lost" && h.releasing.IsZero() && acked.Before(h.certainUntil):
 		c.safety.LostAcknowledgedLeases++
-		c.violation("%s: renewal of token %d sent at %s answered lost; current until %s",
-			l.Resource, l.Token, sent.Format(time.StampMicro), h.certainUntil.Format(time.StampMicro))
+		c.violation("%s: renewal of token %d answered lost at %s; current until %s",
+			l.Resource, l.Token, acked.Format(time.StampMicro), h.certainUntil.Format(time.StampMicro))
 	}
 }
 
@@ -122,19 +126,19 @@ func (c *Checker) Releasing(l Lease, at time.Time) {
 	}
 }
 
-// Released records the answer to a release of l sent at sent. ErrLost for
-// a lease that was certainly current is a violation.
-func (c *Checker) Released(l Lease, sent time.Time, err error) {
+// Released records the answer, at acked, to a release of l. ErrLost for a
+// lease that was certainly current until after acked is a violation.
+func (c *Checker) Released(l Lease, acked time.Time, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h := c.current(l)
 	if h == nil || ErrorCode(err) != "lost" {
 		return
 	}
-	if sent.Before(h.certainUntil) {
+	if acked.Before(h.certainUntil) {
 		c.safety.LostAcknowledgedLeases++
-		c.violation("%s: release of token %d sent at %s answered lost; current until %s",
-			l.Resource, l.Token, sent.Format(time.StampMicro), h.certainUntil.Format(time.StampMicro))
+		c.violation("%s: release of token %d answered lost at %s; current until %s",
+			l.Resource, l.Token, acked.Format(time.StampMicro), h.certainUntil.Format(time.StampMicro))
 	}
 }
 

@@ -319,7 +319,7 @@ func (d *Driver) hold(p Profile, l Lease, i int) {
 				cancel()
 				done := time.Now()
 				d.rec.Record(OpRenew, next, done, err)
-				d.chk.Renewed(l, sent, err)
+				d.chk.Renewed(l, sent, done, err)
 				switch {
 				case errors.Is(err, ErrLost):
 					d.forget(h)
@@ -373,8 +373,9 @@ func (d *Driver) release(p Profile, h *heldLease, at time.Time) {
 	sent := time.Now()
 	d.chk.Releasing(h.lease, sent)
 	err := d.t.Release(ctx, h.lease)
-	d.rec.Record(OpRelease, at, time.Now(), err)
-	d.chk.Released(h.lease, sent, err)
+	done := time.Now()
+	d.rec.Record(OpRelease, at, done, err)
+	d.chk.Released(h.lease, done, err)
 	if err != nil && !errors.Is(err, ErrLost) {
 		d.unknown(h.index, p.LeaseTTL)
 	}
@@ -420,8 +421,9 @@ func (d *Driver) contend(p Profile, at time.Time) {
 		hl.releaseSent = rsent
 		hl.mu.Unlock()
 		err = d.t.Release(rctx, l)
-		d.rec.Record(OpRelease, rsent, time.Now(), err)
-		d.chk.Released(l, rsent, err)
+		rdone := time.Now()
+		d.rec.Record(OpRelease, rsent, rdone, err)
+		d.chk.Released(l, rdone, err)
 	}()
 }
 
