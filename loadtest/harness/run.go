@@ -1,13 +1,13 @@
 package harness
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -165,8 +165,11 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 	rep.RampS, rep.SteadyFromS = secs(steadyFrom), secs(steadyFrom)
 	log.Info("steady", "ramp_s", fmt.Sprintf("%.1f", rep.RampS), "held", d.Held())
 
-	var faults sync.WaitGroup
-	var mu sync.Mutex
+	// Faults run one after the other, in schedule order: one that takes
+	// long (a slow cluster answers its admin calls slowly) delays the next
+	// rather than overlapping it (a restart must follow its kill).
+	faultsDone := make(chan struct{})
+	stopFaults := func() {}
 	if len(cfg.Faults) > 0 {
 		f, ok := t.(Faulter)
 		if !ok {
@@ -174,12 +177,15 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 		}
 		fctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		for _, fs := range cfg.Faults {
-			faults.Add(1)
-			go func() {
-				defer faults.Done()
+		stopFaults = cancel
+		plan := slices.Clone(cfg.Faults)
+		slices.SortStableFunc(plan, func(a, b FaultSpec) int { return cmp.Compare(a.At, b.At) })
+		begin := time.Now()
+		go func() {
+			defer close(faultsDone)
+			for _, fs := range plan {
 				select {
-				case <-time.After(fs.At):
+				case <-time.After(time.Until(begin.Add(fs.At))):
 				case <-fctx.Done():
 					return
 				}
@@ -193,11 +199,11 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 					ev.Error = err.Error()
 					log.Warn("fault failed", "kind", fs.Kind, "err", err)
 				}
-				mu.Lock()
 				rep.Faults = append(rep.Faults, ev)
-				mu.Unlock()
-			}()
-		}
+			}
+		}()
+	} else {
+		close(faultsDone)
 	}
 
 	if !cfg.FindMax {
@@ -232,7 +238,8 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 		}
 	}
 	steadyTo := d.Elapsed()
-	faults.Wait()
+	stopFaults() // faults scheduled past the end do not run
+	<-faultsDone
 	whole := step(d, p, steadyFrom, steadyTo, cfg)
 	rep.DurationS = secs(steadyTo - steadyFrom)
 	rep.Ops = whole.Ops
@@ -247,7 +254,6 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 			rep.Series[op] = s
 		}
 	}
-	sort.Slice(rep.Faults, func(i, j int) bool { return rep.Faults[i].AtS < rep.Faults[j].AtS })
 	return rep, nil
 }
 

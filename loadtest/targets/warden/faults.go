@@ -102,13 +102,11 @@ func (t *Target) ReleaseReservation(ctx context.Context, r any) error {
 func (t *Target) Fault(ctx context.Context, kind string) error {
 	switch kind {
 	case "kill", "kill-leader":
-		shards, err := t.shards(ctx)
+		// The routes say which nodes lead, with no call to a cluster that
+		// may be too busy to answer quickly.
+		leaders, first, err := t.leaders(ctx)
 		if err != nil {
 			return err
-		}
-		leaders := map[uint64]bool{}
-		for _, s := range shards {
-			leaders[s.GetLeaderNodeId()] = true
 		}
 		victim := 0
 		for i := range t.cfg.Endpoints {
@@ -116,7 +114,7 @@ func (t *Target) Fault(ctx context.Context, kind string) error {
 			if slices.Contains(t.killed, n) {
 				continue
 			}
-			if kind == "kill" && !leaders[uint64(n)] || kind == "kill-leader" && uint64(n) == shards[0].GetLeaderNodeId() {
+			if kind == "kill" && !leaders[n] || kind == "kill-leader" && n == first {
 				victim = n
 				break
 			}
@@ -174,6 +172,28 @@ func (t *Target) Fault(ctx context.Context, kind string) error {
 		return nil
 	}
 	return fmt.Errorf("fault: unknown kind %q (kill, kill-leader, restart, snapshot, transfer-leader)", kind)
+}
+
+// leaders returns the nodes (1-based, as cluster.sh numbers them) that
+// lead a data shard, and the one that leads the first shard, from the
+// cached routes, or from ListShards before the first refresh.
+func (t *Target) leaders(ctx context.Context) (map[int]bool, int, error) {
+	rs := t.routes.Load()
+	if rs == nil || len(*rs) == 0 {
+		loaded, err := t.loadRoutes(ctx)
+		if err != nil {
+			return nil, 0, err
+		}
+		rs = &loaded
+	}
+	if len(*rs) == 0 {
+		return nil, 0, errors.New("no shard leader known")
+	}
+	leaders := map[int]bool{}
+	for _, r := range *rs {
+		leaders[r.endpoint+1] = true
+	}
+	return leaders, (*rs)[0].endpoint + 1, nil
 }
 
 // shards lists the active data shards, the first shard first.

@@ -182,10 +182,11 @@ func (e codeErr) Code() string {
 }
 
 // call runs f on the connection for key, moving to another endpoint
-// while the answer is unavailable, until ctx ends. f must be safe to
-// repeat.
+// with backoff while the answer is unavailable, until ctx ends. f must
+// be safe to repeat.
 func (t *Target) call(ctx context.Context, key string, f func(conn) error) error {
 	c := t.first(key)
+	backoff := 20 * time.Millisecond
 	for {
 		err := f(c)
 		if connect.CodeOf(err) != connect.CodeUnavailable {
@@ -198,11 +199,15 @@ func (t *Target) call(ctx context.Context, key string, f func(conn) error) error
 			}
 		}
 		c = next
+		// Full jitter under an exponential bound, as the SDK does: an
+		// overloaded cluster answers unavailable, and retrying at once
+		// would add to its load.
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last answer: %v)", ctx.Err(), err)
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(time.Duration(rand.Int64N(int64(backoff)) + 1)):
 		}
+		backoff = min(2*backoff, time.Second)
 	}
 }
 
