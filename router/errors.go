@@ -27,11 +27,6 @@ var (
 	// committed; a retry with the same request id finds out.
 	ErrOutcomeUnknown = errors.New("router: proposal outcome unknown")
 
-	// ErrOverloaded: the node has Config.MaxProposing proposals in flight
-	// and the request waited Config.ProposeQueueWait in line for a slot.
-	// It was not proposed; retry after a backoff, with the same ids.
-	ErrOverloaded = errors.New("router: too many proposals in flight on this node")
-
 	// errDropped marks a request that Dragonboat dropped before proposing
 	// it (shard not ready after a restart, system busy): the router retries
 	// it itself, as it cannot apply twice.
@@ -80,7 +75,7 @@ func outcome(err error) string {
 		return "timeout"
 	case errors.Is(err, ErrOutcomeUnknown):
 		return "unknown"
-	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrOverloaded):
+	case errors.Is(err, ErrNoLeader):
 		return "unavailable"
 	}
 	return "error"
@@ -110,7 +105,7 @@ func toConnect(err error) error {
 		return connect.NewError(connect.CodeCanceled, err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errWaitTimedOut):
 		return connect.NewError(connect.CodeDeadlineExceeded, err)
-	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrNoLeader), errors.Is(err, ErrOverloaded):
+	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrNoLeader):
 		return connect.NewError(connect.CodeUnavailable, err)
 	}
 	return connect.NewError(connect.CodeInternal, err)

@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -233,9 +234,10 @@ func TestLostReleaseResponse(t *testing.T) {
 	c.mustAcquire("r", "b", 0)
 }
 
-// Past MaxProposing, requests wait in line rather than fail.
+// Past MaxProposing, requests wait in line rather than fail, and one
+// whose deadline passes while it waits is never proposed.
 func TestProposalsPastTheBoundWaitInLine(t *testing.T) {
-	c := startCluster(t, router.DevConfig{Router: router.Config{MaxProposing: 1, ProposeQueueWait: 5 * time.Second}})
+	c := startCluster(t, router.DevConfig{Router: router.Config{MaxProposing: 1}})
 	var wg sync.WaitGroup
 	errs := make(chan error, 40)
 	for i := range 40 {
@@ -251,5 +253,44 @@ func TestProposalsPastTheBoundWaitInLine(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatalf("a request in line failed: %v", err)
+	}
+
+	// Without a quorum the one slot stays taken by a blocked proposal.
+	leader := c.leader()
+	for i := range c.dev.Nodes {
+		if i != leader {
+			c.stopReplica(i)
+		}
+	}
+	blocked := make(chan error, 1)
+	go func() {
+		bctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := c.acquireWait(bctx, "blocker", "b", time.Minute, 0)
+		blocked <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	lctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err := c.acquireWait(lctx, "late", "l", time.Minute, 0)
+	cancel()
+	if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+		t.Fatalf("late acquire behind a full line: %v, want deadline_exceeded", err)
+	}
+	<-blocked
+	for i := range c.dev.Nodes {
+		if i != leader {
+			c.startReplica(i)
+		}
+	}
+	// Once the shard commits again, "late" was never proposed; "blocker"
+	// may have been.
+	for range 100 {
+		if _, err := c.acquire("probe", "p", time.Minute); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if d := c.describe("late"); d.GetHeld() {
+		t.Fatalf("the late acquire was proposed after its deadline: %v", d)
 	}
 }

@@ -16,7 +16,6 @@ var metrics = struct {
 	activeLocks   *prometheus.GaugeVec
 	waiters       *prometheus.GaugeVec
 	moveRetries   prometheus.Counter
-	overloaded    prometheus.Counter
 	forwards      prometheus.Counter
 	splitFence    prometheus.Histogram
 	clockOffset   *prometheus.GaugeVec
@@ -36,10 +35,6 @@ var metrics = struct {
 		Name: "warden_clock_offset_seconds",
 		Help: "Another node's wall clock minus this node's, in seconds, as last measured (NTP-style, within half a round trip).",
 	}, []string{"peer"}),
-	overloaded: promauto.NewCounter(prometheus.CounterOpts{
-		Name: "warden_overloaded_total",
-		Help: "Requests answered Unavailable unproposed because the node had MaxProposing proposals in flight for longer than ProposeQueueWait.",
-	}),
 	moveRetries: promauto.NewCounter(prometheus.CounterOpts{
 		Name: "warden_move_retries_total",
 		Help: "Proposals retried because the key's range was moving or the router's placement map was stale.",

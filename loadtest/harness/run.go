@@ -191,7 +191,8 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 				}
 				at := d.Elapsed()
 				log.Info("fault", "kind", fs.Kind, "at_s", fmt.Sprintf("%.1f", secs(at)))
-				ictx, icancel := context.WithTimeout(fctx, time.Minute)
+				// A fault under way finishes even if the run ends meanwhile.
+				ictx, icancel := context.WithTimeout(ctx, time.Minute)
 				err := f.Fault(ictx, fs.Kind)
 				icancel()
 				ev := FaultEvent{Kind: fs.Kind, AtS: secs(at), TookS: secs(d.Elapsed() - at)}
@@ -238,7 +239,7 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 		}
 	}
 	steadyTo := d.Elapsed()
-	stopFaults() // faults scheduled past the end do not run
+	stopFaults() // faults scheduled past the end do not start
 	<-faultsDone
 	whole := step(d, p, steadyFrom, steadyTo, cfg)
 	rep.DurationS = secs(steadyTo - steadyFrom)
