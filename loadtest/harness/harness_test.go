@@ -227,3 +227,19 @@ func TestComparisonRatios(t *testing.T) {
 		}
 	}
 }
+
+func TestTargetCheck(t *testing.T) {
+	r := &Report{Profile: Reference(0.5), CommitsPerSec: 3100, Ops: map[string]OpSummary{OpAcquire: {P99MS: 150}}}
+	if got := r.TargetCheck(); !strings.Contains(got, ": met") {
+		t.Fatalf("%s", got)
+	}
+	r.Ops[OpAcquire] = OpSummary{P99MS: 250}
+	if got := r.TargetCheck(); !strings.Contains(got, "NOT met") {
+		t.Fatalf("p99 250 ms: %s", got)
+	}
+	r.Ops[OpAcquire] = OpSummary{P99MS: 150}
+	r.CommitsPerSec = 2900
+	if got := r.TargetCheck(); !strings.Contains(got, "NOT met") {
+		t.Fatalf("2,900 of 3,000 commits/s: %s", got)
+	}
+}

@@ -96,7 +96,11 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 		fmt.Fprintf(w, "- **Max sustained** (p99 acquire ≤ 200 ms, errors < 0.1 %%): **%.0f commits/s, %.0f acquires/s**\n", *rep.MaxCommitsPerSec, *rep.MaxAcquiresPerSec)
 	}
 	s := rep.Safety
-	fmt.Fprintf(w, "- Safety: %d double grants, %d token regressions, %d lost acknowledged leases\n\n", s.DoubleGrants, s.TokenRegressions, s.LostAcknowledgedLeases)
+	fmt.Fprintf(w, "- Safety: %d double grants, %d token regressions, %d lost acknowledged leases\n", s.DoubleGrants, s.TokenRegressions, s.LostAcknowledgedLeases)
+	if p.Name == "reference" && rep.Steps == nil {
+		fmt.Fprintf(w, "- %s\n", rep.TargetCheck())
+	}
+	fmt.Fprintln(w)
 	for _, e := range s.Examples {
 		fmt.Fprintf(w, "  - %s\n", e)
 	}
@@ -118,6 +122,20 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 		}
 	}
 	fmt.Fprintf(w, "\n![latency and throughput over time](%s)\n", chart)
+}
+
+// TargetCheck says whether a reference-profile run met DESIGN.md's
+// target: 6,000 × scale commits/s sustained, p99 uncontended acquire under
+// 200 ms, and no safety violation.
+func (r *Report) TargetCheck() string {
+	want := 6000 * r.Profile.Scale
+	p99 := r.Ops[OpAcquire].P99MS
+	n := r.Safety.DoubleGrants + r.Safety.TokenRegressions + r.Safety.LostAcknowledgedLeases
+	verdict := "met"
+	if r.CommitsPerSec < want || p99 >= 200 || n > 0 {
+		verdict = "NOT met"
+	}
+	return fmt.Sprintf("Target (≥ %.0f commits/s, p99 acquire < 200 ms, no violations): %s (%.0f commits/s, p99 %.1f ms, %d violations)", want, verdict, r.CommitsPerSec, p99, n)
 }
 
 // AtScale returns the find-max step run at scale, if there was one: the

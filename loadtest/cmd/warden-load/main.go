@@ -115,6 +115,8 @@ func (c *runCmd) Run() error {
 		s.DoubleGrants, s.TokenRegressions, s.LostAcknowledgedLeases, filepath.Join(c.Out, prefix+"report.md"))
 	if rep.MaxCommitsPerSec != nil {
 		fmt.Printf("max sustained: %.0f commits/s, %.0f acquires/s\n", *rep.MaxCommitsPerSec, *rep.MaxAcquiresPerSec)
+	} else if p.Name == "reference" {
+		fmt.Println(rep.TargetCheck())
 	}
 	if n := s.DoubleGrants + s.TokenRegressions + s.LostAcknowledgedLeases; n > 0 {
 		return fmt.Errorf("%d safety violations: %s", n, strings.Join(s.Examples, "; "))
