@@ -63,12 +63,7 @@ type hotLock struct {
 
 // errOverload is recorded when an arrival finds maxInFlight operations
 // outstanding: the harness cannot start it on time.
-var errOverload = codeError("overload")
-
-type codeError string
-
-func (e codeError) Error() string { return string(e) }
-func (e codeError) Code() string  { return string(e) }
+var errOverload = CodedError{Kind: "overload", Err: errors.New("too many operations in flight")}
 
 // DriverConfig configures a Driver.
 type DriverConfig struct {
@@ -266,7 +261,7 @@ func (d *Driver) acquire(p Profile, at time.Time) {
 		defer d.end()
 		i := d.pick(p.Resources)
 		if i < 0 {
-			d.rec.Record(OpAcquire, at, time.Now(), codeError("no_free_resource"))
+			d.rec.Record(OpAcquire, at, time.Now(), CodedError{Kind: "no_free_resource", Err: errors.New("no free resource found in 16 tries")})
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), d.opTimeout)

@@ -67,6 +67,21 @@ type Coder interface {
 	Code() string
 }
 
+// CodedError is an error reported under Kind, a short code such as
+// "unavailable" or "deadline_exceeded" (it implements Coder).
+type CodedError struct {
+	Kind string
+	Err  error
+}
+
+func (e CodedError) Error() string { return e.Kind + ": " + e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e CodedError) Unwrap() error { return e.Err }
+
+// Code implements Coder.
+func (e CodedError) Code() string { return e.Kind }
+
 // Faulter is implemented by targets that can inject faults into the real
 // processes behind them. Kinds: "kill" (SIGKILL one replica that is not
 // the leader), "kill-leader", "restart" (start what was killed),

@@ -524,7 +524,7 @@ func (t *Target) moveLeader(ctx context.Context) error {
 		}
 	}
 	if leaderEP == "" || len(others) == 0 {
-		return codedError{code: "unavailable", err: errors.New("etcd: transfer-leader: no leader or no other member reachable")}
+		return harness.CodedError{Kind: "unavailable", Err: errors.New("etcd: transfer-leader: no leader or no other member reachable")}
 	}
 	lc, err := clientv3.New(clientv3.Config{
 		Endpoints:   []string{leaderEP},
@@ -541,18 +541,6 @@ func (t *Target) moveLeader(ctx context.Context) error {
 	}
 	return nil
 }
-
-// codedError is an error with a harness.Coder code.
-type codedError struct {
-	code string
-	err  error
-}
-
-func (e codedError) Error() string { return e.code + ": " + e.err.Error() }
-func (e codedError) Unwrap() error { return e.err }
-
-// Code is the short report code ("unavailable", "deadline_exceeded", ...).
-func (e codedError) Code() string { return e.code }
 
 func isLeaseNotFound(err error) bool {
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -589,20 +577,20 @@ func classify(err error) error {
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		return codedError{"deadline_exceeded", err}
+		return harness.CodedError{Kind: "deadline_exceeded", Err: err}
 	case errors.Is(err, context.Canceled):
-		return codedError{"canceled", err}
+		return harness.CodedError{Kind: "canceled", Err: err}
 	case errors.Is(err, clientv3.ErrNoAvailableEndpoints):
-		return codedError{"unavailable", err}
+		return harness.CodedError{Kind: "unavailable", Err: err}
 	}
 	code := grpcCode(err)
 	switch code {
 	case codes.Unknown:
-		return codedError{"other", err}
+		return harness.CodedError{Kind: "other", Err: err}
 	case codes.Unavailable:
-		return codedError{"unavailable", err}
+		return harness.CodedError{Kind: "unavailable", Err: err}
 	default:
-		return codedError{snake(code.String()), err}
+		return harness.CodedError{Kind: snake(code.String()), Err: err}
 	}
 }
 

@@ -63,7 +63,7 @@ func (t *Target) Reserve(ctx context.Context, key string, amount int64, ttl time
 	case connect.CodeOf(err) == connect.CodeResourceExhausted:
 		return nil, harness.ErrExhausted
 	}
-	return nil, codeErr{err}
+	return nil, codeErr(err)
 }
 
 // Commit implements harness.QuotaTarget.
@@ -74,7 +74,7 @@ func (t *Target) Commit(ctx context.Context, r any) error {
 		return err
 	})
 	if err != nil {
-		return codeErr{err}
+		return codeErr(err)
 	}
 	return nil
 }
@@ -87,7 +87,7 @@ func (t *Target) ReleaseReservation(ctx context.Context, r any) error {
 		return err
 	})
 	if err != nil {
-		return codeErr{err}
+		return codeErr(err)
 	}
 	return nil
 }

@@ -169,16 +169,13 @@ func (t *Target) Close() error {
 	return nil
 }
 
-// codeErr reports a Connect error by its code name ("unavailable").
-type codeErr struct{ err error }
-
-func (e codeErr) Error() string { return e.err.Error() }
-func (e codeErr) Unwrap() error { return e.err }
-func (e codeErr) Code() string {
-	if errors.Is(e.err, context.DeadlineExceeded) {
-		return "deadline_exceeded"
+// codeErr reports a Connect error under its code's name ("unavailable").
+func codeErr(err error) error {
+	kind := strings.ReplaceAll(connect.CodeOf(err).String(), " ", "_")
+	if errors.Is(err, context.DeadlineExceeded) {
+		kind = "deadline_exceeded"
 	}
-	return strings.ReplaceAll(connect.CodeOf(e.err).String(), " ", "_")
+	return harness.CodedError{Kind: kind, Err: err}
 }
 
 // call runs f on the connection for key, moving to another endpoint
@@ -248,7 +245,7 @@ func (t *Target) Acquire(ctx context.Context, resource string, ttl, wait time.Du
 	case wait > 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded && ctx.Err() == nil:
 		return harness.Lease{}, harness.ErrHeld // the wait ran out
 	}
-	return harness.Lease{}, codeErr{err}
+	return harness.Lease{}, codeErr(err)
 }
 
 // Renew implements harness.Target.
@@ -263,7 +260,7 @@ func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
 	case connect.CodeOf(err) == connect.CodeFailedPrecondition:
 		return harness.ErrLost
 	}
-	return codeErr{err}
+	return codeErr(err)
 }
 
 // Release implements harness.Target: released=false is ErrLost, unless
@@ -282,7 +279,7 @@ func (t *Target) Release(ctx context.Context, l harness.Lease) error {
 	})
 	switch {
 	case err != nil:
-		return codeErr{err}
+		return codeErr(err)
 	case !released && attempts == 1:
 		return harness.ErrLost
 	}

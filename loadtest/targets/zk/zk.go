@@ -377,7 +377,7 @@ func (t *Target) acquire(ctx context.Context, conn *zk.Conn, resource string, tt
 		pred, found := predecessor(children, me)
 		if !found {
 			// Our ephemeral node is gone: the session expired.
-			return giveUp(codedError{"session_expired", errors.New("zk: lock node vanished while acquiring")})
+			return giveUp(harness.CodedError{Kind: "session_expired", Err: errors.New("zk: lock node vanished while acquiring")})
 		}
 		if pred == "" {
 			ok, st, err := conn.Exists(path)
@@ -385,7 +385,7 @@ func (t *Target) acquire(ctx context.Context, conn *zk.Conn, resource string, tt
 				return giveUp(classify(err))
 			}
 			if !ok {
-				return harness.Lease{}, codedError{"session_expired", errors.New("zk: lock node vanished on grant")}
+				return harness.Lease{}, harness.CodedError{Kind: "session_expired", Err: errors.New("zk: lock node vanished on grant")}
 			}
 			return harness.Lease{
 				Resource: resource,
@@ -472,7 +472,7 @@ func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
 	case zk.StateExpired:
 		return harness.ErrLost
 	default:
-		return codedError{"unavailable", fmt.Errorf("zk: session %#x is %v", h.session, st)}
+		return harness.CodedError{Kind: "unavailable", Err: fmt.Errorf("zk: session %#x is %v", h.session, st)}
 	}
 }
 
@@ -575,18 +575,6 @@ func (t *Target) script(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// codedError is an error with a harness.Coder code.
-type codedError struct {
-	code string
-	err  error
-}
-
-func (e codedError) Error() string { return e.code + ": " + e.err.Error() }
-func (e codedError) Unwrap() error { return e.err }
-
-// Code is the short report code ("unavailable", "deadline_exceeded", ...).
-func (e codedError) Code() string { return e.code }
-
 // classify gives err a report code: "deadline_exceeded" and "canceled"
 // for context errors; "unavailable" when the session has no server
 // (connection closed, no server reachable, closing); "session_expired";
@@ -601,15 +589,15 @@ func classify(err error) error {
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
-		return codedError{"deadline_exceeded", err}
+		return harness.CodedError{Kind: "deadline_exceeded", Err: err}
 	case errors.Is(err, context.Canceled):
-		return codedError{"canceled", err}
+		return harness.CodedError{Kind: "canceled", Err: err}
 	case errors.Is(err, zk.ErrConnectionClosed), errors.Is(err, zk.ErrNoServer),
 		errors.Is(err, zk.ErrClosing):
-		return codedError{"unavailable", err}
+		return harness.CodedError{Kind: "unavailable", Err: err}
 	case errors.Is(err, zk.ErrSessionExpired):
-		return codedError{"session_expired", err}
+		return harness.CodedError{Kind: "session_expired", Err: err}
 	default:
-		return codedError{"other", err}
+		return harness.CodedError{Kind: "other", Err: err}
 	}
 }
