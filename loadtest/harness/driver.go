@@ -163,6 +163,7 @@ func (d *Driver) Ramp(ctx context.Context, p Profile, timeout time.Duration) err
 	if need <= 0 {
 		return nil
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	rate := math.Max(p.AcquireRate, float64(p.HeldLocks)/10)
@@ -176,7 +177,11 @@ func (d *Driver) Ramp(ctx context.Context, p Profile, timeout time.Duration) err
 	for d.Held() < p.HeldLocks {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("ramp: %d of %d locks held after %s", d.Held(), p.HeldLocks, timeout)
+			why := fmt.Sprintf("after %s", timeout)
+			if parent.Err() != nil {
+				why = "when interrupted"
+			}
+			return fmt.Errorf("ramp: %d of %d locks held %s; acquire errors so far: %v", d.Held(), p.HeldLocks, why, d.rec.Summary(0, 0)[OpAcquire].Errors)
 		case <-tick.C:
 		}
 	}
@@ -297,7 +302,13 @@ func (d *Driver) hold(p Profile, l Lease, i int) {
 			j := 1 + p.RenewJitter*(2*rand.Float64()-1)
 			return time.Duration(float64(p.RenewEvery) * j)
 		}
-		next := time.Now().Add(period())
+		// The first renewal comes at a random phase of the period, so the
+		// held locks renew at HeldLocks/RenewEvery per second however long
+		// each is held. (Renewing a full period after the grant would
+		// skip the many locks released before then: with random releases
+		// a lock lives 10 s on average, and only 58 % of the profile's
+		// renewals would happen.)
+		next := time.Now().Add(time.Duration(rand.Int64N(int64(p.RenewEvery))))
 		timer := time.NewTimer(time.Until(next))
 		defer timer.Stop()
 		for {

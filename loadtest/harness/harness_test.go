@@ -221,7 +221,7 @@ func TestComparisonRatios(t *testing.T) {
 	var b strings.Builder
 	WriteComparison(&b, []*Report{w, e})
 	out := b.String()
-	for _, want := range []string{"| etcd | 3.80× | 4.00× | 0.25× |", "| warden | 1.00 | 1900 | 5600 |"} {
+	for _, want := range []string{"| etcd | 3.80× | 4.00× | 0.25× |", "| warden | 1 | 1900 | 5600 |"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("comparison lacks %q:\n%s", want, out)
 		}

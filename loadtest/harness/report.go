@@ -41,7 +41,7 @@ func WriteFiles(dir, prefix string, rep *Report) error {
 	return f.Close()
 }
 
-// ReadReport reads a report.json.
+// ReadReport reads a report.json; it must name its target and profile.
 func ReadReport(path string) (*Report, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -49,7 +49,10 @@ func ReadReport(path string) (*Report, error) {
 	}
 	var rep Report
 	if err := json.Unmarshal(b, &rep); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: not a report.json: %w", path, err)
+	}
+	if rep.Target == "" || rep.Profile.Name == "" {
+		return nil, fmt.Errorf("%s: not a report.json: no target or profile", path)
 	}
 	return &rep, nil
 }
@@ -106,7 +109,7 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 	}
 	opTable(w, rep.Ops)
 	if len(rep.Faults) > 0 {
-		fmt.Fprintf(w, "\n## Faults\n\n| kind | at s | took s | error |\n|---|---:|---:|---|\n")
+		fmt.Fprintf(w, "\n## Faults\n\nTimes are on the run's clock (the chart's axis); the measured phase began at %.1f s.\n\n| kind | at s | took s | error |\n|---|---:|---:|---|\n", rep.SteadyFromS)
 		for _, f := range rep.Faults {
 			fmt.Fprintf(w, "| %s | %.1f | %.1f | %s |\n", f.Kind, f.AtS, f.TookS, f.Error)
 		}
@@ -186,7 +189,7 @@ func WriteComparison(w io.Writer, reps []*Report) {
 			fmt.Fprintf(w, "| %s | none passed | – | – | – | – | %s | %d |\n", r.Target, ref, n)
 			continue
 		}
-		fmt.Fprintf(w, "| %s | %.2f | %.0f | %.0f | %.0f | %.1f | %s | %d |\n", r.Target, b.Scale, b.AcquiresPerSec, b.CommitsPerSec, b.WritesPerSec, b.P99AcquireMS, ref, n)
+		fmt.Fprintf(w, "| %s | %.3g | %.0f | %.0f | %.0f | %.1f | %s | %d |\n", r.Target, b.Scale, b.AcquiresPerSec, b.CommitsPerSec, b.WritesPerSec, b.P99AcquireMS, ref, n)
 	}
 	fmt.Fprintf(w, "\n## Ratios (%s ÷ peer)\n\n| peer | max sustained acquires/s | max commits/s | p99 acquire at reference (below 1: %s is faster) |\n|---|---:|---:|---:|\n", base.Target, base.Target)
 	bb, bok := base.best()

@@ -117,6 +117,9 @@ func secs(d time.Duration) float64 { return d.Seconds() }
 // Run ramps up, runs the steady phase (or the find-max steps) with the
 // faults, and returns the report.
 func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.RampTimeout == 0 {
 		cfg.RampTimeout = 2 * time.Minute
 	}
@@ -313,5 +316,25 @@ func step(d *Driver, p Profile, from, to time.Duration, cfg Config) Step {
 // writes is the target's replicated writes for ops.
 func writes(c Costs, ops opSummary) float64 {
 	return c.Acquire*float64(ops[OpAcquire].Count+ops[OpAcquireContended].Count) +
-		c.Renew*float64(ops[OpRenew].Count) + c.Release*float64(ops[OpRelease].Count)
+		c.Renew*float64(ops[OpRenew].Count) + c.Release*float64(ops[OpRelease].Count) +
+		c.Quota*float64(ops[OpReserve].Count+ops[OpCommit].Count+ops[OpReleaseQuota].Count)
+}
+
+// Validate checks cfg before anything runs: errors name the setting.
+func (cfg Config) Validate() error {
+	switch {
+	case cfg.Duration <= 0:
+		return fmt.Errorf("duration: must be positive, got %s", cfg.Duration)
+	case cfg.FindMax && cfg.StepFactor != 0 && cfg.StepFactor <= 1:
+		return fmt.Errorf("step-factor: must be above 1, got %v", cfg.StepFactor)
+	}
+	for _, f := range cfg.Faults {
+		if !slices.Contains(FaultKinds, f.Kind) {
+			return fmt.Errorf("fault %s@%s: unknown kind (%s)", f.Kind, f.At, strings.Join(FaultKinds, ", "))
+		}
+		if !cfg.FindMax && f.At >= cfg.Duration {
+			return fmt.Errorf("fault %s@%s: at or past the end of the measured phase (duration %s)", f.Kind, f.At, cfg.Duration)
+		}
+	}
+	return nil
 }

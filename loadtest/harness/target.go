@@ -37,7 +37,9 @@ type Lease struct {
 // report figures compare like with like. Note explains what each side pays.
 type Costs struct {
 	Acquire, Renew, Release float64
-	Note                    string
+	// Quota is the writes of each reserve, commit and reservation release.
+	Quota float64
+	Note  string
 }
 
 // Target is a lock service under load. Its methods are called from many
@@ -81,6 +83,9 @@ func (e CodedError) Unwrap() error { return e.Err }
 
 // Code implements Coder.
 func (e CodedError) Code() string { return e.Kind }
+
+// FaultKinds are the faults a Faulter may know.
+var FaultKinds = []string{"kill", "kill-leader", "restart", "snapshot", "transfer-leader"}
 
 // Faulter is implemented by targets that can inject faults into the real
 // processes behind them. Kinds: "kill" (SIGKILL one replica that is not

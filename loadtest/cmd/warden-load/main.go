@@ -34,8 +34,8 @@ type runCmd struct {
 	Scale         float64       `help:"Factor on the profile's rates and held locks (1 = 20,000 held locks, 2,000 acquires/s)." default:"1"`
 	Duration      time.Duration `help:"Length of the measured phase (with --find-max, of each step)." default:"60s"`
 	RampTimeout   time.Duration `help:"Longest ramp to the profile's held locks." default:"2m"`
-	Fault         []string      `help:"Fault to inject, kind@time after the measured phase starts: kill@30s, kill-leader@30s, restart@45s, snapshot@35s, transfer-leader@40s. Repeatable."`
-	FindMax       bool          `help:"Step the scale up by --step-factor until p99 acquire passes 200 ms or errors pass 0.1 %."`
+	Fault         []string      `help:"Fault to inject, kind@time after the measured phase starts (reports show it on the run's clock, which includes the ramp): kill@30s, kill-leader@30s, restart@45s, snapshot@35s, transfer-leader@40s. Repeatable; run in time order."`
+	FindMax       bool          `help:"Step the scale up by --step-factor until p99 acquire passes 200 ms or errors pass 0.1 % (a failed step is tried once more before the search stops)."`
 	StepFactor    float64       `help:"Scale factor between find-max steps." default:"1.25"`
 	MaxSteps      int           `help:"Most find-max steps." default:"12"`
 	MaxInFlight   int           `help:"Most operations outstanding; later arrivals count as overload errors." default:"20000"`
@@ -78,7 +78,15 @@ func (c *runCmd) Run() error {
 		if err != nil {
 			return err
 		}
+		if fs.Kind == "kill" || fs.Kind == "kill-leader" || fs.Kind == "restart" {
+			if c.ClusterScript == "" {
+				return fmt.Errorf("fault %s: needs --cluster-script to kill and start nodes", f)
+			}
+		}
 		cfg.Faults = append(cfg.Faults, fs)
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
 	t, err := c.target()
 	if err != nil {
@@ -121,6 +129,11 @@ func (c *runCmd) Run() error {
 	if n := s.DoubleGrants + s.TokenRegressions + s.LostAcknowledgedLeases; n > 0 {
 		return fmt.Errorf("%d safety violations: %s", n, strings.Join(s.Examples, "; "))
 	}
+	for _, f := range rep.Faults {
+		if f.Error != "" {
+			return fmt.Errorf("fault %s at %.1f s failed: %s", f.Kind, f.AtS, f.Error)
+		}
+	}
 	return nil
 }
 
@@ -144,6 +157,10 @@ func (c *compareCmd) Run() error {
 		r, err := harness.ReadReport(path)
 		if err != nil {
 			return err
+		}
+		if len(reps) > 0 && (r.Profile.Name != reps[0].Profile.Name || (r.Steps == nil) != (reps[0].Steps == nil)) {
+			return fmt.Errorf("%s: a %s run (find-max %v) cannot be compared with %s's %s run (find-max %v)",
+				path, r.Profile.Name, r.Steps != nil, reps[0].Target, reps[0].Profile.Name, reps[0].Steps != nil)
 		}
 		reps = append(reps, r)
 	}

@@ -159,7 +159,7 @@ func (t *Target) Name() string { return "warden" }
 // Costs implements harness.Target: every operation is one replicated
 // command (Dragonboat may batch several into one Raft entry and fsync).
 func (t *Target) Costs() harness.Costs {
-	return harness.Costs{Acquire: 1, Renew: 1, Release: 1,
+	return harness.Costs{Acquire: 1, Renew: 1, Release: 1, Quota: 1,
 		Note: "every acquire, renewal and release is one command committed by a Raft quorum and fsynced; per-lock leases with fencing tokens"}
 }
 
