@@ -9,7 +9,11 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,4 +177,55 @@ func AcquireRetry(t *testing.T, tg harness.Target, res string, within time.Durat
 		t.Logf("acquire %s: %v (retrying)", res, err)
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// Peers is a three-member peer cluster run by one of loadtest/peers/*.sh.
+type Peers struct {
+	// Script is the script's absolute path; Env its extra environment.
+	Script string
+	Env    []string
+	// Endpoints are the members' addresses, as the script's start prints
+	// them on its last line.
+	Endpoints []string
+}
+
+// StartPeers starts the cluster of script (a path relative to the test's
+// package) with env, once installed reports the server is present, and
+// stops it when the test ends. A missing server skips the test, or fails
+// it when WARDEN_PEER_TESTS=1 (as in CI).
+func StartPeers(t *testing.T, name, script string, installed func() bool, env []string) *Peers {
+	t.Helper()
+	if !installed() {
+		if os.Getenv("WARDEN_PEER_TESTS") != "1" {
+			t.Skipf("%s not installed (%s install); set WARDEN_PEER_TESTS=1 to make this a failure", name, script)
+		}
+		t.Fatalf("%s not installed and WARDEN_PEER_TESTS=1: run %s install", name, script)
+	}
+	abs, err := filepath.Abs(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Peers{Script: abs, Env: env}
+	t.Cleanup(func() {
+		if out, err := p.Run("stop"); err != nil {
+			t.Errorf("%s stop: %v\n%s", script, err, out)
+		}
+	})
+	start := time.Now()
+	out, err := p.Run("start")
+	if err != nil {
+		t.Fatalf("%s start: %v\n%s", script, err, out)
+	}
+	t.Logf("%s cluster started in %v", name, time.Since(start).Round(time.Millisecond))
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	p.Endpoints = strings.Split(lines[len(lines)-1], ",")
+	return p
+}
+
+// Run runs the script with args and returns its combined output.
+func (p *Peers) Run(args ...string) (string, error) {
+	cmd := exec.Command("bash", append([]string{p.Script}, args...)...)
+	cmd.Env = append(os.Environ(), p.Env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }

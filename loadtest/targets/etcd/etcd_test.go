@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,62 +18,26 @@ import (
 )
 
 // cluster is a three-member etcd cluster started by peers/etcd.sh.
-type cluster struct {
-	script    string
-	env       []string
-	endpoints []string
-}
+type cluster struct{ *targettest.Peers }
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	if _, err := exec.LookPath("etcd"); err != nil {
-		if os.Getenv("WARDEN_PEER_TESTS") != "1" {
-			t.Skip("etcd not installed (loadtest/peers/etcd.sh install); set WARDEN_PEER_TESTS=1 to make this a failure")
-		}
-		t.Fatal("etcd not installed and WARDEN_PEER_TESTS=1: run loadtest/peers/etcd.sh install")
-	}
-	script, err := filepath.Abs("../../peers/etcd.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
+	installed := func() bool { _, err := exec.LookPath("etcd"); return err == nil }
 	base := targettest.FreeBase(t, []int{0, 1, 10, 11, 20, 21})
-	c := &cluster{
-		script: script,
-		env: []string{
-			"LOADTEST_PEER_DIR=" + t.TempDir(),
-			fmt.Sprintf("ETCD_CLIENT_BASE=%d", base),
-			fmt.Sprintf("ETCD_PEER_BASE=%d", base+1),
-			"PEER_START_TIMEOUT=40",
-		},
+	env := []string{
+		"LOADTEST_PEER_DIR=" + t.TempDir(),
+		fmt.Sprintf("ETCD_CLIENT_BASE=%d", base),
+		fmt.Sprintf("ETCD_PEER_BASE=%d", base+1),
+		"PEER_START_TIMEOUT=40",
 	}
-	t.Cleanup(func() {
-		if out, err := c.run("stop"); err != nil {
-			t.Errorf("etcd.sh stop: %v\n%s", err, out)
-		}
-	})
-	start := time.Now()
-	out, err := c.run("start")
-	if err != nil {
-		t.Fatalf("etcd.sh start: %v\n%s", err, out)
-	}
-	t.Logf("cluster started in %v", time.Since(start).Round(time.Millisecond))
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	c.endpoints = strings.Split(lines[len(lines)-1], ",")
-	return c
-}
-
-func (c *cluster) run(args ...string) (string, error) {
-	cmd := exec.Command("bash", append([]string{c.script}, args...)...)
-	cmd.Env = append(os.Environ(), c.env...)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return &cluster{targettest.StartPeers(t, "etcd", "../../peers/etcd.sh", installed, env)}
 }
 
 func (c *cluster) target(t *testing.T, mode Mode) *Target {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	tg, err := New(ctx, Config{Endpoints: c.endpoints, Mode: mode, Script: c.script, ScriptEnv: c.env})
+	tg, err := New(ctx, Config{Endpoints: c.Endpoints, Mode: mode, Script: c.Script, ScriptEnv: c.Env})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +108,7 @@ func faults(t *testing.T, tg *Target, peers *cluster) {
 		t.Helper()
 		start := time.Now()
 		if err := tg.Fault(ctx, kind); err != nil {
-			status, _ := peers.run("status")
+			status, _ := peers.Run("status")
 			t.Fatalf("fault %s: %v\nstatus:\n%s", kind, err, status)
 		}
 		l := targettest.AcquireRetry(t, tg, "fault-res", 15*time.Second)

@@ -7,8 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,11 +19,7 @@ import (
 )
 
 // ensemble is a three-server ZooKeeper ensemble started by peers/zk.sh.
-type ensemble struct {
-	script  string
-	env     []string
-	servers []string
-}
+type ensemble struct{ *targettest.Peers }
 
 func zkInstalled() bool {
 	if _, err := os.Stat("/usr/share/java/zookeeper.jar"); err != nil {
@@ -37,56 +31,23 @@ func zkInstalled() bool {
 
 func startEnsemble(t *testing.T) *ensemble {
 	t.Helper()
-	if !zkInstalled() {
-		if os.Getenv("WARDEN_PEER_TESTS") != "1" {
-			t.Skip("ZooKeeper not installed (loadtest/peers/zk.sh install); set WARDEN_PEER_TESTS=1 to make this a failure")
-		}
-		t.Fatal("ZooKeeper not installed and WARDEN_PEER_TESTS=1: run loadtest/peers/zk.sh install")
-	}
-	script, err := filepath.Abs("../../peers/zk.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
 	base := targettest.FreeBase(t, []int{0, 1, 2, 10, 11, 12, 20, 21, 22})
-	e := &ensemble{
-		script: script,
-		env: []string{
-			"LOADTEST_PEER_DIR=" + t.TempDir(),
-			fmt.Sprintf("ZK_CLIENT_BASE=%d", base),
-			// A short tick makes elections and session expiry fast;
-			// minSessionTimeout is then 1 s.
-			"ZK_TICK_MS=500",
-			"PEER_START_TIMEOUT=40",
-		},
+	env := []string{
+		"LOADTEST_PEER_DIR=" + t.TempDir(),
+		fmt.Sprintf("ZK_CLIENT_BASE=%d", base),
+		// A short tick makes elections and session expiry fast;
+		// minSessionTimeout is then 1 s.
+		"ZK_TICK_MS=500",
+		"PEER_START_TIMEOUT=40",
 	}
-	t.Cleanup(func() {
-		if out, err := e.run("stop"); err != nil {
-			t.Errorf("zk.sh stop: %v\n%s", err, out)
-		}
-	})
-	start := time.Now()
-	out, err := e.run("start")
-	if err != nil {
-		t.Fatalf("zk.sh start: %v\n%s", err, out)
-	}
-	t.Logf("ensemble started in %v", time.Since(start).Round(time.Millisecond))
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	e.servers = strings.Split(lines[len(lines)-1], ",")
-	return e
-}
-
-func (e *ensemble) run(args ...string) (string, error) {
-	cmd := exec.Command("bash", append([]string{e.script}, args...)...)
-	cmd.Env = append(os.Environ(), e.env...)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	return &ensemble{targettest.StartPeers(t, "ZooKeeper", "../../peers/zk.sh", zkInstalled, env)}
 }
 
 func (e *ensemble) target(t *testing.T, dial zk.Dialer) *Target {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	tg, err := New(ctx, Config{Servers: e.servers, Sessions: 2, Dialer: dial, Script: e.script, ScriptEnv: e.env})
+	tg, err := New(ctx, Config{Servers: e.Endpoints, Sessions: 2, Dialer: dial, Script: e.Script, ScriptEnv: e.Env})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +178,7 @@ func faults(t *testing.T, tg *Target, peers *ensemble) {
 	for _, kind := range []string{"snapshot", "kill", "restart", "kill-leader", "restart"} {
 		start := time.Now()
 		if err := tg.Fault(ctx, kind); err != nil {
-			status, _ := peers.run("status")
+			status, _ := peers.Run("status")
 			t.Fatalf("fault %s: %v\nstatus:\n%s", kind, err, status)
 		}
 		l := targettest.AcquireRetry(t, tg, "fault-res", 20*time.Second)
