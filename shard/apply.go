@@ -10,9 +10,24 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
-// CommandVersion is the envelope version this binary proposes and the
-// newest it applies.
-const CommandVersion = 1
+// CommandVersion is the newest envelope version this binary applies.
+// Version 2 added RenewBatchCmd; every other command is proposed as
+// version 1 (see VersionOf), so a cluster keeps running while its nodes
+// are upgraded one by one, until a client sends RenewBatch.
+const CommandVersion = 2
+
+// MaxRenewBatch is the most renewals one RenewBatchCmd (and one RenewBatch
+// RPC) carries.
+const MaxRenewBatch = 1000
+
+// VersionOf is the envelope version env's command needs: the oldest
+// binary that applies it.
+func VersionOf(env *shardv1.Envelope) uint32 {
+	if env.GetRenewBatch() != nil {
+		return 2
+	}
+	return 1
+}
 
 // DefaultConfig is the shard config a new shard starts with.
 func DefaultConfig() *shardv1.ShardConfig {
@@ -169,6 +184,7 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 	if env.GetVersion() == 0 {
 		return invalid("version", "is required"), nil, nil
 	}
+
 	if env.GetShardId() != meta.GetRange().GetShardId() {
 		return wrongShard(meta, "command is for shard %d", env.GetShardId()), nil, nil
 	}
@@ -187,6 +203,14 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 		res, err = a.acquire(c.Acquire)
 	case *shardv1.Envelope_Renew:
 		res, err = a.renew(c.Renew)
+	case *shardv1.Envelope_RenewBatch:
+		if env.GetVersion() < 2 {
+			// Version 1 binaries find this command unknown; so does this
+			// one in a version 1 envelope, or replicas would diverge.
+			res = invalid("command", "is missing or unknown (renew_batch needs envelope version 2)")
+			break
+		}
+		res, err = a.renewBatch(c.RenewBatch)
 	case *shardv1.Envelope_Release:
 		res, err = a.release(c.Release)
 	case *shardv1.Envelope_Expire:
@@ -640,6 +664,23 @@ func (a *applier) renew(c *shardv1.RenewCmd) (*shardv1.Result, error) {
 	l.ExpiresAtUnixNano = a.now + l.GetLeaseTtlNanos()
 	a.setLock(l)
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Lease: leaseInfo(l, false)}, nil
+}
+
+// renewBatch renews each item as renew would, in order, so an item sees
+// the items before it; each gets its own result.
+func (a *applier) renewBatch(c *shardv1.RenewBatchCmd) (*shardv1.Result, error) {
+	if n := len(c.GetItems()); n == 0 || n > MaxRenewBatch {
+		return invalid("items", fmt.Sprintf("must hold 1 to %d renewals, not %d", MaxRenewBatch, n)), nil
+	}
+	out := &shardv1.Result{Code: shardv1.Code_CODE_OK, Items: make([]*shardv1.Result, 0, len(c.GetItems()))}
+	for _, item := range c.GetItems() {
+		res, err := a.renew(item)
+		if err != nil {
+			return nil, err
+		}
+		out.Items = append(out.Items, res)
+	}
+	return out, nil
 }
 
 func (a *applier) release(c *shardv1.ReleaseCmd) (*shardv1.Result, error) {

@@ -18,6 +18,7 @@ func FuzzDecodeAndApply(f *testing.F) {
 		acquireCmd("r", "q", 0, "h", id),
 		acquireCmd("r", "q", second, "", id[:3]),
 		renewCmd("r", id),
+		renewBatchCmd(&shardv1.RenewCmd{Resource: "r", LeaseId: id}, &shardv1.RenewCmd{Resource: "s", LeaseId: id[:4]}),
 		releaseCmd("r", id),
 		expireCmd(&shardv1.ExpireItem{Resource: "r", LeaseId: id, ExpiresAtUnixNano: 5}),
 		forgetCmd(&shardv1.ForgetCmd{Dedup: []*shardv1.DedupRef{{Resource: "r", RequestId: "q"}}, IdleLocks: []string{"r"}}),

@@ -379,6 +379,7 @@ func (r *modelRun) run() {
 		"retryChanged": r.retryChanged,
 		"cancel":       r.cancel,
 		"renew":        r.renew,
+		"renewBatch":   r.renewBatch,
 		"release":      r.release,
 		"expireScan":   r.expireScan,
 		"expireStale":  r.expireStale,
@@ -531,6 +532,35 @@ func (r *modelRun) renew(t *rapid.T) {
 			t.Fatalf("renew expiry %d, model %d", got.GetLease().GetExpiresAtUnixNano(), r.m.locks[il.resource].cur.expiresAt)
 		}
 		il.expiresSeen = r.m.locks[il.resource].cur.expiresAt
+	}
+}
+
+// renewBatch renews a few issued leases (the same one possibly twice) in
+// one RenewBatchCmd; the model renews them one by one.
+func (r *modelRun) renewBatch(t *rapid.T) {
+	n := rapid.IntRange(1, 4).Draw(t, "batch")
+	ils := make([]*issuedLease, n)
+	cmd := &shardv1.RenewBatchCmd{}
+	for i := range ils {
+		ils[i] = r.pickIssued(t)
+		cmd.Items = append(cmd.Items, &shardv1.RenewCmd{Resource: ils[i].resource, LeaseId: ils[i].lease.id})
+	}
+	got := r.propose(&shardv1.Envelope{Command: &shardv1.Envelope_RenewBatch{RenewBatch: cmd}})
+	if got.GetCode() != shardv1.Code_CODE_OK || len(got.GetItems()) != n {
+		t.Fatalf("renew batch: %v", got)
+	}
+	for i, il := range ils {
+		want := r.m.renew(il.resource, il.lease.id)
+		item := got.GetItems()[i]
+		if item.GetCode() != want {
+			t.Fatalf("renew batch item %d %s: code %v, model %v", i, il.resource, item.GetCode(), want)
+		}
+		if want == shardv1.Code_CODE_OK {
+			if item.GetLease().GetExpiresAtUnixNano() != r.m.locks[il.resource].cur.expiresAt {
+				t.Fatalf("renew batch item %d expiry %d, model %d", i, item.GetLease().GetExpiresAtUnixNano(), r.m.locks[il.resource].cur.expiresAt)
+			}
+			il.expiresSeen = r.m.locks[il.resource].cur.expiresAt
+		}
 	}
 }
 

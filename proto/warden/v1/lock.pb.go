@@ -300,6 +300,164 @@ func (x *RenewResponse) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// RenewBatchRequest lists the leases to renew: 1 to 1,000 of them.
+type RenewBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Renewals      []*RenewRequest        `protobuf:"bytes,1,rep,name=renewals,proto3" json:"renewals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewBatchRequest) Reset() {
+	*x = RenewBatchRequest{}
+	mi := &file_warden_v1_lock_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewBatchRequest) ProtoMessage() {}
+
+func (x *RenewBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewBatchRequest.ProtoReflect.Descriptor instead.
+func (*RenewBatchRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RenewBatchRequest) GetRenewals() []*RenewRequest {
+	if x != nil {
+		return x.Renewals
+	}
+	return nil
+}
+
+// RenewBatchResponse has one outcome per renewal, in the request's order.
+type RenewBatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Outcomes      []*RenewOutcome        `protobuf:"bytes,1,rep,name=outcomes,proto3" json:"outcomes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewBatchResponse) Reset() {
+	*x = RenewBatchResponse{}
+	mi := &file_warden_v1_lock_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewBatchResponse) ProtoMessage() {}
+
+func (x *RenewBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewBatchResponse.ProtoReflect.Descriptor instead.
+func (*RenewBatchResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RenewBatchResponse) GetOutcomes() []*RenewOutcome {
+	if x != nil {
+		return x.Outcomes
+	}
+	return nil
+}
+
+// RenewOutcome is what one renewal of a RenewBatch came to.
+type RenewOutcome struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Code is empty when the lease was renewed; otherwise it is the error
+	// code Renew would have answered, in Connect's spelling
+	// ("failed_precondition": the lease is not current and the holder must
+	// stop; "invalid_argument"; "unavailable": retry; "deadline_exceeded").
+	Code string `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
+	// Message explains a failed renewal; an invalid one names its field as
+	// renewals[i].resource or renewals[i].lease_id.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// ExpiresAt is the renewed lease's expiry on the shard's clock.
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewOutcome) Reset() {
+	*x = RenewOutcome{}
+	mi := &file_warden_v1_lock_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewOutcome) ProtoMessage() {}
+
+func (x *RenewOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewOutcome.ProtoReflect.Descriptor instead.
+func (*RenewOutcome) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RenewOutcome) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *RenewOutcome) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RenewOutcome) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 // ReleaseRequest ends a lease.
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -311,7 +469,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[4]
+	mi := &file_warden_v1_lock_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +481,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[4]
+	mi := &file_warden_v1_lock_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +494,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{4}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReleaseRequest) GetResource() string {
@@ -365,7 +523,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[5]
+	mi := &file_warden_v1_lock_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -377,7 +535,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[5]
+	mi := &file_warden_v1_lock_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -390,7 +548,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{5}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -410,7 +568,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[6]
+	mi := &file_warden_v1_lock_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +580,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[6]
+	mi := &file_warden_v1_lock_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +593,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{6}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DescribeRequest) GetResource() string {
@@ -464,7 +622,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[7]
+	mi := &file_warden_v1_lock_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +634,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[7]
+	mi := &file_warden_v1_lock_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +647,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{7}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DescribeResponse) GetHeld() bool {
@@ -538,7 +696,7 @@ type LockHeld struct {
 
 func (x *LockHeld) Reset() {
 	*x = LockHeld{}
-	mi := &file_warden_v1_lock_proto_msgTypes[8]
+	mi := &file_warden_v1_lock_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +708,7 @@ func (x *LockHeld) String() string {
 func (*LockHeld) ProtoMessage() {}
 
 func (x *LockHeld) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[8]
+	mi := &file_warden_v1_lock_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +721,7 @@ func (x *LockHeld) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHeld.ProtoReflect.Descriptor instead.
 func (*LockHeld) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{8}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LockHeld) GetFencingToken() uint64 {
@@ -592,7 +750,7 @@ type FieldViolation struct {
 
 func (x *FieldViolation) Reset() {
 	*x = FieldViolation{}
-	mi := &file_warden_v1_lock_proto_msgTypes[9]
+	mi := &file_warden_v1_lock_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +762,7 @@ func (x *FieldViolation) String() string {
 func (*FieldViolation) ProtoMessage() {}
 
 func (x *FieldViolation) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[9]
+	mi := &file_warden_v1_lock_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +775,7 @@ func (x *FieldViolation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldViolation.ProtoReflect.Descriptor instead.
 func (*FieldViolation) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{9}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FieldViolation) GetField() string {
@@ -658,7 +816,16 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"J\n" +
 	"\rRenewResponse\x129\n" +
 	"\n" +
-	"expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"G\n" +
+	"expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"H\n" +
+	"\x11RenewBatchRequest\x123\n" +
+	"\brenewals\x18\x01 \x03(\v2\x17.warden.v1.RenewRequestR\brenewals\"I\n" +
+	"\x12RenewBatchResponse\x123\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.warden.v1.RenewOutcomeR\boutcomes\"w\n" +
+	"\fRenewOutcome\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x129\n" +
+	"\n" +
+	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"G\n" +
 	"\x0eReleaseRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"-\n" +
@@ -679,10 +846,12 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"H\n" +
 	"\x0eFieldViolation\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12 \n" +
-	"\vdescription\x18\x02 \x01(\tR\vdescription2\x97\x02\n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription2\xe2\x02\n" +
 	"\vLockService\x12@\n" +
 	"\aAcquire\x12\x19.warden.v1.AcquireRequest\x1a\x1a.warden.v1.AcquireResponse\x12:\n" +
-	"\x05Renew\x12\x17.warden.v1.RenewRequest\x1a\x18.warden.v1.RenewResponse\x12@\n" +
+	"\x05Renew\x12\x17.warden.v1.RenewRequest\x1a\x18.warden.v1.RenewResponse\x12I\n" +
+	"\n" +
+	"RenewBatch\x12\x1c.warden.v1.RenewBatchRequest\x1a\x1d.warden.v1.RenewBatchResponse\x12@\n" +
 	"\aRelease\x12\x19.warden.v1.ReleaseRequest\x1a\x1a.warden.v1.ReleaseResponse\x12H\n" +
 	"\bDescribe\x12\x1a.warden.v1.DescribeRequest\x1a\x1b.warden.v1.DescribeResponse\"\x03\x90\x02\x01B7Z5github.com/warden-dev/warden/proto/warden/v1;wardenv1b\x06proto3"
 
@@ -698,42 +867,50 @@ func file_warden_v1_lock_proto_rawDescGZIP() []byte {
 	return file_warden_v1_lock_proto_rawDescData
 }
 
-var file_warden_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_warden_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_warden_v1_lock_proto_goTypes = []any{
 	(*AcquireRequest)(nil),        // 0: warden.v1.AcquireRequest
 	(*AcquireResponse)(nil),       // 1: warden.v1.AcquireResponse
 	(*RenewRequest)(nil),          // 2: warden.v1.RenewRequest
 	(*RenewResponse)(nil),         // 3: warden.v1.RenewResponse
-	(*ReleaseRequest)(nil),        // 4: warden.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 5: warden.v1.ReleaseResponse
-	(*DescribeRequest)(nil),       // 6: warden.v1.DescribeRequest
-	(*DescribeResponse)(nil),      // 7: warden.v1.DescribeResponse
-	(*LockHeld)(nil),              // 8: warden.v1.LockHeld
-	(*FieldViolation)(nil),        // 9: warden.v1.FieldViolation
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*RenewBatchRequest)(nil),     // 4: warden.v1.RenewBatchRequest
+	(*RenewBatchResponse)(nil),    // 5: warden.v1.RenewBatchResponse
+	(*RenewOutcome)(nil),          // 6: warden.v1.RenewOutcome
+	(*ReleaseRequest)(nil),        // 7: warden.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 8: warden.v1.ReleaseResponse
+	(*DescribeRequest)(nil),       // 9: warden.v1.DescribeRequest
+	(*DescribeResponse)(nil),      // 10: warden.v1.DescribeResponse
+	(*LockHeld)(nil),              // 11: warden.v1.LockHeld
+	(*FieldViolation)(nil),        // 12: warden.v1.FieldViolation
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_warden_v1_lock_proto_depIdxs = []int32{
-	10, // 0: warden.v1.AcquireRequest.lease_ttl:type_name -> google.protobuf.Duration
-	10, // 1: warden.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	11, // 2: warden.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 3: warden.v1.AcquireResponse.lease_ttl:type_name -> google.protobuf.Duration
-	11, // 4: warden.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
-	11, // 5: warden.v1.DescribeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	11, // 6: warden.v1.LockHeld.expires_at:type_name -> google.protobuf.Timestamp
-	0,  // 7: warden.v1.LockService.Acquire:input_type -> warden.v1.AcquireRequest
-	2,  // 8: warden.v1.LockService.Renew:input_type -> warden.v1.RenewRequest
-	4,  // 9: warden.v1.LockService.Release:input_type -> warden.v1.ReleaseRequest
-	6,  // 10: warden.v1.LockService.Describe:input_type -> warden.v1.DescribeRequest
-	1,  // 11: warden.v1.LockService.Acquire:output_type -> warden.v1.AcquireResponse
-	3,  // 12: warden.v1.LockService.Renew:output_type -> warden.v1.RenewResponse
-	5,  // 13: warden.v1.LockService.Release:output_type -> warden.v1.ReleaseResponse
-	7,  // 14: warden.v1.LockService.Describe:output_type -> warden.v1.DescribeResponse
-	11, // [11:15] is the sub-list for method output_type
-	7,  // [7:11] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	13, // 0: warden.v1.AcquireRequest.lease_ttl:type_name -> google.protobuf.Duration
+	13, // 1: warden.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	14, // 2: warden.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	13, // 3: warden.v1.AcquireResponse.lease_ttl:type_name -> google.protobuf.Duration
+	14, // 4: warden.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
+	2,  // 5: warden.v1.RenewBatchRequest.renewals:type_name -> warden.v1.RenewRequest
+	6,  // 6: warden.v1.RenewBatchResponse.outcomes:type_name -> warden.v1.RenewOutcome
+	14, // 7: warden.v1.RenewOutcome.expires_at:type_name -> google.protobuf.Timestamp
+	14, // 8: warden.v1.DescribeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	14, // 9: warden.v1.LockHeld.expires_at:type_name -> google.protobuf.Timestamp
+	0,  // 10: warden.v1.LockService.Acquire:input_type -> warden.v1.AcquireRequest
+	2,  // 11: warden.v1.LockService.Renew:input_type -> warden.v1.RenewRequest
+	4,  // 12: warden.v1.LockService.RenewBatch:input_type -> warden.v1.RenewBatchRequest
+	7,  // 13: warden.v1.LockService.Release:input_type -> warden.v1.ReleaseRequest
+	9,  // 14: warden.v1.LockService.Describe:input_type -> warden.v1.DescribeRequest
+	1,  // 15: warden.v1.LockService.Acquire:output_type -> warden.v1.AcquireResponse
+	3,  // 16: warden.v1.LockService.Renew:output_type -> warden.v1.RenewResponse
+	5,  // 17: warden.v1.LockService.RenewBatch:output_type -> warden.v1.RenewBatchResponse
+	8,  // 18: warden.v1.LockService.Release:output_type -> warden.v1.ReleaseResponse
+	10, // 19: warden.v1.LockService.Describe:output_type -> warden.v1.DescribeResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_lock_proto_init() }
@@ -747,7 +924,7 @@ func file_warden_v1_lock_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_lock_proto_rawDesc), len(file_warden_v1_lock_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,6 +39,8 @@ const (
 	LockServiceAcquireProcedure = "/warden.v1.LockService/Acquire"
 	// LockServiceRenewProcedure is the fully-qualified name of the LockService's Renew RPC.
 	LockServiceRenewProcedure = "/warden.v1.LockService/Renew"
+	// LockServiceRenewBatchProcedure is the fully-qualified name of the LockService's RenewBatch RPC.
+	LockServiceRenewBatchProcedure = "/warden.v1.LockService/RenewBatch"
 	// LockServiceReleaseProcedure is the fully-qualified name of the LockService's Release RPC.
 	LockServiceReleaseProcedure = "/warden.v1.LockService/Release"
 	// LockServiceDescribeProcedure is the fully-qualified name of the LockService's Describe RPC.
@@ -56,6 +58,13 @@ type LockServiceClient interface {
 	// moment the renewal commits. A lease that is not current (expired,
 	// released, replaced) answers FAILED_PRECONDITION: the holder must stop.
 	Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error)
+	// RenewBatch renews many leases in one call, as a client holding several
+	// locks does on each keep-alive tick (a ZooKeeper session ping or an etcd
+	// lease keep-alive does the same work for its client). Each renewal
+	// commits as Renew would, with its own outcome; the leases of one shard
+	// share a Raft entry. The call fails as a whole only for a malformed
+	// request (no renewals, or more than 1,000).
+	RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error)
 	// Release ends a lease. A stale lease id is a harmless no-op that answers
 	// released=false; it never removes another holder's lock.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
@@ -87,6 +96,12 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(lockServiceMethods.ByName("Renew")),
 			connect.WithClientOptions(opts...),
 		),
+		renewBatch: connect.NewClient[v1.RenewBatchRequest, v1.RenewBatchResponse](
+			httpClient,
+			baseURL+LockServiceRenewBatchProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("RenewBatch")),
+			connect.WithClientOptions(opts...),
+		),
 		release: connect.NewClient[v1.ReleaseRequest, v1.ReleaseResponse](
 			httpClient,
 			baseURL+LockServiceReleaseProcedure,
@@ -105,10 +120,11 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 
 // lockServiceClient implements LockServiceClient.
 type lockServiceClient struct {
-	acquire  *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
-	renew    *connect.Client[v1.RenewRequest, v1.RenewResponse]
-	release  *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
-	describe *connect.Client[v1.DescribeRequest, v1.DescribeResponse]
+	acquire    *connect.Client[v1.AcquireRequest, v1.AcquireResponse]
+	renew      *connect.Client[v1.RenewRequest, v1.RenewResponse]
+	renewBatch *connect.Client[v1.RenewBatchRequest, v1.RenewBatchResponse]
+	release    *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
+	describe   *connect.Client[v1.DescribeRequest, v1.DescribeResponse]
 }
 
 // Acquire calls warden.v1.LockService.Acquire.
@@ -119,6 +135,11 @@ func (c *lockServiceClient) Acquire(ctx context.Context, req *connect.Request[v1
 // Renew calls warden.v1.LockService.Renew.
 func (c *lockServiceClient) Renew(ctx context.Context, req *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error) {
 	return c.renew.CallUnary(ctx, req)
+}
+
+// RenewBatch calls warden.v1.LockService.RenewBatch.
+func (c *lockServiceClient) RenewBatch(ctx context.Context, req *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error) {
+	return c.renewBatch.CallUnary(ctx, req)
 }
 
 // Release calls warden.v1.LockService.Release.
@@ -142,6 +163,13 @@ type LockServiceHandler interface {
 	// moment the renewal commits. A lease that is not current (expired,
 	// released, replaced) answers FAILED_PRECONDITION: the holder must stop.
 	Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error)
+	// RenewBatch renews many leases in one call, as a client holding several
+	// locks does on each keep-alive tick (a ZooKeeper session ping or an etcd
+	// lease keep-alive does the same work for its client). Each renewal
+	// commits as Renew would, with its own outcome; the leases of one shard
+	// share a Raft entry. The call fails as a whole only for a malformed
+	// request (no renewals, or more than 1,000).
+	RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error)
 	// Release ends a lease. A stale lease id is a harmless no-op that answers
 	// released=false; it never removes another holder's lock.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
@@ -169,6 +197,12 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(lockServiceMethods.ByName("Renew")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lockServiceRenewBatchHandler := connect.NewUnaryHandler(
+		LockServiceRenewBatchProcedure,
+		svc.RenewBatch,
+		connect.WithSchema(lockServiceMethods.ByName("RenewBatch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	lockServiceReleaseHandler := connect.NewUnaryHandler(
 		LockServiceReleaseProcedure,
 		svc.Release,
@@ -188,6 +222,8 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 			lockServiceAcquireHandler.ServeHTTP(w, r)
 		case LockServiceRenewProcedure:
 			lockServiceRenewHandler.ServeHTTP(w, r)
+		case LockServiceRenewBatchProcedure:
+			lockServiceRenewBatchHandler.ServeHTTP(w, r)
 		case LockServiceReleaseProcedure:
 			lockServiceReleaseHandler.ServeHTTP(w, r)
 		case LockServiceDescribeProcedure:
@@ -207,6 +243,10 @@ func (UnimplementedLockServiceHandler) Acquire(context.Context, *connect.Request
 
 func (UnimplementedLockServiceHandler) Renew(context.Context, *connect.Request[v1.RenewRequest]) (*connect.Response[v1.RenewResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.LockService.Renew is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) RenewBatch(context.Context, *connect.Request[v1.RenewBatchRequest]) (*connect.Response[v1.RenewBatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.LockService.RenewBatch is not implemented"))
 }
 
 func (UnimplementedLockServiceHandler) Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
