@@ -314,7 +314,7 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 		return nil, err
 	}
 	defer r.proposing.release()
-	env.Version = shard.CommandVersion
+	env.Version = shard.VersionOf(env)
 	env.ShardId = shardID
 	env.NowUnixNano = t.now()
 	cmd, err := shard.EncodeCommand(env)

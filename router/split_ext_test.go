@@ -135,6 +135,20 @@ func TestSplitUnderTraffic(t *testing.T) {
 	if moved == 0 || moved == held {
 		t.Fatalf("%d of %d resources moved; the split should move some", moved, held)
 	}
+	// One RenewBatch of them all now spans both shards.
+	var pairs []string
+	for r, l := range leases {
+		pairs = append(pairs, r, l.GetLeaseId())
+	}
+	out, err := c.renewBatch(pairs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range out {
+		if o.GetCode() != "" {
+			t.Fatalf("batch renewal of %s after the split: %s %s", pairs[2*i], o.GetCode(), o.GetMessage())
+		}
+	}
 	for i := range waited {
 		r := fmt.Sprintf("held-%d", i)
 		if ok, err := c.release(r, leases[r].GetLeaseId()); err != nil || !ok {

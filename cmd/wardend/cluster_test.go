@@ -320,6 +320,45 @@ func (c *procCluster) checkLeases(leases map[string]*wardenv1.AcquireResponse) {
 			c.t.Fatalf("renew %s via node %d: %v", r, n.id, err)
 		}
 	}
+	// All of them at once, through every running node: a RenewBatch splits
+	// by shard and forwards the renewals of shards led elsewhere.
+	for _, n := range c.nodes {
+		if !n.up.Load() {
+			continue
+		}
+		if err := retryUnavailable(func() error { return n.renewBatch(leases) }); err != nil {
+			c.t.Fatalf("RenewBatch via node %d: %v", n.id, err)
+		}
+	}
+}
+
+// renewBatch renews every lease in one RenewBatch. It answers the first
+// failed renewal as an error of its code (Unavailable for retryUnavailable).
+func (n *node) renewBatch(leases map[string]*wardenv1.AcquireResponse) error {
+	ctx, cancel := rpcCtx()
+	defer cancel()
+	req := &wardenv1.RenewBatchRequest{}
+	for r, a := range leases {
+		req.Renewals = append(req.Renewals, &wardenv1.RenewRequest{Resource: r, LeaseId: a.GetLeaseId()})
+	}
+	resp, err := n.locks.RenewBatch(ctx, connect.NewRequest(req))
+	if err != nil {
+		return err
+	}
+	if len(resp.Msg.GetOutcomes()) != len(req.Renewals) {
+		return fmt.Errorf("%d outcomes for %d renewals", len(resp.Msg.GetOutcomes()), len(req.Renewals))
+	}
+	for i, o := range resp.Msg.GetOutcomes() {
+		if o.GetCode() == "" {
+			continue
+		}
+		var code connect.Code
+		if err := code.UnmarshalText([]byte(o.GetCode())); err != nil {
+			return fmt.Errorf("%s: outcome code %q: %v", req.Renewals[i].GetResource(), o.GetCode(), err)
+		}
+		return connect.NewError(code, fmt.Errorf("%s: %s", req.Renewals[i].GetResource(), o.GetMessage()))
+	}
+	return nil
 }
 
 // retryUnavailable runs f until it answers something other than

@@ -1,0 +1,136 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// RenewBatch implements LockService.RenewBatch. The renewals of each
+// shard go in one RenewBatchCmd to that shard's leader: proposed here
+// when this node leads it, else forwarded as a smaller RenewBatch to the
+// node that does. A renewal whose key left the shard on the way (a split
+// or move) is sent again alone, through Renew's path. Every renewal is
+// audited as a Renew.
+func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
+	start := time.Now()
+	renewals := req.Msg.GetRenewals()
+	if n := len(renewals); n == 0 || n > shard.MaxRenewBatch {
+		err := &shard.FieldError{Field: "renewals", Reason: fmt.Sprintf("must hold 1 to %d renewals, not %d", shard.MaxRenewBatch, n)}
+		return nil, observe("RenewBatch", start, err)
+	}
+	out := make([]*wardenv1.RenewOutcome, len(renewals))
+	groups := map[uint64][]int{} // shard id → indexes into renewals
+	m := s.r.Map()
+	for i, rn := range renewals {
+		if _, err := leaseRef(rn.GetResource(), rn.GetLeaseId()); err != nil {
+			var fe *shard.FieldError
+			if errors.As(err, &fe) {
+				err = &shard.FieldError{Field: fmt.Sprintf("renewals[%d].%s", i, fe.Field), Reason: fe.Reason}
+			}
+			out[i] = s.renewed(ctx, req.Peer(), rn, nil, err)
+			continue
+		}
+		rg, err := m.ShardFor(rn.GetResource())
+		if err != nil {
+			out[i] = s.renewed(ctx, req.Peer(), rn, nil, err)
+			continue
+		}
+		groups[rg.GetShardId()] = append(groups[rg.GetShardId()], i)
+	}
+	var wg sync.WaitGroup
+	for _, idx := range groups {
+		wg.Go(func() { s.renewGroup(ctx, req, idx, out) })
+	}
+	wg.Wait()
+	return connect.NewResponse(&wardenv1.RenewBatchResponse{Outcomes: out}), observe("RenewBatch", start, nil)
+}
+
+// renewGroup renews req's renewals at idx, which the map places in one
+// shard, and fills their outcomes in out.
+func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], idx []int, out []*wardenv1.RenewOutcome) {
+	renewals := req.Msg.GetRenewals()
+	sub := &wardenv1.RenewBatchRequest{Renewals: make([]*wardenv1.RenewRequest, len(idx))}
+	for j, i := range idx {
+		sub.Renewals[j] = renewals[i]
+	}
+	fr := connect.NewRequest(sub)
+	fr.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())))
+	resp, ok, err := forward(ctx, s.r, fr, sub.Renewals[0].GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
+		return p.locks.RenewBatch
+	})
+	if ok {
+		got := resp.Msg.GetOutcomes()
+		if err == nil && len(got) != len(idx) {
+			err = fmt.Errorf("router: forwarded RenewBatch answered %d outcomes for %d renewals", len(got), len(idx))
+		}
+		for j, i := range idx {
+			if err != nil {
+				out[i] = renewOutcome(nil, err)
+			} else {
+				out[i] = got[j]
+			}
+		}
+		return // the node that served them audited and counted them
+	}
+	cmd := &shardv1.RenewBatchCmd{Items: make([]*shardv1.RenewCmd, len(idx))}
+	for j, rn := range sub.Renewals {
+		id, _ := leaseRef(rn.GetResource(), rn.GetLeaseId()) // checked by RenewBatch
+		cmd.Items[j] = &shardv1.RenewCmd{Resource: rn.GetResource(), LeaseId: id}
+	}
+	res, err := s.r.propose(ctx, sub.Renewals[0].GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_RenewBatch{RenewBatch: cmd}})
+	if err == nil && len(res.GetItems()) != len(idx) {
+		err = fmt.Errorf("router: shard answered %d results for %d renewals", len(res.GetItems()), len(idx))
+	}
+	for j, i := range idx {
+		rn := sub.Renewals[j]
+		switch {
+		case err != nil:
+			out[i] = s.renewed(ctx, req.Peer(), rn, nil, err)
+		case res.Items[j].GetCode() == shardv1.Code_CODE_WRONG_SHARD || res.Items[j].GetCode() == shardv1.Code_CODE_UNAVAILABLE:
+			// The key left this shard after the map was read: Renew
+			// finds its new shard (and audits and counts it).
+			one := connect.NewRequest(rn)
+			one.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())))
+			r, err := s.Renew(ctx, one)
+			out[i] = renewOutcome(r, err)
+		case res.Items[j].GetCode() != shardv1.Code_CODE_OK:
+			out[i] = s.renewed(ctx, req.Peer(), rn, nil, &resultError{res.Items[j]})
+		default:
+			out[i] = s.renewed(ctx, req.Peer(), rn, res.Items[j], nil)
+		}
+	}
+}
+
+// renewed audits and counts one renewal of a RenewBatch served here
+// (method RenewBatch.renewal) and returns its outcome: res is the shard's
+// result when err is nil.
+func (s *LockServer) renewed(ctx context.Context, p connect.Peer, rn *wardenv1.RenewRequest, res *shardv1.Result, err error) *wardenv1.RenewOutcome {
+	s.audit(ctx, p, auditEntry{method: "RenewBatch", resource: rn.GetResource(), leaseID: rn.GetLeaseId()}, err)
+	metrics.rpcOutcomes.WithLabelValues("RenewBatch.renewal", outcome(err)).Inc()
+	if err != nil {
+		return renewOutcome(nil, err)
+	}
+	return &wardenv1.RenewOutcome{ExpiresAt: timestamp(res.GetLease().GetExpiresAtUnixNano())}
+}
+
+// renewOutcome is a renewal's outcome from Renew's answer or error.
+func renewOutcome(resp *connect.Response[wardenv1.RenewResponse], err error) *wardenv1.RenewOutcome {
+	if err == nil {
+		return &wardenv1.RenewOutcome{ExpiresAt: resp.Msg.GetExpiresAt()}
+	}
+	var ce *connect.Error
+	if !errors.As(toConnect(err), &ce) {
+		return &wardenv1.RenewOutcome{Code: connect.CodeUnknown.String(), Message: err.Error()}
+	}
+	return &wardenv1.RenewOutcome{Code: ce.Code().String(), Message: ce.Message()}
+}
