@@ -13,6 +13,8 @@
 // What a user must know:
 //
 //   - A Lease renews itself in the background every TTL/3 (±10 % jitter).
+//     The renewals of a Client's leases that fall due together share one
+//     RenewBatch call (see Renewer).
 //     Its local deadline is the send time of the last successful renewal
 //     (or of the first Acquire attempt) plus the TTL, on this process's
 //     monotonic clock. When renewals fail, it keeps trying until that
@@ -101,7 +103,10 @@ type Client struct {
 	cfg    Config
 	locks  []wardenv1connect.LockServiceClient
 	quotas []wardenv1connect.QuotaServiceClient
-	next   atomic.Uint32 // index of the endpoint to try first
+	// renewers batch the renewals of this client's leases, one per
+	// endpoint.
+	renewers []*Renewer
+	next     atomic.Uint32 // index of the endpoint to try first
 }
 
 // New returns a client for the given node URLs.
@@ -129,6 +134,7 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg}
 	for _, e := range cfg.Endpoints {
 		c.locks = append(c.locks, wardenv1connect.NewLockServiceClient(cfg.HTTPClient, e))
+		c.renewers = append(c.renewers, NewRenewer(c.locks[len(c.locks)-1], DefaultLinger))
 		c.quotas = append(c.quotas, wardenv1connect.NewQuotaServiceClient(cfg.HTTPClient, e))
 	}
 	return c, nil

@@ -177,25 +177,20 @@ func heldError(resource string, err error) error {
 func (l *Lease) renew(ctx context.Context, cutoff time.Time) error {
 	ctx, cancel := context.WithDeadline(ctx, cutoff)
 	defer cancel()
-	var sent time.Time
-	var resp *wardenv1.RenewResponse
-	err := l.c.call(ctx, func(ctx context.Context, locks wardenv1connect.LockServiceClient) error {
-		sent = time.Now()
-		r, err := locks.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: l.resource, LeaseId: l.leaseID}))
-		if err != nil {
-			if connect.CodeOf(err) == connect.CodeUnavailable {
-				renewFailures.WithLabelValues("unavailable").Inc()
-			}
-			return err
+	var sent, expiresAt time.Time
+	err := l.c.retry(ctx, func(ctx context.Context, i int) error {
+		var err error
+		sent, expiresAt, err = l.c.renewers[i].Renew(ctx, l.resource, l.leaseID)
+		if connect.CodeOf(err) == connect.CodeUnavailable {
+			renewFailures.WithLabelValues("unavailable").Inc()
 		}
-		resp = r.Msg
-		return nil
+		return err
 	})
 	switch {
 	case err == nil:
 		l.mu.Lock()
 		l.mu.deadline = sent.Add(l.ttl)
-		l.mu.expiresAt = resp.GetExpiresAt().AsTime()
+		l.mu.expiresAt = expiresAt
 		l.mu.Unlock()
 		return nil
 	case connect.CodeOf(err) == connect.CodeFailedPrecondition:
