@@ -19,6 +19,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/client"
 	"github.com/warden-dev/warden/loadtest/harness"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -33,6 +34,17 @@ type Config struct {
 	// (default 4): one connection carries at most the server's stream
 	// limit of concurrent requests.
 	ConnsPerEndpoint int
+	// SingleRenewals sends each renewal in a Renew call of its own; by
+	// default the renewals sent to one endpoint within RenewLinger of each
+	// other share RenewBatch calls (client.Renewer), as the Go SDK's do.
+	SingleRenewals bool
+	// RenewLinger is how long a renewal waits to be batched (default
+	// client.DefaultLinger).
+	RenewLinger time.Duration
+	// HTTP1 sends requests over HTTP/1.1 keep-alive connections instead
+	// of h2c: one request per connection at a time, up to
+	// ConnsPerEndpoint connections to each endpoint.
+	HTTP1 bool
 	// ClusterScript is deploy/local/cluster.sh (run with bash), for the
 	// kill and restart faults; ClusterEnv its environment
 	// (WARDEN_CLUSTER_DIR, ports).
@@ -46,7 +58,8 @@ type Config struct {
 // forward by the node it reached.
 type Target struct {
 	cfg    Config
-	conns  []conn
+	conns  []conn // per connections (clients) to each endpoint in turn
+	per    int
 	admins []wardenv1connect.AdminServiceClient
 	killed []int // nodes killed by faults, for restart
 	routes atomic.Pointer[[]route]
@@ -64,6 +77,7 @@ type conn struct {
 	endpoint int
 	lock     wardenv1connect.LockServiceClient
 	quota    wardenv1connect.QuotaServiceClient
+	renewer  *client.Renewer // shared by the endpoint's connections
 }
 
 // New returns a target for the cluster at cfg.Endpoints.
@@ -74,16 +88,36 @@ func New(cfg Config) (*Target, error) {
 	if cfg.ConnsPerEndpoint <= 0 {
 		cfg.ConnsPerEndpoint = 4
 	}
+	if cfg.RenewLinger == 0 {
+		cfg.RenewLinger = client.DefaultLinger
+	}
 	t := &Target{cfg: cfg, stop: make(chan struct{})}
 	for i, e := range cfg.Endpoints {
-		for range cfg.ConnsPerEndpoint {
+		clients := cfg.ConnsPerEndpoint
+		if cfg.HTTP1 {
+			clients = 1
+		}
+		t.per = clients
+		var renewer *client.Renewer
+		for range clients {
 			tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 16}
 			tr.Protocols.SetUnencryptedHTTP2(true)
+			if cfg.HTTP1 {
+				tr.Protocols = new(http.Protocols)
+				tr.Protocols.SetHTTP1(true)
+				tr.MaxIdleConnsPerHost = cfg.ConnsPerEndpoint
+				tr.MaxConnsPerHost = cfg.ConnsPerEndpoint
+			}
 			hc := &http.Client{Transport: tr}
+			lock := wardenv1connect.NewLockServiceClient(hc, e)
+			if renewer == nil {
+				renewer = client.NewRenewer(lock, cfg.RenewLinger)
+			}
 			t.conns = append(t.conns, conn{
 				endpoint: i,
-				lock:     wardenv1connect.NewLockServiceClient(hc, e),
+				lock:     lock,
 				quota:    wardenv1connect.NewQuotaServiceClient(hc, e),
+				renewer:  renewer,
 			})
 		}
 		t.admins = append(t.admins, wardenv1connect.NewAdminServiceClient(http.DefaultClient, e))
@@ -145,8 +179,7 @@ func (t *Target) first(key string) conn {
 		h := xxhash.Sum64String(key) // as shard.KeyHash places keys
 		for _, r := range *rs {
 			if h >= r.start && (r.end == 0 || h < r.end) {
-				per := t.cfg.ConnsPerEndpoint
-				return t.conns[r.endpoint*per+rand.IntN(per)]
+				return t.conns[r.endpoint*t.per+rand.IntN(t.per)]
 			}
 		}
 	}
@@ -251,6 +284,10 @@ func (t *Target) Acquire(ctx context.Context, resource string, ttl, wait time.Du
 // Renew implements harness.Target.
 func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
 	err := t.call(ctx, l.Resource, func(c conn) error {
+		if !t.cfg.SingleRenewals {
+			_, _, err := c.renewer.Renew(ctx, l.Resource, l.Handle.(lease).id)
+			return err
+		}
 		_, err := c.lock.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: l.Resource, LeaseId: l.Handle.(lease).id}))
 		return err
 	})
