@@ -215,6 +215,9 @@ func (s *StateMachine) Update(entries []sm.Entry) ([]sm.Entry, error) {
 		}
 		entries[i].Result = sm.Result{Value: uint64(res.GetCode()), Data: data}
 	}
+	if err := view.writeMeta(b); err != nil {
+		return nil, err
+	}
 	last := entries[len(entries)-1].Index
 	if err := b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, last), nil); err != nil {
 		return nil, err

@@ -28,8 +28,21 @@ type getter interface {
 type records struct {
 	g    getter
 	meta *shardv1.ShardMeta // cached; loaded on first use
+	// metaDirty: meta changed since it was last written; write stores it
+	// once, when the Update's batch is complete (nearly every command moves
+	// the shard's time, and meta carries it).
+	metaDirty bool
 	// initial is the meta of a shard that has no stored meta yet.
 	initial func() *shardv1.ShardMeta
+}
+
+// writeMeta stores meta in b if it changed since it was last stored.
+func (s *records) writeMeta(b writeBatch) error {
+	if !s.metaDirty {
+		return nil
+	}
+	s.metaDirty = false
+	return set(b, keyMeta, s.meta)
 }
 
 // FirstShard is the id of a deployment's first data shard, the one shard
@@ -185,8 +198,8 @@ func appliedIndex(g getter) (uint64, error) {
 func (s *records) write(b writeBatch, c Change) error {
 	switch c.Kind {
 	case PutMeta:
-		s.meta = c.Meta
-		return set(b, keyMeta, c.Meta)
+		s.meta, s.metaDirty = c.Meta, true
+		return nil
 	case PutLock:
 		old, err := s.Lock(c.Lock.GetResource())
 		if err != nil {
