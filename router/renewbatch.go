@@ -69,9 +69,12 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 		return p.locks.RenewBatch
 	})
 	if ok {
-		got := resp.Msg.GetOutcomes()
-		if err == nil && len(got) != len(idx) {
-			err = fmt.Errorf("router: forwarded RenewBatch answered %d outcomes for %d renewals", len(got), len(idx))
+		var got []*wardenv1.RenewOutcome
+		if err == nil {
+			got = resp.Msg.GetOutcomes()
+			if len(got) != len(idx) {
+				err = fmt.Errorf("router: forwarded RenewBatch answered %d outcomes for %d renewals", len(got), len(idx))
+			}
 		}
 		for j, i := range idx {
 			if err != nil {
