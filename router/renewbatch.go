@@ -49,6 +49,10 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 	}
 	var wg sync.WaitGroup
 	for _, idx := range groups {
+		if len(groups) == 1 { // the usual case: no goroutine
+			s.renewGroup(ctx, req, idx, out)
+			break
+		}
 		wg.Go(func() { s.renewGroup(ctx, req, idx, out) })
 	}
 	wg.Wait()

@@ -193,7 +193,7 @@ func (t *Target) Name() string { return "warden" }
 // command (Dragonboat may batch several into one Raft entry and fsync).
 func (t *Target) Costs() harness.Costs {
 	return harness.Costs{Acquire: 1, Renew: 1, Release: 1, Quota: 1,
-		Note: "every acquire, renewal and release is one command committed by a Raft quorum and fsynced; per-lock leases with fencing tokens"}
+		Note: "every acquire, renewal and release is a command committed by a Raft quorum and fsynced, with per-lock leases and fencing tokens; the renewals sent to one node within the renew linger (50 ms) share one RenewBatch call and one Raft entry per shard, but each is applied on every replica"}
 }
 
 // Close implements harness.Target.
