@@ -125,6 +125,11 @@ func TestCorrectTargetHasNoViolations(t *testing.T) {
 	if rep.CommitsPerSec <= 0 || rep.HeldAtEnd == 0 {
 		t.Errorf("commits/s %v, held at end %d", rep.CommitsPerSec, rep.HeldAtEnd)
 	}
+	// Every operation costs the in-memory target one write, so its writes
+	// per second are its commits per second, over the same seconds.
+	if d := rep.WritesPerSec - rep.CommitsPerSec; d > 0.01*rep.CommitsPerSec || d < -0.01*rep.CommitsPerSec {
+		t.Errorf("writes/s %v, commits/s %v", rep.WritesPerSec, rep.CommitsPerSec)
+	}
 }
 
 func TestCheckerCatchesBrokenTargets(t *testing.T) {

@@ -249,7 +249,8 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 	rep.Ops = whole.Ops
 	rep.CommitsPerSec = whole.CommitsPerSec
 	rep.AcquiresPerSec = whole.AcquiresPerSec
-	rep.WritesPerSec = writes(rep.Costs, whole.Ops) / rep.DurationS
+	// The same whole seconds as the step's other rates.
+	rep.WritesPerSec = writes(rep.Costs, whole.Ops) / max(whole.ToS-whole.FromS, 1)
 	rep.HeldAtEnd = d.Held()
 	rep.Safety = d.chk.Safety()
 	rep.Series = map[string][]Point{}
