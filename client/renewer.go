@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -17,14 +18,21 @@ import (
 // server's bound).
 const MaxRenewBatch = 1000
 
+// maxBatchBytes bounds a RenewBatch request's encoded size, under the
+// server's 64 KiB request limit: 1,000 renewals of long resource names
+// would pass it.
+const maxBatchBytes = 48 << 10
+
 // Renewer sends the renewals of many leases through one LockService
 // client in RenewBatch calls, so that a process holding many locks pays
 // one RPC, and one Raft entry per shard, for the renewals that fall due
 // within a linger period of each other (etcd's lease keep-alive stream
 // and ZooKeeper's session ping amortize the same work). A renewal waits
 // at most the linger period before it is sent, or less when 1,000 are
-// queued. A server without RenewBatch (Unimplemented) is sent plain Renew
-// calls instead. Safe for concurrent use; a Client keeps one per
+// queued; a call carries at most 1,000 renewals and 48 KiB. A server
+// without RenewBatch (Unimplemented), or a call refused as a whole for
+// another reason than Unavailable or a deadline, gets plain Renew calls
+// instead, all at once. Safe for concurrent use; a Client keeps one per
 // endpoint.
 type Renewer struct {
 	locks  wardenv1connect.LockServiceClient
@@ -99,8 +107,16 @@ func (r *Renewer) flush() {
 		}
 	}
 	for len(live) > 0 {
-		batch := live[:min(len(live), MaxRenewBatch)]
-		live = live[len(batch):]
+		n, size := 0, 0
+		for n < len(live) && n < MaxRenewBatch {
+			size += proto.Size(live[n].req) + 3 // the item's tag and length
+			if n > 0 && size > maxBatchBytes {
+				break
+			}
+			n++
+		}
+		batch := live[:n]
+		live = live[n:]
 		if single {
 			go r.sendEach(batch)
 		} else {
@@ -136,12 +152,22 @@ func (r *Renewer) sendBatch(batch []*renewal) {
 	}
 	sent := time.Now()
 	resp, err := r.locks.RenewBatch(ctx, connect.NewRequest(req))
-	if connect.CodeOf(err) == connect.CodeUnimplemented {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnimplemented:
 		r.mu.Lock()
 		r.single = true
 		r.mu.Unlock()
 		r.sendEach(batch)
 		return
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled:
+		// Each renewal gets the error: its caller retries or gives up.
+	default:
+		if err != nil {
+			// A refusal of the call as a whole (its size, say) says
+			// nothing about the leases: renew them one by one.
+			r.sendEach(batch)
+			return
+		}
 	}
 	if err == nil && len(resp.Msg.GetOutcomes()) != len(batch) {
 		err = connect.NewError(connect.CodeInternal, fmt.Errorf("warden: RenewBatch answered %d outcomes for %d renewals", len(resp.Msg.GetOutcomes()), len(batch)))
@@ -169,16 +195,18 @@ func outcome(o *wardenv1.RenewOutcome) (time.Time, error) {
 	return time.Time{}, connect.NewError(code, errors.New(o.GetMessage()))
 }
 
-// sendEach renews batch one call at a time, for a server without
-// RenewBatch.
+// sendEach renews batch in plain Renew calls, all at once, for a server
+// without RenewBatch or a batch it refused as a whole.
 func (r *Renewer) sendEach(batch []*renewal) {
 	for _, rn := range batch {
-		rn.sent = time.Now()
-		resp, err := r.locks.Renew(rn.ctx, connect.NewRequest(rn.req))
-		if err == nil {
-			rn.exp = resp.Msg.GetExpiresAt().AsTime()
-		}
-		rn.err = err
-		close(rn.done)
+		go func() {
+			rn.sent = time.Now()
+			resp, err := r.locks.Renew(rn.ctx, connect.NewRequest(rn.req))
+			if err == nil {
+				rn.exp = resp.Msg.GetExpiresAt().AsTime()
+			}
+			rn.err = err
+			close(rn.done)
+		}()
 	}
 }

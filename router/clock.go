@@ -21,6 +21,9 @@ type clockWatch struct {
 	mu      sync.Mutex
 	offsets map[uint64]time.Duration // peer node id → its clock minus ours
 	down    map[uint64]bool          // peers whose last reading failed
+	// versions holds the shard command version each peer's binary
+	// applies, from its last clock reading.
+	versions map[uint64]uint32
 	// unsafe is set while this node's clock is more than MaxClockSkew/2
 	// from the majority's.
 	unsafe atomic.Bool
@@ -80,6 +83,10 @@ func (r *Router) measureClocks() {
 			r.clock.offsets = map[uint64]time.Duration{}
 		}
 		r.clock.offsets[n.GetId()] = off
+		if r.clock.versions == nil {
+			r.clock.versions = map[uint64]uint32{}
+		}
+		r.clock.versions[n.GetId()] = max(resp.Msg.GetCommandVersion(), 1)
 		r.clock.mu.Unlock()
 		offsets = append(offsets, off)
 	}
@@ -99,6 +106,31 @@ func (r *Router) measureClocks() {
 	if unsafe {
 		r.handLeadershipAway()
 	}
+}
+
+// applies reports whether every replica of shardID is on a node whose
+// binary applies command envelope version v: this node's, or a peer
+// whose last clock reading said so. A command of a newer version than
+// some replica applies would stop that replica's whole process, and go on
+// stopping it while it replays its log, so the router proposes one only
+// once every replica's node has been upgraded (a rolling upgrade keeps
+// using the older commands until then).
+func (r *Router) applies(shardID uint64, v uint32) bool {
+	if v <= 1 {
+		return true
+	}
+	s := r.Map().Shard(shardID)
+	if s == nil {
+		return false
+	}
+	r.clock.mu.Lock()
+	defer r.clock.mu.Unlock()
+	for _, rep := range s.GetReplicas() {
+		if !r.isLocal(rep.GetNodeId()) && r.clock.versions[rep.GetNodeId()] < v {
+			return false
+		}
+	}
+	return true
 }
 
 // live reports whether node id answered its last clock reading (a node

@@ -11,6 +11,7 @@ import (
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
+	"github.com/warden-dev/warden/shard"
 )
 
 // NodeServer implements placementv1connect.NodeServiceHandler, the
@@ -93,5 +94,5 @@ func nextHop(h http.Header, err error) *remoteLeader {
 
 // Clock implements NodeService.Clock.
 func (s *NodeServer) Clock(context.Context, *connect.Request[placementv1.ClockRequest]) (*connect.Response[placementv1.ClockResponse], error) {
-	return connect.NewResponse(&placementv1.ClockResponse{UnixNano: s.r.now().UnixNano()}), nil
+	return connect.NewResponse(&placementv1.ClockResponse{UnixNano: s.r.now().UnixNano(), CommandVersion: shard.CommandVersion}), nil
 }

@@ -19,8 +19,11 @@ import (
 // shard go in one RenewBatchCmd to that shard's leader: proposed here
 // when this node leads it, else forwarded as a smaller RenewBatch to the
 // node that does. A renewal whose key left the shard on the way (a split
-// or move) is sent again alone, through Renew's path. Every renewal is
-// audited as a Renew.
+// or move) is sent again alone, through Renew's path. While a replica of
+// the shard is on a node whose binary predates RenewBatchCmd (a rolling
+// upgrade), or the leader's node does not serve RenewBatch, each renewal
+// goes through Renew's path instead. Every renewal is audited, with
+// method RenewBatch where this node proposed it.
 func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
 	start := time.Now()
 	renewals := req.Msg.GetRenewals()
@@ -48,20 +51,20 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 		groups[rg.GetShardId()] = append(groups[rg.GetShardId()], i)
 	}
 	var wg sync.WaitGroup
-	for _, idx := range groups {
+	for shardID, idx := range groups {
 		if len(groups) == 1 { // the usual case: no goroutine
-			s.renewGroup(ctx, req, idx, out)
+			s.renewGroup(ctx, req, shardID, idx, out)
 			break
 		}
-		wg.Go(func() { s.renewGroup(ctx, req, idx, out) })
+		wg.Go(func() { s.renewGroup(ctx, req, shardID, idx, out) })
 	}
 	wg.Wait()
 	return connect.NewResponse(&wardenv1.RenewBatchResponse{Outcomes: out}), observe("RenewBatch", start, nil)
 }
 
-// renewGroup renews req's renewals at idx, which the map places in one
-// shard, and fills their outcomes in out.
-func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], idx []int, out []*wardenv1.RenewOutcome) {
+// renewGroup renews req's renewals at idx, which the map places in
+// shardID, and fills their outcomes in out.
+func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], shardID uint64, idx []int, out []*wardenv1.RenewOutcome) {
 	renewals := req.Msg.GetRenewals()
 	sub := &wardenv1.RenewBatchRequest{Renewals: make([]*wardenv1.RenewRequest, len(idx))}
 	for j, i := range idx {
@@ -72,6 +75,10 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 	resp, ok, err := forward(ctx, s.r, fr, sub.Renewals[0].GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
 		return p.locks.RenewBatch
 	})
+	if ok && connect.CodeOf(err) == connect.CodeUnimplemented {
+		s.renewEach(ctx, req, idx, out) // the leader's node predates RenewBatch
+		return
+	}
 	if ok {
 		var got []*wardenv1.RenewOutcome
 		if err == nil {
@@ -94,7 +101,12 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 		id, _ := leaseRef(rn.GetResource(), rn.GetLeaseId()) // checked by RenewBatch
 		cmd.Items[j] = &shardv1.RenewCmd{Resource: rn.GetResource(), LeaseId: id}
 	}
-	res, err := s.r.propose(ctx, sub.Renewals[0].GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_RenewBatch{RenewBatch: cmd}})
+	env := &shardv1.Envelope{Command: &shardv1.Envelope_RenewBatch{RenewBatch: cmd}}
+	if !s.r.applies(shardID, shard.VersionOf(env)) {
+		s.renewEach(ctx, req, idx, out) // a replica's node predates RenewBatchCmd
+		return
+	}
+	res, err := s.r.propose(ctx, sub.Renewals[0].GetResource(), env)
 	if err == nil && len(res.GetItems()) != len(idx) {
 		err = fmt.Errorf("router: shard answered %d results for %d renewals", len(res.GetItems()), len(idx))
 	}
@@ -106,16 +118,32 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 		case res.Items[j].GetCode() == shardv1.Code_CODE_WRONG_SHARD || res.Items[j].GetCode() == shardv1.Code_CODE_UNAVAILABLE:
 			// The key left this shard after the map was read: Renew
 			// finds its new shard (and audits and counts it).
-			one := connect.NewRequest(rn)
-			one.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())))
-			r, err := s.Renew(ctx, one)
-			out[i] = renewOutcome(r, err)
+			out[i] = s.renewOne(ctx, req, rn)
 		case res.Items[j].GetCode() != shardv1.Code_CODE_OK:
 			out[i] = s.renewed(ctx, req.Peer(), rn, nil, &resultError{res.Items[j]})
 		default:
 			out[i] = s.renewed(ctx, req.Peer(), rn, res.Items[j], nil)
 		}
 	}
+}
+
+// renewOne renews one of req's renewals through Renew's path, which
+// finds its shard and leader and audits and counts it.
+func (s *LockServer) renewOne(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], rn *wardenv1.RenewRequest) *wardenv1.RenewOutcome {
+	one := connect.NewRequest(rn)
+	one.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())))
+	r, err := s.Renew(ctx, one)
+	return renewOutcome(r, err)
+}
+
+// renewEach renews req's renewals at idx one by one, concurrently,
+// through Renew's path.
+func (s *LockServer) renewEach(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], idx []int, out []*wardenv1.RenewOutcome) {
+	var wg sync.WaitGroup
+	for _, i := range idx {
+		wg.Go(func() { out[i] = s.renewOne(ctx, req, req.Msg.GetRenewals()[i]) })
+	}
+	wg.Wait()
 }
 
 // renewed audits and counts one renewal of a RenewBatch served here

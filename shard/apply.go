@@ -12,8 +12,9 @@ import (
 
 // CommandVersion is the newest envelope version this binary applies.
 // Version 2 added RenewBatchCmd; every other command is proposed as
-// version 1 (see VersionOf), so a cluster keeps running while its nodes
-// are upgraded one by one, until a client sends RenewBatch.
+// version 1 (see VersionOf). The router proposes a version 2 command only
+// once every replica's node reports a binary that applies it, so a
+// rolling upgrade never stops a replica.
 const CommandVersion = 2
 
 // MaxRenewBatch is the most renewals one RenewBatchCmd (and one RenewBatch

@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"io"
 	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,19 +15,7 @@ import (
 
 // offsetOf reads node i's warden_clock_offset_seconds for peer.
 func (c *procCluster) offsetOf(i int, peer string) (float64, bool) {
-	resp, err := http.Get("http://" + c.nodes[i].listen + "/metrics")
-	if err != nil {
-		return 0, false
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, `warden_clock_offset_seconds{peer="`+peer+`"} `); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			return f, err == nil
-		}
-	}
-	return 0, false
+	return c.nodes[i].metric(`warden_clock_offset_seconds{peer="` + peer + `"}`)
 }
 
 // DESIGN.md "Time": nodes measure their clock offsets; a node whose clock

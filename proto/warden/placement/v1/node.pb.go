@@ -698,9 +698,13 @@ func (*ClockRequest) Descriptor() ([]byte, []int) {
 type ClockResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// UnixNano is the node's wall clock when it answered.
-	UnixNano      int64 `protobuf:"varint,1,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UnixNano int64 `protobuf:"varint,1,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
+	// CommandVersion is the newest shard command envelope version the
+	// node's binary applies (shard.CommandVersion); 0 from binaries older
+	// than the field, which apply version 1.
+	CommandVersion uint32 `protobuf:"varint,2,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ClockResponse) Reset() {
@@ -736,6 +740,13 @@ func (*ClockResponse) Descriptor() ([]byte, []int) {
 func (x *ClockResponse) GetUnixNano() int64 {
 	if x != nil {
 		return x.UnixNano
+	}
+	return 0
+}
+
+func (x *ClockResponse) GetCommandVersion() uint32 {
+	if x != nil {
+		return x.CommandVersion
 	}
 	return 0
 }
@@ -783,9 +794,10 @@ const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\x0fReadMetaRequest\"D\n" +
 	"\x10ReadMetaResponse\x120\n" +
 	"\x05state\x18\x01 \x01(\v2\x1a.warden.placement.v1.StateR\x05state\"\x0e\n" +
-	"\fClockRequest\",\n" +
+	"\fClockRequest\"U\n" +
 	"\rClockResponse\x12\x1b\n" +
-	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano*\xb7\x01\n" +
+	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12'\n" +
+	"\x0fcommand_version\x18\x02 \x01(\rR\x0ecommandVersion*\xb7\x01\n" +
 	"\x10MembershipChange\x12!\n" +
 	"\x1dMEMBERSHIP_CHANGE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16MEMBERSHIP_CHANGE_NONE\x10\x01\x12$\n" +

@@ -1,0 +1,36 @@
+package router
+
+import (
+	"testing"
+
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+)
+
+// A command of version 2 is proposed only once every replica's node has
+// said, in a clock reading, that its binary applies version 2.
+func TestAppliesNeedsEveryReplicasVersion(t *testing.T) {
+	r := &Router{}
+	r.maps.Store(placement.NewMap(&placementv1.State{Shards: []*placementv1.Shard{{Id: 5, Replicas: []*placementv1.Replica{
+		{ReplicaId: 1, NodeId: 1}, {ReplicaId: 2, NodeId: 2}, {ReplicaId: 3, NodeId: 3}}}}}))
+	for _, c := range []struct {
+		versions map[uint64]uint32
+		v        uint32
+		want     bool
+	}{
+		{nil, 1, true},
+		{nil, 2, false}, // no reading yet
+		{map[uint64]uint32{1: 2, 2: 2}, 2, false}, // node 3 not heard from
+		{map[uint64]uint32{1: 2, 2: 2, 3: 1}, 2, false},
+		{map[uint64]uint32{1: 2, 2: 2, 3: 2}, 2, true},
+		{map[uint64]uint32{1: 2, 2: 2, 3: 2}, 3, false},
+	} {
+		r.clock.versions = c.versions
+		if got := r.applies(5, c.v); got != c.want {
+			t.Errorf("versions %v, command version %d: applies %v, want %v", c.versions, c.v, got, c.want)
+		}
+	}
+	if r.applies(6, 2) {
+		t.Error("applies to a shard the map does not know")
+	}
+}
