@@ -229,3 +229,33 @@ func (p *Peers) Run(args ...string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
+
+// FaultTarget is a target that injects faults.
+type FaultTarget interface {
+	harness.Target
+	harness.Faulter
+}
+
+// Faults injects each fault kind in turn and checks that the target still
+// grants afterwards (within acquireWait) with a token above every earlier
+// one, then releases; on a failed fault it shows the peers' status.
+func Faults(t *testing.T, ctx context.Context, tg FaultTarget, peers *Peers, kinds []string, acquireWait time.Duration) {
+	t.Helper()
+	var last uint64
+	for _, kind := range kinds {
+		start := time.Now()
+		if err := tg.Fault(ctx, kind); err != nil {
+			status, _ := peers.Run("status")
+			t.Fatalf("fault %s: %v\nstatus:\n%s", kind, err, status)
+		}
+		l := AcquireRetry(t, tg, "fault-res", acquireWait)
+		if l.Token <= last {
+			t.Fatalf("after %s: token %d <= %d", kind, l.Token, last)
+		}
+		last = l.Token
+		if err := tg.Release(ctx, l); err != nil {
+			t.Fatalf("after %s: release: %v", kind, err)
+		}
+		t.Logf("%s + acquire/release: %v", kind, time.Since(start).Round(time.Millisecond))
+	}
+}

@@ -103,27 +103,7 @@ func contract(t *testing.T, tg harness.Target, res string) {
 func faults(t *testing.T, tg *Target, peers *cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	var last uint64
-	step := func(kind string) {
-		t.Helper()
-		start := time.Now()
-		if err := tg.Fault(ctx, kind); err != nil {
-			status, _ := peers.Run("status")
-			t.Fatalf("fault %s: %v\nstatus:\n%s", kind, err, status)
-		}
-		l := targettest.AcquireRetry(t, tg, "fault-res", 15*time.Second)
-		if l.Token <= last {
-			t.Fatalf("after %s: token %d <= %d", kind, l.Token, last)
-		}
-		last = l.Token
-		if err := tg.Release(ctx, l); err != nil {
-			t.Fatalf("after %s: release: %v", kind, err)
-		}
-		t.Logf("%s + acquire/release: %v", kind, time.Since(start).Round(time.Millisecond))
-	}
-	for _, kind := range []string{"snapshot", "transfer-leader", "kill", "restart", "kill-leader", "restart"} {
-		step(kind)
-	}
+	targettest.Faults(t, ctx, tg, peers.Peers, []string{"snapshot", "transfer-leader", "kill", "restart", "kill-leader", "restart"}, 15*time.Second)
 	if err := tg.Fault(ctx, "bogus"); err == nil {
 		t.Error("unknown fault kind accepted")
 	}

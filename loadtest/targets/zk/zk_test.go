@@ -174,23 +174,7 @@ func faults(t *testing.T, tg *Target, peers *ensemble) {
 	if err := tg.Fault(ctx, "transfer-leader"); err == nil {
 		t.Error("transfer-leader: want an error, ZooKeeper has no such operation")
 	}
-	var last uint64
-	for _, kind := range []string{"snapshot", "kill", "restart", "kill-leader", "restart"} {
-		start := time.Now()
-		if err := tg.Fault(ctx, kind); err != nil {
-			status, _ := peers.Run("status")
-			t.Fatalf("fault %s: %v\nstatus:\n%s", kind, err, status)
-		}
-		l := targettest.AcquireRetry(t, tg, "fault-res", 20*time.Second)
-		if l.Token <= last {
-			t.Fatalf("after %s: token %d <= %d", kind, l.Token, last)
-		}
-		last = l.Token
-		if err := tg.Release(ctx, l); err != nil {
-			t.Fatalf("after %s: release: %v", kind, err)
-		}
-		t.Logf("%s + acquire/release: %v", kind, time.Since(start).Round(time.Millisecond))
-	}
+	targettest.Faults(t, ctx, tg, peers.Peers, []string{"snapshot", "kill", "restart", "kill-leader", "restart"}, 20*time.Second)
 }
 
 func TestPredecessor(t *testing.T) {
