@@ -248,3 +248,15 @@ func TestTargetCheck(t *testing.T) {
 		t.Fatalf("2,900 of 3,000 commits/s: %s", got)
 	}
 }
+
+func TestHandleOf(t *testing.T) {
+	type h struct{ id int }
+	if got, err := HandleOf[*h]("x", Lease{Handle: &h{7}}); err != nil || got.id != 7 {
+		t.Fatalf("own handle: %v %v", got, err)
+	}
+	for _, l := range []Lease{{Resource: "r"}, {Resource: "r", Handle: (*h)(nil)}, {Resource: "r", Handle: "other"}} {
+		if _, err := HandleOf[*h]("x", l); err == nil || !strings.Contains(err.Error(), `x: lease for "r"`) {
+			t.Errorf("handle %#v: %v", l.Handle, err)
+		}
+	}
+}

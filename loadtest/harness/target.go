@@ -7,6 +7,7 @@ package harness
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -30,6 +31,18 @@ type Lease struct {
 	TTL time.Duration
 	// Handle is the target's own reference (a lease id, a node path).
 	Handle any
+}
+
+// HandleOf returns l's Handle as the target's own type H, or an error
+// naming the target when the lease carries another type or a nil one
+// (a lease from another target, or made up).
+func HandleOf[H comparable](target string, l Lease) (H, error) {
+	var zero H
+	h, ok := l.Handle.(H)
+	if !ok || h == zero {
+		return zero, fmt.Errorf("%s: lease for %q has no %s handle", target, l.Resource, target)
+	}
+	return h, nil
 }
 
 // Costs says how many replicated writes (consensus commits in the

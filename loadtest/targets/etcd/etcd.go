@@ -365,18 +365,10 @@ func ownerRevision(m *concurrency.Mutex) int64 {
 	return m.Header().Revision
 }
 
-func handleOf(l harness.Lease) (*handle, error) {
-	h, ok := l.Handle.(*handle)
-	if !ok || h == nil {
-		return nil, fmt.Errorf("etcd: lease for %q has no etcd handle", l.Resource)
-	}
-	return h, nil
-}
-
 // Renew sends one lease keep-alive (handled by the leader, no Raft entry).
 // ErrLost when the lease has expired or was revoked.
 func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
-	h, err := handleOf(l)
+	h, err := harness.HandleOf[*handle]("etcd", l)
 	if err != nil {
 		return err
 	}
@@ -397,7 +389,7 @@ func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
 // ModeMutex it first deletes the mutex key (Mutex.Unlock), as the recipe
 // does. ErrLost when the lease was already gone.
 func (t *Target) Release(ctx context.Context, l harness.Lease) error {
-	h, err := handleOf(l)
+	h, err := harness.HandleOf[*handle]("etcd", l)
 	if err != nil {
 		return err
 	}

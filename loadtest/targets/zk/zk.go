@@ -442,21 +442,13 @@ func predecessor(children []string, me string) (string, bool) {
 	return "", false
 }
 
-func handleOf(l harness.Lease) (*handle, error) {
-	h, ok := l.Handle.(*handle)
-	if !ok || h == nil {
-		return nil, fmt.Errorf("zk: lease for %q has no zk handle", l.Resource)
-	}
-	return h, nil
-}
-
 // Renew sends nothing: the session's pings keep the node alive. It
 // returns ErrLost when the lease's node is gone (Release ran) or the
 // session that owns it has expired (the client now has another session
 // id, or reports StateExpired), and an "unavailable" error while the
 // client is disconnected and cannot tell yet.
 func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
-	h, err := handleOf(l)
+	h, err := harness.HandleOf[*handle]("zk", l)
 	if err != nil {
 		return err
 	}
@@ -479,7 +471,7 @@ func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
 // Release deletes the lease's node; ErrLost when it was gone already
 // (the session expired, or an earlier Release).
 func (t *Target) Release(ctx context.Context, l harness.Lease) error {
-	h, err := handleOf(l)
+	h, err := harness.HandleOf[*handle]("zk", l)
 	if err != nil {
 		return err
 	}
