@@ -32,10 +32,12 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 		return nil, observe("RenewBatch", start, err)
 	}
 	out := make([]*wardenv1.RenewOutcome, len(renewals))
-	groups := map[uint64][]int{} // shard id → indexes into renewals
+	ids := make([][]byte, len(renewals)) // the decoded lease ids
+	groups := map[uint64][]int{}         // shard id → indexes into renewals
 	m := s.r.Map()
 	for i, rn := range renewals {
-		if _, err := leaseRef(rn.GetResource(), rn.GetLeaseId()); err != nil {
+		var err error
+		if ids[i], err = leaseRef(rn.GetResource(), rn.GetLeaseId()); err != nil {
 			var fe *shard.FieldError
 			if errors.As(err, &fe) {
 				err = &shard.FieldError{Field: fmt.Sprintf("renewals[%d].%s", i, fe.Field), Reason: fe.Reason}
@@ -53,18 +55,19 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 	var wg sync.WaitGroup
 	for shardID, idx := range groups {
 		if len(groups) == 1 { // the usual case: no goroutine
-			s.renewGroup(ctx, req, shardID, idx, out)
+			s.renewGroup(ctx, req, ids, shardID, idx, out)
 			break
 		}
-		wg.Go(func() { s.renewGroup(ctx, req, shardID, idx, out) })
+		wg.Go(func() { s.renewGroup(ctx, req, ids, shardID, idx, out) })
 	}
 	wg.Wait()
 	return connect.NewResponse(&wardenv1.RenewBatchResponse{Outcomes: out}), observe("RenewBatch", start, nil)
 }
 
 // renewGroup renews req's renewals at idx, which the map places in
-// shardID, and fills their outcomes in out.
-func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], shardID uint64, idx []int, out []*wardenv1.RenewOutcome) {
+// shardID, and fills their outcomes in out; ids are the renewals' decoded
+// lease ids.
+func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], ids [][]byte, shardID uint64, idx []int, out []*wardenv1.RenewOutcome) {
 	renewals := req.Msg.GetRenewals()
 	sub := &wardenv1.RenewBatchRequest{Renewals: make([]*wardenv1.RenewRequest, len(idx))}
 	for j, i := range idx {
@@ -97,9 +100,8 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 		return // the node that served them audited and counted them
 	}
 	cmd := &shardv1.RenewBatchCmd{Items: make([]*shardv1.RenewCmd, len(idx))}
-	for j, rn := range sub.Renewals {
-		id, _ := leaseRef(rn.GetResource(), rn.GetLeaseId()) // checked by RenewBatch
-		cmd.Items[j] = &shardv1.RenewCmd{Resource: rn.GetResource(), LeaseId: id}
+	for j, i := range idx {
+		cmd.Items[j] = &shardv1.RenewCmd{Resource: renewals[i].GetResource(), LeaseId: ids[i]}
 	}
 	env := &shardv1.Envelope{Command: &shardv1.Envelope_RenewBatch{RenewBatch: cmd}}
 	if !s.r.applies(shardID, shard.VersionOf(env)) {
