@@ -42,8 +42,7 @@ type runCmd struct {
 	OpTimeout     time.Duration `help:"Bound on one operation with its retries." default:"10s"`
 	Out           string        `help:"Directory for the report files." default:"loadtest/out"`
 	Prefix        string        `help:"Prefix of the report file names (default: none for warden, the target's name and a dash otherwise)."`
-	Conns         int           `help:"Warden target: HTTP/2 connections to each node (with --http1, HTTP/1.1 connections)." default:"4"`
-	HTTP1         bool          `name:"http1" help:"Warden target: HTTP/1.1 keep-alive connections instead of h2c."`
+	Conns         int           `help:"Warden target: HTTP/2 connections to each node." default:"4"`
 	SingleRenew   bool          `name:"single-renewals" help:"Warden target: one Renew call per renewal instead of sharing RenewBatch calls."`
 	RenewLinger   time.Duration `name:"renew-linger" help:"Warden target: how long a renewal waits to share a RenewBatch call." default:"50ms"`
 	CPUProfile    string        `name:"cpuprofile" placeholder:"FILE" help:"Write the load generator's own CPU profile (pprof) to FILE."`
@@ -151,7 +150,7 @@ func (c *runCmd) target() (harness.Target, error) {
 	case "zk":
 		return zk.New(ctx, zk.Config{Servers: c.Endpoints, Script: c.ClusterScript})
 	}
-	return warden.New(warden.Config{Endpoints: c.Endpoints, ConnsPerEndpoint: c.Conns, HTTP1: c.HTTP1, SingleRenewals: c.SingleRenew, RenewLinger: c.RenewLinger, ClusterScript: c.ClusterScript})
+	return warden.New(warden.Config{Endpoints: c.Endpoints, ConnsPerEndpoint: c.Conns, SingleRenewals: c.SingleRenew, RenewLinger: c.RenewLinger, ClusterScript: c.ClusterScript})
 }
 
 func (c *compareCmd) Run() error {

@@ -41,10 +41,6 @@ type Config struct {
 	// RenewLinger is how long a renewal waits to be batched (default
 	// client.DefaultLinger).
 	RenewLinger time.Duration
-	// HTTP1 sends requests over HTTP/1.1 keep-alive connections instead
-	// of h2c: one request per connection at a time, up to
-	// ConnsPerEndpoint connections to each endpoint.
-	HTTP1 bool
 	// ClusterScript is deploy/local/cluster.sh (run with bash), for the
 	// kill and restart faults; ClusterEnv its environment
 	// (WARDEN_CLUSTER_DIR, ports).
@@ -58,8 +54,7 @@ type Config struct {
 // forward by the node it reached.
 type Target struct {
 	cfg    Config
-	conns  []conn // per connections (clients) to each endpoint in turn
-	per    int
+	conns  []conn // ConnsPerEndpoint connections to each endpoint in turn
 	admins []wardenv1connect.AdminServiceClient
 	killed []int // nodes killed by faults, for restart
 	routes atomic.Pointer[[]route]
@@ -93,21 +88,10 @@ func New(cfg Config) (*Target, error) {
 	}
 	t := &Target{cfg: cfg, stop: make(chan struct{})}
 	for i, e := range cfg.Endpoints {
-		clients := cfg.ConnsPerEndpoint
-		if cfg.HTTP1 {
-			clients = 1
-		}
-		t.per = clients
 		var renewer *client.Renewer
-		for range clients {
+		for range cfg.ConnsPerEndpoint {
 			tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 16}
 			tr.Protocols.SetUnencryptedHTTP2(true)
-			if cfg.HTTP1 {
-				tr.Protocols = new(http.Protocols)
-				tr.Protocols.SetHTTP1(true)
-				tr.MaxIdleConnsPerHost = cfg.ConnsPerEndpoint
-				tr.MaxConnsPerHost = cfg.ConnsPerEndpoint
-			}
 			hc := &http.Client{Transport: tr}
 			lock := wardenv1connect.NewLockServiceClient(hc, e)
 			if renewer == nil {
@@ -179,7 +163,8 @@ func (t *Target) first(key string) conn {
 		h := xxhash.Sum64String(key) // as shard.KeyHash places keys
 		for _, r := range *rs {
 			if h >= r.start && (r.end == 0 || h < r.end) {
-				return t.conns[r.endpoint*t.per+rand.IntN(t.per)]
+				per := t.cfg.ConnsPerEndpoint
+				return t.conns[r.endpoint*per+rand.IntN(per)]
 			}
 		}
 	}
