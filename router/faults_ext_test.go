@@ -295,6 +295,11 @@ func TestMinorityAnswersUnavailable(t *testing.T) {
 		wantCode(t, err, connect.CodeUnavailable)
 		_, err = c.renew("r0", before.GetLeaseId())
 		wantCode(t, err, connect.CodeUnavailable)
+		// Rule 4 for a batch: each renewal answers unavailable.
+		out, err := c.renewBatch("r0", before.GetLeaseId())
+		if err != nil || out[0].GetCode() != "unavailable" {
+			t.Fatalf("RenewBatch at a minority: %v %v, want the renewal unavailable", out, err)
+		}
 	}
 	c.startReplica(a)
 	c.startReplica(b)
