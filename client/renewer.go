@@ -118,7 +118,7 @@ func (r *Renewer) flush() {
 		batch := live[:n]
 		live = live[n:]
 		if single {
-			go r.sendEach(batch)
+			r.sendEach(batch) // it does not block
 		} else {
 			go r.sendBatch(batch)
 		}
