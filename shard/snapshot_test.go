@@ -144,7 +144,11 @@ func TestRevisionExhaustedRefusesGrant(t *testing.T) {
 	r := newReplica(t)
 	meta := initialMeta(1)()
 	meta.Revision = MaxRevision
-	b := writeBatch{r.sm.mu.db.NewBatch(), newValueCache()}
+	cache, err := newValueCache(r.sm.mu.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := writeBatch{r.sm.mu.db.NewBatch(), cache}
 	if err := set(b, keyMeta, meta); err != nil {
 		t.Fatal(err)
 	}

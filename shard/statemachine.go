@@ -132,9 +132,11 @@ func (s *StateMachine) setDB(db *pebble.DB, name string) error {
 	s.mu.db, s.mu.dbName = db, name
 	s.mu.Unlock()
 	s.upd = &records{g: db, initial: initialMeta(s.shardID)}
-	s.cache = newValueCache()
-	applied, err := appliedIndex(db)
-	s.applied = applied
+	cache, err := newValueCache(db)
+	s.cache = cache
+	if err == nil {
+		s.applied, err = appliedIndex(db)
+	}
 	if old != nil {
 		if cerr := old.Close(); err == nil {
 			err = cerr
