@@ -15,6 +15,8 @@
 //   - A Lease renews itself in the background every TTL/3 (±10 % jitter).
 //     The renewals of a Client's leases that fall due together share one
 //     RenewBatch call (see Renewer).
+//   - Lock calls that do not wait and Unlock calls made at about the
+//     same time by a Client's goroutines share Batch calls (see Batcher).
 //     Its local deadline is the send time of the last successful renewal
 //     (or of the first Acquire attempt) plus the TTL, on this process's
 //     monotonic clock. When renewals fail, it keeps trying until that
@@ -106,6 +108,9 @@ type Client struct {
 	// renewers batch the renewals of this client's leases, one per
 	// endpoint.
 	renewers []*Renewer
+	// batchers batch this client's Acquire and Release calls, one per
+	// endpoint.
+	batchers []*Batcher
 	next     atomic.Uint32 // index of the endpoint to try first
 }
 
@@ -135,20 +140,16 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	for _, e := range cfg.Endpoints {
 		c.locks = append(c.locks, wardenv1connect.NewLockServiceClient(cfg.HTTPClient, e))
 		c.renewers = append(c.renewers, NewRenewer(c.locks[len(c.locks)-1], DefaultLinger))
+		c.batchers = append(c.batchers, NewBatcher(c.locks[len(c.locks)-1], DefaultBatchCalls))
 		c.quotas = append(c.quotas, wardenv1connect.NewQuotaServiceClient(cfg.HTTPClient, e))
 	}
 	return c, nil
 }
 
-// call runs f against the current endpoint, retrying with backoff on
-// Unavailable (moving to the next endpoint each time) until it gets
-// another answer or ctx ends. f must be safe to repeat: it carries the
-// same request or lease id every time.
-func (c *Client) call(ctx context.Context, f func(context.Context, wardenv1connect.LockServiceClient) error) error {
-	return c.retry(ctx, func(ctx context.Context, i int) error { return f(ctx, c.locks[i]) })
-}
-
-// retry runs f with the index of the current endpoint, as call does.
+// retry runs f with the index of the current endpoint, retrying with
+// backoff on Unavailable (moving to the next endpoint each time) until it
+// gets another answer or ctx ends. f must be safe to repeat: it carries
+// the same request or lease id every time.
 func (c *Client) retry(ctx context.Context, f func(context.Context, int) error) error {
 	backoff := c.cfg.RetryBase
 	for {

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
-	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
 
 var renewFailures = promauto.NewCounterVec(prometheus.CounterOpts{
@@ -104,7 +103,7 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 	// its send time + TTL is a safe local deadline.
 	firstSend := time.Now()
 	var resp *wardenv1.AcquireResponse
-	err := c.call(ctx, func(ctx context.Context, locks wardenv1connect.LockServiceClient) error {
+	err := c.retry(ctx, func(ctx context.Context, i int) error {
 		req := &wardenv1.AcquireRequest{Resource: resource, RequestId: opts.RequestID, Holder: opts.Holder, Tenant: opts.Tenant}
 		if opts.TTL != 0 {
 			req.LeaseTtl = durationpb.New(opts.TTL)
@@ -116,11 +115,11 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 			}
 			req.WaitTimeout = durationpb.New(left)
 		}
-		r, err := locks.Acquire(ctx, connect.NewRequest(req))
+		r, err := c.batchers[i].Acquire(ctx, req)
 		if err != nil {
 			return err
 		}
-		resp = r.Msg
+		resp = r
 		return nil
 	})
 	switch {
@@ -268,8 +267,8 @@ func (l *Lease) Unlock(ctx context.Context) error {
 	l.mu.Unlock()
 	l.wg.Wait()
 	l.close(ErrUnlocked)
-	return l.c.call(ctx, func(ctx context.Context, locks wardenv1connect.LockServiceClient) error {
-		_, err := locks.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: l.resource, LeaseId: l.leaseID}))
+	return l.c.retry(ctx, func(ctx context.Context, i int) error {
+		_, err := l.c.batchers[i].Release(ctx, &wardenv1.ReleaseRequest{Resource: l.resource, LeaseId: l.leaseID})
 		return err
 	})
 }

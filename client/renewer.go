@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -125,26 +124,8 @@ func (r *Renewer) flush() {
 	}
 }
 
-// callContext is a context for a call on behalf of batch: it ends at
-// the latest of their deadlines (30 s from now when one has none). A
-// renewal whose caller gives up earlier is still sent; Renew has
-// returned to that caller already.
-func callContext(batch []*renewal) (context.Context, context.CancelFunc) {
-	var last time.Time
-	for _, rn := range batch {
-		d, ok := rn.ctx.Deadline()
-		if !ok {
-			d = time.Now().Add(30 * time.Second)
-		}
-		if d.After(last) {
-			last = d
-		}
-	}
-	return context.WithDeadline(context.Background(), last)
-}
-
 func (r *Renewer) sendBatch(batch []*renewal) {
-	ctx, cancel := callContext(batch)
+	ctx, cancel := callContext(batch, func(rn *renewal) context.Context { return rn.ctx })
 	defer cancel()
 	req := &wardenv1.RenewBatchRequest{Renewals: make([]*wardenv1.RenewRequest, len(batch))}
 	for i, rn := range batch {
@@ -185,14 +166,10 @@ func (r *Renewer) sendBatch(batch []*renewal) {
 
 // outcome is a RenewOutcome's expiry, or its failure as a *connect.Error.
 func outcome(o *wardenv1.RenewOutcome) (time.Time, error) {
-	if o.GetCode() == "" {
-		return o.GetExpiresAt().AsTime(), nil
+	if err := outcomeError(o.GetCode(), o.GetMessage(), nil); err != nil {
+		return time.Time{}, err
 	}
-	var code connect.Code
-	if err := code.UnmarshalText([]byte(o.GetCode())); err != nil {
-		return time.Time{}, connect.NewError(connect.CodeUnknown, fmt.Errorf("warden: renewal outcome code %q: %s", o.GetCode(), o.GetMessage()))
-	}
-	return time.Time{}, connect.NewError(code, errors.New(o.GetMessage()))
+	return o.GetExpiresAt().AsTime(), nil
 }
 
 // sendEach renews batch in plain Renew calls, all at once, for a server

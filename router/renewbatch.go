@@ -165,9 +165,6 @@ func renewOutcome(resp *connect.Response[wardenv1.RenewResponse], err error) *wa
 	if err == nil {
 		return &wardenv1.RenewOutcome{ExpiresAt: resp.Msg.GetExpiresAt()}
 	}
-	var ce *connect.Error
-	if !errors.As(toConnect(err), &ce) {
-		return &wardenv1.RenewOutcome{Code: connect.CodeUnknown.String(), Message: err.Error()}
-	}
-	return &wardenv1.RenewOutcome{Code: ce.Code().String(), Message: ce.Message()}
+	code, msg := errorOutcome(err)
+	return &wardenv1.RenewOutcome{Code: code, Message: msg}
 }

@@ -45,6 +45,7 @@ type runCmd struct {
 	Conns         int           `help:"Warden target: HTTP/2 connections to each node." default:"4"`
 	SingleRenew   bool          `name:"single-renewals" help:"Warden target: one Renew call per renewal instead of sharing RenewBatch calls."`
 	RenewLinger   time.Duration `name:"renew-linger" help:"Warden target: how long a renewal waits to share a RenewBatch call." default:"50ms"`
+	SingleCalls   bool          `name:"single-calls" help:"Warden target: one Acquire or Release call per operation instead of sharing Batch calls."`
 	CPUProfile    string        `name:"cpuprofile" placeholder:"FILE" help:"Write the load generator's own CPU profile (pprof) to FILE."`
 	ClusterScript string        `help:"Script that kills and starts the target's nodes (deploy/local/cluster.sh, loadtest/peers/etcd.sh, loadtest/peers/zk.sh)."`
 }
@@ -150,7 +151,7 @@ func (c *runCmd) target() (harness.Target, error) {
 	case "zk":
 		return zk.New(ctx, zk.Config{Servers: c.Endpoints, Script: c.ClusterScript})
 	}
-	return warden.New(warden.Config{Endpoints: c.Endpoints, ConnsPerEndpoint: c.Conns, SingleRenewals: c.SingleRenew, RenewLinger: c.RenewLinger, ClusterScript: c.ClusterScript})
+	return warden.New(warden.Config{Endpoints: c.Endpoints, ConnsPerEndpoint: c.Conns, SingleRenewals: c.SingleRenew, RenewLinger: c.RenewLinger, SingleCalls: c.SingleCalls, ClusterScript: c.ClusterScript})
 }
 
 func (c *compareCmd) Run() error {

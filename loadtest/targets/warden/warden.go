@@ -41,6 +41,11 @@ type Config struct {
 	// RenewLinger is how long a renewal waits to be batched (default
 	// client.DefaultLinger).
 	RenewLinger time.Duration
+	// SingleCalls sends each acquire and release in a call of its own; by
+	// default those that meet at one endpoint share Batch calls
+	// (client.Batcher, DefaultBatchCalls in flight), as the Go SDK's do.
+	// Acquires that wait are always sent alone.
+	SingleCalls bool
 	// ClusterScript is deploy/local/cluster.sh (run with bash), for the
 	// kill and restart faults; ClusterEnv its environment
 	// (WARDEN_CLUSTER_DIR, ports).
@@ -73,6 +78,7 @@ type conn struct {
 	lock     wardenv1connect.LockServiceClient
 	quota    wardenv1connect.QuotaServiceClient
 	renewer  *client.Renewer // shared by the endpoint's connections
+	batcher  *client.Batcher // likewise
 }
 
 // New returns a target for the cluster at cfg.Endpoints.
@@ -89,6 +95,7 @@ func New(cfg Config) (*Target, error) {
 	t := &Target{cfg: cfg, stop: make(chan struct{})}
 	for i, e := range cfg.Endpoints {
 		var renewer *client.Renewer
+		var batcher *client.Batcher
 		for range cfg.ConnsPerEndpoint {
 			tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 16}
 			tr.Protocols.SetUnencryptedHTTP2(true)
@@ -96,12 +103,14 @@ func New(cfg Config) (*Target, error) {
 			lock := wardenv1connect.NewLockServiceClient(hc, e)
 			if renewer == nil {
 				renewer = client.NewRenewer(lock, cfg.RenewLinger)
+				batcher = client.NewBatcher(lock, client.DefaultBatchCalls)
 			}
 			t.conns = append(t.conns, conn{
 				endpoint: i,
 				lock:     lock,
 				quota:    wardenv1connect.NewQuotaServiceClient(hc, e),
 				renewer:  renewer,
+				batcher:  batcher,
 			})
 		}
 		t.admins = append(t.admins, wardenv1connect.NewAdminServiceClient(http.DefaultClient, e))
@@ -178,7 +187,7 @@ func (t *Target) Name() string { return "warden" }
 // command (Dragonboat may batch several into one Raft entry and fsync).
 func (t *Target) Costs() harness.Costs {
 	return harness.Costs{Acquire: 1, Renew: 1, Release: 1, Quota: 1,
-		Note: "every acquire, renewal and release is a command committed by a Raft quorum and fsynced, with per-lock leases and fencing tokens; the renewals sent to one node within the renew linger (50 ms) share one RenewBatch call and one Raft entry per shard, but each is applied on every replica"}
+		Note: "every acquire, renewal and release is a command committed by a Raft quorum and fsynced, with per-lock leases and fencing tokens; the renewals sent to one node within the renew linger (50 ms) share one RenewBatch call and one Raft entry per shard, and the acquires and releases that meet at one node share Batch calls (one RPC, but each its own Raft entry); each is applied on every replica"}
 }
 
 // Close implements harness.Target.
@@ -249,10 +258,15 @@ func (t *Target) Acquire(ctx context.Context, resource string, ttl, wait time.Du
 			}
 			req.WaitTimeout = durationpb.New(left)
 		}
-		r, err := c.lock.Acquire(ctx, connect.NewRequest(req))
-		if err == nil {
-			resp = r.Msg
+		if t.cfg.SingleCalls {
+			r, err := c.lock.Acquire(ctx, connect.NewRequest(req))
+			if err == nil {
+				resp = r.Msg
+			}
+			return err
 		}
+		var err error
+		resp, err = c.batcher.Acquire(ctx, req)
 		return err
 	})
 	switch {
@@ -293,9 +307,17 @@ func (t *Target) Release(ctx context.Context, l harness.Lease) error {
 	attempts := 0
 	err := t.call(ctx, l.Resource, func(c conn) error {
 		attempts++
-		r, err := c.lock.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: l.Resource, LeaseId: l.Handle.(lease).id}))
+		req := &wardenv1.ReleaseRequest{Resource: l.Resource, LeaseId: l.Handle.(lease).id}
+		if t.cfg.SingleCalls {
+			r, err := c.lock.Release(ctx, connect.NewRequest(req))
+			if err == nil {
+				released = r.Msg.GetReleased()
+			}
+			return err
+		}
+		r, err := c.batcher.Release(ctx, req)
 		if err == nil {
-			released = r.Msg.GetReleased()
+			released = r.GetReleased()
 		}
 		return err
 	})

@@ -12,6 +12,7 @@ package wardenv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -458,6 +459,297 @@ func (x *RenewOutcome) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// BatchRequest lists the ops of a Batch: 1 to 1,000 of them.
+type BatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ops           []*BatchOp             `protobuf:"bytes,1,rep,name=ops,proto3" json:"ops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchRequest) Reset() {
+	*x = BatchRequest{}
+	mi := &file_warden_v1_lock_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchRequest) ProtoMessage() {}
+
+func (x *BatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
+func (*BatchRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *BatchRequest) GetOps() []*BatchOp {
+	if x != nil {
+		return x.Ops
+	}
+	return nil
+}
+
+// BatchOp is one op of a Batch. An Acquire in a batch must not wait: its
+// wait_timeout must be unset or zero.
+type BatchOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*BatchOp_Acquire
+	//	*BatchOp_Release
+	Op            isBatchOp_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchOp) Reset() {
+	*x = BatchOp{}
+	mi := &file_warden_v1_lock_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchOp) ProtoMessage() {}
+
+func (x *BatchOp) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchOp.ProtoReflect.Descriptor instead.
+func (*BatchOp) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *BatchOp) GetOp() isBatchOp_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *BatchOp) GetAcquire() *AcquireRequest {
+	if x != nil {
+		if x, ok := x.Op.(*BatchOp_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *BatchOp) GetRelease() *ReleaseRequest {
+	if x != nil {
+		if x, ok := x.Op.(*BatchOp_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+type isBatchOp_Op interface {
+	isBatchOp_Op()
+}
+
+type BatchOp_Acquire struct {
+	Acquire *AcquireRequest `protobuf:"bytes,1,opt,name=acquire,proto3,oneof"`
+}
+
+type BatchOp_Release struct {
+	Release *ReleaseRequest `protobuf:"bytes,2,opt,name=release,proto3,oneof"`
+}
+
+func (*BatchOp_Acquire) isBatchOp_Op() {}
+
+func (*BatchOp_Release) isBatchOp_Op() {}
+
+// BatchResponse has one outcome per op, in the request's order.
+type BatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Outcomes      []*BatchOutcome        `protobuf:"bytes,1,rep,name=outcomes,proto3" json:"outcomes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchResponse) Reset() {
+	*x = BatchResponse{}
+	mi := &file_warden_v1_lock_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchResponse) ProtoMessage() {}
+
+func (x *BatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchResponse.ProtoReflect.Descriptor instead.
+func (*BatchResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *BatchResponse) GetOutcomes() []*BatchOutcome {
+	if x != nil {
+		return x.Outcomes
+	}
+	return nil
+}
+
+// BatchOutcome is what one op of a Batch came to.
+type BatchOutcome struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Code is empty when the op succeeded; otherwise it is the error code
+	// the op's own call would have answered, in Connect's spelling
+	// ("aborted": the lock is held; "failed_precondition";
+	// "invalid_argument"; "unavailable": retry; "deadline_exceeded").
+	Code string `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
+	// Message explains a failed op; an invalid one names its field as
+	// ops[i].acquire.resource, ops[i].release.lease_id and so on.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// The op's answer when it succeeded.
+	//
+	// Types that are valid to be assigned to Result:
+	//
+	//	*BatchOutcome_Acquire
+	//	*BatchOutcome_Release
+	Result isBatchOutcome_Result `protobuf_oneof:"result"`
+	// Details are the error details the op's own call would have carried
+	// (an aborted Acquire's warden.v1.LockHeld, for one).
+	Details       []*anypb.Any `protobuf:"bytes,5,rep,name=details,proto3" json:"details,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchOutcome) Reset() {
+	*x = BatchOutcome{}
+	mi := &file_warden_v1_lock_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchOutcome) ProtoMessage() {}
+
+func (x *BatchOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchOutcome.ProtoReflect.Descriptor instead.
+func (*BatchOutcome) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *BatchOutcome) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *BatchOutcome) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *BatchOutcome) GetResult() isBatchOutcome_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *BatchOutcome) GetAcquire() *AcquireResponse {
+	if x != nil {
+		if x, ok := x.Result.(*BatchOutcome_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *BatchOutcome) GetRelease() *ReleaseResponse {
+	if x != nil {
+		if x, ok := x.Result.(*BatchOutcome_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *BatchOutcome) GetDetails() []*anypb.Any {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
+type isBatchOutcome_Result interface {
+	isBatchOutcome_Result()
+}
+
+type BatchOutcome_Acquire struct {
+	Acquire *AcquireResponse `protobuf:"bytes,3,opt,name=acquire,proto3,oneof"`
+}
+
+type BatchOutcome_Release struct {
+	Release *ReleaseResponse `protobuf:"bytes,4,opt,name=release,proto3,oneof"`
+}
+
+func (*BatchOutcome_Acquire) isBatchOutcome_Result() {}
+
+func (*BatchOutcome_Release) isBatchOutcome_Result() {}
+
 // ReleaseRequest ends a lease.
 type ReleaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -469,7 +761,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[7]
+	mi := &file_warden_v1_lock_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +773,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[7]
+	mi := &file_warden_v1_lock_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +786,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{7}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReleaseRequest) GetResource() string {
@@ -523,7 +815,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[8]
+	mi := &file_warden_v1_lock_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +827,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[8]
+	mi := &file_warden_v1_lock_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +840,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{8}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -568,7 +860,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[9]
+	mi := &file_warden_v1_lock_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -580,7 +872,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[9]
+	mi := &file_warden_v1_lock_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -593,7 +885,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{9}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DescribeRequest) GetResource() string {
@@ -622,7 +914,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[10]
+	mi := &file_warden_v1_lock_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +926,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[10]
+	mi := &file_warden_v1_lock_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +939,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{10}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DescribeResponse) GetHeld() bool {
@@ -696,7 +988,7 @@ type LockHeld struct {
 
 func (x *LockHeld) Reset() {
 	*x = LockHeld{}
-	mi := &file_warden_v1_lock_proto_msgTypes[11]
+	mi := &file_warden_v1_lock_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +1000,7 @@ func (x *LockHeld) String() string {
 func (*LockHeld) ProtoMessage() {}
 
 func (x *LockHeld) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[11]
+	mi := &file_warden_v1_lock_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +1013,7 @@ func (x *LockHeld) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHeld.ProtoReflect.Descriptor instead.
 func (*LockHeld) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{11}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LockHeld) GetFencingToken() uint64 {
@@ -750,7 +1042,7 @@ type FieldViolation struct {
 
 func (x *FieldViolation) Reset() {
 	*x = FieldViolation{}
-	mi := &file_warden_v1_lock_proto_msgTypes[12]
+	mi := &file_warden_v1_lock_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +1054,7 @@ func (x *FieldViolation) String() string {
 func (*FieldViolation) ProtoMessage() {}
 
 func (x *FieldViolation) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[12]
+	mi := &file_warden_v1_lock_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +1067,7 @@ func (x *FieldViolation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldViolation.ProtoReflect.Descriptor instead.
 func (*FieldViolation) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{12}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FieldViolation) GetField() string {
@@ -796,7 +1088,7 @@ var File_warden_v1_lock_proto protoreflect.FileDescriptor
 
 const file_warden_v1_lock_proto_rawDesc = "" +
 	"\n" +
-	"\x14warden/v1/lock.proto\x12\twarden.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf1\x01\n" +
+	"\x14warden/v1/lock.proto\x12\twarden.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf1\x01\n" +
 	"\x0eAcquireRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -825,7 +1117,22 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x129\n" +
 	"\n" +
-	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"G\n" +
+	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"4\n" +
+	"\fBatchRequest\x12$\n" +
+	"\x03ops\x18\x01 \x03(\v2\x12.warden.v1.BatchOpR\x03ops\"}\n" +
+	"\aBatchOp\x125\n" +
+	"\aacquire\x18\x01 \x01(\v2\x19.warden.v1.AcquireRequestH\x00R\aacquire\x125\n" +
+	"\arelease\x18\x02 \x01(\v2\x19.warden.v1.ReleaseRequestH\x00R\areleaseB\x04\n" +
+	"\x02op\"D\n" +
+	"\rBatchResponse\x123\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.warden.v1.BatchOutcomeR\boutcomes\"\xe6\x01\n" +
+	"\fBatchOutcome\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x126\n" +
+	"\aacquire\x18\x03 \x01(\v2\x1a.warden.v1.AcquireResponseH\x00R\aacquire\x126\n" +
+	"\arelease\x18\x04 \x01(\v2\x1a.warden.v1.ReleaseResponseH\x00R\arelease\x12.\n" +
+	"\adetails\x18\x05 \x03(\v2\x14.google.protobuf.AnyR\adetailsB\b\n" +
+	"\x06result\"G\n" +
 	"\x0eReleaseRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"-\n" +
@@ -846,13 +1153,14 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"H\n" +
 	"\x0eFieldViolation\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12 \n" +
-	"\vdescription\x18\x02 \x01(\tR\vdescription2\xe2\x02\n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription2\x9e\x03\n" +
 	"\vLockService\x12@\n" +
 	"\aAcquire\x12\x19.warden.v1.AcquireRequest\x1a\x1a.warden.v1.AcquireResponse\x12:\n" +
 	"\x05Renew\x12\x17.warden.v1.RenewRequest\x1a\x18.warden.v1.RenewResponse\x12I\n" +
 	"\n" +
 	"RenewBatch\x12\x1c.warden.v1.RenewBatchRequest\x1a\x1d.warden.v1.RenewBatchResponse\x12@\n" +
-	"\aRelease\x12\x19.warden.v1.ReleaseRequest\x1a\x1a.warden.v1.ReleaseResponse\x12H\n" +
+	"\aRelease\x12\x19.warden.v1.ReleaseRequest\x1a\x1a.warden.v1.ReleaseResponse\x12:\n" +
+	"\x05Batch\x12\x17.warden.v1.BatchRequest\x1a\x18.warden.v1.BatchResponse\x12H\n" +
 	"\bDescribe\x12\x1a.warden.v1.DescribeRequest\x1a\x1b.warden.v1.DescribeResponse\"\x03\x90\x02\x01B7Z5github.com/warden-dev/warden/proto/warden/v1;wardenv1b\x06proto3"
 
 var (
@@ -867,7 +1175,7 @@ func file_warden_v1_lock_proto_rawDescGZIP() []byte {
 	return file_warden_v1_lock_proto_rawDescData
 }
 
-var file_warden_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_warden_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_warden_v1_lock_proto_goTypes = []any{
 	(*AcquireRequest)(nil),        // 0: warden.v1.AcquireRequest
 	(*AcquireResponse)(nil),       // 1: warden.v1.AcquireResponse
@@ -876,41 +1184,55 @@ var file_warden_v1_lock_proto_goTypes = []any{
 	(*RenewBatchRequest)(nil),     // 4: warden.v1.RenewBatchRequest
 	(*RenewBatchResponse)(nil),    // 5: warden.v1.RenewBatchResponse
 	(*RenewOutcome)(nil),          // 6: warden.v1.RenewOutcome
-	(*ReleaseRequest)(nil),        // 7: warden.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 8: warden.v1.ReleaseResponse
-	(*DescribeRequest)(nil),       // 9: warden.v1.DescribeRequest
-	(*DescribeResponse)(nil),      // 10: warden.v1.DescribeResponse
-	(*LockHeld)(nil),              // 11: warden.v1.LockHeld
-	(*FieldViolation)(nil),        // 12: warden.v1.FieldViolation
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*BatchRequest)(nil),          // 7: warden.v1.BatchRequest
+	(*BatchOp)(nil),               // 8: warden.v1.BatchOp
+	(*BatchResponse)(nil),         // 9: warden.v1.BatchResponse
+	(*BatchOutcome)(nil),          // 10: warden.v1.BatchOutcome
+	(*ReleaseRequest)(nil),        // 11: warden.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 12: warden.v1.ReleaseResponse
+	(*DescribeRequest)(nil),       // 13: warden.v1.DescribeRequest
+	(*DescribeResponse)(nil),      // 14: warden.v1.DescribeResponse
+	(*LockHeld)(nil),              // 15: warden.v1.LockHeld
+	(*FieldViolation)(nil),        // 16: warden.v1.FieldViolation
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*anypb.Any)(nil),             // 19: google.protobuf.Any
 }
 var file_warden_v1_lock_proto_depIdxs = []int32{
-	13, // 0: warden.v1.AcquireRequest.lease_ttl:type_name -> google.protobuf.Duration
-	13, // 1: warden.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	14, // 2: warden.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	13, // 3: warden.v1.AcquireResponse.lease_ttl:type_name -> google.protobuf.Duration
-	14, // 4: warden.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
+	17, // 0: warden.v1.AcquireRequest.lease_ttl:type_name -> google.protobuf.Duration
+	17, // 1: warden.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	18, // 2: warden.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	17, // 3: warden.v1.AcquireResponse.lease_ttl:type_name -> google.protobuf.Duration
+	18, // 4: warden.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 5: warden.v1.RenewBatchRequest.renewals:type_name -> warden.v1.RenewRequest
 	6,  // 6: warden.v1.RenewBatchResponse.outcomes:type_name -> warden.v1.RenewOutcome
-	14, // 7: warden.v1.RenewOutcome.expires_at:type_name -> google.protobuf.Timestamp
-	14, // 8: warden.v1.DescribeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	14, // 9: warden.v1.LockHeld.expires_at:type_name -> google.protobuf.Timestamp
-	0,  // 10: warden.v1.LockService.Acquire:input_type -> warden.v1.AcquireRequest
-	2,  // 11: warden.v1.LockService.Renew:input_type -> warden.v1.RenewRequest
-	4,  // 12: warden.v1.LockService.RenewBatch:input_type -> warden.v1.RenewBatchRequest
-	7,  // 13: warden.v1.LockService.Release:input_type -> warden.v1.ReleaseRequest
-	9,  // 14: warden.v1.LockService.Describe:input_type -> warden.v1.DescribeRequest
-	1,  // 15: warden.v1.LockService.Acquire:output_type -> warden.v1.AcquireResponse
-	3,  // 16: warden.v1.LockService.Renew:output_type -> warden.v1.RenewResponse
-	5,  // 17: warden.v1.LockService.RenewBatch:output_type -> warden.v1.RenewBatchResponse
-	8,  // 18: warden.v1.LockService.Release:output_type -> warden.v1.ReleaseResponse
-	10, // 19: warden.v1.LockService.Describe:output_type -> warden.v1.DescribeResponse
-	15, // [15:20] is the sub-list for method output_type
-	10, // [10:15] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	18, // 7: warden.v1.RenewOutcome.expires_at:type_name -> google.protobuf.Timestamp
+	8,  // 8: warden.v1.BatchRequest.ops:type_name -> warden.v1.BatchOp
+	0,  // 9: warden.v1.BatchOp.acquire:type_name -> warden.v1.AcquireRequest
+	11, // 10: warden.v1.BatchOp.release:type_name -> warden.v1.ReleaseRequest
+	10, // 11: warden.v1.BatchResponse.outcomes:type_name -> warden.v1.BatchOutcome
+	1,  // 12: warden.v1.BatchOutcome.acquire:type_name -> warden.v1.AcquireResponse
+	12, // 13: warden.v1.BatchOutcome.release:type_name -> warden.v1.ReleaseResponse
+	19, // 14: warden.v1.BatchOutcome.details:type_name -> google.protobuf.Any
+	18, // 15: warden.v1.DescribeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 16: warden.v1.LockHeld.expires_at:type_name -> google.protobuf.Timestamp
+	0,  // 17: warden.v1.LockService.Acquire:input_type -> warden.v1.AcquireRequest
+	2,  // 18: warden.v1.LockService.Renew:input_type -> warden.v1.RenewRequest
+	4,  // 19: warden.v1.LockService.RenewBatch:input_type -> warden.v1.RenewBatchRequest
+	11, // 20: warden.v1.LockService.Release:input_type -> warden.v1.ReleaseRequest
+	7,  // 21: warden.v1.LockService.Batch:input_type -> warden.v1.BatchRequest
+	13, // 22: warden.v1.LockService.Describe:input_type -> warden.v1.DescribeRequest
+	1,  // 23: warden.v1.LockService.Acquire:output_type -> warden.v1.AcquireResponse
+	3,  // 24: warden.v1.LockService.Renew:output_type -> warden.v1.RenewResponse
+	5,  // 25: warden.v1.LockService.RenewBatch:output_type -> warden.v1.RenewBatchResponse
+	12, // 26: warden.v1.LockService.Release:output_type -> warden.v1.ReleaseResponse
+	9,  // 27: warden.v1.LockService.Batch:output_type -> warden.v1.BatchResponse
+	14, // 28: warden.v1.LockService.Describe:output_type -> warden.v1.DescribeResponse
+	23, // [23:29] is the sub-list for method output_type
+	17, // [17:23] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_lock_proto_init() }
@@ -918,13 +1240,21 @@ func file_warden_v1_lock_proto_init() {
 	if File_warden_v1_lock_proto != nil {
 		return
 	}
+	file_warden_v1_lock_proto_msgTypes[8].OneofWrappers = []any{
+		(*BatchOp_Acquire)(nil),
+		(*BatchOp_Release)(nil),
+	}
+	file_warden_v1_lock_proto_msgTypes[10].OneofWrappers = []any{
+		(*BatchOutcome_Acquire)(nil),
+		(*BatchOutcome_Release)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_lock_proto_rawDesc), len(file_warden_v1_lock_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

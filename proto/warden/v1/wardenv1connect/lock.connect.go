@@ -43,6 +43,8 @@ const (
 	LockServiceRenewBatchProcedure = "/warden.v1.LockService/RenewBatch"
 	// LockServiceReleaseProcedure is the fully-qualified name of the LockService's Release RPC.
 	LockServiceReleaseProcedure = "/warden.v1.LockService/Release"
+	// LockServiceBatchProcedure is the fully-qualified name of the LockService's Batch RPC.
+	LockServiceBatchProcedure = "/warden.v1.LockService/Batch"
 	// LockServiceDescribeProcedure is the fully-qualified name of the LockService's Describe RPC.
 	LockServiceDescribeProcedure = "/warden.v1.LockService/Describe"
 )
@@ -68,6 +70,14 @@ type LockServiceClient interface {
 	// Release ends a lease. A stale lease id is a harmless no-op that answers
 	// released=false; it never removes another holder's lock.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
+	// Batch runs 1 to 1,000 Acquire calls without a wait and Release calls
+	// in one request, as a client process with many workers sends the calls
+	// they make at about the same time (TigerBeetle's clients batch the same
+	// way). Each op commits exactly as its own call would, with its own
+	// outcome, in the request's order; the ops run concurrently, so their
+	// order in the request is not an order of commits. The call fails as a
+	// whole only for a malformed request (no ops, or more than 1,000).
+	Batch(context.Context, *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error)
 	// Describe reports the lock's state with a linearizable read. It never
 	// returns the lease id, which is a bearer secret.
 	Describe(context.Context, *connect.Request[v1.DescribeRequest]) (*connect.Response[v1.DescribeResponse], error)
@@ -108,6 +118,12 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(lockServiceMethods.ByName("Release")),
 			connect.WithClientOptions(opts...),
 		),
+		batch: connect.NewClient[v1.BatchRequest, v1.BatchResponse](
+			httpClient,
+			baseURL+LockServiceBatchProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("Batch")),
+			connect.WithClientOptions(opts...),
+		),
 		describe: connect.NewClient[v1.DescribeRequest, v1.DescribeResponse](
 			httpClient,
 			baseURL+LockServiceDescribeProcedure,
@@ -124,6 +140,7 @@ type lockServiceClient struct {
 	renew      *connect.Client[v1.RenewRequest, v1.RenewResponse]
 	renewBatch *connect.Client[v1.RenewBatchRequest, v1.RenewBatchResponse]
 	release    *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
+	batch      *connect.Client[v1.BatchRequest, v1.BatchResponse]
 	describe   *connect.Client[v1.DescribeRequest, v1.DescribeResponse]
 }
 
@@ -145,6 +162,11 @@ func (c *lockServiceClient) RenewBatch(ctx context.Context, req *connect.Request
 // Release calls warden.v1.LockService.Release.
 func (c *lockServiceClient) Release(ctx context.Context, req *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	return c.release.CallUnary(ctx, req)
+}
+
+// Batch calls warden.v1.LockService.Batch.
+func (c *lockServiceClient) Batch(ctx context.Context, req *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error) {
+	return c.batch.CallUnary(ctx, req)
 }
 
 // Describe calls warden.v1.LockService.Describe.
@@ -173,6 +195,14 @@ type LockServiceHandler interface {
 	// Release ends a lease. A stale lease id is a harmless no-op that answers
 	// released=false; it never removes another holder's lock.
 	Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error)
+	// Batch runs 1 to 1,000 Acquire calls without a wait and Release calls
+	// in one request, as a client process with many workers sends the calls
+	// they make at about the same time (TigerBeetle's clients batch the same
+	// way). Each op commits exactly as its own call would, with its own
+	// outcome, in the request's order; the ops run concurrently, so their
+	// order in the request is not an order of commits. The call fails as a
+	// whole only for a malformed request (no ops, or more than 1,000).
+	Batch(context.Context, *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error)
 	// Describe reports the lock's state with a linearizable read. It never
 	// returns the lease id, which is a bearer secret.
 	Describe(context.Context, *connect.Request[v1.DescribeRequest]) (*connect.Response[v1.DescribeResponse], error)
@@ -209,6 +239,12 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(lockServiceMethods.ByName("Release")),
 		connect.WithHandlerOptions(opts...),
 	)
+	lockServiceBatchHandler := connect.NewUnaryHandler(
+		LockServiceBatchProcedure,
+		svc.Batch,
+		connect.WithSchema(lockServiceMethods.ByName("Batch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	lockServiceDescribeHandler := connect.NewUnaryHandler(
 		LockServiceDescribeProcedure,
 		svc.Describe,
@@ -226,6 +262,8 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 			lockServiceRenewBatchHandler.ServeHTTP(w, r)
 		case LockServiceReleaseProcedure:
 			lockServiceReleaseHandler.ServeHTTP(w, r)
+		case LockServiceBatchProcedure:
+			lockServiceBatchHandler.ServeHTTP(w, r)
 		case LockServiceDescribeProcedure:
 			lockServiceDescribeHandler.ServeHTTP(w, r)
 		default:
@@ -251,6 +289,10 @@ func (UnimplementedLockServiceHandler) RenewBatch(context.Context, *connect.Requ
 
 func (UnimplementedLockServiceHandler) Release(context.Context, *connect.Request[v1.ReleaseRequest]) (*connect.Response[v1.ReleaseResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.LockService.Release is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) Batch(context.Context, *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.LockService.Batch is not implemented"))
 }
 
 func (UnimplementedLockServiceHandler) Describe(context.Context, *connect.Request[v1.DescribeRequest]) (*connect.Response[v1.DescribeResponse], error) {

@@ -1,0 +1,118 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// MaxBatchOps is the most ops one LockService.Batch call carries.
+const MaxBatchOps = 1000
+
+// Batch implements LockService.Batch. Each op goes through its own
+// call's path (Acquire or Release), all of them concurrently: that path
+// routes the op to its shard's leader, forwards it when the leader is on
+// another node, and audits and counts it under its own method. What the
+// batch saves is the RPC per op, which costs the client and this node
+// more than the op's Raft commit does. An op that is malformed, or an
+// Acquire that asks to wait (it would hold the whole batch), fails alone
+// with invalid_argument naming its field as ops[i].acquire.resource and
+// so on.
+func (s *LockServer) Batch(ctx context.Context, req *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
+	start := time.Now()
+	ops := req.Msg.GetOps()
+	if n := len(ops); n == 0 || n > MaxBatchOps {
+		err := &shard.FieldError{Field: "ops", Reason: fmt.Sprintf("must hold 1 to %d ops, not %d", MaxBatchOps, n)}
+		return nil, observe("Batch", start, err)
+	}
+	out := make([]*wardenv1.BatchOutcome, len(ops))
+	hops := strconv.Itoa(hopsOf(req.Header()))
+	var wg sync.WaitGroup
+	for i, op := range ops {
+		if err := validateOp(i, op); err != nil {
+			out[i] = failedOp(err)
+			continue
+		}
+		wg.Go(func() { out[i] = s.runOp(ctx, hops, op) })
+	}
+	wg.Wait()
+	return connect.NewResponse(&wardenv1.BatchResponse{Outcomes: out}), observe("Batch", start, nil)
+}
+
+// validateOp checks op i of a Batch, naming a bad field by its path in
+// the request.
+func validateOp(i int, op *wardenv1.BatchOp) error {
+	var prefix string
+	var err error
+	switch {
+	case op.GetAcquire() != nil:
+		prefix = fmt.Sprintf("ops[%d].acquire.", i)
+		if err = validateAcquire(op.GetAcquire()); err == nil && op.GetAcquire().GetWaitTimeout().AsDuration() != 0 {
+			err = &shard.FieldError{Field: "wait_timeout", Reason: "must be unset in a Batch, whose ops do not wait; call Acquire to wait"}
+		}
+	case op.GetRelease() != nil:
+		prefix = fmt.Sprintf("ops[%d].release.", i)
+		_, err = leaseRef(op.GetRelease().GetResource(), op.GetRelease().GetLeaseId())
+	default:
+		return &shard.FieldError{Field: fmt.Sprintf("ops[%d]", i), Reason: "must hold an acquire or a release"}
+	}
+	var fe *shard.FieldError
+	if errors.As(err, &fe) {
+		return &shard.FieldError{Field: prefix + fe.Field, Reason: fe.Reason}
+	}
+	return err
+}
+
+// runOp runs one valid op of a Batch through its own call's path, on the
+// batch's forwarding hop count.
+func (s *LockServer) runOp(ctx context.Context, hops string, op *wardenv1.BatchOp) *wardenv1.BatchOutcome {
+	if m := op.GetAcquire(); m != nil {
+		one := connect.NewRequest(m)
+		one.Header().Set(forwardedHeader, hops)
+		resp, err := s.Acquire(ctx, one)
+		if err != nil {
+			return failedOp(err)
+		}
+		return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Acquire{Acquire: resp.Msg}}
+	}
+	one := connect.NewRequest(op.GetRelease())
+	one.Header().Set(forwardedHeader, hops)
+	resp, err := s.Release(ctx, one)
+	if err != nil {
+		return failedOp(err)
+	}
+	return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Release{Release: resp.Msg}}
+}
+
+// failedOp is the outcome of an op that failed with err, with the code,
+// message and details its own call would have answered.
+func failedOp(err error) *wardenv1.BatchOutcome {
+	code, msg := errorOutcome(err)
+	out := &wardenv1.BatchOutcome{Code: code, Message: msg}
+	var ce *connect.Error
+	if errors.As(toConnect(err), &ce) {
+		for _, d := range ce.Details() {
+			out.Details = append(out.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
+		}
+	}
+	return out
+}
+
+// errorOutcome is a failed op's code, in Connect's spelling, and
+// message, as its own call would have answered them.
+func errorOutcome(err error) (code, message string) {
+	var ce *connect.Error
+	if !errors.As(toConnect(err), &ce) {
+		return connect.CodeUnknown.String(), err.Error()
+	}
+	return ce.Code().String(), ce.Message()
+}
