@@ -34,7 +34,10 @@ type NodeConfig struct {
 	RTT time.Duration
 	// SnapshotEntries is how many applied entries trigger a snapshot and
 	// log compaction (keeping CompactionOverhead entries). Zero means
-	// 10,000 and 5,000.
+	// 100,000 and 5,000, etcd's defaults (--snapshot-count and its
+	// catch-up entries). A snapshot syncs the state machine, which stalls
+	// its applies on every replica at once: at 10,000 entries that was
+	// every 2.5 s under the reference load, and p99 acquire doubled.
 	SnapshotEntries    uint64
 	CompactionOverhead uint64
 	// Listener receives Raft leader changes.
@@ -64,7 +67,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		cfg.RTT = 10 * time.Millisecond
 	}
 	if cfg.SnapshotEntries == 0 {
-		cfg.SnapshotEntries, cfg.CompactionOverhead = 10_000, 5_000
+		cfg.SnapshotEntries, cfg.CompactionOverhead = 100_000, 5_000
 	}
 	logdb := config.GetTinyMemLogDBConfig()
 	logdb.Shards = 1
