@@ -42,6 +42,14 @@ func TestAuditLog(t *testing.T) {
 	if ok, err := c.release("orders/42", a.GetLeaseId()); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
+	// A Batch's ops are audited as the calls they are, with its caller.
+	got, err := c.batch(acquireOp("orders/42", "q3"))
+	if err != nil || got[0].GetCode() != "" {
+		t.Fatal(got, err)
+	}
+	if got, err = c.batch(releaseOp("orders/42", got[0].GetAcquire().GetLeaseId())); err != nil || got[0].GetCode() != "" {
+		t.Fatal(got, err)
+	}
 	out := buf.String()
 	if strings.Contains(out, a.GetLeaseId()) {
 		t.Fatal("the audit log contains a lease id")
@@ -54,10 +62,10 @@ func TestAuditLog(t *testing.T) {
 		}
 		lines = append(lines, m)
 	}
-	if len(lines) != 4 {
-		t.Fatalf("%d audit lines, want 4:\n%s", len(lines), out)
+	if len(lines) != 6 {
+		t.Fatalf("%d audit lines, want 6:\n%s", len(lines), out)
 	}
-	want := []struct{ method, outcome string }{{"Acquire", "ok"}, {"Acquire", "conflict"}, {"Renew", "ok"}, {"Release", "ok"}}
+	want := []struct{ method, outcome string }{{"Acquire", "ok"}, {"Acquire", "conflict"}, {"Renew", "ok"}, {"Release", "ok"}, {"Acquire", "ok"}, {"Release", "ok"}}
 	for i, w := range want {
 		l := lines[i]
 		if l["method"] != w.method || l["outcome"] != w.outcome || l["resource"] != "orders/42" || l["caller"] == "" {

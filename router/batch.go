@@ -42,7 +42,7 @@ func (s *LockServer) Batch(ctx context.Context, req *connect.Request[wardenv1.Ba
 			out[i] = failedOp(err)
 			continue
 		}
-		wg.Go(func() { out[i] = s.runOp(ctx, hops, op) })
+		wg.Go(func() { out[i] = s.runOp(ctx, req.Peer(), hops, op) })
 	}
 	wg.Wait()
 	return connect.NewResponse(&wardenv1.BatchResponse{Outcomes: out}), observe("Batch", start, nil)
@@ -72,13 +72,13 @@ func validateOp(i int, op *wardenv1.BatchOp) error {
 	return err
 }
 
-// runOp runs one valid op of a Batch through its own call's path, on the
-// batch's forwarding hop count.
-func (s *LockServer) runOp(ctx context.Context, hops string, op *wardenv1.BatchOp) *wardenv1.BatchOutcome {
+// runOp runs one valid op of a Batch through its own call's path, as
+// the Batch's caller and on its forwarding hop count.
+func (s *LockServer) runOp(ctx context.Context, from connect.Peer, hops string, op *wardenv1.BatchOp) *wardenv1.BatchOutcome {
 	if m := op.GetAcquire(); m != nil {
 		one := connect.NewRequest(m)
 		one.Header().Set(forwardedHeader, hops)
-		resp, err := s.Acquire(ctx, one)
+		resp, err := s.acquireFrom(ctx, one, from)
 		if err != nil {
 			return failedOp(err)
 		}
@@ -86,7 +86,7 @@ func (s *LockServer) runOp(ctx context.Context, hops string, op *wardenv1.BatchO
 	}
 	one := connect.NewRequest(op.GetRelease())
 	one.Header().Set(forwardedHeader, hops)
-	resp, err := s.Release(ctx, one)
+	resp, err := s.releaseFrom(ctx, one, from)
 	if err != nil {
 		return failedOp(err)
 	}

@@ -35,6 +35,12 @@ func observe(method string, start time.Time, err error) error {
 
 // Acquire implements LockService.Acquire.
 func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+	return s.acquireFrom(ctx, req, req.Peer())
+}
+
+// acquireFrom is Acquire for a request from the caller from (a Batch's op comes
+// from the Batch's caller).
+func (s *LockServer) acquireFrom(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest], from connect.Peer) (*connect.Response[wardenv1.AcquireResponse], error) {
 	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
 		return p.locks.Acquire
 	}); ok {
@@ -46,7 +52,7 @@ func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.
 	if err == nil {
 		e.leaseID, e.token = resp.Msg.GetLeaseId(), resp.Msg.GetFencingToken()
 	}
-	s.audit(ctx, req.Peer(), e, err)
+	s.audit(ctx, from, e, err)
 	return resp, observe("Acquire", start, err)
 }
 
@@ -105,6 +111,12 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 
 // Renew implements LockService.Renew.
 func (s *LockServer) Renew(ctx context.Context, req *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
+	return s.renewFrom(ctx, req, req.Peer())
+}
+
+// renewFrom is Renew for a request from the caller from (a RenewBatch's renewal
+// comes from the RenewBatch's caller).
+func (s *LockServer) renewFrom(ctx context.Context, req *connect.Request[wardenv1.RenewRequest], from connect.Peer) (*connect.Response[wardenv1.RenewResponse], error) {
 	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
 		return p.locks.Renew
 	}); ok {
@@ -112,7 +124,7 @@ func (s *LockServer) Renew(ctx context.Context, req *connect.Request[wardenv1.Re
 	}
 	start := time.Now()
 	resp, err := s.renew(ctx, req.Msg)
-	s.audit(ctx, req.Peer(), auditEntry{method: "Renew", resource: req.Msg.GetResource(), leaseID: req.Msg.GetLeaseId()}, err)
+	s.audit(ctx, from, auditEntry{method: "Renew", resource: req.Msg.GetResource(), leaseID: req.Msg.GetLeaseId()}, err)
 	return resp, observe("Renew", start, err)
 }
 
@@ -131,6 +143,12 @@ func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*conn
 
 // Release implements LockService.Release.
 func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+	return s.releaseFrom(ctx, req, req.Peer())
+}
+
+// releaseFrom is Release for a request from the caller from (a Batch's op comes
+// from the Batch's caller).
+func (s *LockServer) releaseFrom(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest], from connect.Peer) (*connect.Response[wardenv1.ReleaseResponse], error) {
 	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 		return p.locks.Release
 	}); ok {
@@ -143,7 +161,7 @@ func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.
 		released := resp.Msg.GetReleased()
 		e.released = &released
 	}
-	s.audit(ctx, req.Peer(), e, err)
+	s.audit(ctx, from, e, err)
 	return resp, observe("Release", start, err)
 }
 

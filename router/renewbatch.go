@@ -134,7 +134,7 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 func (s *LockServer) renewOne(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], rn *wardenv1.RenewRequest) *wardenv1.RenewOutcome {
 	one := connect.NewRequest(rn)
 	one.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())))
-	r, err := s.Renew(ctx, one)
+	r, err := s.renewFrom(ctx, one, req.Peer())
 	return renewOutcome(r, err)
 }
 
