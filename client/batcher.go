@@ -169,22 +169,14 @@ func (b *Batcher) sendBatch(batch []*batchOp) {
 		req.Ops[i] = o.op
 	}
 	resp, err := b.locks.Batch(ctx, connect.NewRequest(req))
-	switch connect.CodeOf(err) {
-	case connect.CodeUnimplemented:
-		b.mu.Lock()
-		b.single = true
-		b.mu.Unlock()
+	if unimplemented, refused := refusal(err); unimplemented || refused {
+		if unimplemented {
+			b.mu.Lock()
+			b.single = true
+			b.mu.Unlock()
+		}
 		b.sendEach(batch)
 		return
-	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled:
-		// Each op gets the error: its caller retries or gives up.
-	default:
-		if err != nil {
-			// A refusal of the call as a whole says nothing about the
-			// ops: send them one by one.
-			b.sendEach(batch)
-			return
-		}
 	}
 	if err == nil && len(resp.Msg.GetOutcomes()) != len(batch) {
 		err = connect.NewError(connect.CodeInternal, fmt.Errorf("warden: Batch answered %d outcomes for %d ops", len(resp.Msg.GetOutcomes()), len(batch)))
@@ -223,6 +215,22 @@ func (b *Batcher) sendOne(o *batchOp) {
 	if o.err = err; err == nil {
 		o.out = &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Release{Release: resp.Msg}}
 	}
+}
+
+// refusal says what a batch call's error means for the calls it
+// carried: unimplemented, the server has no such method (send every call
+// alone from now on); refused, it refused the call as a whole for a
+// reason that says nothing about its items (send these alone). Otherwise
+// (no error, unavailable, a deadline, a cancel) each item gets the
+// answer: its caller retries or gives up.
+func refusal(err error) (unimplemented, refused bool) {
+	switch connect.CodeOf(err) {
+	case connect.CodeUnimplemented:
+		return true, false
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled:
+		return false, false
+	}
+	return false, err != nil
 }
 
 // outcomeError is the *connect.Error of a batched call's outcome, nil

@@ -133,22 +133,14 @@ func (r *Renewer) sendBatch(batch []*renewal) {
 	}
 	sent := time.Now()
 	resp, err := r.locks.RenewBatch(ctx, connect.NewRequest(req))
-	switch connect.CodeOf(err) {
-	case connect.CodeUnimplemented:
-		r.mu.Lock()
-		r.single = true
-		r.mu.Unlock()
+	if unimplemented, refused := refusal(err); unimplemented || refused {
+		if unimplemented {
+			r.mu.Lock()
+			r.single = true
+			r.mu.Unlock()
+		}
 		r.sendEach(batch)
 		return
-	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled:
-		// Each renewal gets the error: its caller retries or gives up.
-	default:
-		if err != nil {
-			// A refusal of the call as a whole (its size, say) says
-			// nothing about the leases: renew them one by one.
-			r.sendEach(batch)
-			return
-		}
 	}
 	if err == nil && len(resp.Msg.GetOutcomes()) != len(batch) {
 		err = connect.NewError(connect.CodeInternal, fmt.Errorf("warden: RenewBatch answered %d outcomes for %d renewals", len(resp.Msg.GetOutcomes()), len(batch)))
