@@ -15,8 +15,6 @@
 //   - A Lease renews itself in the background every TTL/3 (±10 % jitter).
 //     The renewals of a Client's leases that fall due together share one
 //     RenewBatch call (see Renewer).
-//   - Lock calls that do not wait and Unlock calls made at about the
-//     same time by a Client's goroutines share Batch calls (see Batcher).
 //     Its local deadline is the send time of the last successful renewal
 //     (or of the first Acquire attempt) plus the TTL, on this process's
 //     monotonic clock. When renewals fail, it keeps trying until that
@@ -25,6 +23,8 @@
 //     shard's max clock skew, so Done always closes first (case L5) —
 //     provided this process is not itself paused; for that, pass Token to
 //     the protected resource and check it there (package client/fence).
+//   - Lock calls that do not wait and Unlock calls made at about the
+//     same time by a Client's goroutines share Batch calls (see Batcher).
 //   - Every request that may be retried carries the same id: an Acquire
 //     retried after an unavailable answer or a lost response returns the
 //     lease the first attempt got, never a second one.

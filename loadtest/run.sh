@@ -7,7 +7,8 @@
 # it started, whatever happens. Exits non-zero on any safety violation.
 #
 # Environment: LOADTEST_SCALE (1), LOADTEST_DURATION (60s), LOADTEST_OUT,
-# LOADTEST_FAULTS (default "kill@30s snapshot@35s restart@50s"),
+# LOADTEST_FAULTS (default "kill@30s snapshot@35s restart@50s"; set and
+# empty: none),
 # LOADTEST_ARGS (more warden-load flags, for example --find-max),
 # WARDEN_LISTEN_BASE (27070) and WARDEN_RAFT_BASE (27100) for the ports.
 set -euo pipefail
@@ -16,7 +17,7 @@ cd "$root"
 out=${LOADTEST_OUT:-$root/loadtest/out}
 scale=${LOADTEST_SCALE:-1}
 duration=${LOADTEST_DURATION:-60s}
-faults=${LOADTEST_FAULTS:-kill@30s snapshot@35s restart@50s}
+faults=${LOADTEST_FAULTS-kill@30s snapshot@35s restart@50s}
 export WARDEN_LISTEN_BASE=${WARDEN_LISTEN_BASE:-27070}
 export WARDEN_RAFT_BASE=${WARDEN_RAFT_BASE:-27100}
 export WARDEN_CLUSTER_DIR=$out/cluster

@@ -335,6 +335,17 @@ func (c *procCluster) checkLeases(leases map[string]*wardenv1.AcquireResponse) {
 			c.t.Fatalf("RenewBatch via node %d: %v", n.id, err)
 		}
 	}
+	// A Batch through every running node acquires every held lock again
+	// under a new request id: each is refused (aborted), wherever its
+	// shard is led (rule 1).
+	for _, n := range c.nodes {
+		if !n.up.Load() {
+			continue
+		}
+		if err := retryUnavailable(func() error { return n.acquireHeld(leases) }); err != nil {
+			c.t.Fatalf("Batch via node %d: %v", n.id, err)
+		}
+	}
 	// Every node runs this binary and says so in its clock readings, so
 	// the leaders renewed in RenewBatch commands, not one lease at a time.
 	batched := 0.0
@@ -393,6 +404,39 @@ func (n *node) renewBatch(leases map[string]*wardenv1.AcquireResponse, timeout t
 			return fmt.Errorf("%s: outcome code %q: %v", req.Renewals[i].GetResource(), o.GetCode(), err)
 		}
 		return connect.NewError(code, fmt.Errorf("%s: %s", req.Renewals[i].GetResource(), o.GetMessage()))
+	}
+	return nil
+}
+
+// batchSeq makes the request ids of acquireHeld unique.
+var batchSeq atomic.Int64
+
+// acquireHeld tries to acquire every held lock again in one Batch, and
+// answers an error unless each op is refused as held (Unavailable for
+// retryUnavailable when one could not be tried).
+func (n *node) acquireHeld(leases map[string]*wardenv1.AcquireResponse) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	req := &wardenv1.BatchRequest{}
+	for r := range leases {
+		req.Ops = append(req.Ops, &wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: &wardenv1.AcquireRequest{
+			Resource: r, RequestId: fmt.Sprintf("again-%d", batchSeq.Add(1))}}})
+	}
+	resp, err := n.locks.Batch(ctx, connect.NewRequest(req))
+	if err != nil {
+		return err
+	}
+	if len(resp.Msg.GetOutcomes()) != len(req.Ops) {
+		return fmt.Errorf("%d outcomes for %d ops", len(resp.Msg.GetOutcomes()), len(req.Ops))
+	}
+	for i, o := range resp.Msg.GetOutcomes() {
+		switch o.GetCode() {
+		case "aborted":
+		case "unavailable":
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s: %s", req.Ops[i].GetAcquire().GetResource(), o.GetMessage()))
+		default:
+			return fmt.Errorf("acquiring held %s again answered %q %q %v", req.Ops[i].GetAcquire().GetResource(), o.GetCode(), o.GetMessage(), o.GetAcquire())
+		}
 	}
 	return nil
 }
