@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -105,13 +106,31 @@ func (b *Batcher) do(ctx context.Context, op *wardenv1.BatchOp) (*wardenv1.Batch
 	}
 	select {
 	case <-o.done:
-		if o.err != nil {
-			return nil, o.err
+		if o.err == nil {
+			return o.out, outcomeError(o.out.GetCode(), o.out.GetMessage(), o.out)
 		}
-		return o.out, outcomeError(o.out.GetCode(), o.out.GetMessage(), o.out)
+		// The call that carried it ended with the latest of its callers'
+		// deadlines, or when all of them gave up: if that is this
+		// caller's own, say so as its own call would have.
+		if d, ok := ctx.Deadline(); ok && connect.CodeOf(o.err) == connect.CodeDeadlineExceeded && !time.Now().Before(d) {
+			<-ctx.Done()
+		}
+		if ctx.Err() != nil {
+			return nil, contextError(ctx)
+		}
+		return nil, o.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, contextError(ctx)
 	}
+}
+
+// contextError is ctx's error as a Connect call ended by ctx answers it:
+// deadline_exceeded or canceled, wrapping ctx.Err().
+func contextError(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+	}
+	return connect.NewError(connect.CodeCanceled, ctx.Err())
 }
 
 // take removes the next call's ops from the queue: up to MaxBatchOps and
@@ -254,19 +273,40 @@ func outcomeError(code, message string, details *wardenv1.BatchOutcome) error {
 }
 
 // callContext is a context for a call on behalf of batch: it ends at
-// the latest of their deadlines (30 s from now when one has none). An
-// op whose caller gives up earlier is still sent; its call has returned
-// to that caller already.
+// the latest of their deadlines (never, when one has none), or as soon as
+// every one of them has given up. An item whose caller gives up earlier
+// is still sent; its call has returned to that caller already.
 func callContext[T any](batch []T, ctxOf func(T) context.Context) (context.Context, context.CancelFunc) {
 	var last time.Time
+	forever := false
 	for _, o := range batch {
 		d, ok := ctxOf(o).Deadline()
 		if !ok {
-			d = time.Now().Add(30 * time.Second)
-		}
-		if d.After(last) {
+			forever = true
+		} else if d.After(last) {
 			last = d
 		}
 	}
-	return context.WithDeadline(context.Background(), last)
+	callers, gone := context.WithCancel(context.Background())
+	ctx, cancel := callers, context.CancelFunc(func() {})
+	if !forever {
+		ctx, cancel = context.WithDeadline(callers, last)
+	}
+	var left atomic.Int64
+	left.Store(int64(len(batch)))
+	stops := make([]func() bool, len(batch))
+	for i, o := range batch {
+		stops[i] = context.AfterFunc(ctxOf(o), func() {
+			if left.Add(-1) == 0 {
+				gone()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+		gone()
+	}
 }

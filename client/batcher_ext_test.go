@@ -158,3 +158,30 @@ func TestBatcherSendsWaitsAlone(t *testing.T) {
 		t.Errorf("waiting acquire: %v; %d plain, %d Batch calls; want 1 plain", err, f.ones.Load(), f.batches.Load())
 	}
 }
+
+// A batched Lock that runs out of time answers as its own call would:
+// deadline_exceeded wrapping the context's error, not a wait timeout
+// (it did not wait), whether its batch ran out at its deadline or not.
+func TestBatcherDeadline(t *testing.T) {
+	f := &fakeBatch{delay: 300 * time.Millisecond}
+	mux := http.NewServeMux()
+	mux.Handle(wardenv1connect.NewLockServiceHandler(f))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	c, err := client.New(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Duration(20+i%3*20)*time.Millisecond)
+			defer cancel()
+			_, err := c.Lock(ctx, fmt.Sprintf("d%d", i), client.LockOptions{TTL: 10 * time.Second})
+			if errors.Is(err, client.ErrWaitTimeout) || connect.CodeOf(err) != connect.CodeDeadlineExceeded || !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("lock %d: %v (code %v), want deadline_exceeded", i, err, connect.CodeOf(err))
+			}
+		})
+	}
+	wg.Wait()
+}

@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,8 @@ func (c *cluster) batch(ops ...*wardenv1.BatchOp) ([]*wardenv1.BatchOutcome, err
 
 // Each op of a Batch answers what its own call would have: grants,
 // refusals with their details, releases of current and stale leases,
-// and invalid ops named by their path; and the grants hold.
+// and invalid ops naming their field as their own call does; and the
+// grants hold.
 func TestBatch(t *testing.T) {
 	c := startCluster(t, router.DevConfig{})
 	held := c.mustAcquire("b/held", "rh", 10*time.Second)
@@ -65,15 +67,30 @@ func TestBatch(t *testing.T) {
 		{"aborted", ""},
 		{"", ""},
 		{"", ""},
-		{"invalid_argument", "ops[4].acquire.wait_timeout"},
-		{"invalid_argument", "ops[5].acquire.resource"},
-		{"invalid_argument", "ops[6].release.lease_id"},
+		{"invalid_argument", "wait_timeout"},
+		{"invalid_argument", "resource"},
+		{"invalid_argument", "lease_id"},
 		{"invalid_argument", "ops[7]"},
 		{"", ""},
 	}
 	for i, w := range want {
 		if o := out[i]; o.GetCode() != w.code || !strings.Contains(o.GetMessage(), w.field) {
 			t.Errorf("op %d: %q %q, want code %q naming %q", i, o.GetCode(), o.GetMessage(), w.code, w.field)
+		}
+	}
+	// An invalid op answers exactly what its own call does, whether the
+	// router or the shard refuses it.
+	long := acquireOp("b/long", "rl")
+	long.GetAcquire().LeaseTtl = durationpb.New(11 * time.Minute)
+	for _, op := range []*wardenv1.BatchOp{acquireOp("", "rx"), long} {
+		got, err := c.batch(op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, want := c.locks.Acquire(ctx(t), connect.NewRequest(op.GetAcquire()))
+		var ce *connect.Error
+		if !errors.As(want, &ce) || got[0].GetCode() != ce.Code().String() || got[0].GetMessage() != ce.Message() || len(got[0].GetDetails()) != len(ce.Details()) {
+			t.Errorf("invalid op: %q %q with %d details, want %v with %d", got[0].GetCode(), got[0].GetMessage(), len(got[0].GetDetails()), want, len(ce.Details()))
 		}
 	}
 	// The refused Acquire carries the holder's details, as Acquire's

@@ -641,8 +641,9 @@ type BatchOutcome struct {
 	// ("aborted": the lock is held; "failed_precondition";
 	// "invalid_argument"; "unavailable": retry; "deadline_exceeded").
 	Code string `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
-	// Message explains a failed op; an invalid one names its field as
-	// ops[i].acquire.resource, ops[i].release.lease_id and so on.
+	// Message explains a failed op as its own call would: an invalid one
+	// names its field as that call does (resource, lease_ttl), or as
+	// ops[i] when the op holds neither an acquire nor a release.
 	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	// The op's answer when it succeeded.
 	//

@@ -76,7 +76,8 @@ type LockServiceClient interface {
 	// way). Each op commits exactly as its own call would, with its own
 	// outcome, in the request's order; the ops run concurrently, so their
 	// order in the request is not an order of commits. The call fails as a
-	// whole only for a malformed request (no ops, or more than 1,000).
+	// whole only for a malformed request (no ops, or more than 1,000) or one
+	// past the server's 64 KiB request limit (RESOURCE_EXHAUSTED).
 	Batch(context.Context, *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error)
 	// Describe reports the lock's state with a linearizable read. It never
 	// returns the lease id, which is a bearer secret.
@@ -201,7 +202,8 @@ type LockServiceHandler interface {
 	// way). Each op commits exactly as its own call would, with its own
 	// outcome, in the request's order; the ops run concurrently, so their
 	// order in the request is not an order of commits. The call fails as a
-	// whole only for a malformed request (no ops, or more than 1,000).
+	// whole only for a malformed request (no ops, or more than 1,000) or one
+	// past the server's 64 KiB request limit (RESOURCE_EXHAUSTED).
 	Batch(context.Context, *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error)
 	// Describe reports the lock's state with a linearizable read. It never
 	// returns the lease id, which is a bearer secret.
