@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -53,6 +54,14 @@ func nextHopReq[T any](req *connect.Request[T]) *connect.Request[T] {
 	fr := connect.NewRequest(req.Msg)
 	fr.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())+1))
 	return fr
+}
+
+// sameHopReq is a request for m made on behalf of a request with header
+// h (a batch's item): it counts as many forwarding hops as h.
+func sameHopReq[T any](m *T, h http.Header) *connect.Request[T] {
+	r := connect.NewRequest(m)
+	r.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(h)))
+	return r
 }
 
 // TransferLeader implements AdminService.TransferLeader.

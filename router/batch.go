@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -36,14 +35,13 @@ func (s *LockServer) Batch(ctx context.Context, req *connect.Request[wardenv1.Ba
 		return nil, observe("Batch", start, err)
 	}
 	out := make([]*wardenv1.BatchOutcome, len(ops))
-	hops := strconv.Itoa(hopsOf(req.Header()))
 	var wg sync.WaitGroup
 	for i, op := range ops {
 		if err := validateOp(i, op); err != nil {
 			out[i] = failedOp(err)
 			continue
 		}
-		wg.Go(func() { out[i] = s.runOp(ctx, req.Peer(), hops, op) })
+		wg.Go(func() { out[i] = s.runOp(ctx, req, op) })
 	}
 	wg.Wait()
 	return connect.NewResponse(&wardenv1.BatchResponse{Outcomes: out}), observe("Batch", start, nil)
@@ -65,21 +63,17 @@ func validateOp(i int, op *wardenv1.BatchOp) error {
 	return &shard.FieldError{Field: fmt.Sprintf("ops[%d]", i), Reason: "must hold an acquire or a release"}
 }
 
-// runOp runs one op of a Batch through its own call's path, as
-// the Batch's caller and on its forwarding hop count.
-func (s *LockServer) runOp(ctx context.Context, from connect.Peer, hops string, op *wardenv1.BatchOp) *wardenv1.BatchOutcome {
+// runOp runs one op of req through its own call's path, as req's caller
+// and on req's forwarding hop count.
+func (s *LockServer) runOp(ctx context.Context, req *connect.Request[wardenv1.BatchRequest], op *wardenv1.BatchOp) *wardenv1.BatchOutcome {
 	if m := op.GetAcquire(); m != nil {
-		one := connect.NewRequest(m)
-		one.Header().Set(forwardedHeader, hops)
-		resp, err := s.acquireFrom(ctx, one, from)
+		resp, err := s.acquireFrom(ctx, sameHopReq(m, req.Header()), req.Peer())
 		if err != nil {
 			return failedOp(err)
 		}
 		return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Acquire{Acquire: resp.Msg}}
 	}
-	one := connect.NewRequest(op.GetRelease())
-	one.Header().Set(forwardedHeader, hops)
-	resp, err := s.releaseFrom(ctx, one, from)
+	resp, err := s.releaseFrom(ctx, sameHopReq(op.GetRelease(), req.Header()), req.Peer())
 	if err != nil {
 		return failedOp(err)
 	}
@@ -89,23 +83,20 @@ func (s *LockServer) runOp(ctx context.Context, from connect.Peer, hops string, 
 // failedOp is the outcome of an op that failed with err, with the code,
 // message and details its own call would have answered.
 func failedOp(err error) *wardenv1.BatchOutcome {
-	code, msg := errorOutcome(err)
-	out := &wardenv1.BatchOutcome{Code: code, Message: msg}
-	var ce *connect.Error
-	if errors.As(toConnect(err), &ce) {
-		for _, d := range ce.Details() {
-			out.Details = append(out.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
-		}
+	ce := asConnect(err)
+	out := &wardenv1.BatchOutcome{Code: ce.Code().String(), Message: ce.Message()}
+	for _, d := range ce.Details() {
+		out.Details = append(out.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
 	}
 	return out
 }
 
-// errorOutcome is a failed op's code, in Connect's spelling, and
-// message, as its own call would have answered them.
-func errorOutcome(err error) (code, message string) {
+// asConnect is err as its call answers it: a *connect.Error, of code
+// unknown when toConnect leaves err without one.
+func asConnect(err error) *connect.Error {
 	var ce *connect.Error
-	if !errors.As(toConnect(err), &ce) {
-		return connect.CodeUnknown.String(), err.Error()
+	if errors.As(toConnect(err), &ce) {
+		return ce
 	}
-	return ce.Code().String(), ce.Message()
+	return connect.NewError(connect.CodeUnknown, err)
 }

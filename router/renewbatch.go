@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -73,8 +72,7 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 	for j, i := range idx {
 		sub.Renewals[j] = renewals[i]
 	}
-	fr := connect.NewRequest(sub)
-	fr.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())))
+	fr := sameHopReq(sub, req.Header())
 	resp, ok, err := forward(ctx, s.r, fr, sub.Renewals[0].GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
 		return p.locks.RenewBatch
 	})
@@ -132,9 +130,7 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 // renewOne renews one of req's renewals through Renew's path, which
 // finds its shard and leader and audits and counts it.
 func (s *LockServer) renewOne(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], rn *wardenv1.RenewRequest) *wardenv1.RenewOutcome {
-	one := connect.NewRequest(rn)
-	one.Header().Set(forwardedHeader, strconv.Itoa(hopsOf(req.Header())))
-	r, err := s.renewFrom(ctx, one, req.Peer())
+	r, err := s.renewFrom(ctx, sameHopReq(rn, req.Header()), req.Peer())
 	return renewOutcome(r, err)
 }
 
@@ -165,6 +161,6 @@ func renewOutcome(resp *connect.Response[wardenv1.RenewResponse], err error) *wa
 	if err == nil {
 		return &wardenv1.RenewOutcome{ExpiresAt: resp.Msg.GetExpiresAt()}
 	}
-	code, msg := errorOutcome(err)
-	return &wardenv1.RenewOutcome{Code: code, Message: msg}
+	ce := asConnect(err)
+	return &wardenv1.RenewOutcome{Code: ce.Code().String(), Message: ce.Message()}
 }
