@@ -1,10 +1,17 @@
 package router
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/lni/dragonboat/v4/raftio"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
 func TestLeadershipFollowsTerms(t *testing.T) {
@@ -52,5 +59,56 @@ func TestLeaderClockIsAnchored(t *testing.T) {
 	b := lt.now()
 	if b-a < int64(10*time.Millisecond) || a < anchor.UnixNano() {
 		t.Fatalf("clock read %d then %d from anchor %d", a, b, anchor.UnixNano())
+	}
+}
+
+// A GetLeaderID answer that lags the LeaderUpdated event keeps the term:
+// dropping it there lost the term for good (seen in CI as a leader that
+// answered "no leader" for its whole term after a restart). Only a
+// stopped replica, a later term or another leader ends it.
+func TestDeposedOnlyByALaterView(t *testing.T) {
+	cur := leaderTerm{shardID: 1, replicaID: 2, term: 5}
+	for _, c := range []struct {
+		name     string
+		id, term uint64
+		valid    bool
+		err      error
+		want     bool
+	}{
+		{name: "view of the previous term", id: 3, term: 4, valid: true},
+		{name: "view of an election in an earlier term", term: 4},
+		{name: "view of this term's election", term: 5},
+		{name: "view of this term", id: 2, term: 5, valid: true},
+		{name: "another leader in this term", id: 3, term: 5, valid: true, want: true},
+		{name: "a later term's election", term: 6, want: true},
+		{name: "a later term, led here again", id: 2, term: 6, valid: true, want: true},
+		{name: "replica stopped", err: errors.New("shard not found"), want: true},
+	} {
+		if got := deposed(cur, c.id, c.term, c.valid, c.err); got != c.want {
+			t.Errorf("%s: deposed = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A request whose deadline passes while the router retries a refusal that
+// is worth retrying (a busy or starting shard, a moving range) answers
+// deadline_exceeded, as one whose deadline was too short to propose: the
+// caller's deadline decides (CI once saw unavailable for a 1 ms deadline).
+func TestRetriesEndWithTheCallersDeadline(t *testing.T) {
+	r := &Router{cfg: Config{LeaderWait: time.Minute, MoveWait: time.Minute}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	err := r.retryDropped(ctx, func() error { return fmt.Errorf("%w (%w): busy", ErrNoLeader, errDropped) })
+	if code := connect.CodeOf(toConnect(err)); code != connect.CodeDeadlineExceeded {
+		t.Fatalf("dropped until the deadline: %v (%v), want deadline_exceeded", code, err)
+	}
+	// Within retryMoved's first pause (20 ms), before it refreshes the map.
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel()
+	_, err = r.retryMoved(ctx, func() (*shardv1.Result, error) {
+		return &shardv1.Result{Code: shardv1.Code_CODE_WRONG_SHARD, Reason: "moved"}, nil
+	})
+	if code := connect.CodeOf(toConnect(err)); code != connect.CodeDeadlineExceeded {
+		t.Fatalf("moved until the deadline: %v (%v), want deadline_exceeded", code, err)
 	}
 }

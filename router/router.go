@@ -292,19 +292,27 @@ func (r *Router) retryMoved(ctx context.Context, f func() (*shardv1.Result, erro
 		if c == shardv1.Code_CODE_OK || c == shardv1.Code_CODE_QUEUED {
 			return res, nil
 		}
-		if (c != shardv1.Code_CODE_WRONG_SHARD && c != shardv1.Code_CODE_UNAVAILABLE) || time.Now().After(deadline) {
+		if !movedOn(c) || time.Now().After(deadline) {
 			return res, &resultError{res}
 		}
 		metrics.moveRetries.Inc()
 		select {
 		case <-ctx.Done():
-			return res, fmt.Errorf("%w: %w", ctx.Err(), &resultError{res})
+			// The caller's own deadline or cancel decides what it is told.
+			return res, fmt.Errorf("%w: the shard answered %v: %s", ctx.Err(), c, res.GetReason())
 		case <-time.After(20 * time.Millisecond):
 		}
 		if err := r.RefreshMap(ctx); err != nil {
 			r.cfg.Logger.Debug("refreshing the placement map", "err", err)
 		}
 	}
+}
+
+// movedOn reports whether a shard refused a command with code c because
+// the key's range left it or is moving: worth routing again by a fresher
+// map.
+func movedOn(c shardv1.Code) bool {
+	return c == shardv1.Code_CODE_WRONG_SHARD || c == shardv1.Code_CODE_UNAVAILABLE
 }
 
 // proposeOn stamps env with the term's clock and proposes it on node n;
@@ -398,7 +406,7 @@ func (r *Router) retryDropped(ctx context.Context, f func() error) error {
 		}
 		select {
 		case <-ctx.Done():
-			return err
+			return fmt.Errorf("%w: %w", ctx.Err(), err)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -426,12 +434,34 @@ func (r *Router) runTimers(n *LocalNode) {
 	}
 }
 
+// deposed reports whether NodeHost.GetLeaderID's answer (id, term, valid,
+// err) shows that the term t is over: the replica is stopped (err), a later
+// term has begun, or another replica leads this one. An answer for an
+// earlier term, or for t's term without a leader yet, is a view that has
+// not caught up: Dragonboat queues the LeaderUpdated event that recorded t
+// as soon as Raft elects, but updates what GetLeaderID reads only when its
+// engine next processes the replica's update. Dropping t on such a view
+// would lose the term for good, since no second event comes for it, and
+// the replica would lead without serving until the next election.
+func deposed(t leaderTerm, id, term uint64, valid bool, err error) bool {
+	switch {
+	case err != nil:
+		return true
+	case term != t.term:
+		return term > t.term
+	default:
+		return valid && id != t.replicaID
+	}
+}
+
 // leaderTick confirms a new term with a linearizable read, or, once
 // confirmed, proposes one batch each of expirations, timed-out waiters and
 // forgotten dedup entries.
 func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	if id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID); err != nil || !valid || id != t.replicaID || term != t.term {
-		n.Leadership.drop(t.shardID, t.term) // stopped, or deposed without an event yet
+		if deposed(t, id, term, valid, err) {
+			n.Leadership.drop(t.shardID, t.term)
+		}
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ProposeTimeout)
