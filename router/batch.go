@@ -4,29 +4,36 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/shard"
 )
 
 // MaxBatchOps is the most ops one LockService.Batch call carries.
-const MaxBatchOps = 1000
+const MaxBatchOps = shard.MaxBatch
 
-// Batch implements LockService.Batch. Each op goes through its own
-// call's path (Acquire or Release), all of them concurrently: that path
-// validates the op, routes it to its shard's leader, forwards it when the
-// leader is on another node, and audits and counts it under its own
-// method, so a failed op answers exactly what its own call would have (a
-// bad field is named as that call names it: resource, lease_ttl). What
-// the batch saves is the RPC per op, which costs the client and this
-// node more than the op's Raft commit does. An Acquire that asks to wait
-// (it would hold the whole batch) fails alone, naming wait_timeout; an
-// op with neither an acquire nor a release names ops[i].
+// Batch implements LockService.Batch. The ops of each shard go in one
+// BatchCmd to that shard's leader, one Raft entry for all of them:
+// proposed here when this node leads it, else forwarded as a smaller
+// Batch to the node that does. Each op answers exactly what its own call
+// (Acquire or Release) would have, and is audited and counted under that
+// call's method, so a bad field is named as that call names it
+// (resource, lease_ttl). An op the router refuses and an op whose key
+// left the shard on the way (a split or move) go through their own
+// call's path instead; so does every
+// op while a replica of the shard runs a binary that predates BatchCmd
+// (a rolling upgrade), or when the leader's node does not serve Batch.
+// An acquire that asks to wait (it would hold the whole batch) fails
+// alone, naming wait_timeout; an op with neither an acquire nor a
+// release names ops[i]. What a batch saves is the RPC per op and the
+// Raft entry per op, which cost more than the ops' own work.
 func (s *LockServer) Batch(ctx context.Context, req *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
 	start := time.Now()
 	ops := req.Msg.GetOps()
@@ -35,16 +42,210 @@ func (s *LockServer) Batch(ctx context.Context, req *connect.Request[wardenv1.Ba
 		return nil, observe("Batch", start, err)
 	}
 	out := make([]*wardenv1.BatchOutcome, len(ops))
-	var wg sync.WaitGroup
+	groups := map[uint64][]int{} // shard id → indexes into ops
+	m := s.r.Map()
 	for i, op := range ops {
 		if err := validateOp(i, op); err != nil {
 			out[i] = failedOp(err)
 			continue
 		}
-		wg.Go(func() { out[i] = s.runOp(ctx, req, op) })
+		rg, err := m.ShardFor(opResource(op))
+		if err != nil {
+			out[i] = s.runOp(ctx, req, op) // answers the routing error as its own call would
+			continue
+		}
+		groups[rg.GetShardId()] = append(groups[rg.GetShardId()], i)
+	}
+	serveGroups(s.r, groups, out, failedOp, func(shardID uint64, idx []int) { s.batchGroup(ctx, req, shardID, idx, out) })
+	return connect.NewResponse(&wardenv1.BatchResponse{Outcomes: out}), observe("Batch", start, nil)
+}
+
+// opResource is the resource op acts on.
+func opResource(op *wardenv1.BatchOp) string {
+	if m := op.GetAcquire(); m != nil {
+		return m.GetResource()
+	}
+	return op.GetRelease().GetResource()
+}
+
+// batchGroup runs req's ops at idx, which the map places in shardID, and
+// fills their outcomes in out.
+func (s *LockServer) batchGroup(ctx context.Context, req *connect.Request[wardenv1.BatchRequest], shardID uint64, idx []int, out []*wardenv1.BatchOutcome) {
+	ops := req.Msg.GetOps()
+	sub := &wardenv1.BatchRequest{Ops: make([]*wardenv1.BatchOp, len(idx))}
+	for j, i := range idx {
+		sub.Ops[j] = ops[i]
+	}
+	resp, ok, err := forward(ctx, s.r, sameHopReq(sub, req.Header()), opResource(sub.Ops[0]), func(p *peer) func(context.Context, *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
+		return p.locks.Batch
+	})
+	if ok && connect.CodeOf(err) == connect.CodeUnimplemented {
+		s.runEach(ctx, req, idx, out) // the leader's node predates Batch
+		return
+	}
+	if ok {
+		// The node that served them audited and counted them.
+		spreadForwarded(idx, out, err, func() []*wardenv1.BatchOutcome { return resp.Msg.GetOutcomes() }, failedOp)
+		return
+	}
+	env := &shardv1.Envelope{Command: &shardv1.Envelope_Batch{Batch: &shardv1.BatchCmd{}}}
+	if !s.r.applies(shardID, shard.VersionOf(env)) {
+		s.runEach(ctx, req, idx, out) // a replica's node predates BatchCmd
+		return
+	}
+	cmd := env.GetBatch()
+	var sent []int // indexes into ops of cmd's items
+	for _, i := range idx {
+		item, err := s.batchItem(ops[i])
+		if err != nil {
+			out[i] = s.runOp(ctx, req, ops[i]) // refused as its own call refuses it
+			continue
+		}
+		cmd.Items = append(cmd.Items, item)
+		sent = append(sent, i)
+	}
+	if len(sent) == 0 {
+		return
+	}
+	metrics.batchOps.Observe(float64(len(sent)))
+	start := time.Now()
+	res, err := s.r.propose(ctx, opResource(ops[sent[0]]), env)
+	if err == nil && len(res.GetItems()) != len(sent) {
+		err = fmt.Errorf("router: shard answered %d results for %d ops", len(res.GetItems()), len(sent))
+	}
+	var again []int // ops to send through their own call's path
+	for j, i := range sent {
+		var item *shardv1.Result
+		opErr := err
+		if err == nil {
+			item = res.GetItems()[j]
+			switch {
+			case movedOn(item.GetCode()):
+				// The key left this shard after the map was read: its own
+				// call finds the new shard.
+				again = append(again, i)
+				continue
+			case item.GetCode() == shardv1.Code_CODE_QUEUED:
+				opErr = s.giveUpQueued(ops[i].GetAcquire(), cmd.GetItems()[j].GetAcquire().GetLeaseId())
+			}
+		}
+		out[i] = s.opDone(ctx, req.Peer(), ops[i], item, opErr, start)
+	}
+	// In the batch's order: an op on the same resource as another went
+	// the same way.
+	for _, i := range again {
+		out[i] = s.runOp(ctx, req, ops[i])
+	}
+}
+
+// goServe runs f on wg in a goroutine of its own, serving part of a call
+// as net/http serves a whole one: a panic in f is logged and fails that
+// part alone (failed answers it with the error), where it would
+// otherwise stop the node, and then the next leader the call is
+// forwarded to.
+func (r *Router) goServe(wg *sync.WaitGroup, f func(), failed func(error)) {
+	wg.Go(func() {
+		defer func() {
+			if p := recover(); p != nil {
+				r.cfg.Logger.Error("panic serving part of a call", "panic", p, "stack", string(debug.Stack()))
+				failed(fmt.Errorf("router: internal error: %v", p))
+			}
+		}()
+		f()
+	})
+}
+
+// serveGroups runs serve for each shard's group of a batch (shard id →
+// indexes into out) and waits: in this goroutine when there is one group,
+// the usual case, else each in its own through goServe, where a panic
+// fills the group's outcomes with failed(err).
+func serveGroups[O any](r *Router, groups map[uint64][]int, out []O, failed func(error) O, serve func(shardID uint64, idx []int)) {
+	var wg sync.WaitGroup
+	for shardID, idx := range groups {
+		if len(groups) == 1 {
+			serve(shardID, idx)
+			break
+		}
+		r.goServe(&wg, func() { serve(shardID, idx) }, func(err error) {
+			for _, i := range idx {
+				out[i] = failed(err)
+			}
+		})
 	}
 	wg.Wait()
-	return connect.NewResponse(&wardenv1.BatchResponse{Outcomes: out}), observe("Batch", start, nil)
+}
+
+// spreadForwarded fills out at idx with the outcomes of the items a
+// forwarded batch carried: got's, in order, when the call answered one
+// for each item (err nil), else failed(err) for every item.
+func spreadForwarded[O any](idx []int, out []O, err error, got func() []O, failed func(error) O) {
+	var outcomes []O
+	if err == nil {
+		if outcomes = got(); len(outcomes) != len(idx) {
+			err = fmt.Errorf("router: the forwarded batch answered %d outcomes for %d items", len(outcomes), len(idx))
+		}
+	}
+	for j, i := range idx {
+		if err != nil {
+			out[i] = failed(err)
+		} else {
+			out[i] = outcomes[j]
+		}
+	}
+}
+
+// batchItem validates op as its own call would and returns its BatchCmd
+// item.
+func (s *LockServer) batchItem(op *wardenv1.BatchOp) (*shardv1.BatchItem, error) {
+	if m := op.GetAcquire(); m != nil {
+		cmd, err := s.acquireCmd(m)
+		if err != nil {
+			return nil, err
+		}
+		return &shardv1.BatchItem{Command: &shardv1.BatchItem_Acquire{Acquire: cmd}}, nil
+	}
+	cmd, err := releaseCmd(op.GetRelease())
+	if err != nil {
+		return nil, err
+	}
+	return &shardv1.BatchItem{Command: &shardv1.BatchItem_Release{Release: cmd}}, nil
+}
+
+// opDone audits and counts op, proposed at start in a BatchCmd whose
+// result for it is res (err: the command failed), and returns its
+// outcome.
+func (s *LockServer) opDone(ctx context.Context, from connect.Peer, op *wardenv1.BatchOp, res *shardv1.Result, err error, start time.Time) *wardenv1.BatchOutcome {
+	if err == nil && res.GetCode() != shardv1.Code_CODE_OK {
+		err = &resultError{res}
+	}
+	if m := op.GetAcquire(); m != nil {
+		var resp *connect.Response[wardenv1.AcquireResponse]
+		if err == nil {
+			resp = acquireResponse(res.GetLease())
+		}
+		if _, err := s.acquired(ctx, from, m, resp, err, start); err != nil {
+			return failedOp(err)
+		}
+		return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Acquire{Acquire: resp.Msg}}
+	}
+	var resp *connect.Response[wardenv1.ReleaseResponse]
+	if err == nil {
+		resp = releaseResponse(res)
+	}
+	if _, err := s.released(ctx, from, op.GetRelease(), resp, err, start); err != nil {
+		return failedOp(err)
+	}
+	return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Release{Release: resp.Msg}}
+}
+
+// runEach runs req's ops at idx through their own call's path,
+// concurrently.
+func (s *LockServer) runEach(ctx context.Context, req *connect.Request[wardenv1.BatchRequest], idx []int, out []*wardenv1.BatchOutcome) {
+	var wg sync.WaitGroup
+	for _, i := range idx {
+		s.r.goServe(&wg, func() { out[i] = s.runOp(ctx, req, req.Msg.GetOps()[i]) }, func(err error) { out[i] = failedOp(err) })
+	}
+	wg.Wait()
 }
 
 // validateOp checks what only a Batch asks of op i: that it holds an

@@ -48,6 +48,7 @@ func TestBatch(t *testing.T) {
 	}
 	waiting := acquireOp("b/wait", "rw")
 	waiting.GetAcquire().WaitTimeout = durationpb.New(time.Second)
+	commands, proposed := c.metric("warden_batch_command_ops_count"), c.metric("warden_batch_command_ops_sum")
 	out, err := c.batch(
 		acquireOp("b/a", "ra"),
 		acquireOp("b/busy", "other"),
@@ -77,6 +78,11 @@ func TestBatch(t *testing.T) {
 		if o := out[i]; o.GetCode() != w.code || !strings.Contains(o.GetMessage(), w.field) {
 			t.Errorf("op %d: %q %q, want code %q naming %q", i, o.GetCode(), o.GetMessage(), w.code, w.field)
 		}
+	}
+	// The five ops that reached the shard (the router refused the
+	// others) went in one BatchCmd, one Raft entry.
+	if n, sum := c.metric("warden_batch_command_ops_count")-commands, c.metric("warden_batch_command_ops_sum")-proposed; n != 1 || sum != 5 {
+		t.Errorf("%v BatchCmds of %v ops in all, want 1 of 5", n, sum)
 	}
 	// An invalid op answers exactly what its own call does, whether the
 	// router or the shard refuses it.

@@ -48,7 +48,13 @@ func (s *LockServer) acquireFrom(ctx context.Context, req *connect.Request[warde
 	}
 	start := time.Now()
 	resp, err := s.acquire(ctx, req.Msg)
-	e := auditEntry{method: "Acquire", resource: req.Msg.GetResource(), requestID: req.Msg.GetRequestId(), holder: req.Msg.GetHolder()}
+	return s.acquired(ctx, from, req.Msg, resp, err, start)
+}
+
+// acquired audits and counts an Acquire served here (one of a Batch's
+// ops too), begun at start, and maps its error.
+func (s *LockServer) acquired(ctx context.Context, from connect.Peer, m *wardenv1.AcquireRequest, resp *connect.Response[wardenv1.AcquireResponse], err error, start time.Time) (*connect.Response[wardenv1.AcquireResponse], error) {
+	e := auditEntry{method: "Acquire", resource: m.GetResource(), requestID: m.GetRequestId(), holder: m.GetHolder()}
 	if err == nil {
 		e.leaseID, e.token = resp.Msg.GetLeaseId(), resp.Msg.GetFencingToken()
 	}
@@ -57,26 +63,12 @@ func (s *LockServer) acquireFrom(ctx context.Context, req *connect.Request[warde
 }
 
 func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*connect.Response[wardenv1.AcquireResponse], error) {
-	if err := validateAcquire(m); err != nil {
+	cmd, err := s.acquireCmd(m)
+	if err != nil {
 		return nil, err
 	}
-	s.r.acquires.add(m.GetResource())
 	wait := m.GetWaitTimeout().AsDuration()
-	// The lease id is a bearer secret: 128 bits from the OS's CSPRNG,
-	// drawn here and carried in the command so every replica stores it.
-	leaseID := make([]byte, 16)
-	if _, err := rand.Read(leaseID); err != nil {
-		return nil, err
-	}
-	env := &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: &shardv1.AcquireCmd{
-		Resource:         m.GetResource(),
-		RequestId:        m.GetRequestId(),
-		LeaseTtlNanos:    int64(m.GetLeaseTtl().AsDuration()),
-		Holder:           m.GetHolder(),
-		Tenant:           m.GetTenant(),
-		LeaseId:          leaseID,
-		WaitTimeoutNanos: int64(wait),
-	}}}
+	env := &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: cmd}}
 	var sub *subscription
 	if wait > 0 {
 		// Subscribe before proposing, so a hand-off applied at once is seen.
@@ -89,24 +81,66 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 		if wait > 0 && (errors.Is(err, ErrOutcomeUnknown) || ctx.Err() != nil) {
 			// The enqueue may have committed with nobody left to wait for
 			// it: take this attempt's place back.
-			s.r.cancelWait(m.GetResource(), m.GetRequestId(), leaseID)
+			s.r.cancelWait(m.GetResource(), m.GetRequestId(), cmd.GetLeaseId())
 		}
 		return nil, err
 	}
 	l := res.GetLease()
+	if res.GetCode() == shardv1.Code_CODE_QUEUED && sub == nil {
+		return nil, s.giveUpQueued(m, cmd.GetLeaseId())
+	}
 	if res.GetCode() == shardv1.Code_CODE_QUEUED {
-		l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), leaseID, res.GetWaiterSeq(), res.GetWaitDeadlineUnixNano())
+		l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), cmd.GetLeaseId(), res.GetWaiterSeq(), res.GetWaitDeadlineUnixNano())
 		if err != nil {
 			return nil, err
 		}
 		metrics.waitDuration.Observe(time.Since(start).Seconds())
 	}
+	return acquireResponse(l), nil
+}
+
+// giveUpQueued answers m, a retry without wait_timeout of a request id
+// that is queued, whose attempt (lease id) the shard answered QUEUED: it
+// has no time left to wait. It takes the request's place back (this
+// attempt is now its latest), so that no grant goes to nobody, and
+// answers as a wait that ran out.
+func (s *LockServer) giveUpQueued(m *wardenv1.AcquireRequest, attempt []byte) error {
+	s.r.cancelWait(m.GetResource(), m.GetRequestId(), attempt)
+	return errWaitTimedOut
+}
+
+// acquireCmd validates m and returns its shard command, with a fresh
+// lease id, and counts the resource's acquire for the hot-key report.
+func (s *LockServer) acquireCmd(m *wardenv1.AcquireRequest) (*shardv1.AcquireCmd, error) {
+	if err := validateAcquire(m); err != nil {
+		return nil, err
+	}
+	s.r.acquires.add(m.GetResource())
+	// The lease id is a bearer secret: 128 bits from the OS's CSPRNG,
+	// drawn here and carried in the command so every replica stores it.
+	leaseID := make([]byte, 16)
+	if _, err := rand.Read(leaseID); err != nil {
+		return nil, err
+	}
+	return &shardv1.AcquireCmd{
+		Resource:         m.GetResource(),
+		RequestId:        m.GetRequestId(),
+		LeaseTtlNanos:    int64(m.GetLeaseTtl().AsDuration()),
+		Holder:           m.GetHolder(),
+		Tenant:           m.GetTenant(),
+		LeaseId:          leaseID,
+		WaitTimeoutNanos: int64(m.GetWaitTimeout().AsDuration()),
+	}, nil
+}
+
+// acquireResponse is Acquire's answer for the granted lease l.
+func acquireResponse(l *shardv1.LeaseInfo) *connect.Response[wardenv1.AcquireResponse] {
 	return connect.NewResponse(&wardenv1.AcquireResponse{
 		LeaseId:      hex.EncodeToString(l.GetLeaseId()),
 		FencingToken: l.GetFencingToken(),
 		ExpiresAt:    timestamp(l.GetExpiresAtUnixNano()),
 		LeaseTtl:     durationpb.New(time.Duration(l.GetLeaseTtlNanos())),
-	}), nil
+	})
 }
 
 // Renew implements LockService.Renew.
@@ -156,7 +190,13 @@ func (s *LockServer) releaseFrom(ctx context.Context, req *connect.Request[warde
 	}
 	start := time.Now()
 	resp, err := s.release(ctx, req.Msg)
-	e := auditEntry{method: "Release", resource: req.Msg.GetResource(), leaseID: req.Msg.GetLeaseId()}
+	return s.released(ctx, from, req.Msg, resp, err, start)
+}
+
+// released audits and counts a Release served here (one of a Batch's
+// ops too), begun at start, and maps its error.
+func (s *LockServer) released(ctx context.Context, from connect.Peer, m *wardenv1.ReleaseRequest, resp *connect.Response[wardenv1.ReleaseResponse], err error, start time.Time) (*connect.Response[wardenv1.ReleaseResponse], error) {
+	e := auditEntry{method: "Release", resource: m.GetResource(), leaseID: m.GetLeaseId()}
 	if err == nil {
 		released := resp.Msg.GetReleased()
 		e.released = &released
@@ -166,16 +206,29 @@ func (s *LockServer) releaseFrom(ctx context.Context, req *connect.Request[warde
 }
 
 func (s *LockServer) release(ctx context.Context, m *wardenv1.ReleaseRequest) (*connect.Response[wardenv1.ReleaseResponse], error) {
+	cmd, err := releaseCmd(m)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.r.propose(ctx, m.GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_Release{Release: cmd}})
+	if err != nil {
+		return nil, err
+	}
+	return releaseResponse(res), nil
+}
+
+// releaseResponse is Release's answer for the shard's result res.
+func releaseResponse(res *shardv1.Result) *connect.Response[wardenv1.ReleaseResponse] {
+	return connect.NewResponse(&wardenv1.ReleaseResponse{Released: res.GetReleased()})
+}
+
+// releaseCmd validates m and returns its shard command.
+func releaseCmd(m *wardenv1.ReleaseRequest) (*shardv1.ReleaseCmd, error) {
 	id, err := leaseRef(m.GetResource(), m.GetLeaseId())
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.r.propose(ctx, m.GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_Release{Release: &shardv1.ReleaseCmd{
-		Resource: m.GetResource(), LeaseId: id}}})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&wardenv1.ReleaseResponse{Released: res.GetReleased()}), nil
+	return &shardv1.ReleaseCmd{Resource: m.GetResource(), LeaseId: id}, nil
 }
 
 // Describe implements LockService.Describe with a linearizable read.

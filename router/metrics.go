@@ -10,6 +10,7 @@ var metrics = struct {
 	rpcDuration   *prometheus.HistogramVec
 	rpcOutcomes   *prometheus.CounterVec
 	proposal      prometheus.Histogram
+	batchOps      prometheus.Histogram
 	leaderChanges prometheus.Counter
 	expirations   prometheus.Counter
 	waitDuration  prometheus.Histogram
@@ -61,6 +62,11 @@ var metrics = struct {
 		Name:    "warden_proposal_duration_seconds",
 		Help:    "Time from proposing a command to learning its committed result, in seconds.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	}),
+	batchOps: promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "warden_batch_command_ops",
+		Help:    "Ops in each BatchCmd (one Raft entry) this node proposed for a Batch call.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 	}),
 	leaderChanges: promauto.NewCounter(prometheus.CounterOpts{
 		Name: "warden_raft_leader_changes_total",

@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,12 +17,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	c.acquire("m", "b", time.Second)
 	_, _ = c.acquireWait(ctx(t), "m", "w", time.Second, 5*time.Second) // granted at expiry
 	_, _ = c.renew("m", a.GetLeaseId())
-	resp, err := c.srv.Client().Get(c.srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := c.metrics()
 	for _, want := range []string{
 		`warden_rpc_duration_seconds_bucket{method="Acquire"`,
 		`warden_rpc_outcomes_total{method="Acquire",outcome="ok"}`,
@@ -34,8 +30,38 @@ func TestMetricsEndpoint(t *testing.T) {
 		`warden_raft_leader_changes_total`,
 		`warden_proposal_duration_seconds_count`,
 	} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+}
+
+// metrics returns the text of the cluster's /metrics.
+func (c *cluster) metrics() string {
+	c.t.Helper()
+	resp, err := c.srv.Client().Get(c.srv.URL + "/metrics")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return string(body)
+}
+
+// metric returns the value of one sample of /metrics (0 when absent).
+func (c *cluster) metric(sample string) float64 {
+	c.t.Helper()
+	for _, line := range strings.Split(c.metrics(), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				c.t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	return 0
 }

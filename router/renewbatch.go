@@ -51,15 +51,8 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 		}
 		groups[rg.GetShardId()] = append(groups[rg.GetShardId()], i)
 	}
-	var wg sync.WaitGroup
-	for shardID, idx := range groups {
-		if len(groups) == 1 { // the usual case: no goroutine
-			s.renewGroup(ctx, req, ids, shardID, idx, out)
-			break
-		}
-		wg.Go(func() { s.renewGroup(ctx, req, ids, shardID, idx, out) })
-	}
-	wg.Wait()
+	serveGroups(s.r, groups, out, func(err error) *wardenv1.RenewOutcome { return renewOutcome(nil, err) },
+		func(shardID uint64, idx []int) { s.renewGroup(ctx, req, ids, shardID, idx, out) })
 	return connect.NewResponse(&wardenv1.RenewBatchResponse{Outcomes: out}), observe("RenewBatch", start, nil)
 }
 
@@ -81,21 +74,10 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 		return
 	}
 	if ok {
-		var got []*wardenv1.RenewOutcome
-		if err == nil {
-			got = resp.Msg.GetOutcomes()
-			if len(got) != len(idx) {
-				err = fmt.Errorf("router: forwarded RenewBatch answered %d outcomes for %d renewals", len(got), len(idx))
-			}
-		}
-		for j, i := range idx {
-			if err != nil {
-				out[i] = renewOutcome(nil, err)
-			} else {
-				out[i] = got[j]
-			}
-		}
-		return // the node that served them audited and counted them
+		// The node that served them audited and counted them.
+		spreadForwarded(idx, out, err, func() []*wardenv1.RenewOutcome { return resp.Msg.GetOutcomes() },
+			func(err error) *wardenv1.RenewOutcome { return renewOutcome(nil, err) })
+		return
 	}
 	cmd := &shardv1.RenewBatchCmd{Items: make([]*shardv1.RenewCmd, len(idx))}
 	for j, i := range idx {
@@ -115,7 +97,7 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 		switch {
 		case err != nil:
 			out[i] = s.renewed(ctx, req.Peer(), rn, nil, err)
-		case res.Items[j].GetCode() == shardv1.Code_CODE_WRONG_SHARD || res.Items[j].GetCode() == shardv1.Code_CODE_UNAVAILABLE:
+		case movedOn(res.Items[j].GetCode()):
 			// The key left this shard after the map was read: Renew
 			// finds its new shard (and audits and counts it).
 			out[i] = s.renewOne(ctx, req, rn)
@@ -139,7 +121,7 @@ func (s *LockServer) renewOne(ctx context.Context, req *connect.Request[wardenv1
 func (s *LockServer) renewEach(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], idx []int, out []*wardenv1.RenewOutcome) {
 	var wg sync.WaitGroup
 	for _, i := range idx {
-		wg.Go(func() { out[i] = s.renewOne(ctx, req, req.Msg.GetRenewals()[i]) })
+		s.r.goServe(&wg, func() { out[i] = s.renewOne(ctx, req, req.Msg.GetRenewals()[i]) }, func(err error) { out[i] = renewOutcome(nil, err) })
 	}
 	wg.Wait()
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
@@ -293,4 +294,46 @@ func TestClientsGivingUpLeaveNoWaiters(t *testing.T) {
 	}
 	// A grant that raced a cancel is released by it at once.
 	waitFor(t, func() bool { return !c.describe("r").GetHeld() })
+}
+
+// A retry without wait_timeout of a request id that is queued has no time
+// left to wait: it answers as a wait that ran out (deadline_exceeded) and
+// takes the request's place back, so no grant goes to nobody; the same
+// through Batch. (It used to dereference a missing subscription.)
+func TestRetryWithoutWaitOfQueuedRequest(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	h := c.mustAcquire("r", "holder", 30*time.Second)
+	for _, viaBatch := range []bool{false, true} {
+		id := fmt.Sprintf("queued-%v", viaBatch)
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.acquireWait(ctx(t), "r", id, 5*time.Second, 30*time.Second)
+			done <- err
+		}()
+		waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
+		var code connect.Code
+		if viaBatch {
+			out, err := c.batch(&wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: &wardenv1.AcquireRequest{
+				Resource: "r", RequestId: id, LeaseTtl: durationpb.New(5 * time.Second)}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := code.UnmarshalText([]byte(out[0].GetCode())); err != nil {
+				t.Fatalf("batch outcome %v: %v", out[0], err)
+			}
+		} else {
+			_, err := c.acquire("r", id, 5*time.Second)
+			code = connect.CodeOf(err)
+		}
+		if code != connect.CodeDeadlineExceeded {
+			t.Errorf("retry without a wait (batch %v): %v, want deadline_exceeded", viaBatch, code)
+		}
+		waitFor(t, func() bool { return c.describe("r").GetWaiters() == 0 })
+		if err := <-done; err == nil {
+			t.Errorf("the first attempt was granted while %s held the lock", h.GetLeaseId())
+		}
+	}
+	if d := c.describe("r"); !d.GetHeld() || d.GetFencingToken() != h.GetFencingToken() {
+		t.Fatalf("r: %v, want still held by the first lease", d)
+	}
 }

@@ -11,20 +11,27 @@ import (
 )
 
 // CommandVersion is the newest envelope version this binary applies.
-// Version 2 added RenewBatchCmd; every other command is proposed as
-// version 1 (see VersionOf). The router proposes a version 2 command only
-// once every replica's node reports a binary that applies it, so a
-// rolling upgrade never stops a replica.
-const CommandVersion = 2
+// Version 2 added RenewBatchCmd and version 3 BatchCmd; every other
+// command is proposed as version 1 (see VersionOf). The router proposes a
+// command of a newer version only once every replica's node reports a
+// binary that applies it, so a rolling upgrade never stops a replica.
+const CommandVersion = 3
 
 // MaxRenewBatch is the most renewals one RenewBatchCmd (and one RenewBatch
 // RPC) carries.
 const MaxRenewBatch = 1000
 
+// MaxBatch is the most items one BatchCmd (and ops one LockService.Batch
+// RPC) carries.
+const MaxBatch = 1000
+
 // VersionOf is the envelope version env's command needs: the oldest
 // binary that applies it.
 func VersionOf(env *shardv1.Envelope) uint32 {
-	if env.GetRenewBatch() != nil {
+	switch {
+	case env.GetBatch() != nil:
+		return 3
+	case env.GetRenewBatch() != nil:
 		return 2
 	}
 	return 1
@@ -212,6 +219,12 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 			break
 		}
 		res, err = a.renewBatch(c.RenewBatch)
+	case *shardv1.Envelope_Batch:
+		if env.GetVersion() < 3 {
+			res = invalid("command", "is missing or unknown (batch needs envelope version 3)")
+			break
+		}
+		res, err = a.batch(c.Batch)
 	case *shardv1.Envelope_Release:
 		res, err = a.release(c.Release)
 	case *shardv1.Envelope_Expire:
@@ -676,6 +689,35 @@ func (a *applier) renewBatch(c *shardv1.RenewBatchCmd) (*shardv1.Result, error) 
 	out := &shardv1.Result{Code: shardv1.Code_CODE_OK, Items: make([]*shardv1.Result, 0, len(c.GetItems()))}
 	for _, item := range c.GetItems() {
 		res, err := a.renew(item)
+		if err != nil {
+			return nil, err
+		}
+		out.Items = append(out.Items, res)
+	}
+	return out, nil
+}
+
+// batch applies each item as its own command would, in order, so an item
+// sees the items before it; each gets its own result. An acquire item
+// that asks to wait is refused alone: a batch's items do not wait.
+func (a *applier) batch(c *shardv1.BatchCmd) (*shardv1.Result, error) {
+	if n := len(c.GetItems()); n == 0 || n > MaxBatch {
+		return invalid("items", fmt.Sprintf("must hold 1 to %d items, not %d", MaxBatch, n)), nil
+	}
+	out := &shardv1.Result{Code: shardv1.Code_CODE_OK, Items: make([]*shardv1.Result, 0, len(c.GetItems()))}
+	for i, item := range c.GetItems() {
+		var res *shardv1.Result
+		var err error
+		switch {
+		case item.GetAcquire().GetWaitTimeoutNanos() != 0:
+			res = invalid(fmt.Sprintf("items[%d].wait_timeout_nanos", i), "must be 0 in a batch")
+		case item.GetAcquire() != nil:
+			res, err = a.acquire(item.GetAcquire())
+		case item.GetRelease() != nil:
+			res, err = a.release(item.GetRelease())
+		default:
+			res = invalid(fmt.Sprintf("items[%d]", i), "must hold an acquire or a release")
+		}
 		if err != nil {
 			return nil, err
 		}

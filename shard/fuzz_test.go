@@ -20,6 +20,7 @@ func FuzzDecodeAndApply(f *testing.F) {
 		renewCmd("r", id),
 		renewBatchCmd(&shardv1.RenewCmd{Resource: "r", LeaseId: id}, &shardv1.RenewCmd{Resource: "s", LeaseId: id[:4]}),
 		releaseCmd("r", id),
+		batchCmd(acquireItem("r", "q", id), releaseItem("r", id), acquireItem("s", "q", id[:5]), &shardv1.BatchItem{}),
 		expireCmd(&shardv1.ExpireItem{Resource: "r", LeaseId: id, ExpiresAtUnixNano: 5}),
 		forgetCmd(&shardv1.ForgetCmd{Dedup: []*shardv1.DedupRef{{Resource: "r", RequestId: "q"}}, IdleLocks: []string{"r"}}),
 		setConfigCmd(&shardv1.SetConfigCmd{MaxClockSkewNanos: &skew}),

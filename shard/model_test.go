@@ -380,6 +380,7 @@ func (r *modelRun) run() {
 		"cancel":       r.cancel,
 		"renew":        r.renew,
 		"renewBatch":   r.renewBatch,
+		"batch":        r.batch,
 		"release":      r.release,
 		"expireScan":   r.expireScan,
 		"expireStale":  r.expireStale,
@@ -408,26 +409,33 @@ func (r *modelRun) acquire(t *rapid.T) {
 
 func (r *modelRun) doAcquire(t *rapid.T, q *request) {
 	r.m.tick(r.stamp())
+	*q.attempts = append(*q.attempts, q.id)
+	env := acquireCmd(q.resource, q.reqID, q.ttl, q.holder, q.id)
+	env.GetAcquire().WaitTimeoutNanos = q.wait
+	got := r.propose(env)
+	r.checkAcquire(t, "acquire", q, got)
+	r.handOffs(t, "acquire", got)
+}
+
+// checkAcquire applies q's acquire to the model and checks got, the state
+// machine's result for it, against the model's and against rules 1, 2
+// and 6. The model's clock must already be at the command's time.
+func (r *modelRun) checkAcquire(t *rapid.T, what string, q *request, got *shardv1.Result) {
 	prev := r.m.validLease(q.resource)
 	var prevLease *mLease
 	if l := r.m.locks[q.resource]; l != nil {
 		prevLease = l.cur
 	}
-	*q.attempts = append(*q.attempts, q.id)
-	env := acquireCmd(q.resource, q.reqID, q.ttl, q.holder, q.id)
-	env.GetAcquire().WaitTimeoutNanos = q.wait
-	got := r.propose(env)
 	wantCode, want := r.m.acquire(q.resource, q.reqID, q.ttl, q.holder, q.id, q.wait)
 	if got.GetCode() != wantCode {
-		t.Fatalf("acquire %s %s: code %v, model %v (%v)", q.resource, q.reqID, got.GetCode(), wantCode, got.GetReason())
+		t.Fatalf("%s %s %s: code %v, model %v (%v)", what, q.resource, q.reqID, got.GetCode(), wantCode, got.GetReason())
 	}
-	r.handOffs(t, "acquire", got)
 	if wantCode != shardv1.Code_CODE_OK {
 		return
 	}
 	if got.GetLease().GetFencingToken() != want.token || got.GetLease().GetExpiresAtUnixNano() != want.expiresAt ||
 		!bytes.Equal(got.GetLease().GetLeaseId(), want.id) {
-		t.Fatalf("acquire %s %s: lease %v, model %+v", q.resource, q.reqID, got.GetLease(), want)
+		t.Fatalf("%s %s %s: lease %v, model %+v", what, q.resource, q.reqID, got.GetLease(), want)
 	}
 	if got.GetReplayed() {
 		return
@@ -442,6 +450,60 @@ func (r *modelRun) doAcquire(t *rapid.T, q *request) {
 		t.Fatalf("granted %s at real time %d, before the old lease's expiry %d", q.resource, r.trueNow, prevLease.expiresAt)
 	}
 	r.granted(t, q, got.GetLease().GetFencingToken(), want)
+}
+
+// batch sends a few acquires that do not wait (new requests and retries)
+// and releases of issued leases in one BatchCmd. The model applies them
+// one by one, and each item's result must be what its own command's would
+// be, under the same rules.
+func (r *modelRun) batch(t *rapid.T) {
+	n := rapid.IntRange(1, 4).Draw(t, "batch")
+	cmd := &shardv1.BatchCmd{}
+	acquires := make([]*request, n) // nil: item i is a release
+	releases := make([]*issuedLease, n)
+	for i := range n {
+		kind := rapid.SampledFrom([]string{"acquire", "retry", "release"}).Draw(t, "item")
+		switch {
+		case kind == "release" && len(r.issued) > 0:
+			releases[i] = rapid.SampledFrom(r.issued).Draw(t, "lease")
+			cmd.Items = append(cmd.Items, &shardv1.BatchItem{Command: &shardv1.BatchItem_Release{
+				Release: &shardv1.ReleaseCmd{Resource: releases[i].resource, LeaseId: releases[i].lease.id}}})
+			continue
+		case kind == "retry" && len(r.requests) > 0:
+			q := *rapid.SampledFrom(r.requests).Draw(t, "request")
+			q.id, q.wait = r.freshLeaseID(), 0 // a retry's wait is not a parameter
+			acquires[i] = &q
+		default:
+			acquires[i] = &request{
+				resource: rapid.SampledFrom(r.resources).Draw(t, "resource"),
+				reqID:    fmt.Sprintf("q%d", len(r.requests)),
+				ttl:      rapid.SampledFrom([]int64{0, second, 5 * second}).Draw(t, "ttl"),
+				holder:   rapid.SampledFrom([]string{"", "w1"}).Draw(t, "holder"),
+				id:       r.freshLeaseID(),
+				attempts: new([][]byte),
+			}
+			r.requests = append(r.requests, acquires[i])
+		}
+		q := acquires[i]
+		*q.attempts = append(*q.attempts, q.id)
+		cmd.Items = append(cmd.Items, &shardv1.BatchItem{Command: &shardv1.BatchItem_Acquire{
+			Acquire: acquireCmd(q.resource, q.reqID, q.ttl, q.holder, q.id).GetAcquire()}})
+	}
+	got := r.propose(&shardv1.Envelope{Command: &shardv1.Envelope_Batch{Batch: cmd}})
+	if got.GetCode() != shardv1.Code_CODE_OK || len(got.GetItems()) != n {
+		t.Fatalf("batch: %v", got)
+	}
+	for i, item := range got.GetItems() {
+		if q := acquires[i]; q != nil {
+			r.checkAcquire(t, fmt.Sprintf("batch item %d acquire", i), q, item)
+			continue
+		}
+		il := releases[i]
+		if want := r.m.release(il.resource, il.lease.id); item.GetCode() != shardv1.Code_CODE_OK || item.GetReleased() != want {
+			t.Fatalf("batch item %d release %s: %v, model released=%v", i, il.resource, item, want)
+		}
+	}
+	r.handOffs(t, "batch", got)
 }
 
 func (r *modelRun) pickRequest(t *rapid.T) *request {

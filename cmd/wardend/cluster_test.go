@@ -347,16 +347,22 @@ func (c *procCluster) checkLeases(leases map[string]*wardenv1.AcquireResponse) {
 		}
 	}
 	// Every node runs this binary and says so in its clock readings, so
-	// the leaders renewed in RenewBatch commands, not one lease at a time.
-	batched := 0.0
+	// the leaders renewed in RenewBatch commands and proposed the Batch's
+	// ops in BatchCmds, not one lease or op at a time.
+	renewals, commands := 0.0, 0.0
 	for _, n := range c.nodes {
 		if n.up.Load() {
 			v, _ := n.metric(`warden_rpc_outcomes_total{method="RenewBatch.renewal",outcome="ok"}`)
-			batched += v
+			renewals += v
+			v, _ = n.metric(`warden_batch_command_ops_count`)
+			commands += v
 		}
 	}
-	if batched == 0 {
+	if renewals == 0 {
 		c.t.Fatal("no renewal went through a RenewBatch command")
+	}
+	if commands == 0 {
+		c.t.Fatal("no Batch op went through a BatchCmd")
 	}
 }
 

@@ -187,7 +187,7 @@ func (t *Target) Name() string { return "warden" }
 // command (Dragonboat may batch several into one Raft entry and fsync).
 func (t *Target) Costs() harness.Costs {
 	return harness.Costs{Acquire: 1, Renew: 1, Release: 1, Quota: 1,
-		Note: "every acquire, renewal and release is a command committed by a Raft quorum and fsynced, with per-lock leases and fencing tokens; the renewals sent to one node within the renew linger (50 ms) share one RenewBatch call and one Raft entry per shard, and the acquires and releases that meet at one node share Batch calls (one RPC, but each its own Raft entry); each is applied on every replica"}
+		Note: "every acquire, renewal and release is a command committed by a Raft quorum and fsynced, with per-lock leases and fencing tokens; the renewals sent to one node within the renew linger (50 ms) share one RenewBatch call and one Raft entry per shard, and the acquires and releases that meet at one node share Batch calls and one Raft entry per shard; each is applied on every replica"}
 }
 
 // Close implements harness.Target.

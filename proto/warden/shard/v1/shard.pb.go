@@ -204,6 +204,7 @@ type Envelope struct {
 	//	*Envelope_ReportUsage
 	//	*Envelope_CompactLedger
 	//	*Envelope_RenewBatch
+	//	*Envelope_Batch
 	Command       isEnvelope_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -463,6 +464,15 @@ func (x *Envelope) GetRenewBatch() *RenewBatchCmd {
 	return nil
 }
 
+func (x *Envelope) GetBatch() *BatchCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Command interface {
 	isEnvelope_Command()
 }
@@ -551,6 +561,10 @@ type Envelope_RenewBatch struct {
 	RenewBatch *RenewBatchCmd `protobuf:"bytes,30,opt,name=renew_batch,json=renewBatch,proto3,oneof"`
 }
 
+type Envelope_Batch struct {
+	Batch *BatchCmd `protobuf:"bytes,31,opt,name=batch,proto3,oneof"`
+}
+
 func (*Envelope_Acquire) isEnvelope_Command() {}
 
 func (*Envelope_Renew) isEnvelope_Command() {}
@@ -592,6 +606,8 @@ func (*Envelope_ReportUsage) isEnvelope_Command() {}
 func (*Envelope_CompactLedger) isEnvelope_Command() {}
 
 func (*Envelope_RenewBatch) isEnvelope_Command() {}
+
+func (*Envelope_Batch) isEnvelope_Command() {}
 
 type AcquireCmd struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -960,6 +976,136 @@ func (x *RenewBatchCmd) GetItems() []*RenewCmd {
 	return nil
 }
 
+// BatchCmd applies each item in turn, as its own command would, in one
+// entry: an item sees the items before it, and Result.items holds one
+// result per item. An acquire item must not wait (wait_timeout_nanos 0).
+// It needs envelope version 3.
+type BatchCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Items         []*BatchItem           `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchCmd) Reset() {
+	*x = BatchCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchCmd) ProtoMessage() {}
+
+func (x *BatchCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchCmd.ProtoReflect.Descriptor instead.
+func (*BatchCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *BatchCmd) GetItems() []*BatchItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type BatchItem struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Command:
+	//
+	//	*BatchItem_Acquire
+	//	*BatchItem_Release
+	Command       isBatchItem_Command `protobuf_oneof:"command"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchItem) Reset() {
+	*x = BatchItem{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchItem) ProtoMessage() {}
+
+func (x *BatchItem) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchItem.ProtoReflect.Descriptor instead.
+func (*BatchItem) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *BatchItem) GetCommand() isBatchItem_Command {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *BatchItem) GetAcquire() *AcquireCmd {
+	if x != nil {
+		if x, ok := x.Command.(*BatchItem_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *BatchItem) GetRelease() *ReleaseCmd {
+	if x != nil {
+		if x, ok := x.Command.(*BatchItem_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+type isBatchItem_Command interface {
+	isBatchItem_Command()
+}
+
+type BatchItem_Acquire struct {
+	Acquire *AcquireCmd `protobuf:"bytes,1,opt,name=acquire,proto3,oneof"`
+}
+
+type BatchItem_Release struct {
+	Release *ReleaseCmd `protobuf:"bytes,2,opt,name=release,proto3,oneof"`
+}
+
+func (*BatchItem_Acquire) isBatchItem_Command() {}
+
+func (*BatchItem_Release) isBatchItem_Command() {}
+
 type ReleaseCmd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
@@ -970,7 +1116,7 @@ type ReleaseCmd struct {
 
 func (x *ReleaseCmd) Reset() {
 	*x = ReleaseCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[7]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1128,7 @@ func (x *ReleaseCmd) String() string {
 func (*ReleaseCmd) ProtoMessage() {}
 
 func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[7]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1141,7 @@ func (x *ReleaseCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{7}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseCmd) GetResource() string {
@@ -1024,7 +1170,7 @@ type ExpireCmd struct {
 
 func (x *ExpireCmd) Reset() {
 	*x = ExpireCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[8]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1182,7 @@ func (x *ExpireCmd) String() string {
 func (*ExpireCmd) ProtoMessage() {}
 
 func (x *ExpireCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[8]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1195,7 @@ func (x *ExpireCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireCmd.ProtoReflect.Descriptor instead.
 func (*ExpireCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{8}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExpireCmd) GetItems() []*ExpireItem {
@@ -1070,7 +1216,7 @@ type ExpireItem struct {
 
 func (x *ExpireItem) Reset() {
 	*x = ExpireItem{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[9]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1228,7 @@ func (x *ExpireItem) String() string {
 func (*ExpireItem) ProtoMessage() {}
 
 func (x *ExpireItem) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[9]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1241,7 @@ func (x *ExpireItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpireItem.ProtoReflect.Descriptor instead.
 func (*ExpireItem) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{9}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExpireItem) GetResource() string {
@@ -1133,7 +1279,7 @@ type ForgetCmd struct {
 
 func (x *ForgetCmd) Reset() {
 	*x = ForgetCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[10]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1291,7 @@ func (x *ForgetCmd) String() string {
 func (*ForgetCmd) ProtoMessage() {}
 
 func (x *ForgetCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[10]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1304,7 @@ func (x *ForgetCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetCmd.ProtoReflect.Descriptor instead.
 func (*ForgetCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{10}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ForgetCmd) GetDedup() []*DedupRef {
@@ -1192,7 +1338,7 @@ type DedupRef struct {
 
 func (x *DedupRef) Reset() {
 	*x = DedupRef{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[11]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1350,7 @@ func (x *DedupRef) String() string {
 func (*DedupRef) ProtoMessage() {}
 
 func (x *DedupRef) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[11]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1363,7 @@ func (x *DedupRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupRef.ProtoReflect.Descriptor instead.
 func (*DedupRef) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{11}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DedupRef) GetResource() string {
@@ -1255,7 +1401,7 @@ type SetConfigCmd struct {
 
 func (x *SetConfigCmd) Reset() {
 	*x = SetConfigCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1267,7 +1413,7 @@ func (x *SetConfigCmd) String() string {
 func (*SetConfigCmd) ProtoMessage() {}
 
 func (x *SetConfigCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[12]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1280,7 +1426,7 @@ func (x *SetConfigCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConfigCmd.ProtoReflect.Descriptor instead.
 func (*SetConfigCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{12}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetConfigCmd) GetMaxClockSkewNanos() int64 {
@@ -1380,7 +1526,7 @@ type SetLimitCmd struct {
 
 func (x *SetLimitCmd) Reset() {
 	*x = SetLimitCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1538,7 @@ func (x *SetLimitCmd) String() string {
 func (*SetLimitCmd) ProtoMessage() {}
 
 func (x *SetLimitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[13]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1551,7 @@ func (x *SetLimitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetLimitCmd.ProtoReflect.Descriptor instead.
 func (*SetLimitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{13}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SetLimitCmd) GetKey() string {
@@ -1443,7 +1589,7 @@ type ReserveCmd struct {
 
 func (x *ReserveCmd) Reset() {
 	*x = ReserveCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1601,7 @@ func (x *ReserveCmd) String() string {
 func (*ReserveCmd) ProtoMessage() {}
 
 func (x *ReserveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[14]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1614,7 @@ func (x *ReserveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveCmd.ProtoReflect.Descriptor instead.
 func (*ReserveCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{14}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReserveCmd) GetKey() string {
@@ -1512,7 +1658,7 @@ type CommitCmd struct {
 
 func (x *CommitCmd) Reset() {
 	*x = CommitCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1670,7 @@ func (x *CommitCmd) String() string {
 func (*CommitCmd) ProtoMessage() {}
 
 func (x *CommitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[15]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1683,7 @@ func (x *CommitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCmd.ProtoReflect.Descriptor instead.
 func (*CommitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{15}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CommitCmd) GetKey() string {
@@ -1571,7 +1717,7 @@ type ReleaseReservationCmd struct {
 
 func (x *ReleaseReservationCmd) Reset() {
 	*x = ReleaseReservationCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1729,7 @@ func (x *ReleaseReservationCmd) String() string {
 func (*ReleaseReservationCmd) ProtoMessage() {}
 
 func (x *ReleaseReservationCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[16]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1742,7 @@ func (x *ReleaseReservationCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseReservationCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseReservationCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{16}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReleaseReservationCmd) GetKey() string {
@@ -1624,7 +1770,7 @@ type ReclaimCmd struct {
 
 func (x *ReclaimCmd) Reset() {
 	*x = ReclaimCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1636,7 +1782,7 @@ func (x *ReclaimCmd) String() string {
 func (*ReclaimCmd) ProtoMessage() {}
 
 func (x *ReclaimCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[17]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1649,7 +1795,7 @@ func (x *ReclaimCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReclaimCmd.ProtoReflect.Descriptor instead.
 func (*ReclaimCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{17}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReclaimCmd) GetItems() []*ReservationRef {
@@ -1670,7 +1816,7 @@ type ReservationRef struct {
 
 func (x *ReservationRef) Reset() {
 	*x = ReservationRef{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1828,7 @@ func (x *ReservationRef) String() string {
 func (*ReservationRef) ProtoMessage() {}
 
 func (x *ReservationRef) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[18]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1841,7 @@ func (x *ReservationRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservationRef.ProtoReflect.Descriptor instead.
 func (*ReservationRef) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{18}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReservationRef) GetKey() string {
@@ -1733,7 +1879,7 @@ type ReportUsageCmd struct {
 
 func (x *ReportUsageCmd) Reset() {
 	*x = ReportUsageCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1891,7 @@ func (x *ReportUsageCmd) String() string {
 func (*ReportUsageCmd) ProtoMessage() {}
 
 func (x *ReportUsageCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[19]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1904,7 @@ func (x *ReportUsageCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportUsageCmd.ProtoReflect.Descriptor instead.
 func (*ReportUsageCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{19}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReportUsageCmd) GetKey() string {
@@ -1815,7 +1961,8 @@ type Result struct {
 	WaiterSeq uint64 `protobuf:"varint,13,opt,name=waiter_seq,json=waiterSeq,proto3" json:"waiter_seq,omitempty"`
 	// Quota is set by quota commands (with CODE_RESOURCE_EXHAUSTED too).
 	Quota *QuotaOutcome `protobuf:"bytes,14,opt,name=quota,proto3" json:"quota,omitempty"`
-	// Items holds a RenewBatchCmd's results, one per item in order.
+	// Items holds a RenewBatchCmd's or a BatchCmd's results, one per item
+	// in order.
 	Items         []*Result `protobuf:"bytes,15,rep,name=items,proto3" json:"items,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1823,7 +1970,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1835,7 +1982,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[20]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1848,7 +1995,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{20}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Result) GetCode() Code {
@@ -1982,7 +2129,7 @@ type QuotaOutcome struct {
 
 func (x *QuotaOutcome) Reset() {
 	*x = QuotaOutcome{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2141,7 @@ func (x *QuotaOutcome) String() string {
 func (*QuotaOutcome) ProtoMessage() {}
 
 func (x *QuotaOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[21]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2154,7 @@ func (x *QuotaOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaOutcome.ProtoReflect.Descriptor instead.
 func (*QuotaOutcome) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{21}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *QuotaOutcome) GetReservation() *ReservationRecord {
@@ -2084,7 +2231,7 @@ type QuotaRecord struct {
 
 func (x *QuotaRecord) Reset() {
 	*x = QuotaRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2243,7 @@ func (x *QuotaRecord) String() string {
 func (*QuotaRecord) ProtoMessage() {}
 
 func (x *QuotaRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[22]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2256,7 @@ func (x *QuotaRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaRecord.ProtoReflect.Descriptor instead.
 func (*QuotaRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{22}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *QuotaRecord) GetKey() string {
@@ -2188,7 +2335,7 @@ type ReservationRecord struct {
 
 func (x *ReservationRecord) Reset() {
 	*x = ReservationRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2347,7 @@ func (x *ReservationRecord) String() string {
 func (*ReservationRecord) ProtoMessage() {}
 
 func (x *ReservationRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[23]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2360,7 @@ func (x *ReservationRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservationRecord.ProtoReflect.Descriptor instead.
 func (*ReservationRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{23}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReservationRecord) GetKey() string {
@@ -2290,7 +2437,7 @@ type PoolRecord struct {
 
 func (x *PoolRecord) Reset() {
 	*x = PoolRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2302,7 +2449,7 @@ func (x *PoolRecord) String() string {
 func (*PoolRecord) ProtoMessage() {}
 
 func (x *PoolRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[24]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2315,7 +2462,7 @@ func (x *PoolRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolRecord.ProtoReflect.Descriptor instead.
 func (*PoolRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{24}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PoolRecord) GetPool() string {
@@ -2356,7 +2503,7 @@ type LedgerEvent struct {
 
 func (x *LedgerEvent) Reset() {
 	*x = LedgerEvent{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2515,7 @@ func (x *LedgerEvent) String() string {
 func (*LedgerEvent) ProtoMessage() {}
 
 func (x *LedgerEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[25]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2528,7 @@ func (x *LedgerEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerEvent.ProtoReflect.Descriptor instead.
 func (*LedgerEvent) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{25}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LedgerEvent) GetSeq() uint64 {
@@ -2472,7 +2619,7 @@ type LedgerCheckpoint struct {
 
 func (x *LedgerCheckpoint) Reset() {
 	*x = LedgerCheckpoint{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2631,7 @@ func (x *LedgerCheckpoint) String() string {
 func (*LedgerCheckpoint) ProtoMessage() {}
 
 func (x *LedgerCheckpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[26]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2644,7 @@ func (x *LedgerCheckpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerCheckpoint.ProtoReflect.Descriptor instead.
 func (*LedgerCheckpoint) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{26}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *LedgerCheckpoint) GetKey() string {
@@ -2546,7 +2693,7 @@ type CompactLedgerCmd struct {
 
 func (x *CompactLedgerCmd) Reset() {
 	*x = CompactLedgerCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2705,7 @@ func (x *CompactLedgerCmd) String() string {
 func (*CompactLedgerCmd) ProtoMessage() {}
 
 func (x *CompactLedgerCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[27]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2718,7 @@ func (x *CompactLedgerCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactLedgerCmd.ProtoReflect.Descriptor instead.
 func (*CompactLedgerCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{27}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CompactLedgerCmd) GetItems() []*PoolSeq {
@@ -2591,7 +2738,7 @@ type PoolSeq struct {
 
 func (x *PoolSeq) Reset() {
 	*x = PoolSeq{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2603,7 +2750,7 @@ func (x *PoolSeq) String() string {
 func (*PoolSeq) ProtoMessage() {}
 
 func (x *PoolSeq) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[28]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2616,7 +2763,7 @@ func (x *PoolSeq) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolSeq.ProtoReflect.Descriptor instead.
 func (*PoolSeq) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{28}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PoolSeq) GetPool() string {
@@ -2646,7 +2793,7 @@ type UsageReport struct {
 
 func (x *UsageReport) Reset() {
 	*x = UsageReport{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2805,7 @@ func (x *UsageReport) String() string {
 func (*UsageReport) ProtoMessage() {}
 
 func (x *UsageReport) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[29]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2818,7 @@ func (x *UsageReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageReport.ProtoReflect.Descriptor instead.
 func (*UsageReport) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{29}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UsageReport) GetKey() string {
@@ -2716,7 +2863,7 @@ type WaiterEvent struct {
 
 func (x *WaiterEvent) Reset() {
 	*x = WaiterEvent{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2728,7 +2875,7 @@ func (x *WaiterEvent) String() string {
 func (*WaiterEvent) ProtoMessage() {}
 
 func (x *WaiterEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[30]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2741,7 +2888,7 @@ func (x *WaiterEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterEvent.ProtoReflect.Descriptor instead.
 func (*WaiterEvent) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{30}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WaiterEvent) GetResource() string {
@@ -2784,7 +2931,7 @@ type LeaseInfo struct {
 
 func (x *LeaseInfo) Reset() {
 	*x = LeaseInfo{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2796,7 +2943,7 @@ func (x *LeaseInfo) String() string {
 func (*LeaseInfo) ProtoMessage() {}
 
 func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[31]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2809,7 +2956,7 @@ func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
 func (*LeaseInfo) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{31}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *LeaseInfo) GetLeaseId() []byte {
@@ -2854,7 +3001,7 @@ type RangeDescriptor struct {
 
 func (x *RangeDescriptor) Reset() {
 	*x = RangeDescriptor{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2866,7 +3013,7 @@ func (x *RangeDescriptor) String() string {
 func (*RangeDescriptor) ProtoMessage() {}
 
 func (x *RangeDescriptor) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[32]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2879,7 +3026,7 @@ func (x *RangeDescriptor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeDescriptor.ProtoReflect.Descriptor instead.
 func (*RangeDescriptor) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{32}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RangeDescriptor) GetShardId() uint64 {
@@ -2935,7 +3082,7 @@ type ShardConfig struct {
 
 func (x *ShardConfig) Reset() {
 	*x = ShardConfig{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3094,7 @@ func (x *ShardConfig) String() string {
 func (*ShardConfig) ProtoMessage() {}
 
 func (x *ShardConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[33]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3107,7 @@ func (x *ShardConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardConfig.ProtoReflect.Descriptor instead.
 func (*ShardConfig) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{33}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ShardConfig) GetMaxClockSkewNanos() int64 {
@@ -3080,7 +3227,7 @@ type ShardMeta struct {
 
 func (x *ShardMeta) Reset() {
 	*x = ShardMeta{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3239,7 @@ func (x *ShardMeta) String() string {
 func (*ShardMeta) ProtoMessage() {}
 
 func (x *ShardMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[34]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3252,7 @@ func (x *ShardMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardMeta.ProtoReflect.Descriptor instead.
 func (*ShardMeta) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{34}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ShardMeta) GetEpoch() uint64 {
@@ -3191,7 +3338,7 @@ type RangeFence struct {
 
 func (x *RangeFence) Reset() {
 	*x = RangeFence{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3203,7 +3350,7 @@ func (x *RangeFence) String() string {
 func (*RangeFence) ProtoMessage() {}
 
 func (x *RangeFence) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[35]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3216,7 +3363,7 @@ func (x *RangeFence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeFence.ProtoReflect.Descriptor instead.
 func (*RangeFence) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{35}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RangeFence) GetOperatorId() uint64 {
@@ -3252,7 +3399,7 @@ type FenceRangeCmd struct {
 
 func (x *FenceRangeCmd) Reset() {
 	*x = FenceRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3264,7 +3411,7 @@ func (x *FenceRangeCmd) String() string {
 func (*FenceRangeCmd) ProtoMessage() {}
 
 func (x *FenceRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[36]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3277,7 +3424,7 @@ func (x *FenceRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRangeCmd.ProtoReflect.Descriptor instead.
 func (*FenceRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{36}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *FenceRangeCmd) GetFence() *RangeFence {
@@ -3297,7 +3444,7 @@ type UnfenceRangeCmd struct {
 
 func (x *UnfenceRangeCmd) Reset() {
 	*x = UnfenceRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3309,7 +3456,7 @@ func (x *UnfenceRangeCmd) String() string {
 func (*UnfenceRangeCmd) ProtoMessage() {}
 
 func (x *UnfenceRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[37]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3322,7 +3469,7 @@ func (x *UnfenceRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRangeCmd.ProtoReflect.Descriptor instead.
 func (*UnfenceRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{37}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *UnfenceRangeCmd) GetOperatorId() uint64 {
@@ -3350,7 +3497,7 @@ type RangeRecords struct {
 
 func (x *RangeRecords) Reset() {
 	*x = RangeRecords{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3362,7 +3509,7 @@ func (x *RangeRecords) String() string {
 func (*RangeRecords) ProtoMessage() {}
 
 func (x *RangeRecords) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[38]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3375,7 +3522,7 @@ func (x *RangeRecords) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeRecords.ProtoReflect.Descriptor instead.
 func (*RangeRecords) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{38}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RangeRecords) GetLocks() []*LockRecord {
@@ -3454,7 +3601,7 @@ type ImportRangeCmd struct {
 
 func (x *ImportRangeCmd) Reset() {
 	*x = ImportRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3466,7 +3613,7 @@ func (x *ImportRangeCmd) String() string {
 func (*ImportRangeCmd) ProtoMessage() {}
 
 func (x *ImportRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[39]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3479,7 +3626,7 @@ func (x *ImportRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportRangeCmd.ProtoReflect.Descriptor instead.
 func (*ImportRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{39}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ImportRangeCmd) GetOperatorId() uint64 {
@@ -3513,7 +3660,7 @@ type ActivateRangeCmd struct {
 
 func (x *ActivateRangeCmd) Reset() {
 	*x = ActivateRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3672,7 @@ func (x *ActivateRangeCmd) String() string {
 func (*ActivateRangeCmd) ProtoMessage() {}
 
 func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[40]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3685,7 @@ func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActivateRangeCmd.ProtoReflect.Descriptor instead.
 func (*ActivateRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{40}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ActivateRangeCmd) GetOperatorId() uint64 {
@@ -3590,7 +3737,7 @@ type ReleaseRangeCmd struct {
 
 func (x *ReleaseRangeCmd) Reset() {
 	*x = ReleaseRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3602,7 +3749,7 @@ func (x *ReleaseRangeCmd) String() string {
 func (*ReleaseRangeCmd) ProtoMessage() {}
 
 func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[41]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3615,7 +3762,7 @@ func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRangeCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{41}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReleaseRangeCmd) GetOperatorId() uint64 {
@@ -3659,7 +3806,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3671,7 +3818,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[42]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3684,7 +3831,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{42}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *LockRecord) GetResource() string {
@@ -3788,7 +3935,7 @@ type WaiterRecord struct {
 
 func (x *WaiterRecord) Reset() {
 	*x = WaiterRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3800,7 +3947,7 @@ func (x *WaiterRecord) String() string {
 func (*WaiterRecord) ProtoMessage() {}
 
 func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3813,7 +3960,7 @@ func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterRecord.ProtoReflect.Descriptor instead.
 func (*WaiterRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{43}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *WaiterRecord) GetResource() string {
@@ -3895,7 +4042,7 @@ type DedupRecord struct {
 
 func (x *DedupRecord) Reset() {
 	*x = DedupRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3907,7 +4054,7 @@ func (x *DedupRecord) String() string {
 func (*DedupRecord) ProtoMessage() {}
 
 func (x *DedupRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3920,7 +4067,7 @@ func (x *DedupRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupRecord.ProtoReflect.Descriptor instead.
 func (*DedupRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{44}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DedupRecord) GetResource() string {
@@ -4019,7 +4166,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4031,7 +4178,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4044,7 +4191,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{45}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Query) GetNowUnixNano() int64 {
@@ -4270,7 +4417,7 @@ type QuotaQuery struct {
 
 func (x *QuotaQuery) Reset() {
 	*x = QuotaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4282,7 +4429,7 @@ func (x *QuotaQuery) String() string {
 func (*QuotaQuery) ProtoMessage() {}
 
 func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4295,7 +4442,7 @@ func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaQuery.ProtoReflect.Descriptor instead.
 func (*QuotaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{46}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *QuotaQuery) GetKey() string {
@@ -4319,7 +4466,7 @@ type ReservationsQuery struct {
 
 func (x *ReservationsQuery) Reset() {
 	*x = ReservationsQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4331,7 +4478,7 @@ func (x *ReservationsQuery) String() string {
 func (*ReservationsQuery) ProtoMessage() {}
 
 func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4344,7 +4491,7 @@ func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservationsQuery.ProtoReflect.Descriptor instead.
 func (*ReservationsQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{47}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReservationsQuery) GetKey() string {
@@ -4387,7 +4534,7 @@ type LedgerQuery struct {
 
 func (x *LedgerQuery) Reset() {
 	*x = LedgerQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4399,7 +4546,7 @@ func (x *LedgerQuery) String() string {
 func (*LedgerQuery) ProtoMessage() {}
 
 func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4412,7 +4559,7 @@ func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerQuery.ProtoReflect.Descriptor instead.
 func (*LedgerQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *LedgerQuery) GetKey() string {
@@ -4452,7 +4599,7 @@ type QuotaLevel struct {
 
 func (x *QuotaLevel) Reset() {
 	*x = QuotaLevel{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4464,7 +4611,7 @@ func (x *QuotaLevel) String() string {
 func (*QuotaLevel) ProtoMessage() {}
 
 func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4477,7 +4624,7 @@ func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaLevel.ProtoReflect.Descriptor instead.
 func (*QuotaLevel) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *QuotaLevel) GetRecord() *QuotaRecord {
@@ -4523,7 +4670,7 @@ type ExportQuery struct {
 
 func (x *ExportQuery) Reset() {
 	*x = ExportQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4535,7 +4682,7 @@ func (x *ExportQuery) String() string {
 func (*ExportQuery) ProtoMessage() {}
 
 func (x *ExportQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4548,7 +4695,7 @@ func (x *ExportQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportQuery.ProtoReflect.Descriptor instead.
 func (*ExportQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ExportQuery) GetStart() uint64 {
@@ -4589,7 +4736,7 @@ type DigestQuery struct {
 
 func (x *DigestQuery) Reset() {
 	*x = DigestQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4601,7 +4748,7 @@ func (x *DigestQuery) String() string {
 func (*DigestQuery) ProtoMessage() {}
 
 func (x *DigestQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4614,7 +4761,7 @@ func (x *DigestQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestQuery.ProtoReflect.Descriptor instead.
 func (*DigestQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{53}
 }
 
 type DescribeQuery struct {
@@ -4626,7 +4773,7 @@ type DescribeQuery struct {
 
 func (x *DescribeQuery) Reset() {
 	*x = DescribeQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4638,7 +4785,7 @@ func (x *DescribeQuery) String() string {
 func (*DescribeQuery) ProtoMessage() {}
 
 func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4651,7 +4798,7 @@ func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeQuery.ProtoReflect.Descriptor instead.
 func (*DescribeQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DescribeQuery) GetResource() string {
@@ -4671,7 +4818,7 @@ type ScanQuery struct {
 
 func (x *ScanQuery) Reset() {
 	*x = ScanQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4683,7 +4830,7 @@ func (x *ScanQuery) String() string {
 func (*ScanQuery) ProtoMessage() {}
 
 func (x *ScanQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4696,7 +4843,7 @@ func (x *ScanQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanQuery.ProtoReflect.Descriptor instead.
 func (*ScanQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{53}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ScanQuery) GetLimit() uint32 {
@@ -4714,7 +4861,7 @@ type MetaQuery struct {
 
 func (x *MetaQuery) Reset() {
 	*x = MetaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4726,7 +4873,7 @@ func (x *MetaQuery) String() string {
 func (*MetaQuery) ProtoMessage() {}
 
 func (x *MetaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4739,7 +4886,7 @@ func (x *MetaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaQuery.ProtoReflect.Descriptor instead.
 func (*MetaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{54}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{56}
 }
 
 // HotQuery lists up to limit locks with the most waiters.
@@ -4752,7 +4899,7 @@ type HotQuery struct {
 
 func (x *HotQuery) Reset() {
 	*x = HotQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4764,7 +4911,7 @@ func (x *HotQuery) String() string {
 func (*HotQuery) ProtoMessage() {}
 
 func (x *HotQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4777,7 +4924,7 @@ func (x *HotQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotQuery.ProtoReflect.Descriptor instead.
 func (*HotQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{55}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *HotQuery) GetLimit() uint32 {
@@ -4825,7 +4972,7 @@ type QueryResult struct {
 
 func (x *QueryResult) Reset() {
 	*x = QueryResult{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4837,7 +4984,7 @@ func (x *QueryResult) String() string {
 func (*QueryResult) ProtoMessage() {}
 
 func (x *QueryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4850,7 +4997,7 @@ func (x *QueryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResult.ProtoReflect.Descriptor instead.
 func (*QueryResult) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{56}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *QueryResult) GetLock() *LockRecord {
@@ -4976,7 +5123,7 @@ var File_warden_shard_v1_shard_proto protoreflect.FileDescriptor
 
 const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xe4\v\n" +
+	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\x97\f\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x19\n" +
 	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12\x1e\n" +
@@ -5009,7 +5156,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\freport_usage\x18\x1c \x01(\v2\x1f.warden.shard.v1.ReportUsageCmdH\x00R\vreportUsage\x12J\n" +
 	"\x0ecompact_ledger\x18\x1d \x01(\v2!.warden.shard.v1.CompactLedgerCmdH\x00R\rcompactLedger\x12A\n" +
 	"\vrenew_batch\x18\x1e \x01(\v2\x1e.warden.shard.v1.RenewBatchCmdH\x00R\n" +
-	"renewBatchB\t\n" +
+	"renewBatch\x121\n" +
+	"\x05batch\x18\x1f \x01(\v2\x19.warden.shard.v1.BatchCmdH\x00R\x05batchB\t\n" +
 	"\acommand\"\xe8\x01\n" +
 	"\n" +
 	"AcquireCmd\x12\x1a\n" +
@@ -5037,7 +5185,13 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\fR\aleaseId\"@\n" +
 	"\rRenewBatchCmd\x12/\n" +
-	"\x05items\x18\x01 \x03(\v2\x19.warden.shard.v1.RenewCmdR\x05items\"C\n" +
+	"\x05items\x18\x01 \x03(\v2\x19.warden.shard.v1.RenewCmdR\x05items\"<\n" +
+	"\bBatchCmd\x120\n" +
+	"\x05items\x18\x01 \x03(\v2\x1a.warden.shard.v1.BatchItemR\x05items\"\x88\x01\n" +
+	"\tBatchItem\x127\n" +
+	"\aacquire\x18\x01 \x01(\v2\x1b.warden.shard.v1.AcquireCmdH\x00R\aacquire\x127\n" +
+	"\arelease\x18\x02 \x01(\v2\x1b.warden.shard.v1.ReleaseCmdH\x00R\areleaseB\t\n" +
+	"\acommand\"C\n" +
 	"\n" +
 	"ReleaseCmd\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x19\n" +
@@ -5416,7 +5570,7 @@ func file_warden_shard_v1_shard_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(Code)(0),                     // 0: warden.shard.v1.Code
 	(ReservationState)(0),         // 1: warden.shard.v1.ReservationState
@@ -5427,147 +5581,153 @@ var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(*WaiterRef)(nil),             // 6: warden.shard.v1.WaiterRef
 	(*RenewCmd)(nil),              // 7: warden.shard.v1.RenewCmd
 	(*RenewBatchCmd)(nil),         // 8: warden.shard.v1.RenewBatchCmd
-	(*ReleaseCmd)(nil),            // 9: warden.shard.v1.ReleaseCmd
-	(*ExpireCmd)(nil),             // 10: warden.shard.v1.ExpireCmd
-	(*ExpireItem)(nil),            // 11: warden.shard.v1.ExpireItem
-	(*ForgetCmd)(nil),             // 12: warden.shard.v1.ForgetCmd
-	(*DedupRef)(nil),              // 13: warden.shard.v1.DedupRef
-	(*SetConfigCmd)(nil),          // 14: warden.shard.v1.SetConfigCmd
-	(*SetLimitCmd)(nil),           // 15: warden.shard.v1.SetLimitCmd
-	(*ReserveCmd)(nil),            // 16: warden.shard.v1.ReserveCmd
-	(*CommitCmd)(nil),             // 17: warden.shard.v1.CommitCmd
-	(*ReleaseReservationCmd)(nil), // 18: warden.shard.v1.ReleaseReservationCmd
-	(*ReclaimCmd)(nil),            // 19: warden.shard.v1.ReclaimCmd
-	(*ReservationRef)(nil),        // 20: warden.shard.v1.ReservationRef
-	(*ReportUsageCmd)(nil),        // 21: warden.shard.v1.ReportUsageCmd
-	(*Result)(nil),                // 22: warden.shard.v1.Result
-	(*QuotaOutcome)(nil),          // 23: warden.shard.v1.QuotaOutcome
-	(*QuotaRecord)(nil),           // 24: warden.shard.v1.QuotaRecord
-	(*ReservationRecord)(nil),     // 25: warden.shard.v1.ReservationRecord
-	(*PoolRecord)(nil),            // 26: warden.shard.v1.PoolRecord
-	(*LedgerEvent)(nil),           // 27: warden.shard.v1.LedgerEvent
-	(*LedgerCheckpoint)(nil),      // 28: warden.shard.v1.LedgerCheckpoint
-	(*CompactLedgerCmd)(nil),      // 29: warden.shard.v1.CompactLedgerCmd
-	(*PoolSeq)(nil),               // 30: warden.shard.v1.PoolSeq
-	(*UsageReport)(nil),           // 31: warden.shard.v1.UsageReport
-	(*WaiterEvent)(nil),           // 32: warden.shard.v1.WaiterEvent
-	(*LeaseInfo)(nil),             // 33: warden.shard.v1.LeaseInfo
-	(*RangeDescriptor)(nil),       // 34: warden.shard.v1.RangeDescriptor
-	(*ShardConfig)(nil),           // 35: warden.shard.v1.ShardConfig
-	(*ShardMeta)(nil),             // 36: warden.shard.v1.ShardMeta
-	(*RangeFence)(nil),            // 37: warden.shard.v1.RangeFence
-	(*FenceRangeCmd)(nil),         // 38: warden.shard.v1.FenceRangeCmd
-	(*UnfenceRangeCmd)(nil),       // 39: warden.shard.v1.UnfenceRangeCmd
-	(*RangeRecords)(nil),          // 40: warden.shard.v1.RangeRecords
-	(*ImportRangeCmd)(nil),        // 41: warden.shard.v1.ImportRangeCmd
-	(*ActivateRangeCmd)(nil),      // 42: warden.shard.v1.ActivateRangeCmd
-	(*ReleaseRangeCmd)(nil),       // 43: warden.shard.v1.ReleaseRangeCmd
-	(*LockRecord)(nil),            // 44: warden.shard.v1.LockRecord
-	(*WaiterRecord)(nil),          // 45: warden.shard.v1.WaiterRecord
-	(*DedupRecord)(nil),           // 46: warden.shard.v1.DedupRecord
-	(*Query)(nil),                 // 47: warden.shard.v1.Query
-	(*QuotaQuery)(nil),            // 48: warden.shard.v1.QuotaQuery
-	(*ReservationsQuery)(nil),     // 49: warden.shard.v1.ReservationsQuery
-	(*LedgerQuery)(nil),           // 50: warden.shard.v1.LedgerQuery
-	(*QuotaLevel)(nil),            // 51: warden.shard.v1.QuotaLevel
-	(*ExportQuery)(nil),           // 52: warden.shard.v1.ExportQuery
-	(*DigestQuery)(nil),           // 53: warden.shard.v1.DigestQuery
-	(*DescribeQuery)(nil),         // 54: warden.shard.v1.DescribeQuery
-	(*ScanQuery)(nil),             // 55: warden.shard.v1.ScanQuery
-	(*MetaQuery)(nil),             // 56: warden.shard.v1.MetaQuery
-	(*HotQuery)(nil),              // 57: warden.shard.v1.HotQuery
-	(*QueryResult)(nil),           // 58: warden.shard.v1.QueryResult
+	(*BatchCmd)(nil),              // 9: warden.shard.v1.BatchCmd
+	(*BatchItem)(nil),             // 10: warden.shard.v1.BatchItem
+	(*ReleaseCmd)(nil),            // 11: warden.shard.v1.ReleaseCmd
+	(*ExpireCmd)(nil),             // 12: warden.shard.v1.ExpireCmd
+	(*ExpireItem)(nil),            // 13: warden.shard.v1.ExpireItem
+	(*ForgetCmd)(nil),             // 14: warden.shard.v1.ForgetCmd
+	(*DedupRef)(nil),              // 15: warden.shard.v1.DedupRef
+	(*SetConfigCmd)(nil),          // 16: warden.shard.v1.SetConfigCmd
+	(*SetLimitCmd)(nil),           // 17: warden.shard.v1.SetLimitCmd
+	(*ReserveCmd)(nil),            // 18: warden.shard.v1.ReserveCmd
+	(*CommitCmd)(nil),             // 19: warden.shard.v1.CommitCmd
+	(*ReleaseReservationCmd)(nil), // 20: warden.shard.v1.ReleaseReservationCmd
+	(*ReclaimCmd)(nil),            // 21: warden.shard.v1.ReclaimCmd
+	(*ReservationRef)(nil),        // 22: warden.shard.v1.ReservationRef
+	(*ReportUsageCmd)(nil),        // 23: warden.shard.v1.ReportUsageCmd
+	(*Result)(nil),                // 24: warden.shard.v1.Result
+	(*QuotaOutcome)(nil),          // 25: warden.shard.v1.QuotaOutcome
+	(*QuotaRecord)(nil),           // 26: warden.shard.v1.QuotaRecord
+	(*ReservationRecord)(nil),     // 27: warden.shard.v1.ReservationRecord
+	(*PoolRecord)(nil),            // 28: warden.shard.v1.PoolRecord
+	(*LedgerEvent)(nil),           // 29: warden.shard.v1.LedgerEvent
+	(*LedgerCheckpoint)(nil),      // 30: warden.shard.v1.LedgerCheckpoint
+	(*CompactLedgerCmd)(nil),      // 31: warden.shard.v1.CompactLedgerCmd
+	(*PoolSeq)(nil),               // 32: warden.shard.v1.PoolSeq
+	(*UsageReport)(nil),           // 33: warden.shard.v1.UsageReport
+	(*WaiterEvent)(nil),           // 34: warden.shard.v1.WaiterEvent
+	(*LeaseInfo)(nil),             // 35: warden.shard.v1.LeaseInfo
+	(*RangeDescriptor)(nil),       // 36: warden.shard.v1.RangeDescriptor
+	(*ShardConfig)(nil),           // 37: warden.shard.v1.ShardConfig
+	(*ShardMeta)(nil),             // 38: warden.shard.v1.ShardMeta
+	(*RangeFence)(nil),            // 39: warden.shard.v1.RangeFence
+	(*FenceRangeCmd)(nil),         // 40: warden.shard.v1.FenceRangeCmd
+	(*UnfenceRangeCmd)(nil),       // 41: warden.shard.v1.UnfenceRangeCmd
+	(*RangeRecords)(nil),          // 42: warden.shard.v1.RangeRecords
+	(*ImportRangeCmd)(nil),        // 43: warden.shard.v1.ImportRangeCmd
+	(*ActivateRangeCmd)(nil),      // 44: warden.shard.v1.ActivateRangeCmd
+	(*ReleaseRangeCmd)(nil),       // 45: warden.shard.v1.ReleaseRangeCmd
+	(*LockRecord)(nil),            // 46: warden.shard.v1.LockRecord
+	(*WaiterRecord)(nil),          // 47: warden.shard.v1.WaiterRecord
+	(*DedupRecord)(nil),           // 48: warden.shard.v1.DedupRecord
+	(*Query)(nil),                 // 49: warden.shard.v1.Query
+	(*QuotaQuery)(nil),            // 50: warden.shard.v1.QuotaQuery
+	(*ReservationsQuery)(nil),     // 51: warden.shard.v1.ReservationsQuery
+	(*LedgerQuery)(nil),           // 52: warden.shard.v1.LedgerQuery
+	(*QuotaLevel)(nil),            // 53: warden.shard.v1.QuotaLevel
+	(*ExportQuery)(nil),           // 54: warden.shard.v1.ExportQuery
+	(*DigestQuery)(nil),           // 55: warden.shard.v1.DigestQuery
+	(*DescribeQuery)(nil),         // 56: warden.shard.v1.DescribeQuery
+	(*ScanQuery)(nil),             // 57: warden.shard.v1.ScanQuery
+	(*MetaQuery)(nil),             // 58: warden.shard.v1.MetaQuery
+	(*HotQuery)(nil),              // 59: warden.shard.v1.HotQuery
+	(*QueryResult)(nil),           // 60: warden.shard.v1.QueryResult
 }
 var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	3,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
 	7,  // 1: warden.shard.v1.Envelope.renew:type_name -> warden.shard.v1.RenewCmd
-	9,  // 2: warden.shard.v1.Envelope.release:type_name -> warden.shard.v1.ReleaseCmd
-	10, // 3: warden.shard.v1.Envelope.expire:type_name -> warden.shard.v1.ExpireCmd
-	12, // 4: warden.shard.v1.Envelope.forget:type_name -> warden.shard.v1.ForgetCmd
-	14, // 5: warden.shard.v1.Envelope.set_config:type_name -> warden.shard.v1.SetConfigCmd
+	11, // 2: warden.shard.v1.Envelope.release:type_name -> warden.shard.v1.ReleaseCmd
+	12, // 3: warden.shard.v1.Envelope.expire:type_name -> warden.shard.v1.ExpireCmd
+	14, // 4: warden.shard.v1.Envelope.forget:type_name -> warden.shard.v1.ForgetCmd
+	16, // 5: warden.shard.v1.Envelope.set_config:type_name -> warden.shard.v1.SetConfigCmd
 	4,  // 6: warden.shard.v1.Envelope.cancel_wait:type_name -> warden.shard.v1.CancelWaitCmd
 	5,  // 7: warden.shard.v1.Envelope.drop_waiters:type_name -> warden.shard.v1.DropWaitersCmd
-	38, // 8: warden.shard.v1.Envelope.fence_range:type_name -> warden.shard.v1.FenceRangeCmd
-	39, // 9: warden.shard.v1.Envelope.unfence_range:type_name -> warden.shard.v1.UnfenceRangeCmd
-	41, // 10: warden.shard.v1.Envelope.import_range:type_name -> warden.shard.v1.ImportRangeCmd
-	42, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
-	43, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
-	15, // 13: warden.shard.v1.Envelope.set_limit:type_name -> warden.shard.v1.SetLimitCmd
-	16, // 14: warden.shard.v1.Envelope.reserve:type_name -> warden.shard.v1.ReserveCmd
-	17, // 15: warden.shard.v1.Envelope.commit:type_name -> warden.shard.v1.CommitCmd
-	18, // 16: warden.shard.v1.Envelope.release_reservation:type_name -> warden.shard.v1.ReleaseReservationCmd
-	19, // 17: warden.shard.v1.Envelope.reclaim:type_name -> warden.shard.v1.ReclaimCmd
-	21, // 18: warden.shard.v1.Envelope.report_usage:type_name -> warden.shard.v1.ReportUsageCmd
-	29, // 19: warden.shard.v1.Envelope.compact_ledger:type_name -> warden.shard.v1.CompactLedgerCmd
+	40, // 8: warden.shard.v1.Envelope.fence_range:type_name -> warden.shard.v1.FenceRangeCmd
+	41, // 9: warden.shard.v1.Envelope.unfence_range:type_name -> warden.shard.v1.UnfenceRangeCmd
+	43, // 10: warden.shard.v1.Envelope.import_range:type_name -> warden.shard.v1.ImportRangeCmd
+	44, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
+	45, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
+	17, // 13: warden.shard.v1.Envelope.set_limit:type_name -> warden.shard.v1.SetLimitCmd
+	18, // 14: warden.shard.v1.Envelope.reserve:type_name -> warden.shard.v1.ReserveCmd
+	19, // 15: warden.shard.v1.Envelope.commit:type_name -> warden.shard.v1.CommitCmd
+	20, // 16: warden.shard.v1.Envelope.release_reservation:type_name -> warden.shard.v1.ReleaseReservationCmd
+	21, // 17: warden.shard.v1.Envelope.reclaim:type_name -> warden.shard.v1.ReclaimCmd
+	23, // 18: warden.shard.v1.Envelope.report_usage:type_name -> warden.shard.v1.ReportUsageCmd
+	31, // 19: warden.shard.v1.Envelope.compact_ledger:type_name -> warden.shard.v1.CompactLedgerCmd
 	8,  // 20: warden.shard.v1.Envelope.renew_batch:type_name -> warden.shard.v1.RenewBatchCmd
-	6,  // 21: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
-	7,  // 22: warden.shard.v1.RenewBatchCmd.items:type_name -> warden.shard.v1.RenewCmd
-	11, // 23: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
-	13, // 24: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
-	20, // 25: warden.shard.v1.ForgetCmd.reservations:type_name -> warden.shard.v1.ReservationRef
-	20, // 26: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
-	0,  // 27: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
-	33, // 28: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
-	34, // 29: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
-	35, // 30: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
-	32, // 31: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
-	32, // 32: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
-	23, // 33: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
-	22, // 34: warden.shard.v1.Result.items:type_name -> warden.shard.v1.Result
-	25, // 35: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
-	24, // 36: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
-	1,  // 37: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
-	30, // 38: warden.shard.v1.CompactLedgerCmd.items:type_name -> warden.shard.v1.PoolSeq
-	33, // 39: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
-	35, // 40: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
-	34, // 41: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
-	37, // 42: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
-	37, // 43: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
-	44, // 44: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
-	46, // 45: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
-	45, // 46: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
-	24, // 47: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
-	25, // 48: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
-	26, // 49: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
-	27, // 50: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
-	31, // 51: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
-	28, // 52: warden.shard.v1.RangeRecords.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
-	40, // 53: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
-	34, // 54: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
-	35, // 55: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
-	34, // 56: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
-	54, // 57: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	55, // 58: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	55, // 59: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	56, // 60: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	53, // 61: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
-	55, // 62: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
-	57, // 63: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
-	52, // 64: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
-	48, // 65: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
-	49, // 66: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
-	50, // 67: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
-	55, // 68: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
-	55, // 69: warden.shard.v1.Query.compactable:type_name -> warden.shard.v1.ScanQuery
-	24, // 70: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
-	44, // 71: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	36, // 72: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	10, // 73: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	12, // 74: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	5,  // 75: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
-	44, // 76: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
-	40, // 77: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
-	51, // 78: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
-	25, // 79: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
-	27, // 80: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
-	19, // 81: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
-	29, // 82: warden.shard.v1.QueryResult.compact:type_name -> warden.shard.v1.CompactLedgerCmd
-	28, // 83: warden.shard.v1.QueryResult.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
-	84, // [84:84] is the sub-list for method output_type
-	84, // [84:84] is the sub-list for method input_type
-	84, // [84:84] is the sub-list for extension type_name
-	84, // [84:84] is the sub-list for extension extendee
-	0,  // [0:84] is the sub-list for field type_name
+	9,  // 21: warden.shard.v1.Envelope.batch:type_name -> warden.shard.v1.BatchCmd
+	6,  // 22: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
+	7,  // 23: warden.shard.v1.RenewBatchCmd.items:type_name -> warden.shard.v1.RenewCmd
+	10, // 24: warden.shard.v1.BatchCmd.items:type_name -> warden.shard.v1.BatchItem
+	3,  // 25: warden.shard.v1.BatchItem.acquire:type_name -> warden.shard.v1.AcquireCmd
+	11, // 26: warden.shard.v1.BatchItem.release:type_name -> warden.shard.v1.ReleaseCmd
+	13, // 27: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
+	15, // 28: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
+	22, // 29: warden.shard.v1.ForgetCmd.reservations:type_name -> warden.shard.v1.ReservationRef
+	22, // 30: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
+	0,  // 31: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
+	35, // 32: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
+	36, // 33: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
+	37, // 34: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
+	34, // 35: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
+	34, // 36: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
+	25, // 37: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
+	24, // 38: warden.shard.v1.Result.items:type_name -> warden.shard.v1.Result
+	27, // 39: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
+	26, // 40: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
+	1,  // 41: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
+	32, // 42: warden.shard.v1.CompactLedgerCmd.items:type_name -> warden.shard.v1.PoolSeq
+	35, // 43: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
+	37, // 44: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
+	36, // 45: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
+	39, // 46: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
+	39, // 47: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
+	46, // 48: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
+	48, // 49: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
+	47, // 50: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
+	26, // 51: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
+	27, // 52: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
+	28, // 53: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
+	29, // 54: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
+	33, // 55: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
+	30, // 56: warden.shard.v1.RangeRecords.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
+	42, // 57: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
+	36, // 58: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
+	37, // 59: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
+	36, // 60: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
+	56, // 61: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	57, // 62: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	57, // 63: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	58, // 64: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	55, // 65: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	57, // 66: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
+	59, // 67: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
+	54, // 68: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
+	50, // 69: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
+	51, // 70: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
+	52, // 71: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
+	57, // 72: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
+	57, // 73: warden.shard.v1.Query.compactable:type_name -> warden.shard.v1.ScanQuery
+	26, // 74: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
+	46, // 75: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	38, // 76: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	12, // 77: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	14, // 78: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	5,  // 79: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
+	46, // 80: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
+	42, // 81: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
+	53, // 82: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
+	27, // 83: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
+	29, // 84: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
+	21, // 85: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
+	31, // 86: warden.shard.v1.QueryResult.compact:type_name -> warden.shard.v1.CompactLedgerCmd
+	30, // 87: warden.shard.v1.QueryResult.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
+	88, // [88:88] is the sub-list for method output_type
+	88, // [88:88] is the sub-list for method input_type
+	88, // [88:88] is the sub-list for extension type_name
+	88, // [88:88] is the sub-list for extension extendee
+	0,  // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
@@ -5597,9 +5757,14 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Envelope_ReportUsage)(nil),
 		(*Envelope_CompactLedger)(nil),
 		(*Envelope_RenewBatch)(nil),
+		(*Envelope_Batch)(nil),
 	}
-	file_warden_shard_v1_shard_proto_msgTypes[12].OneofWrappers = []any{}
-	file_warden_shard_v1_shard_proto_msgTypes[45].OneofWrappers = []any{
+	file_warden_shard_v1_shard_proto_msgTypes[8].OneofWrappers = []any{
+		(*BatchItem_Acquire)(nil),
+		(*BatchItem_Release)(nil),
+	}
+	file_warden_shard_v1_shard_proto_msgTypes[14].OneofWrappers = []any{}
+	file_warden_shard_v1_shard_proto_msgTypes[47].OneofWrappers = []any{
 		(*Query_Describe)(nil),
 		(*Query_Expired)(nil),
 		(*Query_Forgettable)(nil),
@@ -5620,7 +5785,7 @@ func file_warden_shard_v1_shard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_shard_v1_shard_proto_rawDesc), len(file_warden_shard_v1_shard_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   57,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -73,9 +73,11 @@ type LockServiceClient interface {
 	// Batch runs 1 to 1,000 Acquire calls without a wait and Release calls
 	// in one request, as a client process with many workers sends the calls
 	// they make at about the same time (TigerBeetle's clients batch the same
-	// way). Each op commits exactly as its own call would, with its own
-	// outcome, in the request's order; the ops run concurrently, so their
-	// order in the request is not an order of commits. The call fails as a
+	// way). Each op succeeds or fails exactly as its own call would, with
+	// its own outcome, in the request's order; a batch is not a transaction.
+	// The ops of one shard share a Raft entry and are applied in the
+	// request's order; ops on different shards commit independently. The
+	// call fails as a
 	// whole only for a malformed request (no ops, or more than 1,000) or one
 	// past the server's 64 KiB request limit (RESOURCE_EXHAUSTED).
 	Batch(context.Context, *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error)
@@ -199,9 +201,11 @@ type LockServiceHandler interface {
 	// Batch runs 1 to 1,000 Acquire calls without a wait and Release calls
 	// in one request, as a client process with many workers sends the calls
 	// they make at about the same time (TigerBeetle's clients batch the same
-	// way). Each op commits exactly as its own call would, with its own
-	// outcome, in the request's order; the ops run concurrently, so their
-	// order in the request is not an order of commits. The call fails as a
+	// way). Each op succeeds or fails exactly as its own call would, with
+	// its own outcome, in the request's order; a batch is not a transaction.
+	// The ops of one shard share a Raft entry and are applied in the
+	// request's order; ops on different shards commit independently. The
+	// call fails as a
 	// whole only for a malformed request (no ops, or more than 1,000) or one
 	// past the server's 64 KiB request limit (RESOURCE_EXHAUSTED).
 	Batch(context.Context, *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error)
