@@ -247,6 +247,16 @@ func TestTargetCheck(t *testing.T) {
 	if got := r.TargetCheck(); !strings.Contains(got, "NOT met") {
 		t.Fatalf("2,900 of 3,000 commits/s: %s", got)
 	}
+	// Over 60 s at scale 1, the Poisson arrivals' count varies by about
+	// 8 commits/s (one standard deviation): three of them are allowed.
+	r = &Report{Profile: Reference(1), DurationS: 60, CommitsPerSec: 5980, Ops: map[string]OpSummary{OpAcquire: {P99MS: 150}}}
+	if got := r.TargetCheck(); !strings.Contains(got, ": met") {
+		t.Fatalf("5,980 commits/s over 60 s: %s", got)
+	}
+	r.CommitsPerSec = 5970
+	if got := r.TargetCheck(); !strings.Contains(got, "NOT met") {
+		t.Fatalf("5,970 commits/s over 60 s: %s", got)
+	}
 }
 
 func TestHandleOf(t *testing.T) {
@@ -258,5 +268,29 @@ func TestHandleOf(t *testing.T) {
 		if _, err := HandleOf[*h]("x", l); err == nil || !strings.Contains(err.Error(), `x: lease for "r"`) {
 			t.Errorf("handle %#v: %v", l.Handle, err)
 		}
+	}
+}
+
+// Operations started together share a context whose deadline is at least
+// the operation timeout away; Close cancels every one handed out.
+func TestOpContexts(t *testing.T) {
+	d := NewDriver(nil, DriverConfig{OpTimeout: time.Second, Resources: 1})
+	before := time.Now()
+	a, b := d.opCtx(), d.opCtx()
+	if a != b {
+		t.Fatal("two operations started together got separate contexts")
+	}
+	at, ok := a.Deadline()
+	if !ok || at.Before(before.Add(time.Second)) || at.After(time.Now().Add(time.Second+deadlineStep)) {
+		t.Fatalf("deadline %v after the start, want between 1s and 1s+%v", at.Sub(before), deadlineStep)
+	}
+	time.Sleep(deadlineStep + 10*time.Millisecond)
+	c := d.opCtx()
+	if c == a {
+		t.Fatal("an operation got a context with less than the operation timeout left")
+	}
+	d.Close()
+	if a.Err() == nil || c.Err() == nil {
+		t.Fatal("Close left contexts running")
 	}
 }

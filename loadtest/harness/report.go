@@ -129,16 +129,26 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 
 // TargetCheck says whether a reference-profile run met DESIGN.md's
 // target: 6,000 × scale commits/s sustained, p99 uncontended acquire under
-// 200 ms, and no safety violation.
+// 200 ms, and no safety violation. Acquires and releases arrive as Poisson
+// processes, so how many a run offers varies by about √n even when every
+// one is answered: the rate must reach 6,000 × scale less three standard
+// deviations of that count over the run (25 commits/s at scale 1 over
+// 60 s, 0.4 %; 21 at scale 0.25 over 20 s, 1.4 %). A service that keeps
+// up then passes 99.9 % of runs.
 func (r *Report) TargetCheck() string {
 	want := 6000 * r.Profile.Scale
+	noise := 0.0
+	if t := r.DurationS; t > 0 {
+		noise = 3 * math.Sqrt((r.Profile.AcquireRate+r.Profile.ReleaseRate)*t) / t
+	}
 	p99 := r.Ops[OpAcquire].P99MS
 	n := r.Safety.DoubleGrants + r.Safety.TokenRegressions + r.Safety.LostAcknowledgedLeases
 	verdict := "met"
-	if r.CommitsPerSec < want || p99 >= 200 || n > 0 {
+	if r.CommitsPerSec < want-noise || p99 >= 200 || n > 0 {
 		verdict = "NOT met"
 	}
-	return fmt.Sprintf("Target (≥ %.0f commits/s, p99 acquire < 200 ms, no violations): %s (%.0f commits/s, p99 %.1f ms, %d violations)", want, verdict, r.CommitsPerSec, p99, n)
+	return fmt.Sprintf("Target (≥ %.0f commits/s: %.0f less %.0f/s of Poisson arrival noise; p99 acquire < 200 ms; no violations): %s (%.0f commits/s, p99 %.1f ms, %d violations)",
+		want-noise, want, noise, verdict, r.CommitsPerSec, p99, n)
 }
 
 // AtScale returns the find-max step run at scale, if there was one: the
