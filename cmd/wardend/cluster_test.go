@@ -491,7 +491,14 @@ func (c *procCluster) checkNextTokens(leases map[string]*wardenv1.AcquireRespons
 // once, each active shard with replicas in three zones, and returns them.
 func (c *procCluster) checkShards() []*wardenv1.ShardInfo {
 	c.t.Helper()
-	resp, err := c.any().shards()
+	// Right after a restart a node's placement replica may not serve
+	// reads yet (dropped as not ready, or timed out): ListShards answers
+	// Unavailable, and a client retries.
+	var resp *wardenv1.ListShardsResponse
+	err := retryUnavailable(func() (err error) {
+		resp, err = c.any().shards()
+		return err
+	})
 	if err != nil {
 		c.t.Fatal(err)
 	}

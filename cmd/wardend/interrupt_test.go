@@ -20,9 +20,13 @@ func TestClusterInterruptedSplit(t *testing.T) {
 	leases := c.holdMany("kept", 300, 5*time.Minute)
 	for _, delay := range []time.Duration{0, 40 * time.Millisecond, 120 * time.Millisecond, 300 * time.Millisecond} {
 		before := len(c.checkShards())
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		nodes, err := c.any().admin.ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
-		cancel()
+		var nodes *connect.Response[wardenv1.ListNodesResponse]
+		err := retryUnavailable(func() (err error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			nodes, err = c.any().admin.ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+			return err
+		})
 		if err != nil || nodes.Msg.GetPlacementLeaderId() == 0 {
 			t.Fatalf("placement leader: %v %v", nodes, err)
 		}
