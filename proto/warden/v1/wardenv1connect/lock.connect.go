@@ -77,9 +77,9 @@ type LockServiceClient interface {
 	// its own outcome, in the request's order; a batch is not a transaction.
 	// The ops of one shard share a Raft entry and are applied in the
 	// request's order; ops on different shards commit independently. The
-	// call fails as a
-	// whole only for a malformed request (no ops, or more than 1,000) or one
-	// past the server's 64 KiB request limit (RESOURCE_EXHAUSTED).
+	// call fails as a whole only for a malformed request (no ops, or more
+	// than 1,000) or one past the server's 64 KiB request limit
+	// (RESOURCE_EXHAUSTED).
 	Batch(context.Context, *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error)
 	// Describe reports the lock's state with a linearizable read. It never
 	// returns the lease id, which is a bearer secret.
@@ -205,9 +205,9 @@ type LockServiceHandler interface {
 	// its own outcome, in the request's order; a batch is not a transaction.
 	// The ops of one shard share a Raft entry and are applied in the
 	// request's order; ops on different shards commit independently. The
-	// call fails as a
-	// whole only for a malformed request (no ops, or more than 1,000) or one
-	// past the server's 64 KiB request limit (RESOURCE_EXHAUSTED).
+	// call fails as a whole only for a malformed request (no ops, or more
+	// than 1,000) or one past the server's 64 KiB request limit
+	// (RESOURCE_EXHAUSTED).
 	Batch(context.Context, *connect.Request[v1.BatchRequest]) (*connect.Response[v1.BatchResponse], error)
 	// Describe reports the lock's state with a linearizable read. It never
 	// returns the lease id, which is a bearer secret.
