@@ -53,6 +53,28 @@ type batchOp struct {
 	done chan struct{} // closed when out or err is set
 	out  *wardenv1.BatchOutcome
 	err  error
+	// state says which came first: the outcome (opDelivered) or its
+	// caller giving up (opAbandoned).
+	state atomic.Int32
+	// orphaned, when set, gets the outcome of an op that succeeded after
+	// its caller gave up (see Batcher.acquire).
+	orphaned func(*wardenv1.BatchOutcome)
+}
+
+// A batchOp's state.
+const (
+	opWaiting int32 = iota
+	opDelivered
+	opAbandoned
+)
+
+// finish hands o's outcome (out or err, already set) to its caller, or,
+// when the caller gave up first and the op succeeded, to o.orphaned.
+func (o *batchOp) finish() {
+	close(o.done)
+	if !o.state.CompareAndSwap(opWaiting, opDelivered) && o.orphaned != nil && o.err == nil && o.out.GetCode() == "" {
+		o.orphaned(o.out)
+	}
 }
 
 // NewBatcher returns a Batcher that sends through locks with at most
@@ -65,6 +87,16 @@ func NewBatcher(locks wardenv1connect.LockServiceClient, calls int) *Batcher {
 // request does not wait (wait_timeout unset); a waiting Acquire is sent
 // alone.
 func (b *Batcher) Acquire(ctx context.Context, req *wardenv1.AcquireRequest) (*wardenv1.AcquireResponse, error) {
+	return b.acquire(ctx, req, nil)
+}
+
+// acquire is Acquire. When orphaned is set, it gets the lease of a
+// batched acquire that the server granted after ctx ended and the call
+// had returned ctx's error: a lease nobody holds, which stays held until
+// its TTL runs out unless released. (The Batch call that carried it went
+// on for the other callers in it. A call sent alone ends with ctx, and
+// what the server did with it is unknown.)
+func (b *Batcher) acquire(ctx context.Context, req *wardenv1.AcquireRequest, orphaned func(*wardenv1.AcquireResponse)) (*wardenv1.AcquireResponse, error) {
 	if req.GetWaitTimeout().AsDuration() != 0 {
 		resp, err := b.locks.Acquire(ctx, connect.NewRequest(req))
 		if err != nil {
@@ -72,7 +104,11 @@ func (b *Batcher) Acquire(ctx context.Context, req *wardenv1.AcquireRequest) (*w
 		}
 		return resp.Msg, nil
 	}
-	out, err := b.do(ctx, &wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: req}})
+	var orphanedOut func(*wardenv1.BatchOutcome)
+	if orphaned != nil {
+		orphanedOut = func(out *wardenv1.BatchOutcome) { orphaned(out.GetAcquire()) }
+	}
+	out, err := b.do(ctx, &wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: req}}, orphanedOut)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +117,7 @@ func (b *Batcher) Acquire(ctx context.Context, req *wardenv1.AcquireRequest) (*w
 
 // Release is LockService.Release, batched with other calls.
 func (b *Batcher) Release(ctx context.Context, req *wardenv1.ReleaseRequest) (*wardenv1.ReleaseResponse, error) {
-	out, err := b.do(ctx, &wardenv1.BatchOp{Op: &wardenv1.BatchOp_Release{Release: req}})
+	out, err := b.do(ctx, &wardenv1.BatchOp{Op: &wardenv1.BatchOp_Release{Release: req}}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -89,9 +125,10 @@ func (b *Batcher) Release(ctx context.Context, req *wardenv1.ReleaseRequest) (*w
 }
 
 // do queues op, starts a Batch call if fewer than b.calls are in flight,
-// and waits for op's outcome.
-func (b *Batcher) do(ctx context.Context, op *wardenv1.BatchOp) (*wardenv1.BatchOutcome, error) {
-	o := &batchOp{ctx: ctx, op: op, done: make(chan struct{})}
+// and waits for op's outcome; orphaned (may be nil) gets a successful
+// outcome that comes after ctx ended and do returned.
+func (b *Batcher) do(ctx context.Context, op *wardenv1.BatchOp, orphaned func(*wardenv1.BatchOutcome)) (*wardenv1.BatchOutcome, error) {
+	o := &batchOp{ctx: ctx, op: op, done: make(chan struct{}), orphaned: orphaned}
 	b.mu.Lock()
 	b.queue = append(b.queue, o)
 	var batch []*batchOp
@@ -106,22 +143,25 @@ func (b *Batcher) do(ctx context.Context, op *wardenv1.BatchOp) (*wardenv1.Batch
 	}
 	select {
 	case <-o.done:
-		if o.err == nil {
-			return o.out, outcomeError(o.out.GetCode(), o.out.GetMessage(), o.out)
-		}
-		// The call that carried it ended with the latest of its callers'
-		// deadlines, or when all of them gave up: if that is this
-		// caller's own, say so as its own call would have.
-		if d, ok := ctx.Deadline(); ok && connect.CodeOf(o.err) == connect.CodeDeadlineExceeded && !time.Now().Before(d) {
-			<-ctx.Done()
-		}
-		if ctx.Err() != nil {
+	case <-ctx.Done():
+		if o.state.CompareAndSwap(opWaiting, opAbandoned) {
 			return nil, contextError(ctx)
 		}
-		return nil, o.err
-	case <-ctx.Done():
+		<-o.done // the outcome came first: it is this caller's
+	}
+	if o.err == nil {
+		return o.out, outcomeError(o.out.GetCode(), o.out.GetMessage(), o.out)
+	}
+	// The call that carried it ended with the latest of its callers'
+	// deadlines, or when all of them gave up: if that is this caller's
+	// own, say so as its own call would have.
+	if d, ok := ctx.Deadline(); ok && connect.CodeOf(o.err) == connect.CodeDeadlineExceeded && !time.Now().Before(d) {
+		<-ctx.Done()
+	}
+	if ctx.Err() != nil {
 		return nil, contextError(ctx)
 	}
+	return nil, o.err
 }
 
 // contextError is ctx's error as a Connect call ended by ctx answers it:
@@ -206,7 +246,7 @@ func (b *Batcher) sendBatch(batch []*batchOp) {
 		} else {
 			o.out = resp.Msg.GetOutcomes()[i]
 		}
-		close(o.done)
+		o.finish()
 	}
 }
 
@@ -222,7 +262,7 @@ func (b *Batcher) sendEach(batch []*batchOp) {
 
 // sendOne sends o as its own Acquire or Release call.
 func (b *Batcher) sendOne(o *batchOp) {
-	defer close(o.done)
+	defer o.finish()
 	if m := o.op.GetAcquire(); m != nil {
 		resp, err := b.locks.Acquire(o.ctx, connect.NewRequest(m))
 		if o.err = err; err == nil {

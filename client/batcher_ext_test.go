@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/warden-dev/warden/client"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
@@ -22,14 +23,30 @@ import (
 
 // fakeBatch grants an Acquire of any resource but "busy" with the lease
 // id "lease-" + resource, refuses "busy" with aborted and a LockHeld of
-// token 7, and releases any lease. Each call takes delay; with noBatch it
-// does not implement Batch (an older server).
+// token 7, and releases any lease. Each call takes delay, unless its
+// context ends first (then it does nothing); with noBatch it does not
+// implement Batch (an older server). granted and released record the
+// resources it acquired and released.
 type fakeBatch struct {
 	wardenv1connect.UnimplementedLockServiceHandler
-	noBatch        bool
-	delay          time.Duration
-	batches, ones  atomic.Int64
-	ops, maxInCall atomic.Int64
+	noBatch           bool
+	delay             time.Duration
+	batches, ones     atomic.Int64
+	ops, maxInCall    atomic.Int64
+	granted, released sync.Map // resource → struct{}
+}
+
+// sleep waits out f.delay, or until ctx ends, with an error then.
+func (f *fakeBatch) sleep(ctx context.Context) error {
+	select {
+	case <-time.After(f.delay):
+		return nil
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+		}
+		return connect.NewError(connect.CodeCanceled, ctx.Err())
+	}
 }
 
 func (f *fakeBatch) acquire(m *wardenv1.AcquireRequest) (*wardenv1.AcquireResponse, error) {
@@ -40,13 +57,21 @@ func (f *fakeBatch) acquire(m *wardenv1.AcquireRequest) (*wardenv1.AcquireRespon
 		}
 		return nil, e
 	}
-	return &wardenv1.AcquireResponse{LeaseId: "lease-" + m.GetResource(), FencingToken: 1}, nil
+	f.granted.Store(m.GetResource(), struct{}{})
+	ttl := m.GetLeaseTtl().AsDuration()
+	if ttl == 0 {
+		ttl = 30 * time.Second
+	}
+	return &wardenv1.AcquireResponse{LeaseId: "lease-" + m.GetResource(), FencingToken: 1,
+		ExpiresAt: timestamppb.New(time.Now().Add(ttl)), LeaseTtl: durationpb.New(ttl)}, nil
 }
 
-func (f *fakeBatch) Acquire(_ context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+func (f *fakeBatch) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
 	f.ones.Add(1)
 	f.ops.Add(1)
-	time.Sleep(f.delay)
+	if err := f.sleep(ctx); err != nil {
+		return nil, err
+	}
 	resp, err := f.acquire(req.Msg)
 	if err != nil {
 		return nil, err
@@ -54,14 +79,17 @@ func (f *fakeBatch) Acquire(_ context.Context, req *connect.Request[wardenv1.Acq
 	return connect.NewResponse(resp), nil
 }
 
-func (f *fakeBatch) Release(_ context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+func (f *fakeBatch) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 	f.ones.Add(1)
 	f.ops.Add(1)
-	time.Sleep(f.delay)
+	if err := f.sleep(ctx); err != nil {
+		return nil, err
+	}
+	f.released.Store(req.Msg.GetResource(), struct{}{})
 	return connect.NewResponse(&wardenv1.ReleaseResponse{Released: true}), nil
 }
 
-func (f *fakeBatch) Batch(_ context.Context, req *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
+func (f *fakeBatch) Batch(ctx context.Context, req *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
 	if f.noBatch {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("no Batch"))
 	}
@@ -70,10 +98,13 @@ func (f *fakeBatch) Batch(_ context.Context, req *connect.Request[wardenv1.Batch
 	f.ops.Add(n)
 	for m := f.maxInCall.Load(); n > m && !f.maxInCall.CompareAndSwap(m, n); m = f.maxInCall.Load() {
 	}
-	time.Sleep(f.delay)
+	if err := f.sleep(ctx); err != nil {
+		return nil, err
+	}
 	out := &wardenv1.BatchResponse{}
 	for _, op := range req.Msg.GetOps() {
 		if op.GetRelease() != nil {
+			f.released.Store(op.GetRelease().GetResource(), struct{}{})
 			out.Outcomes = append(out.Outcomes, &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Release{Release: &wardenv1.ReleaseResponse{Released: true}}})
 			continue
 		}
@@ -88,12 +119,26 @@ func (f *fakeBatch) Batch(_ context.Context, req *connect.Request[wardenv1.Batch
 	return connect.NewResponse(out), nil
 }
 
-func startBatchFake(t *testing.T, f *fakeBatch, calls int) *client.Batcher {
+// serveFake serves f over HTTP until the test ends and returns its URL.
+func serveFake(t *testing.T, f *fakeBatch) string {
 	mux := http.NewServeMux()
 	mux.Handle(wardenv1connect.NewLockServiceHandler(f, connect.WithReadMaxBytes(64<<10)))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return client.NewBatcher(wardenv1connect.NewLockServiceClient(srv.Client(), srv.URL), calls)
+	return srv.URL
+}
+
+func startBatchFake(t *testing.T, f *fakeBatch, calls int) *client.Batcher {
+	return client.NewBatcher(wardenv1connect.NewLockServiceClient(http.DefaultClient, serveFake(t, f)), calls)
+}
+
+// fakeClient is a Client of f.
+func fakeClient(t *testing.T, f *fakeBatch) *client.Client {
+	c, err := client.New(serveFake(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // acquireAll runs n concurrent Acquires of r0..r(n-1) and "busy" through
@@ -164,14 +209,7 @@ func TestBatcherSendsWaitsAlone(t *testing.T) {
 // (it did not wait), whether its batch ran out at its deadline or not.
 func TestBatcherDeadline(t *testing.T) {
 	f := &fakeBatch{delay: 300 * time.Millisecond}
-	mux := http.NewServeMux()
-	mux.Handle(wardenv1connect.NewLockServiceHandler(f))
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	c, err := client.New(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := fakeClient(t, f)
 	var wg sync.WaitGroup
 	for i := range 40 {
 		wg.Go(func() {
@@ -183,5 +221,96 @@ func TestBatcherDeadline(t *testing.T) {
 			}
 		})
 	}
+	wg.Wait()
+}
+
+// A lease the server grants to a batched Lock after the Lock gave up
+// (its Batch call went on for the other callers in it) is held by no one;
+// the SDK releases it when the request id was its own, and leaves it when
+// the caller chose the id (it may retry with it). The SDK's Unlock is not
+// involved: no Lease was returned.
+func TestLockReleasesOrphanedLeases(t *testing.T) {
+	f := &fakeBatch{delay: 300 * time.Millisecond}
+	c := fakeClient(t, f)
+	var leases sync.Map // resource → *client.Lease
+	lock := func(r string, d time.Duration, id string) error {
+		ctx, cancel := context.WithTimeout(t.Context(), d)
+		defer cancel()
+		l, err := c.Lock(ctx, r, client.LockOptions{TTL: 10 * time.Second, RequestID: id})
+		if err == nil {
+			leases.Store(r, l)
+		}
+		return err
+	}
+	// Four Locks that give up at 30 ms fill the Batcher's four calls, as
+	// plain Acquires; when they end, the Locks queued meanwhile go in
+	// Batch calls that outlast their short callers (150 ms) because each
+	// also carries a caller with time left (5 s).
+	var wg sync.WaitGroup
+	for i := range client.DefaultBatchCalls {
+		wg.Go(func() { _ = lock(fmt.Sprintf("first%d", i), 30*time.Millisecond, "") })
+	}
+	time.Sleep(5 * time.Millisecond)
+	var failed, kept, held sync.Map // resource → struct{}
+	for i := range 60 {
+		r := fmt.Sprintf("r%d", i)
+		wg.Go(func() {
+			id, d := "", 5*time.Second
+			switch i % 3 {
+			case 0:
+				d = 150 * time.Millisecond
+			case 1:
+				id, d = "chosen-"+r, 150*time.Millisecond
+			}
+			switch err := lock(r, d, id); {
+			case err == nil:
+				held.Store(r, struct{}{})
+			case id != "":
+				kept.Store(r, struct{}{})
+			default:
+				if d > time.Second {
+					t.Errorf("lock %s with time to spare: %v", r, err)
+				}
+				failed.Store(r, struct{}{})
+			}
+		})
+	}
+	wg.Wait()
+	orphans := 0
+	deadline := time.Now().Add(5 * time.Second)
+	failed.Range(func(r, _ any) bool {
+		if _, ok := f.granted.Load(r); ok {
+			orphans++
+			for _, ok := f.released.Load(r); !ok; _, ok = f.released.Load(r) {
+				if time.Now().After(deadline) {
+					t.Errorf("%s: granted after its Lock gave up, never released", r)
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		return true
+	})
+	if orphans == 0 {
+		t.Fatal("no Lock was granted after it gave up: the test did not reach its case")
+	}
+	time.Sleep(100 * time.Millisecond) // for releases that should not come
+	for _, m := range []*sync.Map{&held, &kept} {
+		m.Range(func(r, _ any) bool {
+			if _, ok := f.released.Load(r); ok {
+				t.Errorf("%s released, though its lease is held or its request id is the caller's", r)
+			}
+			return true
+		})
+	}
+	t.Logf("%d orphaned leases released", orphans)
+	leases.Range(func(r, l any) bool {
+		wg.Go(func() {
+			if err := l.(*client.Lease).Unlock(t.Context()); err != nil {
+				t.Errorf("unlock %s: %v", r, err)
+			}
+		})
+		return true
+	})
 	wg.Wait()
 }

@@ -22,6 +22,11 @@ var renewFailures = promauto.NewCounterVec(prometheus.CounterOpts{
 	Help: "Lease renewals the Go SDK could not complete, by reason (unavailable: will retry; lost: the server refused; uncertain: gave up at the local deadline).",
 }, []string{"reason"})
 
+var orphanedLeases = promauto.NewCounterVec(prometheus.CounterOpts{
+	Name: "warden_orphaned_leases_total",
+	Help: "Leases the server granted to a Lock call of the Go SDK after the call had given up, by what the SDK did (released; failed: still held until its TTL runs out).",
+}, []string{"outcome"})
+
 // LockOptions tune Lock. The zero value asks for the shard's default TTL
 // and fails at once when the lock is held.
 type LockOptions struct {
@@ -36,6 +41,8 @@ type LockOptions struct {
 	// Tenant counts this request's waiting against a tenant's bound.
 	Tenant string
 	// RequestID makes the acquisition idempotent (default: a random id).
+	// Set it only to retry with it after Lock gave up: a lease granted to
+	// an id of yours after Lock returned is not released by the SDK.
 	RequestID string
 	// SafetyMargin is how long before the local deadline Done closes when
 	// renewals fail (default TTL/10, at least 100 ms).
@@ -96,8 +103,12 @@ func (l *Lease) Err() error {
 // has left. Errors: a *HeldError (ErrHeld) when held and opts.Wait is 0,
 // ErrWaitTimeout, a Connect error for bad input, or ctx's error.
 func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*Lease, error) {
+	var orphaned func(*wardenv1.AcquireResponse)
 	if opts.RequestID == "" {
 		opts.RequestID = newRequestID()
+		// Nobody else can retry this request id, so a lease granted to it
+		// after this call gave up is held by no one: release it.
+		orphaned = func(a *wardenv1.AcquireResponse) { go c.releaseOrphan(resource, a) }
 	}
 	// Every attempt's grant happens after the first attempt was sent, so
 	// its send time + TTL is a safe local deadline.
@@ -115,7 +126,7 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 			}
 			req.WaitTimeout = durationpb.New(left)
 		}
-		r, err := c.batchers[i].Acquire(ctx, req)
+		r, err := c.batchers[i].acquire(ctx, req, orphaned)
 		if err != nil {
 			return err
 		}
@@ -148,12 +159,39 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 		// no work depends on the old deadline.
 		if err := l.renew(ctx, time.Now().Add(l.ttl-l.margin)); err != nil {
 			l.close(err)
+			if orphaned != nil && !errors.Is(err, ErrLeaseLost) {
+				orphaned(resp) // it may still be held
+			}
 			return nil, fmt.Errorf("warden: renewing %s right after a long wait: %w", resource, err)
 		}
 	}
 	l.wg.Add(1)
 	go l.keepAlive()
 	return l, nil
+}
+
+// releaseOrphan releases lease a of resource, which the server granted to
+// a Lock call after it had given up, retrying while the service is
+// unavailable until the lease would have expired anyway. etcd's
+// concurrency.Mutex deletes its key when Lock fails for the same reason;
+// Curator's protected mode finds and deletes its node.
+func (c *Client) releaseOrphan(resource string, a *wardenv1.AcquireResponse) {
+	// The lease's TTL, on this process's clock, from about when it began.
+	ttl := a.GetLeaseTtl().AsDuration()
+	if ttl <= 0 {
+		ttl = 30 * time.Second // the server's default; every server sends it
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ttl)
+	defer cancel()
+	err := c.retry(ctx, func(ctx context.Context, i int) error {
+		_, err := c.batchers[i].Release(ctx, &wardenv1.ReleaseRequest{Resource: resource, LeaseId: a.GetLeaseId()})
+		return err
+	})
+	if err != nil {
+		orphanedLeases.WithLabelValues("failed").Inc()
+		return
+	}
+	orphanedLeases.WithLabelValues("released").Inc()
 }
 
 func heldError(resource string, err error) error {
