@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -37,10 +36,8 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 	for i, rn := range renewals {
 		var err error
 		if ids[i], err = leaseRef(rn.GetResource(), rn.GetLeaseId()); err != nil {
-			var fe *shard.FieldError
-			if errors.As(err, &fe) {
-				err = &shard.FieldError{Field: fmt.Sprintf("renewals[%d].%s", i, fe.Field), Reason: fe.Reason}
-			}
+			// Named as Renew names it, as the shard names what it refuses:
+			// the outcome's place says which renewal it is.
 			out[i] = s.renewed(ctx, req.Peer(), rn, nil, err)
 			continue
 		}

@@ -400,7 +400,8 @@ type RenewOutcome struct {
 	// stop; "invalid_argument"; "unavailable": retry; "deadline_exceeded").
 	Code string `protobuf:"bytes,1,opt,name=code,proto3" json:"code,omitempty"`
 	// Message explains a failed renewal; an invalid one names its field as
-	// renewals[i].resource or renewals[i].lease_id.
+	// Renew does (resource, lease_id): the outcome's place in the response
+	// says which renewal it is.
 	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	// ExpiresAt is the renewed lease's expiry on the shard's clock.
 	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
