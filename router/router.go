@@ -397,7 +397,7 @@ func (r *Router) retryDropped(ctx context.Context, f func() error) error {
 	deadline := time.Now().Add(r.cfg.LeaderWait)
 	for {
 		err := f()
-		if err != nil && ctx.Err() != nil {
+		if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			// The caller's own deadline or cancel decides what it is told.
 			return fmt.Errorf("%w: %w", ctx.Err(), err)
 		}
