@@ -37,7 +37,7 @@ import (
 )
 
 type globals struct {
-	Addr    string        `default:"http://127.0.0.1:7070" help:"Base URL of a Warden node."`
+	Addr    string        `default:"http://127.0.0.1:7070" env:"WARDEN_ADDR" help:"Base URL of a Warden node."`
 	JSON    bool          `name:"json" help:"Print responses as JSON."`
 	Timeout time.Duration `default:"10s" help:"Deadline of the RPC."`
 	out     io.Writer

@@ -30,9 +30,10 @@ func devCLI(t *testing.T) func(args ...string) (string, error) {
 	}
 	srv := httptest.NewServer(router.NewHandler(dev.Router))
 	t.Cleanup(func() { srv.Close(); dev.Close() })
+	t.Setenv("WARDEN_ADDR", srv.URL) // in place of --addr
 	return func(args ...string) (string, error) {
 		var out bytes.Buffer
-		err := run(append([]string{"--addr", srv.URL}, args...), &out)
+		err := run(args, &out)
 		return out.String(), err
 	}
 }
@@ -78,6 +79,10 @@ func TestCLI(t *testing.T) {
 	}
 	if out, err := cli("admin", "hot-resources", "--limit", "3"); err != nil || !strings.Contains(out, "orders/42") {
 		t.Fatalf("hot-resources printed %q (%v)", out, err)
+	}
+	// --addr wins over WARDEN_ADDR.
+	if _, err := cli("--addr", "http://127.0.0.1:1", "lock", "describe", "orders/42"); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("describe through --addr of a closed port: %v", err)
 	}
 	if _, err := cli("lock", "frobnicate"); err == nil {
 		t.Fatal("an unknown command was accepted")
