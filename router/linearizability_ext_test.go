@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/anishathalye/porcupine"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/router"
@@ -139,7 +140,7 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 				switch k := rng.IntN(10); {
 				case k < 4 && mine[r] == "":
 					in := linInput{op: "acquire", resource: r}
-					out, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n), time.Minute)
+					out, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n), time.Minute, rng.IntN(2) == 0)
 					if !ok {
 						t.Errorf("acquire %s: outcome never learned", r)
 						return
@@ -154,7 +155,7 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 						lease = old[rng.IntN(len(old))] // a stale release
 					}
 					in := linInput{op: "release", resource: r, leaseID: lease}
-					out, ok := linRelease(c, r, lease)
+					out, ok := linRelease(c, r, lease, rng.IntN(2) == 0)
 					if !ok {
 						t.Errorf("release %s: outcome never learned", r)
 						return
@@ -191,26 +192,66 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 }
 
 // linAcquire acquires, retrying the same request id while the outcome is
-// unknown. ok is false if the outcome never became known.
-func linAcquire(c *cluster, resource, requestID string, ttl time.Duration) (linOutput, bool) {
+// unknown, through Acquire or, with viaBatch, a one-op Batch (a BatchCmd
+// on the shard). ok is false if the outcome never became known.
+func linAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (linOutput, bool) {
 	for range 100 {
-		resp, err := c.acquire(resource, requestID, ttl)
-		if err == nil {
-			return linOutput{granted: true, leaseID: resp.GetLeaseId(), token: resp.GetFencingToken()}, true
-		}
-		var ce *connect.Error
-		if connect.CodeOf(err) == connect.CodeAborted && errors.As(err, &ce) {
-			return linOutput{token: detail[*wardenv1.LockHeld](c.t.(*testing.T), ce).GetFencingToken()}, true
+		if out, known := tryAcquire(c, resource, requestID, ttl, viaBatch); known {
+			return out, true
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	return linOutput{}, false
 }
 
-func linRelease(c *cluster, resource, leaseID string) (linOutput, bool) {
+// tryAcquire sends one Acquire, alone or as a one-op Batch; known is false
+// when its outcome is unknown (or it was refused for another reason than
+// a held lock).
+func tryAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (out linOutput, known bool) {
+	if viaBatch {
+		outcomes, err := c.batch(&wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: &wardenv1.AcquireRequest{
+			Resource: resource, RequestId: requestID, LeaseTtl: durationpb.New(ttl)}}})
+		if err != nil {
+			return linOutput{}, false
+		}
+		return acquireOutcome(c.t.(*testing.T), outcomes[0])
+	}
+	resp, err := c.acquire(resource, requestID, ttl)
+	if err == nil {
+		return linOutput{granted: true, leaseID: resp.GetLeaseId(), token: resp.GetFencingToken()}, true
+	}
+	var ce *connect.Error
+	if connect.CodeOf(err) == connect.CodeAborted && errors.As(err, &ce) {
+		return linOutput{token: detail[*wardenv1.LockHeld](c.t.(*testing.T), ce).GetFencingToken()}, true
+	}
+	return linOutput{}, false
+}
+
+// acquireOutcome reads a Batch's acquire outcome as tryAcquire does an
+// Acquire's answer.
+func acquireOutcome(t *testing.T, o *wardenv1.BatchOutcome) (linOutput, bool) {
+	switch o.GetCode() {
+	case "":
+		a := o.GetAcquire()
+		return linOutput{granted: true, leaseID: a.GetLeaseId(), token: a.GetFencingToken()}, true
+	case "aborted":
+		for _, d := range o.GetDetails() {
+			var h wardenv1.LockHeld
+			if d.UnmarshalTo(&h) == nil {
+				return linOutput{token: h.GetFencingToken()}, true
+			}
+		}
+		t.Errorf("aborted outcome without a LockHeld detail: %v", o)
+	}
+	return linOutput{}, false
+}
+
+// linRelease releases through Release or, with viaBatch, a one-op Batch,
+// retrying until an answer comes; out.released is set only when the first
+// try answered.
+func linRelease(c *cluster, resource, leaseID string, viaBatch bool) (linOutput, bool) {
 	for attempt := range 100 {
-		released, err := c.release(resource, leaseID)
-		if err == nil {
+		if released, ok := tryRelease(c, resource, leaseID, viaBatch); ok {
 			out := linOutput{}
 			if attempt == 0 {
 				out.released = &released
@@ -220,4 +261,18 @@ func linRelease(c *cluster, resource, leaseID string) (linOutput, bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return linOutput{}, false
+}
+
+// tryRelease sends one Release, alone or as a one-op Batch; ok is false
+// when it did not answer.
+func tryRelease(c *cluster, resource, leaseID string, viaBatch bool) (released, ok bool) {
+	if !viaBatch {
+		released, err := c.release(resource, leaseID)
+		return released, err == nil
+	}
+	outcomes, err := c.batch(releaseOp(resource, leaseID))
+	if err != nil || outcomes[0].GetCode() != "" {
+		return false, false
+	}
+	return outcomes[0].GetRelease().GetReleased(), true
 }

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/anishathalye/porcupine"
 	"github.com/lni/dragonboat/v4"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/placement"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
@@ -180,7 +181,7 @@ func TestLinearizableLeasesThroughSplitAndLeaderKill(t *testing.T) {
 				switch k := rng.IntN(10); {
 				case k < 3 && mine[r] == "":
 					in.op = "acquire"
-					o, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n), leaseTTL)
+					o, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n), leaseTTL, rng.IntN(2) == 0)
 					if !ok {
 						t.Errorf("acquire %s: outcome never learned", r)
 						return
@@ -199,9 +200,31 @@ func TestLinearizableLeasesThroughSplitAndLeaderKill(t *testing.T) {
 						delete(mine, r)
 					}
 					record(cl, in, leaseOut{ok: ok})
+				case k < 7 && mine[r] != "":
+					// Release r and acquire r2 (r itself, at times) in one
+					// Batch: for r and r2 in one shard, one BatchCmd whose
+					// items are applied in order.
+					r2 := resources[rng.IntN(len(resources))]
+					if r2 != r && mine[r2] != "" {
+						r2 = r
+					}
+					id := fmt.Sprintf("c%d-%d", cl, n)
+					rel, acq, ok := releaseAndAcquire(c, r, mine[r], r2, id)
+					if !ok {
+						t.Errorf("release %s and acquire %s: outcome never learned", r, r2)
+						return
+					}
+					delete(mine, r)
+					if acq.granted {
+						mine[r2] = acq.leaseID
+					}
+					record(cl, leaseIn{op: "release", resource: r, leaseID: rel.leaseID, call: in.call},
+						leaseOut{ok: rel.released != nil && *rel.released, known: rel.released != nil})
+					record(cl, leaseIn{op: "acquire", resource: r2, call: in.call},
+						leaseOut{ok: acq.granted, leaseID: acq.leaseID, token: acq.token})
 				case k < 8 && mine[r] != "":
 					in.op, in.leaseID = "release", mine[r]
-					o, ok := linRelease(c, r, mine[r])
+					o, ok := linRelease(c, r, mine[r], rng.IntN(2) == 0)
 					if !ok {
 						t.Errorf("release %s: outcome never learned", r)
 						return
@@ -300,4 +323,33 @@ func replicaOn(c *cluster, shardID, node uint64) uint64 {
 		}
 	}
 	return 0
+}
+
+// releaseAndAcquire releases leaseID's lock on r and acquires r2 with
+// request id id in one Batch (release first), each retried alone while
+// its outcome is unknown. rel.leaseID is the released lease; rel.released
+// is set only when the batch answered it.
+func releaseAndAcquire(c *cluster, r, leaseID, r2, id string) (rel, acq linOutput, ok bool) {
+	rel.leaseID = leaseID
+	outcomes, err := c.batch(releaseOp(r, leaseID), &wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: &wardenv1.AcquireRequest{
+		Resource: r2, RequestId: id, LeaseTtl: durationpb.New(leaseTTL)}}})
+	relKnown, acqKnown := false, false
+	if err == nil {
+		if o := outcomes[0]; o.GetCode() == "" {
+			released := o.GetRelease().GetReleased()
+			rel.released, relKnown = &released, true
+		}
+		acq, acqKnown = acquireOutcome(c.t.(*testing.T), outcomes[1])
+	}
+	if !relKnown {
+		if _, ok := linRelease(c, r, leaseID, false); !ok {
+			return rel, acq, false
+		}
+	}
+	if !acqKnown {
+		if acq, ok = linAcquire(c, r2, id, leaseTTL, false); !ok {
+			return rel, acq, false
+		}
+	}
+	return rel, acq, true
 }
