@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +25,9 @@ const leaderPoll = 250 * time.Millisecond
 //   - the context's error when the caller gave up, after the same cancel
 //     (also when the grant arrived just as the caller left);
 //   - ErrNoLeader when the shard's leader changed: the client retries with
-//     the same request_id and finds its place in the queue or its grant.
+//     the same request_id and finds its place in the queue or its grant;
+//   - ErrOutcomeUnknown when a later attempt of the request took its place
+//     before the grant (the grant is that attempt's).
 //
 // attempt is this attempt's lease id: a cancel counts only while no later
 // attempt of the request has arrived.
@@ -44,6 +47,12 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 	outcome := func(ev *shardv1.WaiterEvent) (*shardv1.LeaseInfo, error) {
 		if ev.GetLease() == nil {
 			return nil, errWaitTimedOut
+		}
+		if a := ev.GetAttemptId(); len(a) > 0 && !bytes.Equal(a, attempt) {
+			// A retry of the request took its place before the grant: the
+			// grant is the retry's, and its cancel may release it. (Told
+			// here, this caller would hold a lease someone else may end.)
+			return nil, fmt.Errorf("%w: a later attempt of this request_id took its place in the queue; retry with it to learn the outcome", ErrOutcomeUnknown)
 		}
 		if ctx.Err() != nil { // granted as the caller left: nobody will get it
 			r.cancelWait(resource, requestID, attempt)

@@ -337,3 +337,54 @@ func TestRetryWithoutWaitOfQueuedRequest(t *testing.T) {
 		t.Fatalf("r: %v, want still held by the first lease", d)
 	}
 }
+
+// A waiting attempt whose request was retried (here without a wait, which
+// gives the place up) before the lock was handed to the request is not
+// told it holds the lock: the grant belongs to the retry, whose cancel
+// releases it. It used to be told, and the lease it was given was ended
+// at once (an attacker's finding: rule 6 broken for an acknowledged
+// lease). The release and the retry share one Batch, so the hand-off
+// lands between the retry and its cancel every time.
+func TestSupersededWaiterIsNotToldOfTheGrant(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	h := c.mustAcquire("r", "holder", 30*time.Second)
+	type answer struct {
+		lease *wardenv1.AcquireResponse
+		err   error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		l, err := c.acquireWait(ctx(t), "r", "w", 30*time.Second, 20*time.Second)
+		done <- answer{l, err}
+	}()
+	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
+	out, err := c.batch(
+		&wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: &wardenv1.AcquireRequest{
+			Resource: "r", RequestId: "w", LeaseTtl: durationpb.New(30 * time.Second)}}},
+		releaseOp("r", h.GetLeaseId()),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out[0].GetCode() != "deadline_exceeded" || !out[1].GetRelease().GetReleased() {
+		t.Fatalf("batch: %v", out)
+	}
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the superseded waiter was not answered")
+	}
+	if a.err == nil {
+		// Whoever is told it holds the lock must hold it (rule 6).
+		if d := c.describe("r"); !d.GetHeld() || d.GetFencingToken() != a.lease.GetFencingToken() {
+			t.Fatalf("the waiter was told it holds r (token %d), but r is %v", a.lease.GetFencingToken(), d)
+		}
+		t.Fatal("the superseded waiter was told it holds the lock")
+	}
+	if code := connect.CodeOf(a.err); code != connect.CodeUnavailable {
+		t.Errorf("superseded waiter: %v, want unavailable", a.err)
+	}
+	// The grant went to nobody and was released: the lock is free.
+	waitFor(t, func() bool { return !c.describe("r").GetHeld() })
+}

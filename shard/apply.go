@@ -588,7 +588,8 @@ func (a *applier) grantNext(lock *shardv1.LockRecord) (*shardv1.LockRecord, erro
 		d := requestRecord(w.GetResource(), w.GetRequestId(), w.GetLeaseId(), w.GetLeaseTtlNanos(), w.GetHolder(), queued.GetAttemptId())
 		d.FencingToken = l.GetFencingToken()
 		a.setDedup(d)
-		a.granted = append(a.granted, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Seq: w.GetSeq(), Lease: leaseInfo(l, true)})
+		a.granted = append(a.granted, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Seq: w.GetSeq(), Lease: leaseInfo(l, true),
+			AttemptId: queued.GetAttemptId()})
 		return l, nil
 	}
 	return lock, nil
@@ -802,6 +803,9 @@ func (a *applier) cancelWait(c *shardv1.CancelWaitCmd) (*shardv1.Result, error) 
 		if _, err := a.removeWaiter(lock, w); err != nil {
 			return nil, err
 		}
+		// An earlier attempt still waiting on the same place learns at once
+		// that the wait is over (its caller's retry gave the place up).
+		a.dropped = append(a.dropped, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Seq: w.GetSeq()})
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: 1}, nil
 	}
 	return a.releaseCurrent(lock, d.GetLeaseId())

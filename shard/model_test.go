@@ -101,7 +101,7 @@ func (m *model) end(r string) {
 		}
 		g := m.grant(r, w.reqID, w.ttl, w.holder, w.id)
 		m.dedup[dedupID{r, w.reqID}].attempt = attempt // the request's latest attempt
-		m.events = append(m.events, fmt.Sprintf("granted:%s:%d", w.reqID, g.token))
+		m.events = append(m.events, fmt.Sprintf("granted:%s:%d:%x", w.reqID, g.token, attempt))
 		return
 	}
 }
@@ -185,6 +185,7 @@ func (m *model) cancel(r, req string, attempt []byte) (removed, released bool) {
 			}
 		}
 		delete(m.dedup, dedupID{r, req})
+		m.events = append(m.events, "dropped:"+req)
 		return true, false
 	}
 	if v := m.validLease(r); v != nil && bytes.Equal(v.id, d.leaseID) {
@@ -260,7 +261,7 @@ func sorted(evs []string) []string {
 func events(res *shardv1.Result) []string {
 	var out []string
 	for _, g := range res.GetGranted() {
-		out = append(out, fmt.Sprintf("granted:%s:%d", g.GetRequestId(), g.GetLease().GetFencingToken()))
+		out = append(out, fmt.Sprintf("granted:%s:%d:%x", g.GetRequestId(), g.GetLease().GetFencingToken(), g.GetAttemptId()))
 	}
 	for _, d := range res.GetDropped() {
 		out = append(out, "dropped:"+d.GetRequestId())

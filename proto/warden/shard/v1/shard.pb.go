@@ -2856,7 +2856,12 @@ type WaiterEvent struct {
 	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	Lease     *LeaseInfo             `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
 	// Seq is the waiter's place, as Result.waiter_seq told its request.
-	Seq           uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
+	// AttemptId is, for a grant, the lease id of the request's latest
+	// attempt (DedupRecord.attempt_id) when it was granted: only that
+	// attempt may tell its caller it holds the lock. An earlier attempt was
+	// superseded by a retry, whose cancel would release the lease.
+	AttemptId     []byte `protobuf:"bytes,5,opt,name=attempt_id,json=attemptId,proto3" json:"attempt_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2917,6 +2922,13 @@ func (x *WaiterEvent) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *WaiterEvent) GetAttemptId() []byte {
+	if x != nil {
+		return x.AttemptId
+	}
+	return nil
 }
 
 type LeaseInfo struct {
@@ -5348,13 +5360,15 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
 	"\treport_id\x18\x02 \x01(\tR\breportId\x12\x1a\n" +
 	"\bobserved\x18\x03 \x01(\x03R\bobserved\x12\x14\n" +
-	"\x05drift\x18\x04 \x01(\x03R\x05drift\"\x8c\x01\n" +
+	"\x05drift\x18\x04 \x01(\x03R\x05drift\"\xab\x01\n" +
 	"\vWaiterEvent\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x120\n" +
 	"\x05lease\x18\x03 \x01(\v2\x1a.warden.shard.v1.LeaseInfoR\x05lease\x12\x10\n" +
-	"\x03seq\x18\x04 \x01(\x04R\x03seq\"\xa4\x01\n" +
+	"\x03seq\x18\x04 \x01(\x04R\x03seq\x12\x1d\n" +
+	"\n" +
+	"attempt_id\x18\x05 \x01(\fR\tattemptId\"\xa4\x01\n" +
 	"\tLeaseInfo\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\fR\aleaseId\x12#\n" +
 	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\x12/\n" +
