@@ -61,6 +61,9 @@ type batchOp struct {
 	orphaned func(*wardenv1.BatchOutcome)
 }
 
+// callerCtx is the context of o's caller.
+func callerCtx(o *batchOp) context.Context { return o.ctx }
+
 // A batchOp's state.
 const (
 	opWaiting int32 = iota
@@ -220,8 +223,25 @@ func (b *Batcher) send(batch []*batchOp) {
 	}
 }
 
+// orphanLinger is how long a call that carries an op with an orphaned
+// handler goes on after its callers gave up, to learn whether the server
+// granted it anyway (and so hand the lease to that handler rather than
+// leave it held until its TTL runs out).
+const orphanLinger = 2 * time.Second
+
+// lingerFor is how long a call for batch goes on after its callers gave
+// up: orphanLinger when an op has an orphaned handler, else 0.
+func lingerFor(batch []*batchOp) time.Duration {
+	for _, o := range batch {
+		if o.orphaned != nil {
+			return orphanLinger
+		}
+	}
+	return 0
+}
+
 func (b *Batcher) sendBatch(batch []*batchOp) {
-	ctx, cancel := callContext(batch, func(o *batchOp) context.Context { return o.ctx })
+	ctx, cancel := callContext(batch, callerCtx, lingerFor(batch))
 	defer cancel()
 	req := &wardenv1.BatchRequest{Ops: make([]*wardenv1.BatchOp, len(batch))}
 	for i, o := range batch {
@@ -264,7 +284,10 @@ func (b *Batcher) sendEach(batch []*batchOp) {
 func (b *Batcher) sendOne(o *batchOp) {
 	defer o.finish()
 	if m := o.op.GetAcquire(); m != nil {
-		resp, err := b.locks.Acquire(o.ctx, connect.NewRequest(m))
+		one := []*batchOp{o}
+		ctx, cancel := callContext(one, callerCtx, lingerFor(one))
+		defer cancel()
+		resp, err := b.locks.Acquire(ctx, connect.NewRequest(m))
 		if o.err = err; err == nil {
 			o.out = &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Acquire{Acquire: resp.Msg}}
 		}
@@ -314,9 +337,10 @@ func outcomeError(code, message string, details *wardenv1.BatchOutcome) error {
 
 // callContext is a context for a call on behalf of batch: it ends at
 // the latest of their deadlines (never, when one has none), or as soon as
-// every one of them has given up. An item whose caller gives up earlier
-// is still sent; its call has returned to that caller already.
-func callContext[T any](batch []T, ctxOf func(T) context.Context) (context.Context, context.CancelFunc) {
+// every one of them has given up, each then put off by linger. An item
+// whose caller gives up earlier is still sent; its call has returned to
+// that caller already.
+func callContext[T any](batch []T, ctxOf func(T) context.Context, linger time.Duration) (context.Context, context.CancelFunc) {
 	var last time.Time
 	forever := false
 	for _, o := range batch {
@@ -330,7 +354,7 @@ func callContext[T any](batch []T, ctxOf func(T) context.Context) (context.Conte
 	callers, gone := context.WithCancel(context.Background())
 	ctx, cancel := callers, context.CancelFunc(func() {})
 	if !forever {
-		ctx, cancel = context.WithDeadline(callers, last)
+		ctx, cancel = context.WithDeadline(callers, last.Add(linger))
 	}
 	var left atomic.Int64
 	left.Store(int64(len(batch)))
@@ -338,7 +362,7 @@ func callContext[T any](batch []T, ctxOf func(T) context.Context) (context.Conte
 	for i, o := range batch {
 		stops[i] = context.AfterFunc(ctxOf(o), func() {
 			if left.Add(-1) == 0 {
-				gone()
+				time.AfterFunc(linger, gone)
 			}
 		})
 	}

@@ -25,12 +25,13 @@
 //     the protected resource and check it there (package client/fence).
 //   - Lock calls that do not wait and Unlock calls made at about the
 //     same time by a Client's goroutines share Batch calls (see Batcher).
-//     A Batch call goes on while any of its callers waits, so a Lock that
-//     gave up (its ctx ended) may still be granted; when the request id
-//     was the SDK's own, nobody can use that lease, and the SDK releases
-//     it at once rather than leave the resource held until the TTL runs
-//     out (warden_orphaned_leases_total counts them). With a
-//     LockOptions.RequestID of yours, it is left for your retry to find.
+//     A Lock that gave up (its ctx ended) may still be granted by the
+//     server. When the request id was the SDK's own, nobody can use that
+//     lease: the call that carried it goes on while any of its callers
+//     waits and then up to 2 s more to learn the answer, and the SDK
+//     releases such a lease at once rather than leave the resource held
+//     until the TTL runs out (warden_orphaned_leases_total counts them).
+//     With a LockOptions.RequestID of yours, it is left for your retry.
 //   - Every request that may be retried carries the same id: an Acquire
 //     retried after an unavailable answer or a lost response returns the
 //     lease the first attempt got, never a second one.

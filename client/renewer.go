@@ -125,7 +125,7 @@ func (r *Renewer) flush() {
 }
 
 func (r *Renewer) sendBatch(batch []*renewal) {
-	ctx, cancel := callContext(batch, func(rn *renewal) context.Context { return rn.ctx })
+	ctx, cancel := callContext(batch, func(rn *renewal) context.Context { return rn.ctx }, 0)
 	defer cancel()
 	req := &wardenv1.RenewBatchRequest{Renewals: make([]*wardenv1.RenewRequest, len(batch))}
 	for i, rn := range batch {
