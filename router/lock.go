@@ -90,7 +90,10 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 		return nil, s.giveUpQueued(m, cmd.GetLeaseId())
 	}
 	if res.GetCode() == shardv1.Code_CODE_QUEUED {
-		l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), cmd.GetLeaseId(), res.GetWaiterSeq(), res.GetWaitDeadlineUnixNano())
+		// A retry waits for the time it has left, not for the place's
+		// deadline, which an earlier attempt set.
+		deadline := min(res.GetWaitDeadlineUnixNano(), env.GetNowUnixNano()+int64(wait))
+		l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), cmd.GetLeaseId(), res.GetWaiterSeq(), deadline)
 		if err != nil {
 			return nil, err
 		}

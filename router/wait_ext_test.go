@@ -395,3 +395,34 @@ func TestSupersededWaiterIsNotToldOfTheGrant(t *testing.T) {
 	// The grant went to nobody and was released: the lock is free.
 	waitFor(t, func() bool { return !c.describe("r").GetHeld() })
 }
+
+// A retry of a waiting request waits for the wait_timeout it carries (the
+// time its caller has left), not for the deadline the first attempt set;
+// when it runs out, the place is given up and the first attempt, still
+// waiting, is answered too.
+func TestRetryWaitsForItsOwnTimeout(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	c.mustAcquire("r", "holder", 30*time.Second)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.acquireWait(ctx(t), "r", "w", 5*time.Second, 30*time.Second)
+		done <- err
+	}()
+	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
+	start := time.Now()
+	_, err := c.acquireWait(ctx(t), "r", "w", 5*time.Second, 500*time.Millisecond)
+	if took := time.Since(start); connect.CodeOf(err) != connect.CodeDeadlineExceeded || took > 10*time.Second {
+		t.Fatalf("retry with a 500 ms wait: %v after %v, want deadline_exceeded well before the first attempt's 30 s", err, took)
+	}
+	select {
+	case err := <-done:
+		if connect.CodeOf(err) != connect.CodeDeadlineExceeded {
+			t.Errorf("the first attempt: %v, want deadline_exceeded", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first attempt was not answered when the retry gave the place up")
+	}
+	if d := c.describe("r"); d.GetWaiters() != 0 {
+		t.Errorf("r: %v, want no waiter left", d)
+	}
+}
