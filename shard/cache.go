@@ -53,24 +53,43 @@ const maxCachedValues = 100_000
 // newValueCache returns an empty cache whose filter counts the lock and
 // dedup keys g holds, read with one scan of the range records.
 func newValueCache(g getter) (*valueCache, error) {
+	return newValueCacheWith(g, seededFingerprint())
+}
+
+// seededFingerprint returns a fingerprint for the filter with a seed of
+// its own.
+func seededFingerprint() func(key []byte) uint32 {
 	seed := maphash.MakeSeed()
-	return newValueCacheWith(g, func(key []byte) uint32 { return uint32(maphash.Bytes(seed, key)) })
+	return func(key []byte) uint32 { return uint32(maphash.Bytes(seed, key)) }
 }
 
 // newValueCacheWith is newValueCache with the filter's fingerprint.
 func newValueCacheWith(g getter, fingerprint func(key []byte) uint32) (*valueCache, error) {
-	c := &valueCache{recent: map[string][]byte{}, stored: map[uint32]uint32{}, limit: maxCachedValues, fingerprint: fingerprint}
+	c := emptyValueCache(fingerprint)
 	it := g.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixRange}, UpperBound: []byte{prefixRange + 1}})
 	for it.First(); it.Valid(); it.Next() {
-		if filtered(it.Key()) {
-			c.stored[c.fingerprint(it.Key())]++
-		}
+		c.noteStored(it.Key())
 	}
 	if err := it.Error(); err != nil {
 		it.Close()
 		return nil, err
 	}
 	return c, it.Close()
+}
+
+// emptyValueCache returns a cache that holds no values and whose filter
+// counts no keys yet: the caller passes every key of its database to
+// noteStored before the cache is used.
+func emptyValueCache(fingerprint func(key []byte) uint32) *valueCache {
+	return &valueCache{recent: map[string][]byte{}, stored: map[uint32]uint32{}, limit: maxCachedValues, fingerprint: fingerprint}
+}
+
+// noteStored counts key, which the database holds, in the filter if the
+// filter covers it.
+func (c *valueCache) noteStored(key []byte) {
+	if filtered(key) {
+		c.stored[c.fingerprint(key)]++
+	}
 }
 
 // filtered reports whether the filter covers key: a lock or dedup record

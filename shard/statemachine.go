@@ -15,6 +15,7 @@ import (
 
 	"github.com/cockroachdb/pebble"
 	"github.com/cockroachdb/pebble/bloom"
+	"github.com/cockroachdb/pebble/sstable"
 	"github.com/cockroachdb/pebble/vfs"
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"google.golang.org/protobuf/proto"
@@ -119,7 +120,7 @@ func (s *StateMachine) Open(stopc <-chan struct{}) (idx uint64, err error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := s.setDB(db, dbName, staggerFlush(s.replicaID)); err != nil {
+	if err := s.setDB(db, dbName, staggerFlush(s.replicaID), nil); err != nil {
 		return 0, err
 	}
 	return s.applied, nil
@@ -142,18 +143,23 @@ func (s *StateMachine) Open(stopc <-chan struct{}) (idx uint64, err error) {
 func openDB(dir string) (*pebble.DB, error) {
 	cache := pebble.NewCache(32 << 20)
 	defer cache.Unref() // the database holds its own reference
-	opts := &pebble.Options{
+	opts := dbOptions()
+	opts.Cache = cache
+	return pebble.Open(dir, opts)
+}
+
+// dbOptions are the options of every shard database, less its cache.
+func dbOptions() *pebble.Options {
+	return &pebble.Options{
 		// The plain file system: Pebble's default wraps files in disk-health
 		// checks that report to an event listener (none here), and its
 		// error path for a held lock closes the directory twice, which
 		// panics with the wrapper and is an error without it.
 		FS:           vfs.Default,
 		Logger:       quietLogger{},
-		Cache:        cache,
 		MemTableSize: memTableSize,
 		Levels:       []pebble.LevelOptions{{FilterPolicy: bloom.FilterPolicy(10)}},
 	}
-	return pebble.Open(dir, opts)
 }
 
 // memTableSize is the size memtables grow to (openDB).
@@ -184,14 +190,17 @@ func staggerFlush(replicaID uint64) uint64 {
 
 // setDB installs db as the live database and reloads the Update side,
 // which flushes db early after flushAt bytes of batches (0: never).
-func (s *StateMachine) setDB(db *pebble.DB, name string, flushAt uint64) error {
+func (s *StateMachine) setDB(db *pebble.DB, name string, flushAt uint64, cache *valueCache) error {
 	s.mu.Lock()
 	old := s.mu.db
 	s.mu.db, s.mu.dbName = db, name
 	s.mu.Unlock()
 	s.upd = &records{g: db, initial: initialMeta(s.shardID)}
 	s.written, s.flushAt = 0, flushAt
-	cache, err := newValueCache(db)
+	var err error
+	if cache == nil {
+		cache, err = newValueCache(db)
+	}
 	s.cache = cache
 	if err == nil {
 		s.applied, err = appliedIndex(db)
@@ -501,7 +510,8 @@ func (s *StateMachine) RecoverFromSnapshot(r io.Reader, stopc <-chan struct{}) e
 	if err != nil {
 		return err
 	}
-	if err := loadSnapshot(db, br, stopc); err != nil {
+	cache, err := loadSnapshot(db, dir, br, stopc)
+	if err != nil {
 		db.Close()
 		os.RemoveAll(dir)
 		return err
@@ -514,7 +524,7 @@ func (s *StateMachine) RecoverFromSnapshot(r io.Reader, stopc <-chan struct{}) e
 		db.Close()
 		return err
 	}
-	if err := s.setDB(db, next, 0); err != nil { // its flushes already fall elsewhere
+	if err := s.setDB(db, next, 0, cache); err != nil { // its flushes already fall elsewhere
 		return err
 	}
 	return os.RemoveAll(filepath.Join(s.dir, cur))
@@ -525,54 +535,88 @@ func nextDBName(cur string) string {
 	return "db-" + strconv.Itoa(n+1)
 }
 
-func loadSnapshot(db *pebble.DB, r *bufio.Reader, stopc <-chan struct{}) error {
+// loadSnapshot reads a snapshot stream into db, an empty database in
+// dir, and returns a value cache for it whose filter counts the keys
+// read. SaveSnapshot writes keys in order from a Pebble iterator, so they
+// go straight into one sorted table, which db then ingests (as CockroachDB
+// applies Raft snapshots): no write-ahead log, no memtable and no flush
+// afterwards, and no second pass to count the keys. A stream whose keys
+// do not strictly increase is corrupt.
+//
+// A restarted replica does this work while it catches up, on cores it may
+// share with the quorum that serves. BenchmarkRecoverFromSnapshot (a 46 MB
+// snapshot, two interleaved rounds) measured 628 to 809 CPU ms when the
+// stream went into the database through 4 MiB batches, was flushed and
+// then scanned for the filter, and 185 to 224 ms this way.
+func loadSnapshot(db *pebble.DB, dir string, r *bufio.Reader, stopc <-chan struct{}) (*valueCache, error) {
 	magic := make([]byte, len(snapshotMagic))
 	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != snapshotMagic {
-		return fmt.Errorf("%w: bad header", ErrCorruptSnapshot)
+		return nil, fmt.Errorf("%w: bad header", ErrCorruptSnapshot)
 	}
-	b := db.NewBatch()
-	var n uint64
-	for {
-		klen, err := binary.ReadUvarint(r)
-		if err != nil {
-			return fmt.Errorf("%w: %v", ErrCorruptSnapshot, err)
-		}
-		if klen == 0 {
-			break
-		}
-		key, err := readN(r, klen)
-		if err != nil {
-			return err
-		}
-		vlen, err := binary.ReadUvarint(r)
-		if err != nil {
-			return fmt.Errorf("%w: %v", ErrCorruptSnapshot, err)
-		}
-		val, err := readN(r, vlen)
-		if err != nil {
-			return err
-		}
-		if err := b.Set(key, val, nil); err != nil {
-			return err
-		}
-		n++
-		if b.Len() > 4<<20 {
-			select {
-			case <-stopc:
-				return sm.ErrSnapshotStopped
-			default:
-			}
-			if err := b.Commit(pebble.NoSync); err != nil {
-				return err
-			}
-			b = db.NewBatch()
-		}
+	path := filepath.Join(dir, "snapshot.sst")
+	f, err := vfs.Default.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(path) // the database links the table it ingests
+	opts := dbOptions().EnsureDefaults()
+	w := sstable.NewWriter(f, opts.MakeWriterOptions(numLevels-1, db.FormatMajorVersion().MaxTableFormat()))
+	cache := emptyValueCache(seededFingerprint())
+	n, err := writeSnapshotTable(w, cache, r, stopc)
+	if cerr := w.Close(); err == nil {
+		err = cerr // Close syncs the file
+	}
+	if err != nil {
+		return nil, err
 	}
 	var count [8]byte
 	if _, err := io.ReadFull(r, count[:]); err != nil || binary.BigEndian.Uint64(count[:]) != n {
-		return fmt.Errorf("%w: stream ended after %d pairs without a matching count", ErrCorruptSnapshot, n)
+		return nil, fmt.Errorf("%w: stream ended after %d pairs without a matching count", ErrCorruptSnapshot, n)
 	}
-	return b.Commit(pebble.NoSync)
+	return cache, db.Ingest([]string{path})
+}
+
+// numLevels is the depth of Pebble's LSM tree; a table ingested into an
+// empty database lands on the last level.
+const numLevels = 7
+
+// writeSnapshotTable copies the stream's key/value pairs into w, noting
+// each key in cache, up to the terminating zero length, and returns how
+// many pairs it copied.
+func writeSnapshotTable(w *sstable.Writer, cache *valueCache, r *bufio.Reader, stopc <-chan struct{}) (uint64, error) {
+	var n uint64
+	for ; ; n++ {
+		if n%1024 == 0 {
+			select {
+			case <-stopc:
+				return n, sm.ErrSnapshotStopped
+			default:
+			}
+		}
+		klen, err := binary.ReadUvarint(r)
+		if err != nil {
+			return n, fmt.Errorf("%w: %v", ErrCorruptSnapshot, err)
+		}
+		if klen == 0 {
+			return n, nil
+		}
+		key, err := readN(r, klen)
+		if err != nil {
+			return n, err
+		}
+		vlen, err := binary.ReadUvarint(r)
+		if err != nil {
+			return n, fmt.Errorf("%w: %v", ErrCorruptSnapshot, err)
+		}
+		val, err := readN(r, vlen)
+		if err != nil {
+			return n, err
+		}
+		if err := w.Set(key, val); err != nil {
+			return n, fmt.Errorf("%w: pair %d: %v", ErrCorruptSnapshot, n, err)
+		}
+		cache.noteStored(key)
+	}
 }
 
 // maxSnapshotField bounds one key or value read from a snapshot stream,
