@@ -139,8 +139,10 @@ func resultToConnect(res *shardv1.Result) error {
 // proposeError classifies an error of SyncPropose or SyncRead.
 func proposeError(err error) error {
 	switch {
-	case errors.Is(err, dragonboat.ErrTimeoutTooSmall):
-		// Not proposed: the caller's deadline left no time to try.
+	case errors.Is(err, dragonboat.ErrTimeoutTooSmall), errors.Is(err, dragonboat.ErrInvalidDeadline):
+		// Not proposed: the caller's deadline left no time to try, or had
+		// passed already (by the clock, before the context's timer fired
+		// and set its Err).
 		return fmt.Errorf("%w: %v", context.DeadlineExceeded, err)
 	case errors.Is(err, dragonboat.ErrShardNotReady), errors.Is(err, dragonboat.ErrSystemBusy),
 		errors.Is(err, dragonboat.ErrShardNotFound), errors.Is(err, dragonboat.ErrClosed),
