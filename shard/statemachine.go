@@ -120,7 +120,12 @@ func (s *StateMachine) Open(stopc <-chan struct{}) (idx uint64, err error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := s.setDB(db, dbName, staggerFlush(s.replicaID), nil); err != nil {
+	cache, err := newValueCache(db)
+	if err != nil {
+		db.Close()
+		return 0, err
+	}
+	if err := s.setDB(db, dbName, staggerFlush(s.replicaID), cache); err != nil {
 		return 0, err
 	}
 	return s.applied, nil
@@ -188,8 +193,9 @@ func staggerFlush(replicaID uint64) uint64 {
 	return replicaID % 3 * period / 3
 }
 
-// setDB installs db as the live database and reloads the Update side,
-// which flushes db early after flushAt bytes of batches (0: never).
+// setDB installs db as the live database, with cache as its value cache,
+// and reloads the Update side, which flushes db early after flushAt bytes
+// of batches (0: never).
 func (s *StateMachine) setDB(db *pebble.DB, name string, flushAt uint64, cache *valueCache) error {
 	s.mu.Lock()
 	old := s.mu.db
@@ -197,14 +203,9 @@ func (s *StateMachine) setDB(db *pebble.DB, name string, flushAt uint64, cache *
 	s.mu.Unlock()
 	s.upd = &records{g: db, initial: initialMeta(s.shardID)}
 	s.written, s.flushAt = 0, flushAt
-	var err error
-	if cache == nil {
-		cache, err = newValueCache(db)
-	}
 	s.cache = cache
-	if err == nil {
-		s.applied, err = appliedIndex(db)
-	}
+	var err error
+	s.applied, err = appliedIndex(db)
 	if old != nil {
 		if cerr := old.Close(); err == nil {
 			err = cerr
@@ -560,7 +561,9 @@ func loadSnapshot(db *pebble.DB, dir string, r *bufio.Reader, stopc <-chan struc
 	}
 	defer os.Remove(path) // the database links the table it ingests
 	opts := dbOptions().EnsureDefaults()
-	w := sstable.NewWriter(f, opts.MakeWriterOptions(numLevels-1, db.FormatMajorVersion().MaxTableFormat()))
+	// The table lands on the last level of the empty database; every level
+	// has the same table options (dbOptions), those of level 0.
+	w := sstable.NewWriter(f, opts.MakeWriterOptions(0, db.FormatMajorVersion().MaxTableFormat()))
 	cache := emptyValueCache(seededFingerprint())
 	n, err := writeSnapshotTable(w, cache, r, stopc)
 	if cerr := w.Close(); err == nil {
@@ -575,10 +578,6 @@ func loadSnapshot(db *pebble.DB, dir string, r *bufio.Reader, stopc <-chan struc
 	}
 	return cache, db.Ingest([]string{path})
 }
-
-// numLevels is the depth of Pebble's LSM tree; a table ingested into an
-// empty database lands on the last level.
-const numLevels = 7
 
 // writeSnapshotTable copies the stream's key/value pairs into w, noting
 // each key in cache, up to the terminating zero length, and returns how
