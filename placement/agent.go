@@ -71,16 +71,20 @@ func (m LocalMeta) Read(ctx context.Context) (*placementv1.State, error) {
 }
 
 // Bootstrap creates the first map from the initial members, unless it
-// exists, and registers this node (with its zone) in it. It retries until
-// the placement group has a quorum or ctx ends.
-func Bootstrap(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node) error {
+// exists, checks that the placement group knows this node by the
+// incarnation of its data directory (CheckIncarnation), and registers
+// this node (with its zone and incarnation) in it. It retries until the
+// placement group has a quorum or ctx ends; a refused command or a
+// failed incarnation check ends it at once.
+func Bootstrap(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node, id Identity) error {
 	for {
-		err := bootstrapOnce(ctx, meta, members, self)
+		err := bootstrapOnce(ctx, meta, members, self, id)
 		if err == nil {
 			return nil
 		}
 		var refused *RefusedError
-		if errors.As(err, &refused) {
+		var identity *IdentityError
+		if errors.As(err, &refused) || errors.As(err, &identity) {
 			return err
 		}
 		select {
@@ -91,7 +95,7 @@ func Bootstrap(ctx context.Context, meta MetaClient, members []*placementv1.Node
 	}
 }
 
-func bootstrapOnce(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node) error {
+func bootstrapOnce(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node, id Identity) error {
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if len(members) > 0 {
@@ -101,7 +105,14 @@ func bootstrapOnce(ctx context.Context, meta MetaClient, members []*placementv1.
 			return err
 		}
 	}
-	_, err := meta.Propose(pctx, &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{Node: self}}})
+	st, err := meta.Read(pctx)
+	if err != nil {
+		return err
+	}
+	if err := CheckIncarnation(st, id); err != nil {
+		return err
+	}
+	_, err = meta.Propose(pctx, &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{Node: self}}})
 	return err
 }
 

@@ -57,7 +57,7 @@ func TestEpochsIncreaseAcrossLeaderKills(t *testing.T) {
 	for id, a := range members {
 		initial = append(initial, &placementv1.Node{Id: id, Zone: fmt.Sprintf("az%d", id), RaftAddr: a, ListenAddr: a})
 	}
-	if err := Bootstrap(ctx, LocalMeta{NH: nodes[1].NH}, initial, initial[0]); err != nil {
+	if err := Bootstrap(ctx, LocalMeta{NH: nodes[1].NH}, initial, initial[0], Identity{NodeID: initial[0].GetId()}); err != nil {
 		t.Fatal(err)
 	}
 	leader := func() uint64 {

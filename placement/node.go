@@ -108,15 +108,20 @@ func (n *Node) raftConfig(shardID, replicaID uint64) config.Config {
 }
 
 // StartDataShard starts this node's replica replicaID of a data shard.
-// members maps replica id → Raft address for a shard's first start; on a
-// restart the NodeHost ignores it and recovers the membership from its
-// log. join starts a replica added to a running group: empty, with no
-// members, waiting for the leader to send it the log; nonVoting starts it
-// as a non-voting member (until a move promotes it).
+// members maps replica id → Raft address for a shard's first start; join
+// starts a replica added to a running group: empty, with no members,
+// waiting for the leader to send it the log; nonVoting starts it as a
+// non-voting member (until a move promotes it). A replica this NodeHost
+// has started before is restarted as Dragonboat requires, whatever the
+// arguments say: it recovers its membership from its own log, and the
+// members and join it was first started with are checked against what it
+// recorded then (today's map lists other members after a move, and a
+// joined replica is no longer joining).
 func (n *Node) StartDataShard(shardID, replicaID uint64, members map[uint64]string, join, nonVoting bool) error {
 	sm := shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), n.cfg.Observer)
 	rc := n.raftConfig(shardID, replicaID)
 	rc.IsNonVoting = nonVoting
+	members, join = n.restartArgs(shardID, replicaID, members, join)
 	if err := n.NH.StartOnDiskReplica(members, join, sm, rc); err != nil {
 		return fmt.Errorf("placement: node %d: start shard %d: %w", n.cfg.ID, shardID, err)
 	}
@@ -127,10 +132,22 @@ func (n *Node) StartDataShard(shardID, replicaID uint64, members map[uint64]stri
 // StartMeta starts this node's replica of the placement group, with
 // replica id = node id; members and join as for StartDataShard.
 func (n *Node) StartMeta(members map[uint64]string, join bool) error {
+	members, join = n.restartArgs(MetaShardID, n.cfg.ID, members, join)
 	if err := n.NH.StartReplica(members, join, NewMetaStateMachine, n.raftConfig(MetaShardID, n.cfg.ID)); err != nil {
 		return fmt.Errorf("placement: node %d: start the placement group: %w", n.cfg.ID, err)
 	}
 	return nil
+}
+
+// restartArgs returns the members and join flag to start replica
+// replicaID of shardID with: those given for a replica's first start, and
+// none (not joining) for a replica the NodeHost has a bootstrap record
+// of, which Dragonboat accepts whatever the record says.
+func (n *Node) restartArgs(shardID, replicaID uint64, members map[uint64]string, join bool) (map[uint64]string, bool) {
+	if n.NH.HasNodeInfo(shardID, replicaID) {
+		return nil, false
+	}
+	return members, join
 }
 
 // StopDataShard stops this node's replica of a shard that placement moved

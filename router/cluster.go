@@ -43,6 +43,12 @@ type ClusterConfig struct {
 	// Join lists the Connect addresses of running nodes, for a node that
 	// is not an initial member.
 	Join []string
+	// NewCluster lets an initial member initialise an empty data
+	// directory (wardend --initial-cluster-state new). Without it, an
+	// initial member whose data directory holds no state refuses to
+	// start (placement.OpenIdentity says why). A joining node may always
+	// initialise one, under an id the cluster has never had.
+	NewCluster bool
 	// RTT, SnapshotEntries and CompactionOverhead are passed to every node.
 	RTT                time.Duration
 	SnapshotEntries    uint64
@@ -89,7 +95,21 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	c := &Cluster{cfg: cfg, waits: NewWaitRegistry(), Nodes: make([]LocalNode, len(cfg.Nodes)), stop: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	var meta placement.MetaClient
+	ids := make([]placement.Identity, len(cfg.Nodes))
 	for i, spec := range cfg.Nodes {
+		initial := slices.ContainsFunc(cfg.Members, func(m Member) bool { return m.ID == spec.ID })
+		mode := placement.InitJoin
+		if initial {
+			mode = placement.InitRefuse
+			if cfg.NewCluster {
+				mode = placement.InitNewCluster
+			}
+		}
+		var err error
+		if ids[i], err = placement.OpenIdentity(spec.DataDir, spec.ID, mode); err != nil {
+			c.closeNodes()
+			return nil, err
+		}
 		lead := NewLeadership()
 		lead.offset = cfg.Router.ClockOffset
 		n, err := placement.StartNode(placement.NodeConfig{
@@ -103,7 +123,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		}
 		c.Nodes[i] = LocalNode{Node: n, Leadership: lead}
 		c.agents = append(c.agents, placement.NewAgent(n))
-		if slices.ContainsFunc(cfg.Members, func(m Member) bool { return m.ID == spec.ID }) {
+		if initial {
 			if err := n.StartMeta(c.Members(), false); err != nil {
 				c.closeNodes()
 				return nil, err
@@ -127,9 +147,9 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	for _, m := range cfg.Members {
 		initial = append(initial, &placementv1.Node{Id: m.ID, RaftAddr: m.RaftAddr, ListenAddr: m.ListenAddr})
 	}
-	for _, spec := range cfg.Nodes {
-		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: cfg.ListenAddr}
-		if err := placement.Bootstrap(ctx, meta, initial, self); err != nil {
+	for i, spec := range cfg.Nodes {
+		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: cfg.ListenAddr, Incarnation: ids[i].Incarnation}
+		if err := placement.Bootstrap(ctx, meta, initial, self, ids[i]); err != nil {
 			c.closeNodes()
 			return nil, err
 		}

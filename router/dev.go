@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warden-dev/warden/placement"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -57,12 +58,26 @@ func StartDev(cfg DevConfig) (*Dev, error) {
 	}
 	cc := ClusterConfig{ListenAddr: cfg.ListenAddr, RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries,
 		CompactionOverhead: cfg.CompactionOverhead, Router: cfg.Router, Observer: cfg.Observer}
+	var fresh, kept []string
 	for i, a := range addrs {
 		id := uint64(i + 1)
-		cc.Nodes = append(cc.Nodes, NodeSpec{ID: id, Zone: fmt.Sprintf("az%d", i+1), RaftAddr: a,
-			DataDir: filepath.Join(cfg.DataDir, fmt.Sprintf("node-%d", i+1))})
+		dir := filepath.Join(cfg.DataDir, fmt.Sprintf("node-%d", i+1))
+		cc.Nodes = append(cc.Nodes, NodeSpec{ID: id, Zone: fmt.Sprintf("az%d", i+1), RaftAddr: a, DataDir: dir})
 		cc.Members = append(cc.Members, Member{ID: id, RaftAddr: a, ListenAddr: cfg.ListenAddr})
+		if placement.HasState(dir) {
+			kept = append(kept, dir)
+		} else {
+			fresh = append(fresh, dir)
+		}
 	}
+	// The whole cluster lives in DataDir: with no state anywhere it is a
+	// new cluster. One node's data gone while the others' is kept is a
+	// node that lost what it acknowledged, refused as in production.
+	if len(kept) > 0 && len(fresh) > 0 {
+		return nil, fmt.Errorf("router: dev cluster: %s hold state but %s do not: a node that lost its data must not rejoin; "+
+			"restore it, or delete %s to start a new dev cluster", strings.Join(kept, ", "), strings.Join(fresh, ", "), cfg.DataDir)
+	}
+	cc.NewCluster = len(kept) == 0
 	return StartCluster(cc)
 }
 

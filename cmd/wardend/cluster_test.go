@@ -55,6 +55,7 @@ type node struct {
 	raft, listen string
 	cmd          *exec.Cmd
 	up           atomic.Bool // running: read by traffic goroutines
+	started      bool        // start has run once: later starts are restarts
 	log          *syncBuffer
 	exited       chan error
 	locks        wardenv1connect.LockServiceClient
@@ -130,11 +131,17 @@ func (c *procCluster) start(i int) {
 		"--cluster-secret-file", c.secret}
 	if n.id <= 3 {
 		args = append(args, "--initial-members", c.members)
+		if !n.started {
+			// As deploy/local/cluster.sh does: only the first start
+			// creates the data directory.
+			args = append(args, "--initial-cluster-state", "new")
+		}
 	} else {
 		for _, m := range c.nodes[:3] {
 			args = append(args, "--join", m.listen)
 		}
 	}
+	n.started = true
 	n.cmd = exec.Command(binary, append(args, c.extra[i]...)...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
@@ -266,7 +273,8 @@ func (n *node) node() placementv1connect.NodeServiceClient {
 }
 
 // holdMany acquires n resources named prefix-i through random nodes, in
-// parallel, and returns the leases.
+// parallel (retrying with the same request id while the cluster answers
+// unavailable), and returns the leases.
 func (c *procCluster) holdMany(prefix string, n int, ttl time.Duration) map[string]*wardenv1.AcquireResponse {
 	c.t.Helper()
 	var mu sync.Mutex
@@ -278,7 +286,11 @@ func (c *procCluster) holdMany(prefix string, n int, ttl time.Duration) map[stri
 		wg.Go(func() {
 			for i := range work {
 				r := fmt.Sprintf("%s-%d", prefix, i)
-				a, err := c.any().acquire(r, "hold-"+r, ttl, 0)
+				var a *wardenv1.AcquireResponse
+				err := retryUnavailable(func() (err error) {
+					a, err = c.any().acquire(r, "hold-"+r, ttl, 0)
+					return err
+				})
 				if err != nil {
 					errs <- fmt.Errorf("acquire %s: %w", r, err)
 					continue
@@ -305,6 +317,7 @@ func (c *procCluster) holdMany(prefix string, n int, ttl time.Duration) map[stri
 // renews, through random nodes.
 func (c *procCluster) checkLeases(leases map[string]*wardenv1.AcquireResponse) {
 	c.t.Helper()
+	c.waitClockReadings()
 	for r, a := range leases {
 		n := c.any()
 		var d *wardenv1.DescribeResponse
@@ -348,8 +361,15 @@ func (c *procCluster) checkLeases(leases map[string]*wardenv1.AcquireResponse) {
 	}
 	// Every node runs this binary and says so in its clock readings, so
 	// the leaders renewed in RenewBatch commands and proposed the Batch's
-	// ops in BatchCmds, not one lease or op at a time.
+	// ops in BatchCmds, not one lease or op at a time. (A node restarted
+	// while another is down has not read that one's version, and rightly
+	// proposes neither.)
 	renewals, commands := 0.0, 0.0
+	for _, n := range c.nodes {
+		if !n.up.Load() {
+			return
+		}
+	}
 	for _, n := range c.nodes {
 		if n.up.Load() {
 			v, _ := n.metric(`warden_rpc_outcomes_total{method="RenewBatch.renewal",outcome="ok"}`)
@@ -363,6 +383,28 @@ func (c *procCluster) checkLeases(leases map[string]*wardenv1.AcquireResponse) {
 	}
 	if commands == 0 {
 		c.t.Fatal("no Batch op went through a BatchCmd")
+	}
+}
+
+// waitClockReadings waits until every running node has read the clock
+// (and so the binary's command version) of every other running node: a
+// router proposes RenewBatch and Batch commands only then, which
+// checkLeases requires.
+func (c *procCluster) waitClockReadings() {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range c.nodes {
+		for _, peer := range c.nodes {
+			for n != peer && n.up.Load() && peer.up.Load() {
+				if _, ok := n.metric(fmt.Sprintf(`warden_clock_offset_seconds{peer="%d"}`, peer.id)); ok {
+					break
+				}
+				if time.Now().After(deadline) {
+					c.t.Fatalf("node %d has not read node %d's clock", n.id, peer.id)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
 	}
 }
 

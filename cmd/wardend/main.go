@@ -11,12 +11,17 @@
 //
 //	wardend --node-id 1 --zone az1 --raft-addr 10.0.1.5:7100 --listen 10.0.1.5:7070 \
 //	  --data-dir /var/lib/warden --cluster-secret-file /etc/warden/secret \
-//	  --initial-members 1=10.0.1.5:7100=10.0.1.5:7070,2=10.0.2.5:7100=10.0.2.5:7070,3=10.0.3.5:7100=10.0.3.5:7070
+//	  --initial-members 1=10.0.1.5:7100=10.0.1.5:7070,2=10.0.2.5:7100=10.0.2.5:7070,3=10.0.3.5:7100=10.0.3.5:7070 \
+//	  --initial-cluster-state new   # the first start only
 //
-// Every initial member gets the same --initial-members; a node added
-// later starts with --join (the Connect addresses of running nodes)
-// instead. SIGTERM or SIGINT shuts it down gracefully; a second start on
-// the same --data-dir recovers the state.
+// Every initial member gets the same --initial-members, and on its very
+// first start --initial-cluster-state new, which lets it initialise its
+// empty --data-dir; a node added later starts with --join (the Connect
+// addresses of running nodes) instead. SIGTERM or SIGINT shuts it down
+// gracefully; a second start on the same --data-dir recovers the state.
+// A start on an empty --data-dir without --initial-cluster-state new is
+// refused: a member that lost its data must never vote again under its
+// id.
 package main
 
 import (
@@ -48,6 +53,7 @@ type cli struct {
 	RaftAddr       string        `name:"raft-addr" help:"host:port of this node's Raft transport."`
 	InitialMembers string        `name:"initial-members" help:"The cluster's first nodes, id=raftaddr=listenaddr,... (the same list on each of them)."`
 	Join           []string      `help:"Connect addresses of running nodes, for a node that is not an initial member."`
+	InitialState   string        `name:"initial-cluster-state" enum:"new,existing" default:"existing" help:"new: this initial member may initialise an empty --data-dir, as every initial member of a cluster being created does on its first start (only then). existing (the default): a node whose data directory holds no state refuses to start, since a member that lost its data must never vote again under its id."`
 	SecretFile     string        `name:"cluster-secret-file" placeholder:"PATH" help:"File holding the cluster secret, the same on every node: the node-to-node API requires it (recommended; without it that API is open to anyone who reaches --listen)."`
 	ClockOffset    time.Duration `name:"debug-clock-offset" hidden:"" help:"Pretend this node's wall clock is off by this much (clock skew tests only)."`
 	DataDir        string        `default:"./data/dev" help:"Directory for Raft logs and state."`
@@ -151,11 +157,15 @@ func (c cli) clusterConfig() (router.ClusterConfig, error) {
 	if err != nil {
 		return router.ClusterConfig{}, err
 	}
+	if c.InitialState == "new" && !slices.ContainsFunc(members, func(m router.Member) bool { return m.ID == c.NodeID }) {
+		return router.ClusterConfig{}, fmt.Errorf("--initial-cluster-state new: node %d is not in --initial-members; a node that joins a running cluster starts with --join alone", c.NodeID)
+	}
 	cfg := router.ClusterConfig{
 		Nodes:      []router.NodeSpec{{ID: c.NodeID, Zone: c.Zone, RaftAddr: c.RaftAddr, DataDir: c.DataDir}},
 		ListenAddr: c.Listen,
 		Members:    members,
 		Join:       c.Join,
+		NewCluster: c.InitialState == "new",
 	}
 	if c.SecretFile != "" {
 		b, err := os.ReadFile(c.SecretFile)

@@ -44,8 +44,16 @@ start() {
 			continue
 		fi
 		extra=()
+		# Only a node's very first start may initialise its data directory
+		# (--initial-cluster-state new). Once it has started, a node whose
+		# directory is lost refuses to start rather than vote again under
+		# its old id; node-N.created records that first start.
+		if [[ ! -f $dir/node-$n.created ]]; then
+			extra+=(--initial-cluster-state new)
+			touch "$dir/node-$n.created"
+		fi
 		if [[ -n ${WARDEN_PPROF_BASE:-} ]]; then
-			extra=(--pprof-addr "127.0.0.1:$((WARDEN_PPROF_BASE + n))")
+			extra+=(--pprof-addr "127.0.0.1:$((WARDEN_PPROF_BASE + n))")
 		fi
 		"$wardend" --node-id "$n" --zone "az$n" --raft-addr "$(raft "$n")" --listen "$(listen "$n")" \
 			--data-dir "$dir/node-$n" --initial-members "$members" --cluster-secret-file "$dir/cluster-secret" \

@@ -333,7 +333,15 @@ type Node struct {
 	// RaftAddr is host:port of the NodeHost's Raft transport.
 	RaftAddr string `protobuf:"bytes,3,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
 	// ListenAddr is host:port of its Connect API.
-	ListenAddr    string `protobuf:"bytes,4,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
+	ListenAddr string `protobuf:"bytes,4,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
+	// Incarnation names the data directory the node runs on: a random id
+	// written there when the directory is first initialised and registered
+	// here by the node at each start. A node whose directory holds another
+	// incarnation than the one registered under its id (its data was lost
+	// or replaced) refuses to start: a Raft voter must never forget what
+	// it acknowledged. Empty for a node that has not registered one (an
+	// initial member before its first start, or a binary that predates it).
+	Incarnation   string `protobuf:"bytes,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -392,6 +400,13 @@ func (x *Node) GetRaftAddr() string {
 func (x *Node) GetListenAddr() string {
 	if x != nil {
 		return x.ListenAddr
+	}
+	return ""
+}
+
+func (x *Node) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
 	}
 	return ""
 }
@@ -1546,13 +1561,14 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"epochLimit\x12;\n" +
 	"\toperators\x18\b \x03(\v2\x1d.warden.placement.v1.OperatorR\toperators\x12\x1d\n" +
 	"\n" +
-	"last_epoch\x18\t \x01(\x04R\tlastEpoch\"h\n" +
+	"last_epoch\x18\t \x01(\x04R\tlastEpoch\"\x8a\x01\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
 	"\traft_addr\x18\x03 \x01(\tR\braftAddr\x12\x1f\n" +
 	"\vlisten_addr\x18\x04 \x01(\tR\n" +
-	"listenAddr\"\xc6\x01\n" +
+	"listenAddr\x12 \n" +
+	"\vincarnation\x18\x05 \x01(\tR\vincarnation\"\xc6\x01\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x128\n" +

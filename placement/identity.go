@@ -1,0 +1,189 @@
+package placement
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+)
+
+// identityFile is the name, inside a node's data directory, of the file
+// that records which node the directory belongs to and its incarnation.
+const identityFile = "identity.json"
+
+// Identity is what a node's data directory says about itself. It is
+// written once, when the directory is first initialised, before the
+// NodeHost writes anything: every Raft vote or acknowledgement the node
+// ever makes comes after it, so a directory without it has acknowledged
+// nothing.
+type Identity struct {
+	// NodeID is the node the directory belongs to.
+	NodeID uint64 `json:"node_id"`
+	// Incarnation is a random id (128 bits, hex) drawn when the directory
+	// was initialised; it is registered in the placement group, so a
+	// replaced directory is recognised (placementv1.Node.Incarnation).
+	Incarnation string `json:"incarnation"`
+	// Joined is set when OpenIdentity initialised an empty directory for
+	// a joining node (InitJoin) in this start.
+	Joined bool `json:"-"`
+}
+
+// InitMode says what a node may do with a data directory that holds no
+// Warden state.
+type InitMode int
+
+const (
+	// InitRefuse refuses an empty directory: the node was a member before
+	// and lost its data, or was pointed at the wrong directory. It is the
+	// default (wardend --initial-cluster-state existing).
+	InitRefuse InitMode = iota
+	// InitNewCluster initialises an empty directory for an initial member
+	// of a cluster being created (wardend --initial-cluster-state new).
+	InitNewCluster
+	// InitJoin initialises an empty directory for a node that joins a
+	// running cluster under a node id never used in it (wardend --join).
+	InitJoin
+)
+
+// ErrNoState is the error of OpenIdentity for a data directory that holds
+// no Warden state when its InitMode is InitRefuse.
+var ErrNoState = errors.New("placement: the data directory holds no Warden state")
+
+// OpenIdentity returns the identity of the node nodeID's data directory
+// dir, initialising it as mode allows. It fails when dir belongs to
+// another node, when it has an identity but its Raft log is gone, and,
+// with InitRefuse, when it holds no state at all (ErrNoState, wrapped
+// with what to do). A directory written by a binary that predates
+// identities (a Raft log, no identity file) is given one.
+//
+// Raft assumes that a voter never forgets what it acknowledged: a node
+// restarted on an empty directory under its old id could vote twice in a
+// term or complete a quorum that has forgotten committed entries, and
+// so reissue a lease and its fencing token. When no peer can be reached
+// (the stale-quorum case) only the node itself can refuse, and this is
+// where it does.
+func OpenIdentity(dir string, nodeID uint64, mode InitMode) (Identity, error) {
+	path := filepath.Join(dir, identityFile)
+	raftState := hasRaftState(dir)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		var id Identity
+		if err := json.Unmarshal(b, &id); err != nil || id.NodeID == 0 || id.Incarnation == "" {
+			return Identity{}, fmt.Errorf("placement: %s is damaged (%v): restore the data directory or replace the node", path, err)
+		}
+		if id.NodeID != nodeID {
+			return Identity{}, fmt.Errorf("placement: data directory %s belongs to node %d, not --node-id %d", dir, id.NodeID, nodeID)
+		}
+		if !raftState {
+			return Identity{}, fmt.Errorf("placement: data directory %s is node %d's (incarnation %s) but its Raft log is gone: "+
+				"the node must not vote again under its old id; restore the directory, or replace the node", dir, nodeID, id.Incarnation)
+		}
+		return id, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return Identity{}, fmt.Errorf("placement: %w", err)
+	}
+	if !raftState && mode == InitRefuse {
+		return Identity{}, fmt.Errorf("%w (%s). If this node is an initial member of a cluster being created, start it with "+
+			"--initial-cluster-state new. If it was a member and lost its data, it must not come back under node id %d: "+
+			"a Raft voter that forgot what it acknowledged can reissue leases and fencing tokens. "+
+			"Adding a node under a new id (--join) is how to bring capacity back; "+
+			"replacing a member's replicas under a new id comes with node lifecycle", ErrNoState, dir, nodeID)
+	}
+	if raftState {
+		slog.Info("data directory predates incarnation ids; giving it one", "dir", dir, "node", nodeID)
+	}
+	id := Identity{NodeID: nodeID, Incarnation: newIncarnation(), Joined: !raftState && mode == InitJoin}
+	if err := writeIdentity(dir, id); err != nil {
+		return Identity{}, err
+	}
+	return id, nil
+}
+
+// hasRaftState reports whether dir holds a NodeHost's data.
+func hasRaftState(dir string) bool {
+	entries, err := os.ReadDir(filepath.Join(dir, "nodehost"))
+	return err == nil && len(entries) > 0
+}
+
+// HasState reports whether dir holds any Warden state (an identity or a
+// Raft log), as a dev cluster checks before it creates itself.
+func HasState(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, identityFile))
+	return err == nil || hasRaftState(dir)
+}
+
+func newIncarnation() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
+// writeIdentity writes id to dir durably: a temporary file, fsynced,
+// renamed into place, and the directory fsynced.
+func writeIdentity(dir string, id Identity) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("placement: %w", err)
+	}
+	b, _ := json.Marshal(id)
+	tmp := filepath.Join(dir, identityFile+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("placement: %w", err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, identityFile))
+	}
+	if err == nil {
+		var d *os.File
+		if d, err = os.Open(dir); err == nil {
+			err = d.Sync()
+			d.Close()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("placement: write %s: %w", filepath.Join(dir, identityFile), err)
+	}
+	return nil
+}
+
+// IdentityError is a node whose data directory the placement group does
+// not recognise as the node's own: it must not start.
+type IdentityError struct{ Reason string }
+
+func (e *IdentityError) Error() string { return "placement: " + e.Reason }
+
+// CheckIncarnation compares the node's identity with what the placement
+// state st registered under its id. A node registered with another
+// incarnation runs on a replaced data directory; a node that joins on a
+// fresh directory (Identity.Joined) under an id the map already has
+// reuses the id of a node that was a member. Either is an *IdentityError.
+func CheckIncarnation(st *placementv1.State, id Identity) error {
+	for _, n := range st.GetNodes() {
+		if n.GetId() != id.NodeID {
+			continue
+		}
+		switch {
+		case n.GetIncarnation() != "" && n.GetIncarnation() != id.Incarnation:
+			return &IdentityError{fmt.Sprintf("the cluster knows node %d as incarnation %s, but this data directory is incarnation %s: "+
+				"the directory was replaced or its data lost, and the node must not vote again under its old id", id.NodeID, n.GetIncarnation(), id.Incarnation)}
+		case n.GetIncarnation() == "" && id.Joined:
+			return &IdentityError{fmt.Sprintf("node id %d was a member of this cluster already: a joining node needs an id never used in it", id.NodeID)}
+		}
+		return nil
+	}
+	return nil
+}
