@@ -2,6 +2,8 @@ package router
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -27,12 +29,102 @@ type clockWatch struct {
 	// unsafe is set while this node's clock is more than MaxClockSkew/2
 	// from the majority's.
 	unsafe atomic.Bool
+	// confirmedAt is when the last measurement round that confirmed this
+	// node's clock within the bound against a quorum began (monotonic
+	// reading); confirmedc is closed, and replaced, by each such round.
+	confirmedAt time.Time
+	confirmedc  chan struct{}
+	// kick asks watchClock for a round now (a term began here).
+	kick chan struct{}
+}
+
+// ErrClockUnconfirmed: this node leads the shard but its clock is not
+// confirmed within max_clock_skew/2 of a quorum's by a reading taken in
+// this term, so it may not stamp a command with it (DESIGN.md "Time").
+// It maps to Unavailable, like ErrNoLeader: safe to retry with the same
+// ids.
+var ErrClockUnconfirmed = errors.New("router: the shard leader's clock is not confirmed within the skew bound")
+
+// confirmation returns the start of the last confirming round and a
+// channel closed by the next one.
+func (w *clockWatch) confirmation() (time.Time, <-chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.confirmedc == nil {
+		w.confirmedc = make(chan struct{})
+	}
+	return w.confirmedAt, w.confirmedc
+}
+
+// confirm records a confirming round begun at start.
+func (w *clockWatch) confirm(start time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.confirmedAt = start
+	if w.confirmedc != nil {
+		close(w.confirmedc)
+	}
+	w.confirmedc = make(chan struct{})
+}
+
+// requestRound asks for a measurement round without waiting for it.
+func (r *Router) requestRound() {
+	select {
+	case r.clock.kick <- struct{}{}:
+	default:
+	}
+}
+
+// awaitClock returns nil once this node's clock may stamp commands of
+// term t: a measurement round begun after the term did confirm it within
+// MaxClockSkew/2 of a quorum's. A leader that took office with a clock
+// far ahead would otherwise stamp client commands with it, making leases
+// due within the offset grantable at once, and the shard's time
+// high-water mark (max(now, last)) would then hold the jump for every
+// later leader. Every node of the map running in this process (a dev
+// cluster, one clock) counts as confirmed. It fails with
+// ErrClockUnconfirmed when the clock is known to be out of bounds or no
+// confirming round comes within LeaderWait, and with ctx's error.
+func (r *Router) awaitClock(ctx context.Context, t leaderTerm) error {
+	if !r.hasPeers() {
+		return nil
+	}
+	timeout := time.NewTimer(r.cfg.LeaderWait)
+	defer timeout.Stop()
+	for {
+		if r.clock.unsafe.Load() {
+			return fmt.Errorf("%w: it is more than %v from the majority's; leadership is being handed away", ErrClockUnconfirmed, r.cfg.MaxClockSkew/2)
+		}
+		at, next := r.clock.confirmation()
+		if at.After(t.anchor) {
+			return nil
+		}
+		r.requestRound()
+		select {
+		case <-next:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timeout.C:
+			return fmt.Errorf("%w: no quorum of nodes answered a clock reading in this term", ErrClockUnconfirmed)
+		}
+	}
+}
+
+// hasPeers reports whether the map has a node outside this process.
+func (r *Router) hasPeers() bool {
+	for _, n := range r.Map().State().GetNodes() {
+		if !r.isLocal(n.GetId()) {
+			return true
+		}
+	}
+	return false
 }
 
 // now is this node's wall clock, as the leader clock and Clock see it.
 func (r *Router) now() time.Time { return time.Now().Add(r.cfg.ClockOffset) }
 
-// watchClock measures the offsets every ClockInterval until Stop.
+// watchClock measures the offsets every ClockInterval, and at once when
+// a term begins here, until Stop.
 func (r *Router) watchClock() {
 	tick := time.NewTicker(r.cfg.ClockInterval)
 	defer tick.Stop()
@@ -41,14 +133,18 @@ func (r *Router) watchClock() {
 		case <-r.stop:
 			return
 		case <-tick.C:
+		case <-r.clock.kick:
 		}
 		r.measureClocks()
 	}
 }
 
-// measureClocks asks every other node for its clock, as NTP does: the
-// offset is the peer's reading minus the midpoint of our send and receive
-// times, good to half the round trip.
+// measureClocks asks every other node for its clock, in parallel, as NTP
+// does: the offset is the peer's reading minus the midpoint of our send
+// and receive times, good to half the round trip. A round in which a
+// quorum of the map's nodes (this one included) answered and this node's
+// clock is within MaxClockSkew/2 of the majority's confirms the clock for
+// every term begun before the round (awaitClock).
 func (r *Router) measureClocks() {
 	var peers []*placementv1.Node
 	for _, n := range r.Map().State().GetNodes() {
@@ -59,53 +155,82 @@ func (r *Router) measureClocks() {
 	if len(peers) == 0 {
 		return // every node runs in this process, on one clock
 	}
-	offsets := []time.Duration{0} // ours
+	start := time.Now()
+	readings := make(chan *time.Duration, len(peers))
 	for _, n := range peers {
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ClockInterval)
-		sent := r.now()
-		resp, err := r.peers.get(n.GetListenAddr()).node.Clock(ctx, connect.NewRequest(&placementv1.ClockRequest{}))
-		cancel()
-		r.clock.mu.Lock()
-		if r.clock.down == nil {
-			r.clock.down = map[uint64]bool{}
-		}
-		r.clock.down[n.GetId()] = err != nil
-		r.clock.mu.Unlock()
-		if err != nil {
-			continue
-		}
-		got := r.now()
-		mid := sent.Add(got.Sub(sent) / 2)
-		off := time.Unix(0, resp.Msg.GetUnixNano()).Sub(mid)
-		metrics.clockOffset.WithLabelValues(strconv.FormatUint(n.GetId(), 10)).Set(off.Seconds())
-		r.clock.mu.Lock()
-		if r.clock.offsets == nil {
-			r.clock.offsets = map[uint64]time.Duration{}
-		}
-		r.clock.offsets[n.GetId()] = off
-		if r.clock.versions == nil {
-			r.clock.versions = map[uint64]uint32{}
-		}
-		r.clock.versions[n.GetId()] = max(resp.Msg.GetCommandVersion(), 1)
-		r.clock.mu.Unlock()
-		offsets = append(offsets, off)
+		go func() {
+			if off, ok := r.readClock(n); ok {
+				readings <- &off
+				return
+			}
+			readings <- nil
+		}()
 	}
-	// Our distance from the majority: the median of every clock's offset
-	// from ours (ours included) is the majority's time.
-	slices.Sort(offsets)
-	fromMajority := offsets[len(offsets)/2]
-	unsafe := fromMajority.Abs() > r.cfg.MaxClockSkew/2
+	offsets := []time.Duration{0} // ours
+	confirmed := false
+	for range peers {
+		if off := <-readings; off != nil {
+			offsets = append(offsets, *off)
+		}
+		// A quorum's readings within the bound confirm the clock at
+		// once: a peer that is down must not hold a new leader's first
+		// proposals for the whole reading timeout.
+		if !confirmed && len(offsets) > (len(peers)+1)/2 && fromMajority(offsets).Abs() <= r.cfg.MaxClockSkew/2 {
+			confirmed = true
+			r.clock.confirm(start)
+		}
+	}
+	off := fromMajority(offsets)
+	unsafe := off.Abs() > r.cfg.MaxClockSkew/2
 	if unsafe != r.clock.unsafe.Swap(unsafe) {
 		if unsafe {
-			r.cfg.Logger.Error("this node's clock is too far from the others'; it stops proposing time-driven commands and hands its leaderships away",
-				"offset_from_majority", -fromMajority, "bound", r.cfg.MaxClockSkew/2)
+			r.cfg.Logger.Error("this node's clock is too far from the others'; it stops proposing and hands its leaderships away",
+				"offset_from_majority", -off, "bound", r.cfg.MaxClockSkew/2)
 		} else {
-			r.cfg.Logger.Info("this node's clock is back within bounds", "offset_from_majority", -fromMajority)
+			r.cfg.Logger.Info("this node's clock is back within bounds", "offset_from_majority", -off)
 		}
 	}
 	if unsafe {
 		r.handLeadershipAway()
 	}
+}
+
+// fromMajority returns the majority's time relative to ours: the median
+// of every clock's offset from ours, ours (0) included.
+func fromMajority(offsets []time.Duration) time.Duration {
+	sorted := slices.Sorted(slices.Values(offsets))
+	return sorted[len(sorted)/2]
+}
+
+// readClock reads peer n's clock, records the offset, its liveness and
+// its binary's command version, and returns the offset.
+func (r *Router) readClock(n *placementv1.Node) (time.Duration, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ClockInterval)
+	defer cancel()
+	sent := r.now()
+	resp, err := r.peers.get(n.GetListenAddr()).node.Clock(ctx, connect.NewRequest(&placementv1.ClockRequest{}))
+	got := r.now()
+	r.clock.mu.Lock()
+	defer r.clock.mu.Unlock()
+	if r.clock.down == nil {
+		r.clock.down = map[uint64]bool{}
+	}
+	r.clock.down[n.GetId()] = err != nil
+	if err != nil {
+		return 0, false
+	}
+	mid := sent.Add(got.Sub(sent) / 2)
+	off := time.Unix(0, resp.Msg.GetUnixNano()).Sub(mid)
+	metrics.clockOffset.WithLabelValues(strconv.FormatUint(n.GetId(), 10)).Set(off.Seconds())
+	if r.clock.offsets == nil {
+		r.clock.offsets = map[uint64]time.Duration{}
+	}
+	r.clock.offsets[n.GetId()] = off
+	if r.clock.versions == nil {
+		r.clock.versions = map[uint64]uint32{}
+	}
+	r.clock.versions[n.GetId()] = max(resp.Msg.GetCommandVersion(), 1)
+	return off, true
 }
 
 // applies reports whether every replica of shardID is on a node whose

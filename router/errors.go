@@ -75,7 +75,7 @@ func outcome(err error) string {
 		return "timeout"
 	case errors.Is(err, ErrOutcomeUnknown):
 		return "unknown"
-	case errors.Is(err, ErrNoLeader):
+	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrClockUnconfirmed):
 		return "unavailable"
 	}
 	return "error"
@@ -105,7 +105,7 @@ func toConnect(err error) error {
 		return connect.NewError(connect.CodeCanceled, err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errWaitTimedOut):
 		return connect.NewError(connect.CodeDeadlineExceeded, err)
-	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrNoLeader):
+	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrNoLeader), errors.Is(err, ErrClockUnconfirmed):
 		return connect.NewError(connect.CodeUnavailable, err)
 	}
 	return connect.NewError(connect.CodeInternal, err)

@@ -132,7 +132,7 @@ type Router struct {
 // Start to run the leader timers and Stop before closing the nodes.
 func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *WaitRegistry, cfg Config) *Router {
 	cfg.setDefaults()
-	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: newPeers(cfg.ClusterSecret), waits: waits, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
+	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: newPeers(cfg.ClusterSecret), waits: waits, clock: clockWatch{kick: make(chan struct{}, 1)}, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
 	r.maps.Store(m)
 	return r
 }
@@ -322,6 +322,9 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 		return nil, err
 	}
 	defer r.proposing.release()
+	if err := r.awaitClock(ctx, t); err != nil {
+		return nil, err
+	}
 	env.Version = shard.VersionOf(env)
 	env.ShardId = shardID
 	env.NowUnixNano = t.now()
