@@ -14,6 +14,7 @@ import (
 
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // clockWatch is a node's view of its clock against the others'
@@ -256,6 +257,23 @@ func (r *Router) applies(shardID uint64, v uint32) bool {
 		}
 	}
 	return true
+}
+
+// sharedVersion is the newest envelope version every replica of shardID
+// applies: this binary's for local replicas, and for a peer's the one its
+// last clock reading reported (1 before any reading). Commands travel in
+// it, so a rule that changed in a newer version (shard.CommandVersion)
+// takes effect only once no replica would apply the entry by the old one.
+func (r *Router) sharedVersion(shardID uint64) uint32 {
+	v := uint32(shard.CommandVersion)
+	r.clock.mu.Lock()
+	defer r.clock.mu.Unlock()
+	for _, rep := range r.Map().Shard(shardID).GetReplicas() {
+		if !r.isLocal(rep.GetNodeId()) {
+			v = min(v, max(r.clock.versions[rep.GetNodeId()], 1))
+		}
+	}
+	return v
 }
 
 // live reports whether node id answered its last clock reading (a node

@@ -325,7 +325,7 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 	if err := r.awaitClock(ctx, t); err != nil {
 		return nil, err
 	}
-	env.Version = shard.VersionOf(env)
+	env.Version = max(shard.VersionOf(env), r.sharedVersion(shardID))
 	env.ShardId = shardID
 	env.NowUnixNano = t.now()
 	cmd, err := shard.EncodeCommand(env)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // A command of version 2 is proposed only once every replica's node has
@@ -32,5 +33,28 @@ func TestAppliesNeedsEveryReplicasVersion(t *testing.T) {
 	}
 	if r.applies(6, 2) {
 		t.Error("applies to a shard the map does not know")
+	}
+}
+
+// Commands travel in the newest version every replica applies: this
+// binary's while every replica is local or reported it, older while one
+// replica's node reported an older binary or none.
+func TestSharedVersion(t *testing.T) {
+	r := &Router{}
+	r.maps.Store(placement.NewMap(&placementv1.State{Shards: []*placementv1.Shard{{Id: 5, Replicas: []*placementv1.Replica{
+		{ReplicaId: 1, NodeId: 1}, {ReplicaId: 2, NodeId: 2}, {ReplicaId: 3, NodeId: 3}}}}}))
+	for _, c := range []struct {
+		versions map[uint64]uint32
+		want     uint32
+	}{
+		{nil, 1},
+		{map[uint64]uint32{1: shard.CommandVersion, 2: shard.CommandVersion}, 1},
+		{map[uint64]uint32{1: shard.CommandVersion, 2: shard.CommandVersion, 3: 3}, 3},
+		{map[uint64]uint32{1: shard.CommandVersion, 2: shard.CommandVersion, 3: shard.CommandVersion}, shard.CommandVersion},
+	} {
+		r.clock.versions = c.versions
+		if got := r.sharedVersion(5); got != c.want {
+			t.Errorf("versions %v: shared version %d, want %d", c.versions, got, c.want)
+		}
 	}
 }

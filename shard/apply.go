@@ -11,11 +11,20 @@ import (
 )
 
 // CommandVersion is the newest envelope version this binary applies.
-// Version 2 added RenewBatchCmd and version 3 BatchCmd; every other
-// command is proposed as version 1 (see VersionOf). The router proposes a
-// command of a newer version only once every replica's node reports a
-// binary that applies it, so a rolling upgrade never stops a replica.
-const CommandVersion = 3
+// Version 2 added RenewBatchCmd and version 3 BatchCmd. Version 4 changes
+// what Apply decides for an existing command: a Reserve's fair share is
+// max-min (water-filling) instead of weight / Σ weights × limit. Apply
+// keeps every older version's rule for entries of that version, so
+// replicas of old and new binaries decide every entry alike. VersionOf is
+// the oldest version a command can travel in; the router proposes
+// max(VersionOf, the newest version every replica's node reports), so a
+// rolling upgrade never stops a replica and the new rules start only
+// once every replica applies them.
+const CommandVersion = 4
+
+// VersionMaxMinShare is the first envelope version whose Reserve uses
+// max-min fair shares (waterShares).
+const VersionMaxMinShare = 4
 
 // MaxRenewBatch is the most renewals one RenewBatchCmd (and one RenewBatch
 // RPC) carries.
@@ -184,7 +193,7 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	a := &applier{r: r, meta: meta,
+	a := &applier{r: r, meta: meta, version: env.GetVersion(),
 		locks: map[string]*shardv1.LockRecord{}, dedups: map[dedupKeyT]*shardv1.DedupRecord{},
 		gone: map[waiterKeyT]bool{}, tenants: map[string]uint32{},
 		quotas: map[string]*shardv1.QuotaRecord{}, pools: map[string]*shardv1.PoolRecord{},
@@ -285,8 +294,10 @@ type waiterKeyT struct {
 // command's own writes, so that a command touching a record twice (end a
 // lease, then grant the next waiter) reads what it wrote.
 type applier struct {
-	r         Reader
-	meta      *shardv1.ShardMeta
+	r    Reader
+	meta *shardv1.ShardMeta
+	// version is the envelope's: rules that changed are chosen by it.
+	version   uint32
 	metaDirty bool
 	now       int64
 	changes   []Change

@@ -19,6 +19,9 @@ type replica struct {
 	// shardID and generation stamp every proposal (1 and 1 unless a
 	// test moves ranges).
 	shardID, generation uint64
+	// version, when set, is the envelope version of every proposal
+	// (CommandVersion otherwise): scripts replay older rules with it.
+	version uint32
 }
 
 // fataler is the part of testing.TB (and *rapid.T) the harness needs.
@@ -88,6 +91,9 @@ func (r *replica) proposeRaw(cmds ...[]byte) []*shardv1.Result {
 func (r *replica) propose(now int64, env *shardv1.Envelope) *shardv1.Result {
 	r.t.Helper()
 	env.Version, env.ShardId, env.Generation, env.NowUnixNano = CommandVersion, r.shardID, r.generation, now
+	if r.version != 0 {
+		env.Version = r.version
+	}
 	b, err := EncodeCommand(env)
 	if err != nil {
 		r.t.Fatal(err)

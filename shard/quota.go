@@ -1,7 +1,10 @@
 package shard
 
 import (
+	"cmp"
 	"fmt"
+	"math/bits"
+	"slices"
 	"strings"
 	"time"
 
@@ -278,26 +281,118 @@ func (a *applier) reserve(c *shardv1.ReserveCmd) (*shardv1.Result, error) {
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Reservation: r, Remaining: remaining}}, nil
 }
 
-// share is child's weighted share of parent's limit: weight / Σ weights of
-// the parent's children that have limits × parent limit.
+// share is child's fair share of parent's limit among the parent's
+// children that have limits. From envelope version 4 it is max-min fair
+// (waterShares): no share is above its child's own limit, and what a
+// capped child cannot use goes to the others by weight. Before, it was
+// weight / Σ weights × parent limit, which stranded capacity: with A=10,
+// A/x=2, A/y=10, x full, y's share was 5 and 3 units of A could never be
+// used.
 func (a *applier) share(parent, child *shardv1.QuotaRecord) (int64, error) {
 	kids, err := a.r.QuotaChildren(parent.GetKey())
 	if err != nil {
 		return 0, err
 	}
-	var total int64
+	var limited []*shardv1.QuotaRecord
 	for _, k := range kids {
 		if k.GetKey() == child.GetKey() {
 			k = child
 		}
 		if k.GetHasLimit() {
-			total += int64(max(k.GetWeight(), 1))
+			limited = append(limited, k)
 		}
 	}
-	if total == 0 {
+	if len(limited) == 0 {
 		return parent.GetLimit(), nil
 	}
-	return parent.GetLimit() * int64(max(child.GetWeight(), 1)) / total, nil
+	if a.version < VersionMaxMinShare {
+		var total int64
+		for _, k := range limited {
+			total += int64(max(k.GetWeight(), 1))
+		}
+		return parent.GetLimit() * int64(max(child.GetWeight(), 1)) / total, nil
+	}
+	slices.SortFunc(limited, func(x, y *shardv1.QuotaRecord) int { return strings.Compare(x.GetKey(), y.GetKey()) })
+	shares := waterShares(parent.GetLimit(), limited)
+	for i, k := range limited {
+		if k.GetKey() == child.GetKey() {
+			return shares[i], nil
+		}
+	}
+	return parent.GetLimit(), nil
+}
+
+// waterShares divides limit among kids (sorted by key; each with a limit)
+// max-min fairly: kid i gets min(its limit, weight_i × λ), with λ chosen
+// so that the shares add up to limit (or every kid gets its own limit,
+// when those add up to less). Shares are whole units: each is floored,
+// and the units left over go one at a time to the kids below their own
+// limit, in key order. Pure integer arithmetic (128-bit products), so
+// every replica computes the same shares.
+//
+// It fills by water level: the kids sorted by limit/weight, a kid whose
+// limit is at or below its weighted part of what is left is capped at
+// its limit and leaves the rest to the others; the first kid that is not
+// capped, and every one after it, shares what is left by weight.
+func waterShares(limit int64, kids []*shardv1.QuotaRecord) []int64 {
+	weight := func(i int) uint64 { return uint64(max(kids[i].GetWeight(), 1)) }
+	order := make([]int, len(kids))
+	var weights uint64
+	for i := range kids {
+		order[i] = i
+		weights += weight(i)
+	}
+	// By limit/weight, ties in key order: l_i/w_i < l_j/w_j ⇔ l_i·w_j < l_j·w_i.
+	slices.SortStableFunc(order, func(i, j int) int {
+		return cmp128(mul128(uint64(max(kids[i].GetLimit(), 0)), weight(j)), mul128(uint64(max(kids[j].GetLimit(), 0)), weight(i)))
+	})
+	shares := make([]int64, len(kids))
+	left := uint64(max(limit, 0))
+	k := 0
+	for ; k < len(order); k++ {
+		i := order[k]
+		own := uint64(max(kids[i].GetLimit(), 0))
+		// Capped when own ≤ weight × left / weights.
+		if cmp128(mul128(own, weights), mul128(weight(i), left)) > 0 {
+			break
+		}
+		shares[i] = int64(own)
+		left -= own
+		weights -= weight(i)
+	}
+	if k == len(order) {
+		return shares // every kid gets its own limit
+	}
+	given := uint64(0)
+	for _, i := range order[k:] {
+		hi, lo := bits.Mul64(weight(i), left)
+		q, _ := bits.Div64(hi, lo, weights) // ≤ left: weight(i) ≤ weights
+		shares[i] = int64(q)
+		given += q
+	}
+	// Fewer units are left over than kids share them (each floor loses
+	// less than one), and each of those kids is below its own limit.
+	for i := 0; given < left && i < len(kids); i++ {
+		if shares[i] < kids[i].GetLimit() && slices.Contains(order[k:], i) {
+			shares[i]++
+			given++
+		}
+	}
+	return shares
+}
+
+// mul128 is the 128-bit product of a and b.
+func mul128(a, b uint64) [2]uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return [2]uint64{hi, lo}
+}
+
+// cmp128 compares two 128-bit numbers.
+func cmp128(x, y [2]uint64) int {
+	if c := cmp.Compare(x[0], y[0]); c != 0 {
+		return c
+	}
+	return cmp.Compare(x[1], y[1])
 }
 
 // exhausted refuses a Reserve at level i: remaining room there (under cap,

@@ -3,8 +3,10 @@ package shard
 import (
 	"fmt"
 	"maps"
+	"math/big"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -241,13 +243,13 @@ func (m *qModel) decide(key string, amount, now int64, cfg *shardv1.ShardConfig)
 		}
 		remaining = min(remaining, lim.GetLimit()-after)
 		if i+1 < len(levels) && m.limits[levels[i+1]] != nil && after*100 > lim.GetLimit()*int64(cfg.GetFairnessThresholdPercent()) {
-			var total int64
+			var kids []*shardv1.QuotaRecord
 			for k, kl := range m.limits {
 				if len(Levels(k)) == i+2 && Under(k, l) {
-					total += int64(max(kl.GetWeight(), 1))
+					kids = append(kids, &shardv1.QuotaRecord{Key: k, Limit: kl.GetLimit(), Weight: kl.GetWeight(), HasLimit: true})
 				}
 			}
-			share := lim.GetLimit() * int64(max(m.limits[levels[i+1]].GetWeight(), 1)) / total
+			share := modelShare(lim.GetLimit(), kids, levels[i+1])
 			cc, cr := m.usage(levels[i+1], now)
 			if cc+cr+amount > share {
 				return shardv1.Code_CODE_RESOURCE_EXHAUSTED, 0
@@ -258,6 +260,68 @@ func (m *qModel) decide(key string, amount, now int64, cfg *shardv1.ShardConfig)
 		return shardv1.Code_CODE_FAILED_PRECONDITION, 0
 	}
 	return shardv1.Code_CODE_OK, remaining
+}
+
+// modelShare is the reference for the state machine's max-min fair
+// share (waterShares), computed another way: the water level λ in exact
+// rationals, found by fixed-point iteration (λ = what is left after the
+// capped kids / the others' weights; cap every kid whose limit is at or
+// below weight × λ; repeat until none is newly capped), then floors, and
+// the leftover units one at a time in key order to the uncapped kids.
+func modelShare(limit int64, kids []*shardv1.QuotaRecord, child string) int64 {
+	slices.SortFunc(kids, func(a, b *shardv1.QuotaRecord) int { return strings.Compare(a.GetKey(), b.GetKey()) })
+	w := func(k *shardv1.QuotaRecord) int64 { return int64(max(k.GetWeight(), 1)) }
+	capped := map[string]bool{}
+	var lambda *big.Rat
+	for {
+		left, weights := big.NewRat(limit, 1), int64(0)
+		for _, k := range kids {
+			if capped[k.GetKey()] {
+				left.Sub(left, big.NewRat(k.GetLimit(), 1))
+			} else {
+				weights += w(k)
+			}
+		}
+		if weights == 0 {
+			break // every kid is capped at its own limit
+		}
+		lambda = new(big.Rat).Quo(left, big.NewRat(weights, 1))
+		more := false
+		for _, k := range kids {
+			if !capped[k.GetKey()] && big.NewRat(k.GetLimit(), 1).Cmp(new(big.Rat).Mul(lambda, big.NewRat(w(k), 1))) <= 0 {
+				capped[k.GetKey()], more = true, true
+			}
+		}
+		if !more {
+			break
+		}
+	}
+	shares := map[string]int64{}
+	var sum int64
+	for _, k := range kids {
+		if capped[k.GetKey()] {
+			shares[k.GetKey()] = k.GetLimit()
+			continue
+		}
+		x := new(big.Rat).Mul(lambda, big.NewRat(w(k), 1))
+		shares[k.GetKey()] = new(big.Int).Quo(x.Num(), x.Denom()).Int64()
+		sum += shares[k.GetKey()]
+	}
+	if lambda != nil {
+		left := limit
+		for _, k := range kids {
+			if capped[k.GetKey()] {
+				left -= k.GetLimit()
+			}
+		}
+		for _, k := range kids {
+			if sum < left && !capped[k.GetKey()] {
+				shares[k.GetKey()]++
+				sum++
+			}
+		}
+	}
+	return shares[child]
 }
 
 // pick draws one of the reservations made so far, or nil.
@@ -276,4 +340,61 @@ func (m *qModel) explain(key string, now int64) string {
 		s += fmt.Sprintf("%s: limit %v committed %d reserved %d; ", l, m.limits[l], c, r)
 	}
 	return s
+}
+
+// The state machine's max-min shares agree with the reference on random
+// sibling sets, small limits (where floors and leftovers decide) and
+// limits near the maximum (where products pass 64 bits), and the issue's
+// examples come out as stated.
+func TestWaterSharesAgreeWithModel(t *testing.T) {
+	for _, c := range []struct {
+		limit   int64
+		limits  []int64
+		weights []uint32
+		want    []int64
+	}{
+		{10, []int64{2, 10}, []uint32{1, 1}, []int64{2, 8}},
+		{20, []int64{2, 10, 20}, []uint32{1, 1, 2}, []int64{2, 6, 12}},
+		{100, []int64{100, 100}, []uint32{1, 3}, []int64{25, 75}},
+		{10, []int64{3, 3}, []uint32{1, 1}, []int64{3, 3}}, // limits below the parent's
+		{10, []int64{10, 10, 10}, []uint32{1, 1, 1}, []int64{4, 3, 3}},
+	} {
+		var kids []*shardv1.QuotaRecord
+		for i, l := range c.limits {
+			kids = append(kids, &shardv1.QuotaRecord{Key: fmt.Sprintf("p/%c", 'a'+i), Limit: l, Weight: c.weights[i], HasLimit: true})
+		}
+		if got := waterShares(c.limit, kids); !slices.Equal(got, c.want) {
+			t.Errorf("parent %d, limits %v, weights %v: shares %v, want %v", c.limit, c.limits, c.weights, got, c.want)
+		}
+	}
+	rapid.Check(t, func(rt *rapid.T) {
+		huge := rapid.Bool().Draw(rt, "huge")
+		top := int64(30)
+		if huge {
+			top = MaxQuotaAmount
+		}
+		limit := rapid.Int64Range(0, top).Draw(rt, "limit")
+		n := rapid.IntRange(1, 6).Draw(rt, "kids")
+		var kids []*shardv1.QuotaRecord
+		for i := range n {
+			kids = append(kids, &shardv1.QuotaRecord{Key: fmt.Sprintf("p/%d", i), HasLimit: true,
+				Limit:  rapid.Int64Range(0, top).Draw(rt, "kid limit"),
+				Weight: rapid.Uint32Range(1, MaxQuotaWeight).Draw(rt, "weight")})
+		}
+		got := waterShares(limit, kids)
+		var sum, own int64
+		for i, k := range kids {
+			if want := modelShare(limit, slices.Clone(kids), k.GetKey()); got[i] != want {
+				rt.Fatalf("%s: share %d, model %d (parent %d, kids %v)", k.GetKey(), got[i], want, limit, kids)
+			}
+			if got[i] > k.GetLimit() || got[i] < 0 {
+				rt.Fatalf("%s: share %d outside [0, %d]", k.GetKey(), got[i], k.GetLimit())
+			}
+			sum += got[i]
+			own += k.GetLimit()
+		}
+		if sum != min(limit, own) {
+			rt.Fatalf("shares add up to %d, want min(parent %d, Σ own limits %d)", sum, limit, own)
+		}
+	})
 }

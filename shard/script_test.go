@@ -115,6 +115,13 @@ func (s *script) step(f []string) string {
 	case "now":
 		s.now = t0 + s.dur(f[1])
 		return ""
+	case "version": // envelope version of the proposals that follow (0: the newest)
+		v, err := strconv.ParseUint(f[1], 10, 32)
+		if err != nil {
+			s.t.Fatalf("bad version %q", f[1])
+		}
+		s.rep.version = uint32(v)
+		return ""
 	case "acquire":
 		o := kv(f[3:])
 		var ttl int64
