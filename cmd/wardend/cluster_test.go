@@ -69,11 +69,23 @@ type procCluster struct {
 	secret  string // path of the cluster secret file
 	// extra holds more flags for node i.
 	extra map[int][]string
+	// bins holds another wardend binary for node i (an older build, for
+	// mixed-version tests).
+	bins map[int]string
 }
 
 // startProcCluster starts three nodes; extra, if given, adds flags to
 // node i (0-based).
 func startProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
+	t.Helper()
+	c := newProcCluster(t, extra...)
+	c.boot()
+	return c
+}
+
+// newProcCluster lays out three nodes (addresses, data directories,
+// clients) without starting them; boot starts them.
+func newProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 	t.Helper()
 	c := &procCluster{t: t, secret: filepath.Join(t.TempDir(), "cluster-secret")}
 	if err := os.WriteFile(c.secret, []byte("test-secret-0123456789\n"), 0o600); err != nil {
@@ -96,6 +108,14 @@ func startProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 		members = append(members, fmt.Sprintf("%d=%s=%s", n.id, raft, listen))
 	}
 	c.members = strings.Join(members, ",")
+	return c
+}
+
+// boot starts every node, waits until each serves, and stops them all
+// when the test ends.
+func (c *procCluster) boot() {
+	t := c.t
+	t.Helper()
 	for i := range c.nodes {
 		c.start(i)
 	}
@@ -114,7 +134,6 @@ func startProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 			}
 		}
 	})
-	return c
 }
 
 func lastLines(s string, n int) string {
@@ -131,7 +150,7 @@ func (c *procCluster) start(i int) {
 		"--cluster-secret-file", c.secret}
 	if n.id <= 3 {
 		args = append(args, "--initial-members", c.members)
-		if !n.started {
+		if !n.started && knowsFlag(c.binOf(i), "--initial-cluster-state") {
 			// As deploy/local/cluster.sh does: only the first start
 			// creates the data directory.
 			args = append(args, "--initial-cluster-state", "new")
@@ -142,13 +161,28 @@ func (c *procCluster) start(i int) {
 		}
 	}
 	n.started = true
-	n.cmd = exec.Command(binary, append(args, c.extra[i]...)...)
+	n.cmd = exec.Command(c.binOf(i), append(args, c.extra[i]...)...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
 		c.t.Fatal(err)
 	}
 	go func() { n.exited <- n.cmd.Wait() }()
 	n.up.Store(true)
+}
+
+// binOf is the wardend binary node i runs.
+func (c *procCluster) binOf(i int) string {
+	if c.bins[i] != "" {
+		return c.bins[i]
+	}
+	return binary
+}
+
+// knowsFlag reports whether the wardend binary bin has flag (an older
+// build may not).
+func knowsFlag(bin, flag string) bool {
+	out, _ := exec.Command(bin, "--help").CombinedOutput()
+	return strings.Contains(string(out), flag)
 }
 
 // join adds a node in zone with --join (the first three nodes' Connect

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// buildBefore builds wardend as it was just before the commit that added
+// marker to path, from this repository's history, and returns the binary.
+// It skips the test when the history is not there (a shallow clone).
+func buildBefore(t *testing.T, path, marker string) string {
+	t.Helper()
+	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skipf("no git repository: %v", err)
+	}
+	root := strings.TrimSpace(string(top))
+	intro, err := exec.Command("git", "-C", root, "log", "-1", "--format=%H", "-S", marker, "--", path).Output()
+	if err != nil || len(bytes.TrimSpace(intro)) == 0 {
+		t.Skipf("the commit that added %q to %s is not in the history (shallow clone?): %v", marker, path, err)
+	}
+	old := strings.TrimSpace(string(intro)) + "^"
+	src := t.TempDir()
+	tarball := filepath.Join(t.TempDir(), "old.tar")
+	if out, err := exec.Command("git", "-C", root, "archive", "-o", tarball, old).CombinedOutput(); err != nil {
+		t.Skipf("git archive %s: %v %s", old, err, out)
+	}
+	if out, err := exec.Command("tar", "-xf", tarball, "-C", src).CombinedOutput(); err != nil {
+		t.Fatalf("untar: %v %s", err, out)
+	}
+	bin := filepath.Join(t.TempDir(), "wardend-old")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/wardend")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building wardend at %s: %v\n%s", old, err, out)
+	}
+	return bin
+}
+
+// digests stops every node gracefully once all replicas of shard 1 have
+// applied the same index, opens each replica's state offline, and
+// returns each one's applied index and state digest.
+func (c *procCluster) digests() (indexes []uint64, digests []string) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		indexes = indexes[:0]
+		for _, n := range c.nodes {
+			ctx, cancel := rpcCtx()
+			resp, err := n.node().AppliedIndex(ctx, connect.NewRequest(&placementv1.AppliedIndexRequest{ShardId: 1}))
+			cancel()
+			if err != nil {
+				c.t.Fatalf("node %d applied index: %v", n.id, err)
+			}
+			indexes = append(indexes, resp.Msg.GetIndex())
+		}
+		if indexes[0] == indexes[1] && indexes[1] == indexes[2] {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("replicas' applied indexes did not meet: %v", indexes)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i, n := range c.nodes {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		if err := <-n.exited; err != nil {
+			c.t.Fatalf("node %d stopping: %v", i+1, err)
+		}
+		n.cmd = nil
+		n.up.Store(false)
+	}
+	indexes = indexes[:0]
+	for _, n := range c.nodes {
+		sm := shard.NewStateMachine(filepath.Join(n.dir, "sm"), nil)(1, n.id).(*shard.StateMachine)
+		idx, err := sm.Open(nil)
+		if err != nil {
+			c.t.Fatalf("open node %d's replica: %v", n.id, err)
+		}
+		out, err := sm.Lookup(&shardv1.Query{Query: &shardv1.Query_Digest{Digest: &shardv1.DigestQuery{}}})
+		sm.Close()
+		if err != nil {
+			c.t.Fatalf("digest of node %d's replica: %v", n.id, err)
+		}
+		indexes = append(indexes, idx)
+		digests = append(digests, fmt.Sprintf("%x", out.(*shardv1.QueryResult).GetDigest()))
+	}
+	return indexes, digests
+}
+
+// A rolling upgrade across the change of what Reserve decides (envelope
+// version 4, max-min fair shares). Nodes 1 and 2 run this binary, node 3
+// the one before the change: the routers keep proposing version 3, the
+// Reserve that only the new rule admits is refused by the old rule
+// (FAIR_SHARE, 5 left), and the three replicas hold identical state at
+// the same applied index. Node 3 is then upgraded in place: version 4 is
+// proposed, the same
+// Reserve succeeds, and the replicas again agree. Had the new binary
+// applied the old entries by the new rule, or proposed version 4 to an
+// old replica, the digests would differ or node 3 would stop.
+func TestClusterMixedBinariesAgree(t *testing.T) {
+	old := buildBefore(t, "shard/apply.go", "const CommandVersion = 4")
+	c := newProcCluster(t)
+	c.bins = map[int]string{2: old}
+	c.boot()
+	c.waitClockReadings()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q := c.nodes[0].quota()
+	for _, l := range []struct {
+		key   string
+		limit int64
+	}{{"mix", 10}, {"mix/x", 2}, {"mix/y", 10}} {
+		if _, err := q.SetLimit(ctx, connect.NewRequest(&wardenv1.SetLimitRequest{Key: l.key, Limit: l.limit})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reserve := func(n *node, key, id string, amount int64) error {
+		_, err := n.quota().Reserve(ctx, connect.NewRequest(&wardenv1.ReserveRequest{Key: key, Amount: amount, ReservationId: id, Ttl: durationpb.New(time.Hour)}))
+		return err
+	}
+	if err := reserve(c.nodes[0], "mix/x", "x", 2); err != nil {
+		t.Fatal(err)
+	}
+	c.holdMany("mixed", 20, 10*time.Minute)
+	for _, n := range c.nodes[:2] { // whichever node leads, it proposes version 3
+		err := reserve(n, "mix/y", fmt.Sprintf("y-old-%d", n.id), 8)
+		if connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "FAIR_SHARE: mix/y has 5 left") {
+			t.Fatalf("Reserve(mix/y, 8) via node %d with an old replica: %v, want the old rule's FAIR_SHARE (5 left)", n.id, err)
+		}
+	}
+	idx, dig := c.digests()
+	if dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
+		t.Fatalf("mixed binaries diverged: applied %v, digests %v", idx, dig)
+	}
+	t.Logf("mixed binaries: replicas at index %d, digest %s…", idx[0], dig[0][:16])
+
+	c.bins = nil // node 3 upgraded in place
+	for i := range c.nodes {
+		c.start(i)
+	}
+	for i := range c.nodes {
+		c.waitServing(i)
+	}
+	c.waitClockReadings()
+	if err := retryUnavailable(func() error { return reserve(c.nodes[0], "mix/y", "y-new", 8) }); err != nil {
+		t.Fatalf("Reserve(mix/y, 8) once every replica applies version 4: %v", err)
+	}
+	if err := reserve(c.nodes[1], "mix/y", "y-more", 1); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "LIMIT: mix has 0 left") {
+		t.Fatalf("Reserve(mix/y, 1) with mix full: %v, want LIMIT naming mix", err)
+	}
+	idx, dig = c.digests()
+	if dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
+		t.Fatalf("upgraded replicas diverged: applied %v, digests %v", idx, dig)
+	}
+	t.Logf("upgraded: replicas at index %d, digest %s…", idx[0], dig[0][:16])
+}
