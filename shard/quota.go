@@ -263,7 +263,11 @@ func (a *applier) reserve(c *shardv1.ReserveCmd) (*shardv1.Result, error) {
 			if err != nil {
 				return nil, err
 			}
-			if t.use(i+1)+c.GetAmount() > share {
+			// A max-min share is never above the child's own limit; where
+			// it equals it, the child's own limit is what binds, and its
+			// check below says so (LIMIT).
+			capped := a.version >= VersionMaxMinShare && share >= t.levels[i+1].GetLimit()
+			if t.use(i+1)+c.GetAmount() > share && !capped {
 				return a.exhausted(t, i+1, ReasonFairShare, share)
 			}
 		}
