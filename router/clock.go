@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -30,11 +31,11 @@ type clockWatch struct {
 	// unsafe is set while this node's clock is more than MaxClockSkew/2
 	// from the majority's.
 	unsafe atomic.Bool
-	// confirmedAt is when the last measurement round that confirmed this
-	// node's clock within the bound against a quorum began (monotonic
-	// reading); confirmedc is closed, and replaced, by each such round.
-	confirmedAt time.Time
-	confirmedc  chan struct{}
+	// readAt holds, per peer, when the round of its last good reading
+	// began (monotonic); roundc is closed, and replaced, whenever a
+	// reading arrives.
+	readAt map[uint64]time.Time
+	roundc chan struct{}
 	// kick asks watchClock for a round now (a term began here).
 	kick chan struct{}
 }
@@ -46,26 +47,35 @@ type clockWatch struct {
 // ids.
 var ErrClockUnconfirmed = errors.New("router: the shard leader's clock is not confirmed within the skew bound")
 
-// confirmation returns the start of the last confirming round and a
-// channel closed by the next one.
-func (w *clockWatch) confirmation() (time.Time, <-chan struct{}) {
+// readings returns, for each peer, the offset and round start of its
+// last good reading, and a channel closed by the next reading.
+func (w *clockWatch) readings() (map[uint64]time.Duration, map[uint64]time.Time, <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.confirmedc == nil {
-		w.confirmedc = make(chan struct{})
+	if w.roundc == nil {
+		w.roundc = make(chan struct{})
 	}
-	return w.confirmedAt, w.confirmedc
+	return maps.Clone(w.offsets), maps.Clone(w.readAt), w.roundc
 }
 
-// confirm records a confirming round begun at start.
-func (w *clockWatch) confirm(start time.Time) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.confirmedAt = start
-	if w.confirmedc != nil {
-		close(w.confirmedc)
+// confirmed reports whether the readings confirm this node's clock for
+// term t: a quorum of the shard's replicas' clocks (this node's
+// included) agree with ours within MaxClockSkew/2, by readings taken in
+// rounds begun after the term began.
+func (r *Router) confirmed(t leaderTerm, offsets map[uint64]time.Duration, readAt map[uint64]time.Time) bool {
+	reps := r.Map().Shard(t.shardID).GetReplicas()
+	agree := 0
+	for _, rep := range reps {
+		id := rep.GetNodeId()
+		if rep.GetReplicaId() == t.replicaID || r.isLocal(id) { // the leader's own clock
+			agree++
+			continue
+		}
+		if at, ok := readAt[id]; ok && at.After(t.anchor) && offsets[id].Abs() <= r.cfg.MaxClockSkew/2 {
+			agree++
+		}
 	}
-	w.confirmedc = make(chan struct{})
+	return agree > len(reps)/2
 }
 
 // requestRound asks for a measurement round without waiting for it.
@@ -77,27 +87,39 @@ func (r *Router) requestRound() {
 }
 
 // awaitClock returns nil once this node's clock may stamp commands of
-// term t: a measurement round begun after the term did confirm it within
-// MaxClockSkew/2 of a quorum's. A leader that took office with a clock
-// far ahead would otherwise stamp client commands with it, making leases
-// due within the offset grantable at once, and the shard's time
-// high-water mark (max(now, last)) would then hold the jump for every
-// later leader. Every node of the map running in this process (a dev
-// cluster, one clock) counts as confirmed. It fails with
-// ErrClockUnconfirmed when the clock is known to be out of bounds or no
-// confirming round comes within LeaderWait, and with ctx's error.
-func (r *Router) awaitClock(ctx context.Context, t leaderTerm) error {
-	if !r.hasPeers() {
+// term t: readings of a quorum of the shard's replicas' nodes, taken in
+// rounds begun after the term began, put it within MaxClockSkew/2 of
+// their majority (confirmed). A leader that took office with a clock far
+// ahead would otherwise stamp client commands with it, making leases due
+// within the offset grantable at once, and the shard's time high-water
+// mark (max(now, last)) would then hold the jump for every later leader.
+// A shard whose replicas all run in this process (a dev cluster, one
+// clock) counts as confirmed. It fails with ErrClockUnconfirmed when the
+// clock is known to be out of bounds or no confirmation comes within
+// LeaderWait, and with ctx's error.
+//
+// Once confirmed, the term remembers it (Leadership.clockConfirmed), and
+// later proposals check only that the clock has not since been found out
+// of bounds.
+func (r *Router) awaitClock(ctx context.Context, n *LocalNode, t leaderTerm) error {
+	unsafe := func() error {
+		return fmt.Errorf("%w: it is more than %v from the majority's; leadership is being handed away", ErrClockUnconfirmed, r.cfg.MaxClockSkew/2)
+	}
+	if r.clock.unsafe.Load() {
+		return unsafe()
+	}
+	if t.clockOK || !r.hasPeers(t.shardID) {
 		return nil
 	}
 	timeout := time.NewTimer(r.cfg.LeaderWait)
 	defer timeout.Stop()
 	for {
 		if r.clock.unsafe.Load() {
-			return fmt.Errorf("%w: it is more than %v from the majority's; leadership is being handed away", ErrClockUnconfirmed, r.cfg.MaxClockSkew/2)
+			return unsafe()
 		}
-		at, next := r.clock.confirmation()
-		if at.After(t.anchor) {
+		offsets, readAt, next := r.clock.readings()
+		if r.confirmed(t, offsets, readAt) {
+			n.Leadership.clockConfirmed(t.shardID, t.term)
 			return nil
 		}
 		r.requestRound()
@@ -106,15 +128,15 @@ func (r *Router) awaitClock(ctx context.Context, t leaderTerm) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-timeout.C:
-			return fmt.Errorf("%w: no quorum of nodes answered a clock reading in this term", ErrClockUnconfirmed)
+			return fmt.Errorf("%w: no quorum of the shard's nodes answered a clock reading in this term", ErrClockUnconfirmed)
 		}
 	}
 }
 
-// hasPeers reports whether the map has a node outside this process.
-func (r *Router) hasPeers() bool {
-	for _, n := range r.Map().State().GetNodes() {
-		if !r.isLocal(n.GetId()) {
+// hasPeers reports whether a replica of shardID runs outside this process.
+func (r *Router) hasPeers(shardID uint64) bool {
+	for _, rep := range r.Map().Shard(shardID).GetReplicas() {
+		if !r.isLocal(rep.GetNodeId()) {
 			return true
 		}
 	}
@@ -142,10 +164,8 @@ func (r *Router) watchClock() {
 
 // measureClocks asks every other node for its clock, in parallel, as NTP
 // does: the offset is the peer's reading minus the midpoint of our send
-// and receive times, good to half the round trip. A round in which a
-// quorum of the map's nodes (this one included) answered and this node's
-// clock is within MaxClockSkew/2 of the majority's confirms the clock for
-// every term begun before the round (awaitClock).
+// and receive times, good to half the round trip. The readings confirm
+// this node's clock for the terms begun before the round (awaitClock).
 func (r *Router) measureClocks() {
 	var peers []*placementv1.Node
 	for _, n := range r.Map().State().GetNodes() {
@@ -160,7 +180,7 @@ func (r *Router) measureClocks() {
 	readings := make(chan *time.Duration, len(peers))
 	for _, n := range peers {
 		go func() {
-			if off, ok := r.readClock(n); ok {
+			if off, ok := r.readClock(n, start); ok {
 				readings <- &off
 				return
 			}
@@ -168,17 +188,9 @@ func (r *Router) measureClocks() {
 		}()
 	}
 	offsets := []time.Duration{0} // ours
-	confirmed := false
 	for range peers {
 		if off := <-readings; off != nil {
 			offsets = append(offsets, *off)
-		}
-		// A quorum's readings within the bound confirm the clock at
-		// once: a peer that is down must not hold a new leader's first
-		// proposals for the whole reading timeout.
-		if !confirmed && len(offsets) > (len(peers)+1)/2 && fromMajority(offsets).Abs() <= r.cfg.MaxClockSkew/2 {
-			confirmed = true
-			r.clock.confirm(start)
 		}
 	}
 	off := fromMajority(offsets)
@@ -203,9 +215,12 @@ func fromMajority(offsets []time.Duration) time.Duration {
 	return sorted[len(sorted)/2]
 }
 
-// readClock reads peer n's clock, records the offset, its liveness and
-// its binary's command version, and returns the offset.
-func (r *Router) readClock(n *placementv1.Node) (time.Duration, bool) {
+// readClock reads peer n's clock in the round begun at round, records
+// the offset, its liveness and its binary's command version, wakes the
+// proposals waiting for a confirmation (awaitClock: each reading may
+// complete a shard's quorum, so a peer that is down does not hold them
+// for the whole reading timeout), and returns the offset.
+func (r *Router) readClock(n *placementv1.Node, round time.Time) (time.Duration, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ClockInterval)
 	defer cancel()
 	sent := r.now()
@@ -231,6 +246,14 @@ func (r *Router) readClock(n *placementv1.Node) (time.Duration, bool) {
 		r.clock.versions = map[uint64]uint32{}
 	}
 	r.clock.versions[n.GetId()] = max(resp.Msg.GetCommandVersion(), 1)
+	if r.clock.readAt == nil {
+		r.clock.readAt = map[uint64]time.Time{}
+	}
+	r.clock.readAt[n.GetId()] = round
+	if r.clock.roundc != nil {
+		close(r.clock.roundc)
+	}
+	r.clock.roundc = make(chan struct{})
 	return off, true
 }
 

@@ -35,6 +35,10 @@ type leaderTerm struct {
 	// proving leadership and that every entry before the term is applied.
 	// Time-driven commands wait for it.
 	confirmed bool
+	// clockOK is set once clock readings taken in this term confirmed
+	// this node's clock within the skew bound (Router.awaitClock); no
+	// command is stamped with the term's clock before.
+	clockOK bool
 }
 
 // now is the leader's clock in Unix nanoseconds.
@@ -94,6 +98,16 @@ func (l *Leadership) confirm(shardID, term uint64) {
 	defer l.mu.Unlock()
 	if t := l.mu.terms[shardID]; t != nil && t.term == term {
 		t.confirmed = true
+	}
+}
+
+// clockConfirmed marks the term's clock confirmed if it is still the
+// current one.
+func (l *Leadership) clockConfirmed(shardID, term uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t := l.mu.terms[shardID]; t != nil && t.term == term {
+		t.clockOK = true
 	}
 }
 

@@ -322,7 +322,7 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 		return nil, err
 	}
 	defer r.proposing.release()
-	if err := r.awaitClock(ctx, t); err != nil {
+	if err := r.awaitClock(ctx, n, t); err != nil {
 		return nil, err
 	}
 	env.Version = max(shard.VersionOf(env), r.sharedVersion(shardID))

@@ -1,0 +1,40 @@
+package router
+
+import (
+	"testing"
+	"time"
+
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+)
+
+// A term's clock is confirmed only when a quorum of the shard's
+// replicas' clocks (ours included) agree with ours within MaxClockSkew/2,
+// by readings taken in rounds begun after the term began.
+func TestClockConfirmedNeedsFreshQuorum(t *testing.T) {
+	r := &Router{cfg: Config{MaxClockSkew: 500 * time.Millisecond}}
+	r.maps.Store(placement.NewMap(&placementv1.State{Shards: []*placementv1.Shard{{Id: 5, Replicas: []*placementv1.Replica{
+		{ReplicaId: 1, NodeId: 1}, {ReplicaId: 2, NodeId: 2}, {ReplicaId: 3, NodeId: 3}}}}}))
+	anchor := time.Now()
+	term := leaderTerm{shardID: 5, replicaID: 1, anchor: anchor}
+	before, after := anchor.Add(-time.Millisecond), anchor.Add(time.Millisecond)
+	ms := time.Millisecond
+	for _, c := range []struct {
+		name    string
+		offsets map[uint64]time.Duration
+		readAt  map[uint64]time.Time
+		want    bool
+	}{
+		{"no readings", nil, nil, false},
+		{"readings from before the term", map[uint64]time.Duration{2: 0, 3: 0}, map[uint64]time.Time{2: before, 3: before}, false},
+		{"one fresh reading (with ours, a quorum of 3)", map[uint64]time.Duration{2: 10 * ms}, map[uint64]time.Time{2: after}, true},
+		{"fresh, but this node is 10 s ahead", map[uint64]time.Duration{2: -10 * time.Second, 3: -10 * time.Second}, map[uint64]time.Time{2: after, 3: after}, false},
+		{"one peer skewed, the other with us", map[uint64]time.Duration{2: 10 * time.Second, 3: 5 * ms}, map[uint64]time.Time{2: after, 3: after}, true},
+		{"the only fresh reading disagrees", map[uint64]time.Duration{2: -10 * time.Second}, map[uint64]time.Time{2: after}, false},
+		{"a fresh reading of a node with no replica", map[uint64]time.Duration{4: 0}, map[uint64]time.Time{4: after}, false},
+	} {
+		if got := r.confirmed(term, c.offsets, c.readAt); got != c.want {
+			t.Errorf("%s: confirmed %v, want %v", c.name, got, c.want)
+		}
+	}
+}
