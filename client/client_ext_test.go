@@ -150,10 +150,15 @@ func TestRenewalSurvivesLeaderChanges(t *testing.T) {
 	}
 	defer l.Unlock(context.Background())
 	first := l.ExpiresAt()
-	for range 4 {
+	for i := range 4 {
 		time.Sleep(time.Second)
 		lead := c.leader()
 		_ = c.dev.Nodes[lead].Node.NH.RequestLeaderTransfer(placement.FirstDataShard, c.dev.Nodes[(lead+1)%router.DevNodes].Node.ID())
+		for deadline := time.Now().Add(3 * time.Second); c.leader() == lead; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("transfer %d: the leader did not change from node %d", i+1, lead+1)
+			}
+		}
 	}
 	time.Sleep(time.Second)
 	select {

@@ -130,6 +130,17 @@ func (c *cluster) localLock(i int, resource string) (*shardv1.LockRecord, error)
 	return out.(*shardv1.QueryResult).GetLock(), nil
 }
 
+// attempt returns the latest attempt (its lease id) that the leader's
+// replica has applied for request id reqID on resource, or nil.
+func (c *cluster) attempt(resource, reqID string) []byte {
+	c.t.Helper()
+	out, err := c.dev.Nodes[c.leader()].Node.NH.StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Dedup{Dedup: &shardv1.DedupQuery{Resource: resource, RequestId: reqID}}})
+	if err != nil {
+		return nil
+	}
+	return out.(*shardv1.QueryResult).GetDedup().GetAttemptId()
+}
+
 func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	t.Cleanup(cancel)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -264,6 +265,22 @@ func TestLaggingReplicaCatchesUpBySnapshot(t *testing.T) {
 	checkWorkers(t, c, []*worker{w})
 }
 
+// moveLeader asks the shard's leader to hand leadership to the next node
+// (again every 200 ms: under load Dragonboat may abandon a transfer whose
+// target is behind) and reports whether the leader changed within 3 s.
+func (c *cluster) moveLeader() bool {
+	lead := c.leader()
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
+		_ = c.dev.Nodes[lead].Node.NH.RequestLeaderTransfer(shardID, c.dev.Nodes[(lead+1)%router.DevNodes].Node.ID())
+		for next := time.Now().Add(200 * time.Millisecond); time.Now().Before(next); time.Sleep(10 * time.Millisecond) {
+			if c.leader() != lead {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (c *cluster) transferLeader(to int) {
 	c.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -335,6 +352,7 @@ func TestLeaderChangesDoNotExtendLease(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
+	var changes atomic.Int32
 	go func() {
 		defer wg.Done()
 		for k := 1; ; k++ {
@@ -343,8 +361,9 @@ func TestLeaderChangesDoNotExtendLease(t *testing.T) {
 				return
 			case <-time.After(700 * time.Millisecond):
 			}
-			lead := c.leader()
-			_ = c.dev.Nodes[lead].Node.NH.RequestLeaderTransfer(shardID, c.dev.Nodes[(lead+1)%router.DevNodes].Node.ID())
+			if c.moveLeader() {
+				changes.Add(1)
+			}
 		}
 	}()
 	time.Sleep(2 * time.Second)
@@ -354,6 +373,9 @@ func TestLeaderChangesDoNotExtendLease(t *testing.T) {
 	b, at := c.acquireWhenFree("r", "b", ttl, 20*time.Second)
 	close(stop)
 	wg.Wait()
+	if changes.Load() < 2 {
+		t.Fatalf("the leader changed %d times: the test did not exercise leader changes", changes.Load())
+	}
 	skew := time.Duration(shard.DefaultConfig().GetMaxClockSkewNanos())
 	bound := ttl + 2*skew + 50*time.Millisecond + time.Second // + scan interval + election time
 	if at.Before(a.GetExpiresAt().AsTime()) {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,6 +110,7 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
+	var leaderChanges atomic.Int32
 	go func() { // leader changes
 		defer wg.Done()
 		for {
@@ -117,8 +119,9 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 				return
 			case <-time.After(500 * time.Millisecond):
 			}
-			lead := c.leader()
-			_ = c.dev.Nodes[lead].Node.NH.RequestLeaderTransfer(shardID, c.dev.Nodes[(lead+1)%router.DevNodes].Node.ID())
+			if c.moveLeader() {
+				leaderChanges.Add(1)
+			}
 		}
 	}()
 	const clients = 6
@@ -178,6 +181,9 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 	time.Sleep(4 * time.Second)
 	close(stop)
 	wg.Wait()
+	if leaderChanges.Load() < 2 {
+		t.Fatalf("the leader changed %d times: the history does not span leader changes", leaderChanges.Load())
+	}
 
 	res, info := porcupine.CheckOperationsVerbose(lockModel, history, time.Minute)
 	if res != porcupine.Ok {
@@ -187,7 +193,7 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 		path := f.Name()
 		t.Fatalf("history of %d operations is not linearizable (%v); see %s", len(history), res, path)
 	}
-	t.Logf("%d operations linearizable", len(history))
+	t.Logf("%d operations linearizable across %d leader changes", len(history), leaderChanges.Load())
 	checkReplicasAgree(t, c)
 }
 

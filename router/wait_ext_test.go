@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -203,6 +204,7 @@ func TestWaiterRetryAcrossLeaderChange(t *testing.T) {
 	if err := <-first; connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("waiting through a leader change: %v, want unavailable", err)
 	}
+	firstAttempt := c.attempt("r", "b")
 	second := make(chan *wardenv1.AcquireResponse, 1)
 	go func() {
 		resp, err := c.acquireWait(ctx(t), "r", "b", 5*time.Second, time.Minute)
@@ -211,7 +213,8 @@ func TestWaiterRetryAcrossLeaderChange(t *testing.T) {
 		}
 		second <- resp
 	}()
-	time.Sleep(200 * time.Millisecond)
+	// The retry's attempt is applied: the request's latest attempt changed.
+	waitFor(t, func() bool { a := c.attempt("r", "b"); return a != nil && !bytes.Equal(a, firstAttempt) })
 	if d := c.describe("r"); d.GetWaiters() != 1 {
 		t.Fatalf("the retry queued again: %d waiters", d.GetWaiters())
 	}
@@ -242,6 +245,7 @@ func TestAbandonedAttemptKeepsLiveRetry(t *testing.T) {
 		adone <- err
 	}()
 	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
+	firstAttempt := c.attempt("r", "same")
 	b := make(chan *wardenv1.AcquireResponse, 1)
 	go func() {
 		resp, err := c.acquireWait(ctx(t), "r", "same", 5*time.Second, 30*time.Second)
@@ -250,12 +254,12 @@ func TestAbandonedAttemptKeepsLiveRetry(t *testing.T) {
 		}
 		b <- resp
 	}()
-	time.Sleep(300 * time.Millisecond) // the retry's attempt is applied
+	// The retry's attempt is applied: the request's latest attempt changed.
+	waitFor(t, func() bool { a := c.attempt("r", "same"); return a != nil && !bytes.Equal(a, firstAttempt) })
 	cancelA()
 	if err := <-adone; connect.CodeOf(err) != connect.CodeCanceled {
 		t.Fatalf("abandoned attempt: %v", err)
 	}
-	time.Sleep(200 * time.Millisecond)
 	if d := c.describe("r"); d.GetWaiters() != 1 {
 		t.Fatalf("the abandoned attempt took the live retry's place: %v", d)
 	}

@@ -374,6 +374,8 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 	switch qq := query.GetQuery().(type) {
 	case *shardv1.Query_Describe:
 		out.Lock, err = r.Lock(qq.Describe.GetResource())
+	case *shardv1.Query_Dedup:
+		out.Dedup, err = r.Dedup(qq.Dedup.GetResource(), qq.Dedup.GetRequestId())
 	case *shardv1.Query_Expired:
 		out.Expire, err = r.expired(now, int(qq.Expired.GetLimit()))
 	case *shardv1.Query_Forgettable:

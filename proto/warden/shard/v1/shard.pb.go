@@ -4171,6 +4171,7 @@ type Query struct {
 	//	*Query_Ledger
 	//	*Query_Reclaimable
 	//	*Query_Compactable
+	//	*Query_Dedup
 	Query         isQuery_Query `protobuf_oneof:"query"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4337,6 +4338,15 @@ func (x *Query) GetCompactable() *ScanQuery {
 	return nil
 }
 
+func (x *Query) GetDedup() *DedupQuery {
+	if x != nil {
+		if x, ok := x.Query.(*Query_Dedup); ok {
+			return x.Dedup
+		}
+	}
+	return nil
+}
+
 type isQuery_Query interface {
 	isQuery_Query()
 }
@@ -4393,6 +4403,10 @@ type Query_Compactable struct {
 	Compactable *ScanQuery `protobuf:"bytes,22,opt,name=compactable,proto3,oneof"`
 }
 
+type Query_Dedup struct {
+	Dedup *DedupQuery `protobuf:"bytes,23,opt,name=dedup,proto3,oneof"`
+}
+
 func (*Query_Describe) isQuery_Query() {}
 
 func (*Query_Expired) isQuery_Query() {}
@@ -4419,6 +4433,62 @@ func (*Query_Reclaimable) isQuery_Query() {}
 
 func (*Query_Compactable) isQuery_Query() {}
 
+func (*Query_Dedup) isQuery_Query() {}
+
+// DedupQuery reads one Acquire request_id's dedup record (tests and
+// diagnosis: it shows the request's latest attempt and its place).
+type DedupQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	RequestId     string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DedupQuery) Reset() {
+	*x = DedupQuery{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DedupQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DedupQuery) ProtoMessage() {}
+
+func (x *DedupQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DedupQuery.ProtoReflect.Descriptor instead.
+func (*DedupQuery) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *DedupQuery) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *DedupQuery) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // QuotaQuery reads every level of key's path.
 type QuotaQuery struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -4429,7 +4499,7 @@ type QuotaQuery struct {
 
 func (x *QuotaQuery) Reset() {
 	*x = QuotaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4441,7 +4511,7 @@ func (x *QuotaQuery) String() string {
 func (*QuotaQuery) ProtoMessage() {}
 
 func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4454,7 +4524,7 @@ func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaQuery.ProtoReflect.Descriptor instead.
 func (*QuotaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *QuotaQuery) GetKey() string {
@@ -4478,7 +4548,7 @@ type ReservationsQuery struct {
 
 func (x *ReservationsQuery) Reset() {
 	*x = ReservationsQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4490,7 +4560,7 @@ func (x *ReservationsQuery) String() string {
 func (*ReservationsQuery) ProtoMessage() {}
 
 func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4503,7 +4573,7 @@ func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservationsQuery.ProtoReflect.Descriptor instead.
 func (*ReservationsQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReservationsQuery) GetKey() string {
@@ -4546,7 +4616,7 @@ type LedgerQuery struct {
 
 func (x *LedgerQuery) Reset() {
 	*x = LedgerQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4558,7 +4628,7 @@ func (x *LedgerQuery) String() string {
 func (*LedgerQuery) ProtoMessage() {}
 
 func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4571,7 +4641,7 @@ func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerQuery.ProtoReflect.Descriptor instead.
 func (*LedgerQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *LedgerQuery) GetKey() string {
@@ -4611,7 +4681,7 @@ type QuotaLevel struct {
 
 func (x *QuotaLevel) Reset() {
 	*x = QuotaLevel{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4623,7 +4693,7 @@ func (x *QuotaLevel) String() string {
 func (*QuotaLevel) ProtoMessage() {}
 
 func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4636,7 +4706,7 @@ func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaLevel.ProtoReflect.Descriptor instead.
 func (*QuotaLevel) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *QuotaLevel) GetRecord() *QuotaRecord {
@@ -4682,7 +4752,7 @@ type ExportQuery struct {
 
 func (x *ExportQuery) Reset() {
 	*x = ExportQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4694,7 +4764,7 @@ func (x *ExportQuery) String() string {
 func (*ExportQuery) ProtoMessage() {}
 
 func (x *ExportQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4707,7 +4777,7 @@ func (x *ExportQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportQuery.ProtoReflect.Descriptor instead.
 func (*ExportQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ExportQuery) GetStart() uint64 {
@@ -4748,7 +4818,7 @@ type DigestQuery struct {
 
 func (x *DigestQuery) Reset() {
 	*x = DigestQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4760,7 +4830,7 @@ func (x *DigestQuery) String() string {
 func (*DigestQuery) ProtoMessage() {}
 
 func (x *DigestQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4773,7 +4843,7 @@ func (x *DigestQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestQuery.ProtoReflect.Descriptor instead.
 func (*DigestQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{53}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{54}
 }
 
 type DescribeQuery struct {
@@ -4785,7 +4855,7 @@ type DescribeQuery struct {
 
 func (x *DescribeQuery) Reset() {
 	*x = DescribeQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4797,7 +4867,7 @@ func (x *DescribeQuery) String() string {
 func (*DescribeQuery) ProtoMessage() {}
 
 func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4810,7 +4880,7 @@ func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeQuery.ProtoReflect.Descriptor instead.
 func (*DescribeQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{54}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DescribeQuery) GetResource() string {
@@ -4830,7 +4900,7 @@ type ScanQuery struct {
 
 func (x *ScanQuery) Reset() {
 	*x = ScanQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4842,7 +4912,7 @@ func (x *ScanQuery) String() string {
 func (*ScanQuery) ProtoMessage() {}
 
 func (x *ScanQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4855,7 +4925,7 @@ func (x *ScanQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanQuery.ProtoReflect.Descriptor instead.
 func (*ScanQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{55}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ScanQuery) GetLimit() uint32 {
@@ -4873,7 +4943,7 @@ type MetaQuery struct {
 
 func (x *MetaQuery) Reset() {
 	*x = MetaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4885,7 +4955,7 @@ func (x *MetaQuery) String() string {
 func (*MetaQuery) ProtoMessage() {}
 
 func (x *MetaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4898,7 +4968,7 @@ func (x *MetaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaQuery.ProtoReflect.Descriptor instead.
 func (*MetaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{56}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{57}
 }
 
 // HotQuery lists up to limit locks with the most waiters.
@@ -4911,7 +4981,7 @@ type HotQuery struct {
 
 func (x *HotQuery) Reset() {
 	*x = HotQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4923,7 +4993,7 @@ func (x *HotQuery) String() string {
 func (*HotQuery) ProtoMessage() {}
 
 func (x *HotQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4936,7 +5006,7 @@ func (x *HotQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotQuery.ProtoReflect.Descriptor instead.
 func (*HotQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{57}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *HotQuery) GetLimit() uint32 {
@@ -4977,14 +5047,16 @@ type QueryResult struct {
 	Compact *CompactLedgerCmd `protobuf:"bytes,16,opt,name=compact,proto3" json:"compact,omitempty"`
 	// Checkpoints answer a LedgerQuery with after_seq 0: the keys of the
 	// subtree whose older events were compacted.
-	Checkpoints   []*LedgerCheckpoint `protobuf:"bytes,17,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	Checkpoints []*LedgerCheckpoint `protobuf:"bytes,17,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
+	// Dedup answers a DedupQuery (unset when the request id is unknown).
+	Dedup         *DedupRecord `protobuf:"bytes,18,opt,name=dedup,proto3" json:"dedup,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueryResult) Reset() {
 	*x = QueryResult{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4996,7 +5068,7 @@ func (x *QueryResult) String() string {
 func (*QueryResult) ProtoMessage() {}
 
 func (x *QueryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5009,7 +5081,7 @@ func (x *QueryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResult.ProtoReflect.Descriptor instead.
 func (*QueryResult) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{58}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *QueryResult) GetLock() *LockRecord {
@@ -5127,6 +5199,13 @@ func (x *QueryResult) GetCompact() *CompactLedgerCmd {
 func (x *QueryResult) GetCheckpoints() []*LedgerCheckpoint {
 	if x != nil {
 		return x.Checkpoints
+	}
+	return nil
+}
+
+func (x *QueryResult) GetDedup() *DedupRecord {
+	if x != nil {
+		return x.Dedup
 	}
 	return nil
 }
@@ -5485,7 +5564,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x17wait_deadline_unix_nano\x18\t \x01(\x03R\x14waitDeadlineUnixNano\x12\x1d\n" +
 	"\n" +
 	"attempt_id\x18\n" +
-	" \x01(\fR\tattemptId\"\xad\x06\n" +
+	" \x01(\fR\tattemptId\"\xe2\x06\n" +
 	"\x05Query\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12<\n" +
 	"\bdescribe\x18\n" +
@@ -5501,8 +5580,14 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\freservations\x18\x13 \x01(\v2\".warden.shard.v1.ReservationsQueryH\x00R\freservations\x126\n" +
 	"\x06ledger\x18\x14 \x01(\v2\x1c.warden.shard.v1.LedgerQueryH\x00R\x06ledger\x12>\n" +
 	"\vreclaimable\x18\x15 \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\vreclaimable\x12>\n" +
-	"\vcompactable\x18\x16 \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\vcompactableB\a\n" +
-	"\x05query\"\x1e\n" +
+	"\vcompactable\x18\x16 \x01(\v2\x1a.warden.shard.v1.ScanQueryH\x00R\vcompactable\x123\n" +
+	"\x05dedup\x18\x17 \x01(\v2\x1b.warden.shard.v1.DedupQueryH\x00R\x05dedupB\a\n" +
+	"\x05query\"G\n" +
+	"\n" +
+	"DedupQuery\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\"\x1e\n" +
 	"\n" +
 	"QuotaQuery\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"s\n" +
@@ -5533,7 +5618,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\v\n" +
 	"\tMetaQuery\" \n" +
 	"\bHotQuery\x12\x14\n" +
-	"\x05limit\x18\x01 \x01(\rR\x05limit\"\xd6\x06\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\"\x8a\a\n" +
 	"\vQueryResult\x12/\n" +
 	"\x04lock\x18\x01 \x01(\v2\x1b.warden.shard.v1.LockRecordR\x04lock\x12.\n" +
 	"\x04meta\x18\x02 \x01(\v2\x1a.warden.shard.v1.ShardMetaR\x04meta\x122\n" +
@@ -5552,7 +5637,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x06ledger\x18\x0e \x03(\v2\x1c.warden.shard.v1.LedgerEventR\x06ledger\x125\n" +
 	"\areclaim\x18\x0f \x01(\v2\x1b.warden.shard.v1.ReclaimCmdR\areclaim\x12;\n" +
 	"\acompact\x18\x10 \x01(\v2!.warden.shard.v1.CompactLedgerCmdR\acompact\x12C\n" +
-	"\vcheckpoints\x18\x11 \x03(\v2!.warden.shard.v1.LedgerCheckpointR\vcheckpoints*\xe2\x01\n" +
+	"\vcheckpoints\x18\x11 \x03(\v2!.warden.shard.v1.LedgerCheckpointR\vcheckpoints\x122\n" +
+	"\x05dedup\x18\x12 \x01(\v2\x1c.warden.shard.v1.DedupRecordR\x05dedup*\xe2\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x11\n" +
@@ -5584,7 +5670,7 @@ func file_warden_shard_v1_shard_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(Code)(0),                     // 0: warden.shard.v1.Code
 	(ReservationState)(0),         // 1: warden.shard.v1.ReservationState
@@ -5636,17 +5722,18 @@ var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(*WaiterRecord)(nil),          // 47: warden.shard.v1.WaiterRecord
 	(*DedupRecord)(nil),           // 48: warden.shard.v1.DedupRecord
 	(*Query)(nil),                 // 49: warden.shard.v1.Query
-	(*QuotaQuery)(nil),            // 50: warden.shard.v1.QuotaQuery
-	(*ReservationsQuery)(nil),     // 51: warden.shard.v1.ReservationsQuery
-	(*LedgerQuery)(nil),           // 52: warden.shard.v1.LedgerQuery
-	(*QuotaLevel)(nil),            // 53: warden.shard.v1.QuotaLevel
-	(*ExportQuery)(nil),           // 54: warden.shard.v1.ExportQuery
-	(*DigestQuery)(nil),           // 55: warden.shard.v1.DigestQuery
-	(*DescribeQuery)(nil),         // 56: warden.shard.v1.DescribeQuery
-	(*ScanQuery)(nil),             // 57: warden.shard.v1.ScanQuery
-	(*MetaQuery)(nil),             // 58: warden.shard.v1.MetaQuery
-	(*HotQuery)(nil),              // 59: warden.shard.v1.HotQuery
-	(*QueryResult)(nil),           // 60: warden.shard.v1.QueryResult
+	(*DedupQuery)(nil),            // 50: warden.shard.v1.DedupQuery
+	(*QuotaQuery)(nil),            // 51: warden.shard.v1.QuotaQuery
+	(*ReservationsQuery)(nil),     // 52: warden.shard.v1.ReservationsQuery
+	(*LedgerQuery)(nil),           // 53: warden.shard.v1.LedgerQuery
+	(*QuotaLevel)(nil),            // 54: warden.shard.v1.QuotaLevel
+	(*ExportQuery)(nil),           // 55: warden.shard.v1.ExportQuery
+	(*DigestQuery)(nil),           // 56: warden.shard.v1.DigestQuery
+	(*DescribeQuery)(nil),         // 57: warden.shard.v1.DescribeQuery
+	(*ScanQuery)(nil),             // 58: warden.shard.v1.ScanQuery
+	(*MetaQuery)(nil),             // 59: warden.shard.v1.MetaQuery
+	(*HotQuery)(nil),              // 60: warden.shard.v1.HotQuery
+	(*QueryResult)(nil),           // 61: warden.shard.v1.QueryResult
 }
 var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	3,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
@@ -5710,38 +5797,40 @@ var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	36, // 58: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
 	37, // 59: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
 	36, // 60: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
-	56, // 61: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	57, // 62: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	57, // 63: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	58, // 64: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	55, // 65: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
-	57, // 66: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
-	59, // 67: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
-	54, // 68: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
-	50, // 69: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
-	51, // 70: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
-	52, // 71: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
-	57, // 72: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
-	57, // 73: warden.shard.v1.Query.compactable:type_name -> warden.shard.v1.ScanQuery
-	26, // 74: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
-	46, // 75: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	38, // 76: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	12, // 77: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	14, // 78: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	5,  // 79: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
-	46, // 80: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
-	42, // 81: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
-	53, // 82: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
-	27, // 83: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
-	29, // 84: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
-	21, // 85: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
-	31, // 86: warden.shard.v1.QueryResult.compact:type_name -> warden.shard.v1.CompactLedgerCmd
-	30, // 87: warden.shard.v1.QueryResult.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
-	88, // [88:88] is the sub-list for method output_type
-	88, // [88:88] is the sub-list for method input_type
-	88, // [88:88] is the sub-list for extension type_name
-	88, // [88:88] is the sub-list for extension extendee
-	0,  // [0:88] is the sub-list for field type_name
+	57, // 61: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	58, // 62: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	58, // 63: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	59, // 64: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	56, // 65: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	58, // 66: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
+	60, // 67: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
+	55, // 68: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
+	51, // 69: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
+	52, // 70: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
+	53, // 71: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
+	58, // 72: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
+	58, // 73: warden.shard.v1.Query.compactable:type_name -> warden.shard.v1.ScanQuery
+	50, // 74: warden.shard.v1.Query.dedup:type_name -> warden.shard.v1.DedupQuery
+	26, // 75: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
+	46, // 76: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	38, // 77: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	12, // 78: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	14, // 79: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	5,  // 80: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
+	46, // 81: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
+	42, // 82: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
+	54, // 83: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
+	27, // 84: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
+	29, // 85: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
+	21, // 86: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
+	31, // 87: warden.shard.v1.QueryResult.compact:type_name -> warden.shard.v1.CompactLedgerCmd
+	30, // 88: warden.shard.v1.QueryResult.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
+	48, // 89: warden.shard.v1.QueryResult.dedup:type_name -> warden.shard.v1.DedupRecord
+	90, // [90:90] is the sub-list for method output_type
+	90, // [90:90] is the sub-list for method input_type
+	90, // [90:90] is the sub-list for extension type_name
+	90, // [90:90] is the sub-list for extension extendee
+	0,  // [0:90] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
@@ -5792,6 +5881,7 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Query_Ledger)(nil),
 		(*Query_Reclaimable)(nil),
 		(*Query_Compactable)(nil),
+		(*Query_Dedup)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -5799,7 +5889,7 @@ func file_warden_shard_v1_shard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_shard_v1_shard_proto_rawDesc), len(file_warden_shard_v1_shard_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   59,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
