@@ -6,7 +6,7 @@ DATA    ?= ./data/dev
 LISTEN  ?= 127.0.0.1:7070
 PKGS    := ./...
 
-.PHONY: all generate check-generate build run cluster cluster-stop test fuzz bench loadtest loadtest-compare lint clean
+.PHONY: all generate check-generate build run cluster cluster-stop test soak fuzz bench loadtest loadtest-compare lint clean
 
 all: build
 
@@ -40,6 +40,10 @@ test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	cd loadtest && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
+
+## soak: the long cases of shared/cases at full scale (make test runs them reduced); bounded by -timeout
+soak:
+	WARDEN_SOAK=1 $(GO) test ./router -run '^TestMassExpiry$$' -count=1 -v -timeout 30m
 
 ## fuzz: a short run of every fuzz target (FUZZTIME each)
 FUZZTIME ?= 20s
