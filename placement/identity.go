@@ -29,9 +29,10 @@ type Identity struct {
 	// was initialised; it is registered in the placement group, so a
 	// replaced directory is recognised (placementv1.Node.Incarnation).
 	Incarnation string `json:"incarnation"`
-	// Joined is set when OpenIdentity initialised an empty directory for
-	// a joining node (InitJoin) in this start.
-	Joined bool `json:"-"`
+	// Created is set when OpenIdentity initialised an empty directory in
+	// this start; Joined when it did so for a joining node (InitJoin).
+	Created bool `json:"-"`
+	Joined  bool `json:"-"`
 }
 
 // InitMode says what a node may do with a data directory that holds no
@@ -76,7 +77,11 @@ func OpenIdentity(dir string, nodeID uint64, mode InitMode) (Identity, error) {
 	case err == nil:
 		var id Identity
 		if err := json.Unmarshal(b, &id); err != nil || id.NodeID == 0 || id.Incarnation == "" {
-			return Identity{}, fmt.Errorf("placement: %s is damaged (%v): restore the data directory or replace the node", path, err)
+			why := "node_id and incarnation are required"
+			if err != nil {
+				why = err.Error()
+			}
+			return Identity{}, fmt.Errorf("placement: %s is damaged (%s): restore the data directory or replace the node", path, why)
 		}
 		if id.NodeID != nodeID {
 			return Identity{}, fmt.Errorf("placement: data directory %s belongs to node %d, not --node-id %d", dir, id.NodeID, nodeID)
@@ -99,24 +104,49 @@ func OpenIdentity(dir string, nodeID uint64, mode InitMode) (Identity, error) {
 	if raftState {
 		slog.Info("data directory predates incarnation ids; giving it one", "dir", dir, "node", nodeID)
 	}
-	id := Identity{NodeID: nodeID, Incarnation: newIncarnation(), Joined: !raftState && mode == InitJoin}
+	id := Identity{NodeID: nodeID, Incarnation: newIncarnation(), Created: !raftState, Joined: !raftState && mode == InitJoin}
 	if err := writeIdentity(dir, id); err != nil {
 		return Identity{}, err
 	}
 	return id, nil
 }
 
-// hasRaftState reports whether dir holds a NodeHost's data.
-func hasRaftState(dir string) bool {
-	entries, err := os.ReadDir(filepath.Join(dir, "nodehost"))
-	return err == nil && len(entries) > 0
+// Forget removes the identity OpenIdentity just created (Created), for a
+// start refused before the node wrote anything else: the directory is
+// left as empty as it was found.
+func (id Identity) Forget(dir string) error {
+	if !id.Created {
+		return nil
+	}
+	return os.Remove(filepath.Join(dir, identityFile))
 }
 
-// HasState reports whether dir holds any Warden state (an identity or a
-// Raft log), as a dev cluster checks before it creates itself.
+// hasRaftState reports whether dir holds a NodeHost's data: both its
+// NodeHost directory and its write-ahead log (StartNode puts Dragonboat's
+// WAL in wal/). A directory missing either has forgotten what it
+// acknowledged: with wal/ deleted alone, a node restarted with an empty
+// log under its old identity, voted, and two acknowledged leases were
+// lost and their fencing tokens issued again.
+func hasRaftState(dir string) bool {
+	for _, sub := range []string{"nodehost", "wal"} {
+		entries, err := os.ReadDir(filepath.Join(dir, sub))
+		if err != nil || len(entries) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// HasState reports whether dir holds any Warden state (an identity, a
+// NodeHost directory or a write-ahead log), as a dev cluster checks
+// before it creates itself.
 func HasState(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, identityFile))
-	return err == nil || hasRaftState(dir)
+	for _, name := range []string{identityFile, "nodehost", "wal"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func newIncarnation() string {
@@ -177,11 +207,11 @@ func CheckIncarnation(st *placementv1.State, id Identity) error {
 			continue
 		}
 		switch {
+		case id.Joined:
+			return &IdentityError{fmt.Sprintf("node id %d was a member of this cluster already: a joining node needs an id never used in it", id.NodeID)}
 		case n.GetIncarnation() != "" && n.GetIncarnation() != id.Incarnation:
 			return &IdentityError{fmt.Sprintf("the cluster knows node %d as incarnation %s, but this data directory is incarnation %s: "+
 				"the directory was replaced or its data lost, and the node must not vote again under its old id", id.NodeID, n.GetIncarnation(), id.Incarnation)}
-		case n.GetIncarnation() == "" && id.Joined:
-			return &IdentityError{fmt.Sprintf("node id %d was a member of this cluster already: a joining node needs an id never used in it", id.NodeID)}
 		}
 		return nil
 	}

@@ -16,8 +16,13 @@ func fakeRaftState(t *testing.T, dir string) {
 	if err := os.MkdirAll(filepath.Join(dir, "nodehost"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "nodehost", "LOCK"), nil, 0o644); err != nil {
-		t.Fatal(err)
+	for _, sub := range []string{"nodehost", "wal"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, sub, "LOCK"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -46,9 +51,20 @@ func TestOpenIdentity(t *testing.T) {
 	}
 	fakeRaftState(t, dir)
 	again, err := OpenIdentity(dir, 2, InitRefuse)
-	if err != nil || again != id {
-		t.Fatalf("restart: %+v %v, want %+v", again, err, id)
+	if err != nil || again.Incarnation != id.Incarnation || !id.Created || again.Created {
+		t.Fatalf("restart: %+v %v after %+v: want the same incarnation, created only the first time", again, err, id)
 	}
+	if err := again.Forget(dir); err != nil || !HasState(dir) {
+		t.Fatalf("Forget of an identity not created in this start removed it: %v", err)
+	}
+	// The write-ahead log alone lost is a lost log too.
+	if err := os.RemoveAll(filepath.Join(dir, "wal")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenIdentity(dir, 2, InitRefuse); err == nil || !strings.Contains(err.Error(), "Raft log is gone") {
+		t.Fatalf("identity without its WAL: %v", err)
+	}
+	fakeRaftState(t, dir)
 	if _, err := OpenIdentity(dir, 3, InitNewCluster); err == nil || !strings.Contains(err.Error(), "belongs to node 2") {
 		t.Fatalf("another node's directory: %v", err)
 	}
@@ -66,9 +82,15 @@ func TestOpenIdentity(t *testing.T) {
 	if id, err := OpenIdentity(legacy, 1, InitRefuse); err != nil || id.Incarnation == "" || id.Joined {
 		t.Fatalf("legacy directory: %+v %v", id, err)
 	}
-	joined, err := OpenIdentity(t.TempDir(), 4, InitJoin)
-	if err != nil || !joined.Joined {
+	fresh := t.TempDir()
+	joined, err := OpenIdentity(fresh, 4, InitJoin)
+	if err != nil || !joined.Joined || !joined.Created {
 		t.Fatalf("joining node: %+v %v", joined, err)
+	}
+	// A start refused right after creating the identity leaves the
+	// directory as empty as it found it.
+	if err := joined.Forget(fresh); err != nil || HasState(fresh) {
+		t.Fatalf("Forget: %v, state left: %v", err, HasState(fresh))
 	}
 }
 
@@ -82,7 +104,7 @@ func TestCheckIncarnation(t *testing.T) {
 	}{
 		{Identity{NodeID: 1, Incarnation: "aa"}, ""},
 		{Identity{NodeID: 1, Incarnation: "bb"}, "the cluster knows node 1 as incarnation aa"},
-		{Identity{NodeID: 1, Incarnation: "bb", Joined: true}, "incarnation aa"},
+		{Identity{NodeID: 1, Incarnation: "bb", Joined: true}, "was a member of this cluster already"},
 		{Identity{NodeID: 2, Incarnation: "cc"}, ""}, // registered before incarnations, or never started
 		{Identity{NodeID: 2, Incarnation: "cc", Joined: true}, "was a member of this cluster already"},
 		{Identity{NodeID: 5, Incarnation: "dd", Joined: true}, ""},

@@ -95,6 +95,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	c := &Cluster{cfg: cfg, waits: NewWaitRegistry(), Nodes: make([]LocalNode, len(cfg.Nodes)), stop: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	var meta placement.MetaClient
+	p := newPeers(cfg.Router.ClusterSecret)
 	ids := make([]placement.Identity, len(cfg.Nodes))
 	for i, spec := range cfg.Nodes {
 		initial := slices.ContainsFunc(cfg.Members, func(m Member) bool { return m.ID == spec.ID })
@@ -109,6 +110,13 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		if ids[i], err = placement.OpenIdentity(spec.DataDir, spec.ID, mode); err != nil {
 			c.closeNodes()
 			return nil, err
+		}
+		if initial && ids[i].Created {
+			if err := c.probeIncarnation(p, spec, ids[i]); err != nil {
+				_ = ids[i].Forget(spec.DataDir)
+				c.closeNodes()
+				return nil, err
+			}
 		}
 		lead := NewLeadership()
 		lead.offset = cfg.Router.ClockOffset
@@ -133,7 +141,6 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			}
 		}
 	}
-	p := newPeers(cfg.Router.ClusterSecret)
 	if meta == nil {
 		if len(cfg.Join) == 0 {
 			c.closeNodes()
@@ -175,6 +182,33 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	c.wg.Add(1)
 	go c.loop()
 	return c, nil
+}
+
+// probeIncarnation asks the other initial members, before an initial
+// member on a freshly initialised directory starts any replica, whether
+// their placement group knows the node under another incarnation. Its
+// own check (placement.Bootstrap) comes only after its placement replica
+// has started, and in that window an empty replica could acknowledge
+// entries under the old id. Peers that do not answer (a cluster being
+// created, its other members not up yet) leave the decision to the later
+// check; in a dev cluster every member is local and none is asked.
+func (c *Cluster) probeIncarnation(p *peers, spec NodeSpec, id placement.Identity) error {
+	var seeds []string
+	for _, m := range c.cfg.Members {
+		if m.ID != spec.ID && m.ListenAddr != c.cfg.ListenAddr {
+			seeds = append(seeds, m.ListenAddr)
+		}
+	}
+	if len(seeds) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	st, err := remoteMeta{peers: p, seeds: seeds}.Read(ctx)
+	if err != nil {
+		return nil
+	}
+	return placement.CheckIncarnation(st, id)
 }
 
 // knownAddrs lists the Connect addresses of the nodes in the map.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -92,8 +93,10 @@ func TestClusterRestartAfterMove(t *testing.T) {
 // The other timings: with the others up, node 2 wiped and restarted
 // without the flag refuses too (before, it panicked or rejoined by
 // snapshot); restarted with --initial-cluster-state new, its new
-// incarnation is not the one the placement group registered, and it
-// refuses as well. The cluster keeps serving on nodes 1 and 3 throughout.
+// incarnation is not the one the placement group registered (the other
+// members say so before it starts a replica), and it refuses as well. The
+// cluster keeps serving on nodes 1 and 3 throughout. Last, node 1 loses
+// only its write-ahead log, and is refused too.
 func TestClusterWipedNodeRefusesToRejoin(t *testing.T) {
 	c := startProcCluster(t)
 	base := c.holdMany("before", 4, 10*time.Minute) // registered: every node has started and served
@@ -130,6 +133,15 @@ func TestClusterWipedNodeRefusesToRejoin(t *testing.T) {
 	c.expectRefusal(1, "incarnation", "--initial-cluster-state", "new")
 	c.checkLeases(leases)
 	c.checkNextTokens(leases)
+
+	// Only the write-ahead log lost (an attack found it: the node came
+	// back with an empty log under its identity, voted, and two leases
+	// were lost and their tokens issued again): refused as well.
+	c.kill(0)
+	if err := os.RemoveAll(filepath.Join(c.nodes[0].dir, "wal")); err != nil {
+		t.Fatal(err)
+	}
+	c.expectRefusal(0, "Raft log is gone")
 }
 
 // expectRefusal starts node i with extra flags and requires it to exit
