@@ -148,7 +148,7 @@ func (s *QuotaServer) Query(ctx context.Context, req *connect.Request[wardenv1.Q
 }
 
 func queryResponse(q *shardv1.QueryResult) *wardenv1.QueryResponse {
-	out := &wardenv1.QueryResponse{AsOf: timestamp(q.GetTimeUnixNano())}
+	out := &wardenv1.QueryResponse{AsOf: timestamp(q.GetTimeUnixNano()), LedgerSeq: q.GetLedgerSeq()}
 	for _, l := range q.GetLevels() {
 		out.Levels = append(out.Levels, level(l.GetRecord(), l.GetReserved(), l.GetExpiredPending(), l.GetRemaining()))
 	}
@@ -261,11 +261,23 @@ func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[warde
 
 // ReportUsage implements QuotaService.ReportUsage.
 func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
+	if req.Msg.GetCorrect() && req.Msg.ObservedSeq == nil { // before routing, as below
+		return nil, observe("ReportUsage", time.Now(), &shard.FieldError{Field: "observed_seq", Reason: "is required with correct: pass the ledger_seq of the Query the observation corresponds to"})
+	}
+	if req.Msg.ObservedSeq != nil {
+		// Before routing: a node of an older binary, leading or forwarded
+		// to, would drop the field it does not know and correct against
+		// now. Only once every replica's node applies version 5.
+		if rg, err := s.r.Map().ShardFor(shard.Pool(req.Msg.GetKey())); err == nil && !s.r.applies(rg.GetShardId(), shard.VersionObservedSeq) {
+			return nil, observe("ReportUsage", time.Now(), fmt.Errorf("%w: observed_seq needs envelope version %d, and not every replica of shard %d applies it yet (a rolling upgrade is under way)",
+				ErrNoLeader, shard.VersionObservedSeq, rg.GetShardId()))
+		}
+	}
 	return quotaCall(ctx, s, "ReportUsage", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
 		return p.quota.ReportUsage
 	}, func(ctx context.Context, m *wardenv1.ReportUsageRequest) (*wardenv1.ReportUsageResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: &shardv1.ReportUsageCmd{
-			Key: m.GetKey(), Observed: m.GetObserved(), ReportId: m.GetReportId(), Correct: m.GetCorrect()}}})
+			Key: m.GetKey(), Observed: m.GetObserved(), ReportId: m.GetReportId(), Correct: m.GetCorrect(), ObservedSeq: m.ObservedSeq}}})
 		if err != nil {
 			return nil, err
 		}

@@ -19,8 +19,14 @@ import (
 // the oldest version a command can travel in; the router proposes
 // max(VersionOf, the newest version every replica's node reports), so a
 // rolling upgrade never stops a replica and the new rules start only
-// once every replica applies them.
-const CommandVersion = 4
+// once every replica applies them. Version 5 adds ReportUsageCmd's
+// observed_seq (a reconciliation against what was observed), which an
+// older binary would ignore: a command carrying it needs version 5.
+const CommandVersion = 5
+
+// VersionObservedSeq is the first envelope version whose ReportUsage
+// reads observed_seq.
+const VersionObservedSeq = 5
 
 // VersionMaxMinShare is the first envelope version whose Reserve uses
 // max-min fair shares (waterShares).
@@ -38,6 +44,8 @@ const MaxBatch = 1000
 // binary that applies it.
 func VersionOf(env *shardv1.Envelope) uint32 {
 	switch {
+	case env.GetReportUsage() != nil && env.GetReportUsage().ObservedSeq != nil:
+		return VersionObservedSeq
 	case env.GetBatch() != nil:
 		return 3
 	case env.GetRenewBatch() != nil:

@@ -544,6 +544,10 @@ func (a *applier) reportUsage(c *shardv1.ReportUsageCmd) (*shardv1.Result, error
 	if c.GetObserved() < 0 || c.GetObserved() > MaxQuotaAmount {
 		return invalid("observed", fmt.Sprintf("must be within [0, %d]", MaxQuotaAmount)), nil
 	}
+	seqd := a.version >= VersionObservedSeq && c.ObservedSeq != nil
+	if a.version >= VersionObservedSeq && c.GetCorrect() && !seqd {
+		return invalid("observed_seq", "is required with correct: pass the ledger_seq of the Query the observation corresponds to"), nil
+	}
 	if c.GetCorrect() {
 		if err := CheckName("report_id", c.GetReportId(), MaxRequestIDBytes); err != nil {
 			return invalidErr(err), nil
@@ -555,6 +559,9 @@ func (a *applier) reportUsage(c *shardv1.ReportUsageCmd) (*shardv1.Result, error
 		if old != nil {
 			if old.GetObserved() != c.GetObserved() {
 				return invalid("report_id", "was used with another observed value"), nil
+			}
+			if seqd && old.GetObservedSeq() != c.GetObservedSeq() {
+				return invalid("report_id", "was used with another observed_seq"), nil
 			}
 			q, err := a.quotaLevel(c.GetKey())
 			if err != nil {
@@ -569,6 +576,15 @@ func (a *applier) reportUsage(c *shardv1.ReportUsageCmd) (*shardv1.Result, error
 	}
 	leaf := t.levels[len(t.levels)-1]
 	drift := c.GetObserved() - leaf.GetCommitted()
+	if seqd {
+		since, res, err := a.committedSince(c.GetKey(), c.GetObservedSeq())
+		if err != nil || res != nil {
+			return res, err
+		}
+		// Against what was observed: the commits and corrections recorded
+		// after observed_seq are kept.
+		drift += since
+	}
 	if !c.GetCorrect() {
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Drift: drift, Record: leaf}}, nil
 	}
@@ -597,11 +613,69 @@ func (a *applier) reportUsage(c *shardv1.ReportUsageCmd) (*shardv1.Result, error
 	// the path. It may leave a level above its limit (DESIGN.md rule 7);
 	// nothing new is reserved there until it fits.
 	a.charge(t, 0, drift)
-	a.put(Change{Kind: PutReport, Report: &shardv1.UsageReport{Key: c.GetKey(), ReportId: c.GetReportId(), Observed: c.GetObserved(), Drift: drift}})
+	report := &shardv1.UsageReport{Key: c.GetKey(), ReportId: c.GetReportId(), Observed: c.GetObserved(), Drift: drift}
+	if seqd {
+		report.ObservedSeq = c.ObservedSeq
+	}
+	a.put(Change{Kind: PutReport, Report: report})
 	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerCorrection, Amount: drift, ReportId: c.GetReportId()}); err != nil {
 		return nil, err
 	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Drift: drift, Record: t.levels[len(t.levels)-1]}}, nil
+}
+
+// maxReconcileEvents bounds the ledger events a ReportUsage with
+// observed_seq reads (one Raft entry's work): an observation older than
+// that many events of its pool is refused.
+const maxReconcileEvents = 100_000
+
+// committedSince returns what the COMMIT and CORRECTION events of key's
+// subtree recorded after seq added to its committed usage. A seq ahead of
+// the ledger is invalid; one whose later events were compacted away, or
+// more than maxReconcileEvents behind, is failed_precondition naming the
+// oldest usable sequence.
+func (a *applier) committedSince(key string, seq uint64) (int64, *shardv1.Result, error) {
+	pool := Pool(key)
+	rec, ok := a.pools[pool] // this command's own writes first
+	if !ok {
+		var err error
+		if rec, err = a.r.PoolRecord(pool); err != nil {
+			return 0, nil, err
+		}
+	}
+	last := rec.GetLastSeq()
+	if seq > last {
+		return 0, invalid("observed_seq", fmt.Sprintf("%d is ahead of pool %q's ledger (last sequence %d)", seq, pool, last)), nil
+	}
+	first, err := a.r.LedgerFrom(pool, 0, 1)
+	if err != nil {
+		return 0, nil, err
+	}
+	oldest := last // with no event kept, only the last sequence is usable
+	if len(first) > 0 {
+		oldest = first[0].GetSeq() - 1
+	}
+	if seq < oldest || last-seq > maxReconcileEvents {
+		oldest = max(oldest, last-min(last, maxReconcileEvents))
+		return 0, failed(fmt.Sprintf("observed_seq %d is older than the ledger keeps for pool %q: the oldest usable is %d; query again and observe anew", seq, pool, oldest)), nil
+	}
+	var since int64
+	for from := seq + 1; from <= last; {
+		events, err := a.r.LedgerFrom(pool, from, 1000)
+		if err != nil {
+			return 0, nil, err
+		}
+		if len(events) == 0 {
+			break
+		}
+		for _, e := range events {
+			if (e.GetKind() == LedgerCommit || e.GetKind() == LedgerCorrection) && (e.GetKey() == key || Under(e.GetKey(), key)) {
+				since += e.GetAmount()
+			}
+		}
+		from = events[len(events)-1].GetSeq() + 1
+	}
+	return since, nil, nil
 }
 
 // maxCompact bounds the ledger events one CompactLedgerCmd folds.

@@ -173,7 +173,9 @@ func TestQuotaMatchesModel(t *testing.T) {
 			case 8: // ReportUsage with correction
 				rid := fmt.Sprintf("c%d", rapid.IntRange(0, 4).Draw(rt, "report"))
 				observed := rapid.Int64Range(0, 40).Draw(rt, "observed")
-				res := prop(&shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: &shardv1.ReportUsageCmd{Key: key, Observed: observed, ReportId: rid + "-" + key, Correct: true}}})
+				// Observed against the current totals (Query's ledger_seq).
+				seq := rep.query(now, &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: key}}}).GetLedgerSeq()
+				res := prop(&shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: &shardv1.ReportUsageCmd{Key: key, Observed: observed, ReportId: rid + "-" + key, Correct: true, ObservedSeq: &seq}}})
 				if d, ok := m.reports[rid+"-"+key]; ok {
 					if res.GetCode() == shardv1.Code_CODE_OK && res.GetQuota().GetDrift() != d {
 						rt.Fatalf("step %d: replayed report: %v, want drift %d", step, res, d)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -246,10 +247,23 @@ func (s *script) step(f []string) string {
 	case "reclaim":
 		scan := s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Reclaimable{Reclaimable: &shardv1.ScanQuery{Limit: 100}}}).GetReclaim()
 		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_Reclaim{Reclaim: scan}}))
-	case "report":
+	case "report": // report KEY OBSERVED REPORT_ID [correct] [seq=N|seq=now]
 		n, _ := strconv.ParseInt(f[2], 10, 64)
-		c := &shardv1.ReportUsageCmd{Key: f[1], Observed: n, ReportId: f[3], Correct: len(f) > 4 && f[4] == "correct"}
+		c := &shardv1.ReportUsageCmd{Key: f[1], Observed: n, ReportId: f[3], Correct: slices.Contains(f[4:], "correct")}
+		switch v, ok := kv(f[4:])["seq"]; {
+		case v == "now":
+			seq := s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: f[1]}}}).GetLedgerSeq()
+			c.ObservedSeq = &seq
+		case ok:
+			seq, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				s.t.Fatalf("bad seq %q", v)
+			}
+			c.ObservedSeq = &seq
+		}
 		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: c}}))
+	case "seq": // the pool's ledger sequence, as Query answers it
+		return strconv.FormatUint(s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: f[1]}}}).GetLedgerSeq(), 10)
 	case "query":
 		var parts []string
 		for _, l := range s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: f[1]}}}).GetLevels() {

@@ -389,6 +389,11 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 		out.Records, out.Next, err = r.Records(e.GetStart(), e.GetEnd(), e.GetAfter(), int(max(e.GetLimit(), 1)))
 	case *shardv1.Query_Quota:
 		out.Levels, err = r.quotaLevels(qq.Quota.GetKey(), now)
+		if err == nil {
+			var pool *shardv1.PoolRecord
+			pool, err = r.PoolRecord(Pool(qq.Quota.GetKey()))
+			out.LedgerSeq = pool.GetLastSeq()
+		}
 	case *shardv1.Query_Reservations:
 		out.Reservations, err = r.openReservations(qq.Reservations, now)
 	case *shardv1.Query_Ledger:

@@ -110,13 +110,17 @@ func TestQuotaCLI(t *testing.T) {
 	if _, err := cli("quota", "release", "gpu/team-a/train", "job-1"); connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("release of a committed reservation: %v", err)
 	}
-	if out, err := cli("quota", "query", "gpu/team-a/train"); err != nil || !strings.Contains(out, "remaining 15") {
+	if out, err := cli("quota", "query", "gpu/team-a/train"); err != nil || !strings.Contains(out, "remaining 15") || !strings.Contains(out, "ledger_seq 5") {
 		t.Fatalf("query printed %q (%v)", out, err)
 	}
 	if out, err := cli("quota", "ledger", "gpu"); err != nil || strings.Count(out, "\n") != 5 || !strings.Contains(out, "returned 5") {
 		t.Fatalf("ledger printed %q (%v)", out, err)
 	}
-	if out, err := cli("quota", "report-usage", "gpu/team-a/train", "20", "--report-id", "audit-1", "--correct"); err != nil || !strings.HasPrefix(out, "drift -5") {
+	// A correction states the ledger_seq it observed against.
+	if _, err := cli("quota", "report-usage", "gpu/team-a/train", "20", "--report-id", "audit-1", "--correct"); connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "observed_seq") {
+		t.Fatalf("a correction without --observed-seq: %v", err)
+	}
+	if out, err := cli("quota", "report-usage", "gpu/team-a/train", "20", "--report-id", "audit-1", "--correct", "--observed-seq", "5"); err != nil || !strings.HasPrefix(out, "drift -5") {
 		t.Fatalf("report-usage printed %q (%v)", out, err)
 	}
 	if out, err := cli("quota", "reservations", "gpu"); err != nil || out != "" {

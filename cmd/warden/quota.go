@@ -149,7 +149,7 @@ func (c *queryCmd) Run(g *globals) error {
 		return fmt.Errorf("query %s: %w", c.Key, err)
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
-		fmt.Fprintf(w, "%s as of %s\n", c.Key, resp.Msg.GetAsOf().AsTime().Format(time.RFC3339Nano))
+		fmt.Fprintf(w, "%s as of %s, ledger_seq %d\n", c.Key, resp.Msg.GetAsOf().AsTime().Format(time.RFC3339Nano), resp.Msg.GetLedgerSeq())
 		for _, l := range resp.Msg.GetLevels() {
 			printLevel(w, l)
 		}
@@ -215,14 +215,16 @@ type reportCmd struct {
 	Key      string `arg:""`
 	Observed int64  `arg:""`
 	ReportID string `name:"report-id" help:"Idempotency key of a correction (required with --correct)."`
-	Correct  bool   `help:"Set committed usage to the observed value (once per report id)."`
+	Correct  bool   `help:"Record a correction of committed usage to the observed value, as of --observed-seq (once per report id)."`
+	// ObservedSeq is a pointer: absent means now (a measurement only).
+	ObservedSeq *uint64 `name:"observed-seq" placeholder:"SEQ" help:"The ledger_seq that 'quota query' printed for the totals the observation corresponds to (required with --correct): commits recorded after it are kept."`
 }
 
 // Run sends QuotaService.ReportUsage.
 func (c *reportCmd) Run(g *globals) error {
 	ctx, cancel := g.ctx()
 	defer cancel()
-	resp, err := g.quota().ReportUsage(ctx, connect.NewRequest(&wardenv1.ReportUsageRequest{Key: c.Key, Observed: c.Observed, ReportId: c.ReportID, Correct: c.Correct}))
+	resp, err := g.quota().ReportUsage(ctx, connect.NewRequest(&wardenv1.ReportUsageRequest{Key: c.Key, Observed: c.Observed, ReportId: c.ReportID, Correct: c.Correct, ObservedSeq: c.ObservedSeq}))
 	if err != nil {
 		return fmt.Errorf("report-usage %s: %w", c.Key, err)
 	}

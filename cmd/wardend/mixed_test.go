@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os/exec"
@@ -30,11 +29,14 @@ func buildBefore(t *testing.T, path, marker string) string {
 		t.Skipf("no git repository: %v", err)
 	}
 	root := strings.TrimSpace(string(top))
-	intro, err := exec.Command("git", "-C", root, "log", "-1", "--format=%H", "-S", marker, "--", path).Output()
-	if err != nil || len(bytes.TrimSpace(intro)) == 0 {
+	// -S lists the commits that changed how often marker occurs: the
+	// oldest of them added it (later ones may have removed it).
+	changed, err := exec.Command("git", "-C", root, "log", "--reverse", "--format=%H", "-S", marker, "--", path).Output()
+	intro, _, _ := strings.Cut(strings.TrimSpace(string(changed)), "\n")
+	if err != nil || intro == "" {
 		t.Skipf("the commit that added %q to %s is not in the history (shallow clone?): %v", marker, path, err)
 	}
-	old := strings.TrimSpace(string(intro)) + "^"
+	old := intro + "^"
 	src := t.TempDir()
 	tarball := filepath.Join(t.TempDir(), "old.tar")
 	if out, err := exec.Command("git", "-C", root, "archive", "-o", tarball, old).CombinedOutput(); err != nil {
@@ -144,6 +146,16 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 			t.Fatalf("Reserve(mix/y, 8) via node %d with an old replica: %v, want the old rule's FAIR_SHARE (5 left)", n.id, err)
 		}
 	}
+	// A reconciliation against a ledger sequence needs envelope version
+	// 5, which the old replica would stop on: refused, retryably.
+	seq := uint64(4)
+	report := func(n *node, id string) error {
+		_, err := n.quota().ReportUsage(ctx, connect.NewRequest(&wardenv1.ReportUsageRequest{Key: "mix/x", Observed: 2, ReportId: id, Correct: true, ObservedSeq: &seq}))
+		return err
+	}
+	if err := report(c.nodes[0], "rec-old"); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("ReportUsage with observed_seq beside an old replica: %v, want unavailable", err)
+	}
 	idx, dig := c.digests()
 	if dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
 		t.Fatalf("mixed binaries diverged: applied %v, digests %v", idx, dig)
@@ -163,6 +175,9 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 	}
 	if err := reserve(c.nodes[1], "mix/y", "y-more", 1); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "LIMIT: mix has 0 left") {
 		t.Fatalf("Reserve(mix/y, 1) with mix full: %v, want LIMIT naming mix", err)
+	}
+	if err := retryUnavailable(func() error { return report(c.nodes[1], "rec-new") }); err != nil {
+		t.Fatalf("ReportUsage with observed_seq once every replica applies version 5: %v", err)
 	}
 	idx, dig = c.digests()
 	if dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {

@@ -570,7 +570,11 @@ type QueryResponse struct {
 	// Levels of the path, root first.
 	Levels []*QuotaLevel `protobuf:"bytes,1,rep,name=levels,proto3" json:"levels,omitempty"`
 	// AsOf is the shard time the answer reflects.
-	AsOf          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
+	AsOf *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=as_of,json=asOf,proto3" json:"as_of,omitempty"`
+	// LedgerSeq is the pool's ledger sequence these totals reflect: every
+	// event up to it, none after. A reconciler passes it back as
+	// ReportUsageRequest.observed_seq.
+	LedgerSeq     uint64 `protobuf:"varint,3,opt,name=ledger_seq,json=ledgerSeq,proto3" json:"ledger_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -617,6 +621,13 @@ func (x *QueryResponse) GetAsOf() *timestamppb.Timestamp {
 		return x.AsOf
 	}
 	return nil
+}
+
+func (x *QueryResponse) GetLedgerSeq() uint64 {
+	if x != nil {
+		return x.LedgerSeq
+	}
+	return 0
 }
 
 // QuotaLevel is one level of a quota tree. Usage counts the level's whole
@@ -1223,11 +1234,18 @@ func (x *LedgerEvent) GetExpiresAt() *timestamppb.Timestamp {
 }
 
 type ReportUsageRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Observed      int64                  `protobuf:"varint,2,opt,name=observed,proto3" json:"observed,omitempty"`
-	ReportId      string                 `protobuf:"bytes,3,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
-	Correct       bool                   `protobuf:"varint,4,opt,name=correct,proto3" json:"correct,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Key      string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Observed int64                  `protobuf:"varint,2,opt,name=observed,proto3" json:"observed,omitempty"`
+	ReportId string                 `protobuf:"bytes,3,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
+	Correct  bool                   `protobuf:"varint,4,opt,name=correct,proto3" json:"correct,omitempty"`
+	// ObservedSeq is the ledger_seq (from Query) the observation
+	// corresponds to: the correction is observed minus the committed usage
+	// as of that sequence, so commits and corrections recorded after it
+	// are kept (the Kubernetes quota-controller bug, kubernetes #123434).
+	// Required with correct; without it, absent means now. A sequence
+	// older than the ledger keeps (compacted) is failed_precondition.
+	ObservedSeq   *uint64 `protobuf:"varint,5,opt,name=observed_seq,json=observedSeq,proto3,oneof" json:"observed_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1288,6 +1306,13 @@ func (x *ReportUsageRequest) GetCorrect() bool {
 		return x.Correct
 	}
 	return false
+}
+
+func (x *ReportUsageRequest) GetObservedSeq() uint64 {
+	if x != nil && x.ObservedSeq != nil {
+		return *x.ObservedSeq
+	}
+	return 0
 }
 
 type ReportUsageResponse struct {
@@ -1449,10 +1474,12 @@ const file_warden_v1_quota_proto_rawDesc = "" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"Z\n" +
 	"\fQueryRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x128\n" +
-	"\vconsistency\x18\x02 \x01(\x0e2\x16.warden.v1.ConsistencyR\vconsistency\"o\n" +
+	"\vconsistency\x18\x02 \x01(\x0e2\x16.warden.v1.ConsistencyR\vconsistency\"\x8e\x01\n" +
 	"\rQueryResponse\x12-\n" +
 	"\x06levels\x18\x01 \x03(\v2\x15.warden.v1.QuotaLevelR\x06levels\x12/\n" +
-	"\x05as_of\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04asOf\"\xea\x01\n" +
+	"\x05as_of\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04asOf\x12\x1d\n" +
+	"\n" +
+	"ledger_seq\x18\x03 \x01(\x04R\tledgerSeq\"\xea\x01\n" +
 	"\n" +
 	"QuotaLevel\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
@@ -1503,12 +1530,14 @@ const file_warden_v1_quota_proto_rawDesc = "" +
 	"\treport_id\x18\t \x01(\tR\breportId\x129\n" +
 	"\n" +
 	"expires_at\x18\n" +
-	" \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"y\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xb2\x01\n" +
 	"\x12ReportUsageRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\bobserved\x18\x02 \x01(\x03R\bobserved\x12\x1b\n" +
 	"\treport_id\x18\x03 \x01(\tR\breportId\x12\x18\n" +
-	"\acorrect\x18\x04 \x01(\bR\acorrect\"X\n" +
+	"\acorrect\x18\x04 \x01(\bR\acorrect\x12&\n" +
+	"\fobserved_seq\x18\x05 \x01(\x04H\x00R\vobservedSeq\x88\x01\x01B\x0f\n" +
+	"\r_observed_seq\"X\n" +
 	"\x13ReportUsageResponse\x12\x14\n" +
 	"\x05drift\x18\x01 \x01(\x03R\x05drift\x12+\n" +
 	"\x05level\x18\x02 \x01(\v2\x15.warden.v1.QuotaLevelR\x05level\"\x98\x01\n" +
@@ -1616,6 +1645,7 @@ func file_warden_v1_quota_proto_init() {
 	if File_warden_v1_quota_proto != nil {
 		return
 	}
+	file_warden_v1_quota_proto_msgTypes[18].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1868,11 +1868,14 @@ func (x *ReservationRef) GetExpiresAtUnixNano() int64 {
 // ReportUsageCmd compares observed usage of key with its committed usage
 // and, with correct, sets committed to observed (once per report_id).
 type ReportUsageCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Observed      int64                  `protobuf:"varint,2,opt,name=observed,proto3" json:"observed,omitempty"`
-	ReportId      string                 `protobuf:"bytes,3,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
-	Correct       bool                   `protobuf:"varint,4,opt,name=correct,proto3" json:"correct,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Key      string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Observed int64                  `protobuf:"varint,2,opt,name=observed,proto3" json:"observed,omitempty"`
+	ReportId string                 `protobuf:"bytes,3,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
+	Correct  bool                   `protobuf:"varint,4,opt,name=correct,proto3" json:"correct,omitempty"`
+	// ObservedSeq is the pool ledger sequence the observation corresponds
+	// to (envelope version 5): drift is observed minus committed as of it.
+	ObservedSeq   *uint64 `protobuf:"varint,5,opt,name=observed_seq,json=observedSeq,proto3,oneof" json:"observed_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1933,6 +1936,13 @@ func (x *ReportUsageCmd) GetCorrect() bool {
 		return x.Correct
 	}
 	return false
+}
+
+func (x *ReportUsageCmd) GetObservedSeq() uint64 {
+	if x != nil && x.ObservedSeq != nil {
+		return *x.ObservedSeq
+	}
+	return 0
 }
 
 // Result is what the state machine answers to one command.
@@ -2782,11 +2792,13 @@ func (x *PoolSeq) GetThroughSeq() uint64 {
 
 // UsageReport remembers a ReportUsage with correct, by report_id.
 type UsageReport struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	ReportId      string                 `protobuf:"bytes,2,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
-	Observed      int64                  `protobuf:"varint,3,opt,name=observed,proto3" json:"observed,omitempty"`
-	Drift         int64                  `protobuf:"varint,4,opt,name=drift,proto3" json:"drift,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Key      string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ReportId string                 `protobuf:"bytes,2,opt,name=report_id,json=reportId,proto3" json:"report_id,omitempty"`
+	Observed int64                  `protobuf:"varint,3,opt,name=observed,proto3" json:"observed,omitempty"`
+	Drift    int64                  `protobuf:"varint,4,opt,name=drift,proto3" json:"drift,omitempty"`
+	// ObservedSeq is the report's observed_seq, when it had one.
+	ObservedSeq   *uint64 `protobuf:"varint,5,opt,name=observed_seq,json=observedSeq,proto3,oneof" json:"observed_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2845,6 +2857,13 @@ func (x *UsageReport) GetObserved() int64 {
 func (x *UsageReport) GetDrift() int64 {
 	if x != nil {
 		return x.Drift
+	}
+	return 0
+}
+
+func (x *UsageReport) GetObservedSeq() uint64 {
+	if x != nil && x.ObservedSeq != nil {
+		return *x.ObservedSeq
 	}
 	return 0
 }
@@ -5049,7 +5068,9 @@ type QueryResult struct {
 	// subtree whose older events were compacted.
 	Checkpoints []*LedgerCheckpoint `protobuf:"bytes,17,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
 	// Dedup answers a DedupQuery (unset when the request id is unknown).
-	Dedup         *DedupRecord `protobuf:"bytes,18,opt,name=dedup,proto3" json:"dedup,omitempty"`
+	Dedup *DedupRecord `protobuf:"bytes,18,opt,name=dedup,proto3" json:"dedup,omitempty"`
+	// LedgerSeq answers a QuotaQuery: the pool's last ledger sequence.
+	LedgerSeq     uint64 `protobuf:"varint,19,opt,name=ledger_seq,json=ledgerSeq,proto3" json:"ledger_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5210,6 +5231,13 @@ func (x *QueryResult) GetDedup() *DedupRecord {
 	return nil
 }
 
+func (x *QueryResult) GetLedgerSeq() uint64 {
+	if x != nil {
+		return x.LedgerSeq
+	}
+	return 0
+}
+
 var File_warden_shard_v1_shard_proto protoreflect.FileDescriptor
 
 const file_warden_shard_v1_shard_proto_rawDesc = "" +
@@ -5353,12 +5381,14 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x0eReservationRef\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
 	"\x0ereservation_id\x18\x02 \x01(\tR\rreservationId\x12/\n" +
-	"\x14expires_at_unix_nano\x18\x03 \x01(\x03R\x11expiresAtUnixNano\"u\n" +
+	"\x14expires_at_unix_nano\x18\x03 \x01(\x03R\x11expiresAtUnixNano\"\xae\x01\n" +
 	"\x0eReportUsageCmd\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1a\n" +
 	"\bobserved\x18\x02 \x01(\x03R\bobserved\x12\x1b\n" +
 	"\treport_id\x18\x03 \x01(\tR\breportId\x12\x18\n" +
-	"\acorrect\x18\x04 \x01(\bR\acorrect\"\xf9\x04\n" +
+	"\acorrect\x18\x04 \x01(\bR\acorrect\x12&\n" +
+	"\fobserved_seq\x18\x05 \x01(\x04H\x00R\vobservedSeq\x88\x01\x01B\x0f\n" +
+	"\r_observed_seq\"\xf9\x04\n" +
 	"\x06Result\x12)\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x15.warden.shard.v1.CodeR\x04code\x12\x14\n" +
 	"\x05field\x18\x02 \x01(\tR\x05field\x12\x16\n" +
@@ -5434,12 +5464,14 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\aPoolSeq\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x1f\n" +
 	"\vthrough_seq\x18\x02 \x01(\x04R\n" +
-	"throughSeq\"n\n" +
+	"throughSeq\"\xa7\x01\n" +
 	"\vUsageReport\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
 	"\treport_id\x18\x02 \x01(\tR\breportId\x12\x1a\n" +
 	"\bobserved\x18\x03 \x01(\x03R\bobserved\x12\x14\n" +
-	"\x05drift\x18\x04 \x01(\x03R\x05drift\"\xab\x01\n" +
+	"\x05drift\x18\x04 \x01(\x03R\x05drift\x12&\n" +
+	"\fobserved_seq\x18\x05 \x01(\x04H\x00R\vobservedSeq\x88\x01\x01B\x0f\n" +
+	"\r_observed_seq\"\xab\x01\n" +
 	"\vWaiterEvent\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -5618,7 +5650,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\v\n" +
 	"\tMetaQuery\" \n" +
 	"\bHotQuery\x12\x14\n" +
-	"\x05limit\x18\x01 \x01(\rR\x05limit\"\x8a\a\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\"\xa9\a\n" +
 	"\vQueryResult\x12/\n" +
 	"\x04lock\x18\x01 \x01(\v2\x1b.warden.shard.v1.LockRecordR\x04lock\x12.\n" +
 	"\x04meta\x18\x02 \x01(\v2\x1a.warden.shard.v1.ShardMetaR\x04meta\x122\n" +
@@ -5638,7 +5670,9 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\areclaim\x18\x0f \x01(\v2\x1b.warden.shard.v1.ReclaimCmdR\areclaim\x12;\n" +
 	"\acompact\x18\x10 \x01(\v2!.warden.shard.v1.CompactLedgerCmdR\acompact\x12C\n" +
 	"\vcheckpoints\x18\x11 \x03(\v2!.warden.shard.v1.LedgerCheckpointR\vcheckpoints\x122\n" +
-	"\x05dedup\x18\x12 \x01(\v2\x1c.warden.shard.v1.DedupRecordR\x05dedup*\xe2\x01\n" +
+	"\x05dedup\x18\x12 \x01(\v2\x1c.warden.shard.v1.DedupRecordR\x05dedup\x12\x1d\n" +
+	"\n" +
+	"ledger_seq\x18\x13 \x01(\x04R\tledgerSeq*\xe2\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x11\n" +
@@ -5867,6 +5901,8 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*BatchItem_Release)(nil),
 	}
 	file_warden_shard_v1_shard_proto_msgTypes[14].OneofWrappers = []any{}
+	file_warden_shard_v1_shard_proto_msgTypes[21].OneofWrappers = []any{}
+	file_warden_shard_v1_shard_proto_msgTypes[31].OneofWrappers = []any{}
 	file_warden_shard_v1_shard_proto_msgTypes[47].OneofWrappers = []any{
 		(*Query_Describe)(nil),
 		(*Query_Expired)(nil),
