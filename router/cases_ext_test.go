@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
 )
 
@@ -50,4 +51,59 @@ func TestCaseL15StaleReleaseRetry(t *testing.T) {
 	if out[0].GetCode() != "failed_precondition" || out[1].GetCode() != "" || !out[1].GetExpiresAt().AsTime().After(l2.GetExpiresAt().AsTime()) {
 		t.Fatalf("RenewBatch{L1, L2}: %v, want L1 refused and L2 renewed", out)
 	}
+}
+
+// Case Q13, in one process: a correction is applied exactly once. Its
+// answer is lost (the client retries the same report_id), a leader
+// changes, the whole cluster restarts, and a retry still replays the
+// first drift and moves committed usage once; a different observed
+// value under the same report_id is invalid_argument. (The multi-process
+// half, with SIGKILL and a snapshot install, is still to come.)
+func TestCaseQ13CorrectionExactlyOnce(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	quota := func() wardenv1connect.QuotaServiceClient {
+		return wardenv1connect.NewQuotaServiceClient(c.srv.Client(), c.srv.URL)
+	}
+	if _, err := quota().SetLimit(ctx(t), connect.NewRequest(&wardenv1.SetLimitRequest{Key: "q13", Limit: 100})); err != nil {
+		t.Fatal(err)
+	}
+	q, err := quota().Query(ctx(t), connect.NewRequest(&wardenv1.QueryRequest{Key: "q13"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := q.Msg.GetLedgerSeq()
+	report := func(observed int64) (*wardenv1.ReportUsageResponse, error) {
+		resp, err := quota().ReportUsage(ctx(t), connect.NewRequest(&wardenv1.ReportUsageRequest{Key: "q13", Observed: observed, ReportId: "rec-1", Correct: true, ObservedSeq: &seq}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg, nil
+	}
+	committed := func() int64 {
+		q, err := quota().Query(ctx(t), connect.NewRequest(&wardenv1.QueryRequest{Key: "q13"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q.Msg.GetLevels()[0].GetCommitted()
+	}
+	first, err := report(7) // its answer "lost": the client retries below
+	if err != nil || first.GetDrift() != 7 {
+		t.Fatalf("first report: %v %v", first, err)
+	}
+	check := func(when string) {
+		t.Helper()
+		again, err := report(7)
+		if err != nil || again.GetDrift() != 7 || committed() != 7 {
+			t.Fatalf("%s: retry answered %v (%v), committed %d; want drift 7 and committed 7", when, again, err, committed())
+		}
+		_, err = report(8)
+		wantCode(t, err, connect.CodeInvalidArgument)
+	}
+	check("after a lost answer")
+	if !c.moveLeader() {
+		t.Fatal("the leader did not change")
+	}
+	check("after a leader change")
+	c.restart()
+	check("after a full restart")
 }
