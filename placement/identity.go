@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // identityFile is the name, inside a node's data directory, of the file
@@ -155,36 +156,13 @@ func newIncarnation() string {
 	return hex.EncodeToString(b[:])
 }
 
-// writeIdentity writes id to dir durably: a temporary file, fsynced,
-// renamed into place, and the directory fsynced.
+// writeIdentity writes id to dir durably (shard.WriteFileDurably).
 func writeIdentity(dir string, id Identity) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("placement: %w", err)
 	}
 	b, _ := json.Marshal(id)
-	tmp := filepath.Join(dir, identityFile+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return fmt.Errorf("placement: %w", err)
-	}
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, identityFile))
-	}
-	if err == nil {
-		var d *os.File
-		if d, err = os.Open(dir); err == nil {
-			err = d.Sync()
-			d.Close()
-		}
-	}
-	if err != nil {
+	if err := shard.WriteFileDurably(dir, identityFile, append(b, '\n')); err != nil {
 		return fmt.Errorf("placement: write %s: %w", filepath.Join(dir, identityFile), err)
 	}
 	return nil

@@ -326,12 +326,13 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 		return nil, err
 	}
 	shared := r.sharedVersion(shardID)
-	if need := shard.VersionOf(env); need > shared {
+	need := shard.VersionOf(env)
+	if need > shared {
 		// A replica of an older binary would stop on it (and again on
 		// every replay): not before every replica's node reports it.
 		return nil, fmt.Errorf("%w: the command needs envelope version %d and not every replica of shard %d applies it yet (a rolling upgrade is under way)", ErrNoLeader, need, shardID)
 	}
-	env.Version = max(shard.VersionOf(env), shared)
+	env.Version = max(need, shared)
 	env.ShardId = shardID
 	env.NowUnixNano = t.now()
 	cmd, err := shard.EncodeCommand(env)

@@ -351,6 +351,7 @@ func waterShares(limit int64, kids []*shardv1.QuotaRecord) []int64 {
 		return cmp128(mul128(uint64(max(kids[i].GetLimit(), 0)), weight(j)), mul128(uint64(max(kids[j].GetLimit(), 0)), weight(i)))
 	})
 	shares := make([]int64, len(kids))
+	capped := make([]bool, len(kids))
 	left := uint64(max(limit, 0))
 	k := 0
 	for ; k < len(order); k++ {
@@ -360,7 +361,7 @@ func waterShares(limit int64, kids []*shardv1.QuotaRecord) []int64 {
 		if cmp128(mul128(own, weights), mul128(weight(i), left)) > 0 {
 			break
 		}
-		shares[i] = int64(own)
+		shares[i], capped[i] = int64(own), true
 		left -= own
 		weights -= weight(i)
 	}
@@ -377,7 +378,7 @@ func waterShares(limit int64, kids []*shardv1.QuotaRecord) []int64 {
 	// Fewer units are left over than kids share them (each floor loses
 	// less than one), and each of those kids is below its own limit.
 	for i := 0; given < left && i < len(kids); i++ {
-		if shares[i] < kids[i].GetLimit() && slices.Contains(order[k:], i) {
+		if !capped[i] {
 			shares[i]++
 			given++
 		}

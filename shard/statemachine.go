@@ -232,12 +232,19 @@ func (s *StateMachine) removeStale(live string) error {
 }
 
 func (s *StateMachine) writeCurrent(name string) error {
-	tmp := filepath.Join(s.dir, currentFile+".tmp")
+	return WriteFileDurably(s.dir, currentFile, []byte(name+"\n"))
+}
+
+// WriteFileDurably replaces dir/name with data so that a crash leaves
+// either the old file or the new one: a temporary file, fsynced, renamed
+// into place, and the directory fsynced.
+func WriteFileDurably(dir, name string, data []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.Create(tmp)
 	if err != nil {
 		return err
 	}
-	if _, err := f.WriteString(name + "\n"); err != nil {
+	if _, err := f.Write(data); err != nil {
 		f.Close()
 		return err
 	}
@@ -248,10 +255,10 @@ func (s *StateMachine) writeCurrent(name string) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(s.dir, currentFile)); err != nil {
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		return err
 	}
-	d, err := os.Open(s.dir)
+	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}

@@ -312,15 +312,9 @@ func (s *records) expired(now int64, limit int) (*shardv1.ExpireCmd, error) {
 	cmd := &shardv1.ExpireCmd{}
 	seen := map[string]bool{}
 	waited := s.g.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixWaitIdx}, UpperBound: []byte{prefixWaitIdx + 1}})
-	for scanned := 0; ; scanned++ {
-		if scanned == 0 {
-			waited.First()
-		} else {
-			waited.Next()
-		}
-		if !waited.Valid() || scanned >= 4*limit || len(cmd.Items) >= limit {
-			break
-		}
+	scanned := 0
+	for waited.First(); waited.Valid() && scanned < 4*limit && len(cmd.Items) < limit; waited.Next() {
+		scanned++
 		k := waited.Key() // 'x' deadline resource 0x00 seq
 		if len(k) < 1+8+1+8 {
 			_ = waited.Close()
