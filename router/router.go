@@ -201,10 +201,12 @@ func (e *remoteLeader) Error() string {
 
 // leader finds the local node that leads shardID in its current term,
 // waiting up to LeaderWait for an election. It returns a *remoteLeader
-// when the leader is known to run elsewhere, and ErrNoLeader when no
-// leader appears.
+// when the leader is known to run elsewhere (or, after half the wait, a
+// remote replica's node when no local replica knows the leader), and
+// ErrNoLeader when no leader appears.
 func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leaderTerm, error) {
-	deadline := time.Now().Add(r.cfg.LeaderWait)
+	start := time.Now()
+	deadline := start.Add(r.cfg.LeaderWait)
 	for {
 		hosted := false
 		for i := range r.nodes {
@@ -229,9 +231,12 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 				}
 			}
 		}
-		if !hosted && shardID != placement.MetaShardID {
-			// No replica here: ask a node that hosts one (any: each retry
-			// may try another).
+		if shardID != placement.MetaShardID && (!hosted || time.Since(start) > r.cfg.LeaderWait/2) {
+			// No replica here, or none here has learned the leader in half
+			// the leader wait (an election takes 0.2–0.4 s at the default
+			// RTT: a replica a move has just added, still catching up, or
+			// one whose map does not yet list the leader's replica): ask a
+			// node that hosts one (any: each retry may try another).
 			m := r.Map()
 			reps := m.Shard(shardID).GetReplicas()
 			for k := range reps {
