@@ -81,6 +81,12 @@ func outcome(err error) string {
 	return "error"
 }
 
+// unavailable reports whether err is one that toConnect answers as
+// Unavailable: safe to retry with the same ids.
+func unavailable(err error) bool {
+	return err != nil && connect.CodeOf(toConnect(err)) == connect.CodeUnavailable
+}
+
 // toConnect is the one place where Warden's errors become Connect codes
 // (DESIGN.md §3 "Error codes").
 func toConnect(err error) error {

@@ -26,16 +26,18 @@ const (
 // forward sends a client RPC about key to the node that hosts the leader
 // of key's shard, when that is another node, and returns its answer with
 // ok set; with ok unset the RPC is to be served here. While the other
-// node answers Unavailable (its leadership moved, a range is moving) it
-// looks again and retries for up to LeaderWait. Retrying is safe: every
-// RPC is idempotent under its request id or lease id.
+// node answers Unavailable (its leadership moved, a range is moving, it
+// went down) it looks again and retries, until the answers have been
+// Unavailable for LeaderWait (counted from the first of them, so a wait
+// that lasted minutes before its node died is retried too). Retrying is
+// safe: every RPC is idempotent under its request id or lease id.
 func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request[Req], key string,
 	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
 	hops := hopsOf(req.Header())
 	if hops >= maxHops {
 		return nil, false, nil
 	}
-	deadline := time.Now().Add(r.cfg.LeaderWait)
+	var failing time.Time // when the run of Unavailable answers began
 	for {
 		rl := r.remoteFor(ctx, key)
 		if rl == nil {
@@ -45,7 +47,12 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		fr.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
 		metrics.forwards.Inc()
 		resp, err := call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
-		if connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
+		if connect.CodeOf(err) != connect.CodeUnavailable {
+			return resp, true, err
+		}
+		if failing.IsZero() {
+			failing = time.Now()
+		} else if time.Since(failing) > r.cfg.LeaderWait {
 			return resp, true, err
 		}
 		select {

@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
@@ -40,15 +42,45 @@ func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.
 
 // acquireFrom is Acquire for a request from the caller from (a Batch's op comes
 // from the Batch's caller).
+//
+// A waiting Acquire is served where the shard's leader was when it came,
+// and goes on waiting there through leader changes; when that node stops
+// hosting the shard, or a forwarded call's node stops answering, it is
+// sent on (with the time it has left) to a node that hosts the shard.
 func (s *LockServer) acquireFrom(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest], from connect.Peer) (*connect.Response[wardenv1.AcquireResponse], error) {
-	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
-		return p.locks.Acquire
-	}); ok {
-		return resp, err
-	}
 	start := time.Now()
-	resp, err := s.acquire(ctx, req.Msg)
-	return s.acquired(ctx, from, req.Msg, resp, err, start)
+	for {
+		if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+			return func(ctx context.Context, fr *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+				fr.Msg = waitLeft(fr.Msg, start)
+				return p.locks.Acquire(ctx, fr)
+			}
+		}); ok {
+			return resp, err
+		}
+		served := time.Now()
+		m := waitLeft(req.Msg, start)
+		resp, err := s.acquire(ctx, m)
+		if errors.Is(err, errWaitElsewhere) && hopsOf(req.Header()) < maxHops && ctx.Err() == nil {
+			continue // forward finds the node that hosts the shard now
+		}
+		if errors.Is(err, errWaitElsewhere) {
+			err = fmt.Errorf("%w: %w", ErrNoLeader, err)
+		}
+		return s.acquired(ctx, from, m, resp, err, served)
+	}
+}
+
+// waitLeft returns m with its wait_timeout less the time since start
+// (never below zero), for an Acquire that goes on elsewhere with the
+// same request id: a retry waits for the time its caller has left.
+func waitLeft(m *wardenv1.AcquireRequest, start time.Time) *wardenv1.AcquireRequest {
+	if m.GetWaitTimeout().AsDuration() <= 0 {
+		return m // nothing to count down (validation refuses a negative one)
+	}
+	out := proto.CloneOf(m)
+	out.WaitTimeout = durationpb.New(max(0, m.GetWaitTimeout().AsDuration()-time.Since(start)))
+	return out
 }
 
 // acquired audits and counts an Acquire served here (one of a Batch's
@@ -77,8 +109,21 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 	}
 	start := time.Now()
 	res, err := s.r.propose(ctx, m.GetResource(), env)
+	if wait > 0 && unavailable(err) {
+		// The enqueue's outcome is unknown, or no leader took it: propose
+		// it again, with the same request and lease ids, through whichever
+		// node leads now. A committed first try is found by the dedup
+		// record: the retry answers the same place in the queue.
+		for lost := time.Now(); unavailable(err) && ctx.Err() == nil && time.Since(lost) < waitRideThrough; {
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+			res, err = s.r.propose(ctx, m.GetResource(), env)
+		}
+	}
 	if err != nil {
-		if wait > 0 && (errors.Is(err, ErrOutcomeUnknown) || ctx.Err() != nil) {
+		if wait > 0 && (unavailable(err) || ctx.Err() != nil) {
 			// The enqueue may have committed with nobody left to wait for
 			// it: take this attempt's place back.
 			s.r.cancelWait(m.GetResource(), m.GetRequestId(), cmd.GetLeaseId())
@@ -91,8 +136,9 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 	}
 	if res.GetCode() == shardv1.Code_CODE_QUEUED {
 		// A retry waits for the time it has left, not for the place's
-		// deadline, which an earlier attempt set.
-		deadline := min(res.GetWaitDeadlineUnixNano(), env.GetNowUnixNano()+int64(wait))
+		// deadline, which an earlier attempt set. (Counted from before the
+		// first proposal: env may have been stamped on another node.)
+		deadline := min(res.GetWaitDeadlineUnixNano(), start.Add(wait).UnixNano())
 		l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), cmd.GetLeaseId(), res.GetWaiterSeq(), deadline)
 		if err != nil {
 			return nil, err

@@ -257,10 +257,12 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 	}
 }
 
-// propose sends a command for key to its shard's leader, which must be
-// local, and returns the shard's result; a result that refused the
-// command is a *resultError. While the key's range is moving or the map
-// is stale, it refreshes the map and retries for up to MoveWait.
+// propose sends a command for key to its shard's leader and returns the
+// shard's result; a result that refused the command is a *resultError.
+// The leader is normally local (the RPC was routed here); when leadership
+// has moved since, the command is proposed through the leader's node over
+// NodeService. While the key's range is moving or the map is stale, it
+// refreshes the map and retries for up to MoveWait.
 func (r *Router) propose(ctx context.Context, key string, env *shardv1.Envelope) (*shardv1.Result, error) {
 	return r.retryMoved(ctx, func() (*shardv1.Result, error) {
 		m := r.Map()
@@ -268,17 +270,8 @@ func (r *Router) propose(ctx context.Context, key string, env *shardv1.Envelope)
 		if err != nil {
 			return nil, err
 		}
-		var res *shardv1.Result
-		err = r.retryDropped(ctx, func() error {
-			n, t, err := r.leader(ctx, rg.GetShardId())
-			if err != nil {
-				return err
-			}
-			env.Generation = m.Generation()
-			res, err = r.proposeOn(ctx, n, t, rg.GetShardId(), env)
-			return err
-		})
-		return res, err
+		env.Generation = m.Generation()
+		return r.Shards().Propose(ctx, rg.GetShardId(), env)
 	})
 }
 

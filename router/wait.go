@@ -13,36 +13,46 @@ import (
 // errWaitTimedOut: wait_timeout passed without a grant.
 var errWaitTimedOut = errors.New("router: waited wait_timeout without a grant")
 
-// leaderPoll is how often a waiting RPC checks that the leader it queued
-// through still leads.
-const leaderPoll = 250 * time.Millisecond
+// waitPoll is how often a waiting RPC checks that its node still hosts
+// a replica of the resource's shard and that the replica knows a leader.
+const waitPoll = 100 * time.Millisecond
 
-// awaitGrant waits for the hand-off of queue entry seq of the request. It
-// returns the granted lease, or:
+// waitRideThrough is how long a waiting RPC keeps waiting while no local
+// replica of the shard knows a leader (CheckQuorum makes a leader cut off
+// from a quorum step down, and a follower cut off from the leader forgets
+// it at its election timeout) before it answers unavailable. Elections
+// and leadership transfers are shorter.
+const waitRideThrough = time.Second
+
+// errWaitElsewhere: this node no longer hosts a replica of the waiting
+// resource's shard (a move took it, or a split put the resource in a
+// shard placed elsewhere), so it would never see the grant applied. The
+// Acquire is handed on, with the time it has left, to a node that hosts
+// one.
+var errWaitElsewhere = errors.New("router: this node no longer hosts the resource's shard")
+
+// awaitGrant waits for the hand-off of queue entry seq of the request. The
+// wait is replicated state and every replica applies its grant, so it
+// rides through leader changes: the grant is taken from a local replica's
+// applied log, whichever replica leads. It returns the granted lease, or:
 //   - errWaitTimedOut when the wait deadline (shard time, Unix ns) passes
 //     or the shard dropped the waiter; the waiter is removed by a cancel
 //     command, which also releases a grant that raced it;
 //   - the context's error when the caller gave up, after the same cancel
 //     (also when the grant arrived just as the caller left);
-//   - ErrNoLeader when the shard's leader changed: the client retries with
-//     the same request_id and finds its place in the queue or its grant;
+//   - ErrNoLeader when no local replica has known a leader for
+//     waitRideThrough: the client retries with the same request_id and
+//     finds its place in the queue or its grant;
+//   - errWaitElsewhere when this node stops hosting the shard;
 //   - ErrOutcomeUnknown when a later attempt of the request took its place
 //     before the grant (the grant is that attempt's).
 //
 // attempt is this attempt's lease id: a cancel counts only while no later
 // attempt of the request has arrived.
 func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, requestID string, attempt []byte, seq uint64, deadline int64) (*shardv1.LeaseInfo, error) {
-	rg, err := r.Map().ShardFor(resource)
-	if err != nil {
-		return nil, err
-	}
-	n, t, err := r.leader(ctx, rg.GetShardId())
-	if err != nil {
-		return nil, err
-	}
 	timer := time.NewTimer(time.Until(time.Unix(0, deadline)))
 	defer timer.Stop()
-	poll := time.NewTicker(leaderPoll)
+	poll := time.NewTicker(waitPoll)
 	defer poll.Stop()
 	outcome := func(ev *shardv1.WaiterEvent) (*shardv1.LeaseInfo, error) {
 		if ev.GetLease() == nil {
@@ -60,6 +70,7 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 		}
 		return ev.GetLease(), nil
 	}
+	var leaderless time.Time // since when no local replica knows a leader
 	for {
 		select {
 		case <-sub.notify:
@@ -76,11 +87,39 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 			r.cancelWait(resource, requestID, attempt)
 			return nil, ctx.Err()
 		case <-poll.C:
-			if !r.leads(n, rg.GetShardId(), t) {
-				return nil, fmt.Errorf("%w: the leader changed while waiting; retry with the same request_id", ErrNoLeader)
+			rg, err := r.Map().ShardFor(resource)
+			if err != nil {
+				return nil, err
+			}
+			hosted, led := r.replicaView(rg.GetShardId())
+			switch {
+			case !hosted:
+				return nil, errWaitElsewhere
+			case led:
+				leaderless = time.Time{}
+			case leaderless.IsZero():
+				leaderless = time.Now()
+			case time.Since(leaderless) > waitRideThrough:
+				return nil, fmt.Errorf("%w: no replica of shard %d here has known a leader for %v; retry with the same request_id", ErrNoLeader, rg.GetShardId(), waitRideThrough)
 			}
 		}
 	}
+}
+
+// replicaView reports whether a local node hosts a replica of shardID,
+// and whether one of them knows the shard's leader.
+func (r *Router) replicaView(shardID uint64) (hosted, led bool) {
+	for i := range r.nodes {
+		id, _, valid, err := r.nodes[i].Node.NH.GetLeaderID(shardID)
+		if err != nil {
+			continue
+		}
+		hosted = true
+		if valid && id != 0 {
+			led = true
+		}
+	}
+	return hosted, led
 }
 
 // cancelWait proposes the removal of an abandoned attempt's waiter (or the

@@ -188,46 +188,61 @@ func TestWaitTimeout(t *testing.T) {
 	}
 }
 
-// A waiting RPC ends with unavailable when the leader changes; its retry
-// with the same request_id finds its place in the queue, not a new one,
-// and then its grant.
-func TestWaiterRetryAcrossLeaderChange(t *testing.T) {
+// Cases L3 and L18 in one process: a waiting Acquire rides through leader
+// changes. The holder is dead (it never renews); leadership moves five
+// times, 1 s apart, while the waiter waits; the waiter's one call (a raw
+// Connect client, no SDK retries) is granted after the holder's lease
+// expires, within rule 6's bound, and never answered unavailable.
+func TestWaiterRidesThroughLeaderChanges(t *testing.T) {
 	c := startCluster(t, router.DevConfig{})
-	a := c.mustAcquire("r", "a", 30*time.Second)
-	first := make(chan error, 1)
+	const ttl = 10 * time.Second
+	h := c.mustAcquire("r", "dead-holder", ttl)
+	type answer struct {
+		lease *wardenv1.AcquireResponse
+		err   error
+		at    time.Time
+	}
+	done := make(chan answer, 1)
 	go func() {
-		_, err := c.acquireWait(ctx(t), "r", "b", 5*time.Second, time.Minute)
-		first <- err
+		cctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+		defer cancel()
+		l, err := c.acquireWait(cctx, "r", "waiter", 5*time.Second, 30*time.Second)
+		done <- answer{l, err, time.Now()}
 	}()
 	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
-	c.transferLeader((c.leader() + 1) % router.DevNodes)
-	if err := <-first; connect.CodeOf(err) != connect.CodeUnavailable {
-		t.Fatalf("waiting through a leader change: %v, want unavailable", err)
-	}
-	firstAttempt := c.attempt("r", "b")
-	second := make(chan *wardenv1.AcquireResponse, 1)
-	go func() {
-		resp, err := c.acquireWait(ctx(t), "r", "b", 5*time.Second, time.Minute)
-		if err != nil {
-			t.Errorf("retry: %v", err)
+	for i := range 5 {
+		from := c.leader()
+		c.transferLeader((from + 1) % router.DevNodes) // fails unless the leader did change
+		select {
+		case a := <-done:
+			t.Fatalf("the waiter was answered during transfer %d, before the holder's lease ended: %v %v", i+1, a.lease, a.err)
+		case <-time.After(time.Second):
 		}
-		second <- resp
-	}()
-	// The retry's attempt is applied: the request's latest attempt changed.
-	waitFor(t, func() bool { a := c.attempt("r", "b"); return a != nil && !bytes.Equal(a, firstAttempt) })
-	if d := c.describe("r"); d.GetWaiters() != 1 {
-		t.Fatalf("the retry queued again: %d waiters", d.GetWaiters())
 	}
-	if ok, err := c.release("r", a.GetLeaseId()); err != nil || !ok {
-		t.Fatal(ok, err)
+	lastTransfer := time.Now()
+	a := <-done
+	if a.err != nil {
+		t.Fatalf("the waiter, through five leader changes: %v (code %v), want the grant", a.err, connect.CodeOf(a.err))
 	}
-	got := <-second
-	if got == nil || got.GetFencingToken() <= a.GetFencingToken() {
-		t.Fatalf("retry's grant %v", got)
+	expires := h.GetExpiresAt().AsTime()
+	skew := 500 * time.Millisecond // the shards' default max_clock_skew
+	if !a.at.After(lastTransfer) || !lastTransfer.Before(expires) {
+		t.Fatalf("premise: the transfers (last at %v) all came before the holder's expiry (%v) and the grant (%v)", lastTransfer, expires, a.at)
 	}
-	// Once more: the same request id replays the grant.
-	again, err := c.acquireWait(ctx(t), "r", "b", 5*time.Second, time.Minute)
-	if err != nil || again.GetLeaseId() != got.GetLeaseId() {
+	// Rule 6: grantable only past expires_at + max_clock_skew, and free by
+	// TTL + 2 × skew + scan interval + election time (1 s here, with slack).
+	if early := expires.Add(skew); a.at.Before(early) {
+		t.Fatalf("granted at %v, before expires_at + max_clock_skew (%v)", a.at, early)
+	}
+	if late := expires.Add(2*skew + c.cfg.Router.ScanInterval + 2*time.Second); a.at.After(late) {
+		t.Fatalf("granted at %v, after rule 6's bound %v", a.at, late)
+	}
+	if a.lease.GetFencingToken() <= h.GetFencingToken() {
+		t.Fatalf("the waiter's token %d is not above the holder's %d", a.lease.GetFencingToken(), h.GetFencingToken())
+	}
+	// The same request id replays the grant.
+	again, err := c.acquireWait(ctx(t), "r", "waiter", 5*time.Second, time.Minute)
+	if err != nil || again.GetLeaseId() != a.lease.GetLeaseId() {
 		t.Fatalf("replay: %v %v", again, err)
 	}
 }
@@ -428,5 +443,74 @@ func TestRetryWaitsForItsOwnTimeout(t *testing.T) {
 	}
 	if d := c.describe("r"); d.GetWaiters() != 0 {
 		t.Errorf("r: %v, want no waiter left", d)
+	}
+}
+
+// Case L18's other half: a waiter whose shard loses its quorum is told
+// unavailable about a second after (router.waitRideThrough) — never a
+// silent wait to its 30 s deadline — and its retry with the same request
+// id, once the quorum is back, keeps its place ahead of a later waiter.
+func TestWaiterWithoutQuorumAnswersUnavailable(t *testing.T) {
+	c := startCluster(t, router.DevConfig{Router: router.Config{ProposeTimeout: time.Second, LeaderWait: time.Second}})
+	h := c.mustAcquire("r", "holder", 30*time.Second)
+	answers := make(chan error, 2)
+	for _, id := range []string{"w1", "w2"} {
+		go func() {
+			_, err := c.acquireWait(ctx(t), "r", id, 5*time.Second, 30*time.Second)
+			answers <- err
+		}()
+		waitFor(t, func() bool { return c.attempt("r", id) != nil })
+	}
+	lead := c.leader()
+	c.stopReplica((lead + 1) % router.DevNodes)
+	c.stopReplica((lead + 2) % router.DevNodes)
+	lost := time.Now()
+	for range 2 {
+		select {
+		case err := <-answers:
+			if took := time.Since(lost); connect.CodeOf(err) != connect.CodeUnavailable || took > 5*time.Second {
+				t.Fatalf("a waiter without quorum: %v after %v, want unavailable within seconds", err, took)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("a waiter without quorum was not answered")
+		}
+	}
+	c.startReplica((lead + 1) % router.DevNodes)
+	c.startReplica((lead + 2) % router.DevNodes)
+	// Both retry, W2's retry applied first: W1 keeps the head of the queue.
+	got := make(chan *wardenv1.AcquireResponse, 2)
+	order := make(chan string, 2)
+	for _, id := range []string{"w2", "w1"} {
+		before := c.attempt("r", id)
+		go func() {
+			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
+				l, err := c.acquireWait(ctx(t), "r", id, 5*time.Second, 10*time.Second)
+				if err == nil {
+					order <- id
+					got <- l
+					return
+				}
+				if connect.CodeOf(err) != connect.CodeUnavailable {
+					t.Errorf("%s's retry: %v", id, err)
+					return
+				}
+			}
+			t.Errorf("%s's retry: still unavailable", id)
+		}()
+		waitFor(t, func() bool { a := c.attempt("r", id); return a != nil && !bytes.Equal(a, before) })
+	}
+	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 2 })
+	if ok, err := c.release("r", h.GetLeaseId()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if first := <-order; first != "w1" {
+		t.Fatalf("%s was granted first; W1 queued first and kept its place", first)
+	}
+	l := <-got
+	if ok, err := c.release("r", l.GetLeaseId()); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if second := <-order; second != "w2" {
+		t.Fatalf("then %s", second)
 	}
 }
