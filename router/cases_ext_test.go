@@ -58,7 +58,8 @@ func TestCaseL15StaleReleaseRetry(t *testing.T) {
 // changes, the whole cluster restarts, and a retry still replays the
 // first drift and moves committed usage once; a different observed
 // value under the same report_id is invalid_argument. (The multi-process
-// half, with SIGKILL and a snapshot install, is still to come.)
+// half, with SIGKILL and a snapshot install, is cmd/wardend's
+// TestClusterCaseQ13CorrectionExactlyOnce.)
 func TestCaseQ13CorrectionExactlyOnce(t *testing.T) {
 	c := startCluster(t, router.DevConfig{})
 	quota := func() wardenv1connect.QuotaServiceClient {

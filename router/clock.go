@@ -259,7 +259,7 @@ func (r *Router) readClock(n *placementv1.Node, round time.Time) (time.Duration,
 
 // applies reports whether every replica of shardID is on a node whose
 // binary applies command envelope version v: this node's, or a peer
-// whose last clock reading said so. A command of a newer version than
+// whose peerVersion says so. A command of a newer version than
 // some replica applies would stop that replica's whole process, and go on
 // stopping it while it replays its log, so the router proposes one only
 // once every replica's node has been upgraded (a rolling upgrade keeps
@@ -275,7 +275,7 @@ func (r *Router) applies(shardID uint64, v uint32) bool {
 	r.clock.mu.Lock()
 	defer r.clock.mu.Unlock()
 	for _, rep := range s.GetReplicas() {
-		if !r.isLocal(rep.GetNodeId()) && r.clock.versions[rep.GetNodeId()] < v {
+		if !r.isLocal(rep.GetNodeId()) && r.peerVersion(rep.GetNodeId()) < v {
 			return false
 		}
 	}
@@ -283,20 +283,31 @@ func (r *Router) applies(shardID uint64, v uint32) bool {
 }
 
 // sharedVersion is the newest envelope version every replica of shardID
-// applies: this binary's for local replicas, and for a peer's the one its
-// last clock reading reported (1 before any reading). Commands travel in
-// it, so a rule that changed in a newer version (shard.CommandVersion)
-// takes effect only once no replica would apply the entry by the old one.
+// applies: this binary's for local replicas, and peerVersion for a
+// peer's. Commands travel in it, so a rule that changed in a newer
+// version (shard.CommandVersion) takes effect only once no replica would
+// apply the entry by the old one.
 func (r *Router) sharedVersion(shardID uint64) uint32 {
 	v := uint32(shard.CommandVersion)
 	r.clock.mu.Lock()
 	defer r.clock.mu.Unlock()
 	for _, rep := range r.Map().Shard(shardID).GetReplicas() {
 		if !r.isLocal(rep.GetNodeId()) {
-			v = min(v, max(r.clock.versions[rep.GetNodeId()], 1))
+			v = min(v, r.peerVersion(rep.GetNodeId()))
 		}
 	}
 	return v
+}
+
+// peerVersion is the envelope version peer id's binary applies: what its
+// last clock reading reported, else what it registered in the placement
+// map at its last start (a node down since before this router started),
+// else 1. The caller holds r.clock.mu.
+func (r *Router) peerVersion(id uint64) uint32 {
+	if v, ok := r.clock.versions[id]; ok {
+		return v
+	}
+	return max(r.Map().Node(id).GetCommandVersion(), 1)
 }
 
 // live reports whether node id answered its last clock reading (a node

@@ -36,6 +36,31 @@ func TestAppliesNeedsEveryReplicasVersion(t *testing.T) {
 	}
 }
 
+// A peer not read since this router started (down, or not yet up) counts
+// with the version it registered in the placement map at its last start;
+// a reading, when there is one, wins.
+func TestPeerVersionFallsBackToRegistered(t *testing.T) {
+	r := &Router{}
+	r.maps.Store(placement.NewMap(&placementv1.State{
+		Nodes: []*placementv1.Node{{Id: 1, CommandVersion: 5}, {Id: 2, CommandVersion: 5}, {Id: 3, CommandVersion: 4}},
+		Shards: []*placementv1.Shard{{Id: 5, Replicas: []*placementv1.Replica{
+			{ReplicaId: 1, NodeId: 1}, {ReplicaId: 2, NodeId: 2}, {ReplicaId: 3, NodeId: 3}}}}}))
+	for _, c := range []struct {
+		versions map[uint64]uint32
+		want     uint32
+	}{
+		{nil, 4},                           // all from the map: node 3 registered 4
+		{map[uint64]uint32{1: 5, 2: 5}, 4}, // node 3 down since before this router started
+		{map[uint64]uint32{3: 5}, 5},       // node 3's reading says it was upgraded since
+		{map[uint64]uint32{1: 5, 3: 3}, 3}, // a reading wins over the registration
+	} {
+		r.clock.versions = c.versions
+		if got := r.sharedVersion(5); got != min(c.want, shard.CommandVersion) {
+			t.Errorf("versions %v: shared version %d, want %d", c.versions, got, c.want)
+		}
+	}
+}
+
 // Commands travel in the newest version every replica applies: this
 // binary's while every replica is local or reported it, older while one
 // replica's node reported an older binary or none.

@@ -3,7 +3,11 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -87,4 +91,160 @@ func TestClusterQuotaLastUnit(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("reserve without quorum: %v, want unavailable (fail closed)", err)
 	}
+}
+
+// Case Q13 on three processes: a correction applies exactly once. It is
+// sent as the shard's leader is SIGKILLed (its answer lost), retried
+// three times on the new leader, then, after a follower left behind a
+// log compaction and every node is restarted (the follower catches up by
+// a snapshot install), retried again; usage rose by 7 once, the ledger
+// has one CORRECTION event of the report, and a different observed value
+// under the same report_id is invalid_argument and changes nothing.
+func TestClusterCaseQ13CorrectionExactlyOnce(t *testing.T) {
+	c := startProcCluster(t)
+	call := func(f func(ctx context.Context) error) error {
+		return retryUnavailable(func() error {
+			ctx, cancel := rpcCtx()
+			defer cancel()
+			return f(ctx)
+		})
+	}
+	const key = "q13"
+	if err := call(func(ctx context.Context) error {
+		_, err := c.any().quota().SetLimit(ctx, connect.NewRequest(&wardenv1.SetLimitRequest{Key: key, Limit: 100}))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var seq uint64
+	if err := call(func(ctx context.Context) error {
+		q, err := c.any().quota().Query(ctx, connect.NewRequest(&wardenv1.QueryRequest{Key: key}))
+		seq = q.Msg.GetLedgerSeq()
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	report := func(n *node, observed int64) (*wardenv1.ReportUsageResponse, error) {
+		var out *wardenv1.ReportUsageResponse
+		err := call(func(ctx context.Context) error {
+			resp, err := n.quota().ReportUsage(ctx, connect.NewRequest(&wardenv1.ReportUsageRequest{Key: key, Observed: observed, ReportId: "c7", Correct: true, ObservedSeq: &seq}))
+			if err == nil {
+				out = resp.Msg
+			}
+			return err
+		})
+		return out, err
+	}
+	check := func(when string) {
+		t.Helper()
+		var q *wardenv1.QueryResponse
+		if err := call(func(ctx context.Context) error {
+			resp, err := c.any().quota().Query(ctx, connect.NewRequest(&wardenv1.QueryRequest{Key: key}))
+			if err == nil {
+				q = resp.Msg
+			}
+			return err
+		}); err != nil {
+			t.Fatalf("%s: query: %v", when, err)
+		}
+		if got := q.GetLevels()[0].GetCommitted(); got != 7 {
+			t.Fatalf("%s: committed %d, want 7 (the correction once)", when, got)
+		}
+		var events []*wardenv1.LedgerEvent
+		if err := call(func(ctx context.Context) error {
+			resp, err := c.any().quota().ListLedger(ctx, connect.NewRequest(&wardenv1.ListLedgerRequest{Key: key}))
+			events = resp.Msg.GetEvents()
+			return err
+		}); err != nil {
+			t.Fatalf("%s: ledger: %v", when, err)
+		}
+		corrections := 0
+		for _, e := range events {
+			if e.GetKind() == "CORRECTION" && e.GetReportId() == "c7" {
+				corrections++
+			}
+		}
+		if corrections != 1 {
+			t.Fatalf("%s: %d CORRECTION events of c7 in the ledger, want 1: %v", when, corrections, events)
+		}
+	}
+
+	// 1. Sent through a follower while the leader is SIGKILLed: whatever
+	// that first try was told is lost.
+	leader := c.leaderIndex(key)
+	via := c.notLeader(key)
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		ctx, cancel := rpcCtx()
+		defer cancel()
+		_, _ = c.nodes[via].quota().ReportUsage(ctx, connect.NewRequest(&wardenv1.ReportUsageRequest{Key: key, Observed: 7, ReportId: "c7", Correct: true, ObservedSeq: &seq}))
+	}()
+	time.Sleep(2 * time.Millisecond)
+	c.kill(leader)
+	<-sent
+	c.waitLeaderNot(leader)
+	// 2. Three retries on the new leader.
+	for i := range 3 {
+		got, err := report(c.nodes[via], 7)
+		if err != nil || got.GetDrift() != 7 {
+			t.Fatalf("retry %d: %v %v, want drift 7", i+1, got, err)
+		}
+	}
+	check("after the lost answer and the leader's death")
+	c.start(leader)
+	c.waitServing(leader)
+
+	// A follower stopped, left behind while the others write and compact
+	// their logs, then a full restart: it catches up by a snapshot.
+	behind := c.notLeader(key)
+	c.kill(behind)
+	for i := range 20 {
+		if err := call(func(ctx context.Context) error {
+			_, err := c.any().quota().Reserve(ctx, connect.NewRequest(&wardenv1.ReserveRequest{Key: key + "/other", Amount: 1, ReservationId: fmt.Sprintf("fill-%d", i)}))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := call(func(ctx context.Context) error {
+		_, err := c.any().admin.Snapshot(ctx, connect.NewRequest(&wardenv1.SnapshotRequest{ShardId: c.shardOf(key).GetId()}))
+		return err
+	}); err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	for i := range c.nodes {
+		if c.nodes[i].cmd != nil {
+			c.kill(i)
+		}
+	}
+	for i := range c.nodes {
+		c.start(i)
+	}
+	for i := range c.nodes {
+		c.waitServing(i)
+	}
+	n := c.nodes[behind]
+	shardDir := filepath.Join(n.dir, "sm", fmt.Sprintf("shard-%d-replica-%d", c.shardOf(key).GetId(), n.id))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cur, err := os.ReadFile(filepath.Join(shardDir, "CURRENT"))
+		if err == nil && strings.TrimSpace(string(cur)) != "db-1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("premise: node %d caught up without a snapshot install (CURRENT %q, %v)", n.id, cur, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got, err := report(n, 7)
+	if err != nil || got.GetDrift() != 7 {
+		t.Fatalf("retry after the restart: %v %v, want drift 7", got, err)
+	}
+	check("after the snapshot install and the full restart")
+	// 3. The same report_id with another observed value.
+	if _, err := report(n, 8); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("c7 with observed 8: %v, want invalid_argument", err)
+	}
+	check("after the refused variant")
 }

@@ -341,9 +341,16 @@ type Node struct {
 	// or replaced) refuses to start: a Raft voter must never forget what
 	// it acknowledged. Empty for a node that has not registered one (an
 	// initial member before its first start, or a binary that predates it).
-	Incarnation   string `protobuf:"bytes,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Incarnation string `protobuf:"bytes,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// CommandVersion is the newest shard command envelope version the
+	// node's binary applies, as the node registered it at its last start (0
+	// for a binary that predates it). A router that has not read the node's
+	// clock since it started (the node is down, or was when the router
+	// started) takes the node's version from here, so a rule of a newer
+	// version keeps applying while a replica's node is down.
+	CommandVersion uint32 `protobuf:"varint,6,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -409,6 +416,13 @@ func (x *Node) GetIncarnation() string {
 		return x.Incarnation
 	}
 	return ""
+}
+
+func (x *Node) GetCommandVersion() uint32 {
+	if x != nil {
+		return x.CommandVersion
+	}
+	return 0
 }
 
 // Shard is a data shard's Raft group.
@@ -1561,14 +1575,15 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"epochLimit\x12;\n" +
 	"\toperators\x18\b \x03(\v2\x1d.warden.placement.v1.OperatorR\toperators\x12\x1d\n" +
 	"\n" +
-	"last_epoch\x18\t \x01(\x04R\tlastEpoch\"\x8a\x01\n" +
+	"last_epoch\x18\t \x01(\x04R\tlastEpoch\"\xb3\x01\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
 	"\traft_addr\x18\x03 \x01(\tR\braftAddr\x12\x1f\n" +
 	"\vlisten_addr\x18\x04 \x01(\tR\n" +
 	"listenAddr\x12 \n" +
-	"\vincarnation\x18\x05 \x01(\tR\vincarnation\"\xc6\x01\n" +
+	"\vincarnation\x18\x05 \x01(\tR\vincarnation\x12'\n" +
+	"\x0fcommand_version\x18\x06 \x01(\rR\x0ecommandVersion\"\xc6\x01\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x128\n" +
