@@ -75,7 +75,13 @@ func (c *procCluster) startWaiters(resource string, ttl time.Duration, via int) 
 // waitWaiters waits until resource has n waiters queued.
 func (c *procCluster) waitWaiters(resource string, n uint32) {
 	c.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	c.waitWaitersWithin(resource, n, 15*time.Second)
+}
+
+// waitWaitersWithin waits up to d until resource has n waiters queued.
+func (c *procCluster) waitWaitersWithin(resource string, n uint32, d time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(d)
 	for {
 		d, err := c.any().describe(resource)
 		if err == nil && d.GetWaiters() == n {

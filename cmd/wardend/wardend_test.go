@@ -27,17 +27,21 @@ import (
 // real signals: SIGKILL (a crash), SIGSTOP/SIGCONT (a pause) and SIGTERM
 // (a graceful stop).
 
-var binary string
+// binary is the wardend binary the tests run; cliBinary is the warden CLI,
+// run as a client process that a test can SIGKILL.
+var binary, cliBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "wardend-bin-")
 	if err != nil {
 		panic(err)
 	}
-	binary = filepath.Join(dir, "wardend")
-	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building wardend: %v\n%s", err, out)
-		os.Exit(1)
+	binary, cliBinary = filepath.Join(dir, "wardend"), filepath.Join(dir, "warden")
+	for bin, pkg := range map[string]string{binary: ".", cliBinary: "../warden"} {
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "building %s: %v\n%s", pkg, err, out)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/warden-dev/warden/client"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+)
+
+// rawRenewer renews one lease every period with Renew calls of a 1 s
+// deadline, as a client without the SDK would: through its preferred
+// node, and through the next running one when a call fails.
+type rawRenewer struct {
+	c               *procCluster
+	resource, lease string
+	ttl, period     time.Duration
+	stop            chan struct{}
+	done            chan struct{}
+	mu              sync.Mutex
+	errs            []error
+	renewals, fails int
+	slowest         time.Duration // of the calls that failed
+}
+
+func (c *procCluster) renewEvery(resource string, l *wardenv1.AcquireResponse, ttl, period time.Duration, via int) *rawRenewer {
+	w := &rawRenewer{c: c, resource: resource, lease: l.GetLeaseId(), ttl: ttl, period: period, stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run(via)
+	return w
+}
+
+func (w *rawRenewer) fail(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.errs = append(w.errs, err)
+}
+
+func (w *rawRenewer) run(via int) {
+	defer close(w.done)
+	last := time.Now() // the acquire
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-time.After(w.period):
+		}
+		for ok := false; !ok; {
+			if time.Since(last) > w.ttl {
+				w.fail(fmt.Errorf("no renewal succeeded for %v, past the %v TTL", time.Since(last), w.ttl))
+				return
+			}
+			n := w.c.nodes[via]
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			start := time.Now()
+			_, err := n.locks.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: w.resource, LeaseId: w.lease}))
+			took := time.Since(start)
+			cancel()
+			w.mu.Lock()
+			switch code := connect.CodeOf(err); {
+			case err == nil:
+				w.renewals++
+				last, ok = start, true
+			case code == connect.CodeFailedPrecondition:
+				w.errs = append(w.errs, fmt.Errorf("renew through node %d %v after the last success, within the TTL: %v", via+1, time.Since(last), err))
+			case code != connect.CodeUnavailable && code != connect.CodeDeadlineExceeded:
+				w.errs = append(w.errs, fmt.Errorf("renew through node %d: %v", via+1, err))
+			default:
+				w.fails++
+				w.slowest = max(w.slowest, took)
+				if took > 1500*time.Millisecond {
+					w.errs = append(w.errs, fmt.Errorf("renew through node %d hung for %v (1 s deadline): %v", via+1, took, err))
+				}
+			}
+			w.mu.Unlock()
+			if !ok {
+				for via = (via + 1) % len(w.c.nodes); !w.c.nodes[via].up.Load(); via = (via + 1) % len(w.c.nodes) {
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// finish stops the renewals and fails the test on what they saw.
+func (w *rawRenewer) finish(t *testing.T) {
+	t.Helper()
+	close(w.stop)
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, err := range w.errs {
+		t.Error(err)
+	}
+	t.Logf("raw renewals: %d succeeded, %d failed retryably (slowest failure %v)", w.renewals, w.fails, w.slowest.Round(time.Millisecond))
+}
+
+// Case L20 on three processes: renewals ride through node loss and
+// elections. A raw client renews a 6 s lease every 2 s through node C
+// with a 1 s deadline per call, and the SDK holds another; C is
+// SIGKILLed (renewals go through another node), restarted, and then the
+// shard's leader is SIGKILLed. No renewal answers failed_precondition
+// within the TTL, none hangs past its deadline, nobody else gets either
+// lock and the tokens never change, and the SDK's lease never closes
+// Done.
+func TestClusterCaseL20RenewalsRideThroughNodeLoss(t *testing.T) {
+	c := startProcCluster(t)
+	const ttl = 6 * time.Second
+	C := c.notLeader("l20-raw")
+	raw, err := c.nodes[C].acquire("l20-raw", "raw", ttl, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls := []string{"http://" + c.nodes[C].listen}
+	for i, n := range c.nodes {
+		if i != C {
+			urls = append(urls, "http://"+n.listen)
+		}
+	}
+	cl, err := client.New(urls...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sdk, err := cl.Lock(ctx, "l20-sdk", client.LockOptions{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := c.renewEvery("l20-raw", raw, ttl, 2*time.Second, C)
+	alive := func(when string) {
+		t.Helper()
+		select {
+		case <-sdk.Done():
+			t.Fatalf("%s: the SDK's lease closed Done: %v", when, sdk.Err())
+		default:
+		}
+	}
+	time.Sleep(3 * time.Second)
+	c.kill(C)
+	time.Sleep(5 * time.Second) // two renewal periods without node C
+	alive("node C down")
+	c.start(C)
+	c.waitServing(C)
+	leader := c.leaderIndex("l20-raw")
+	c.kill(leader)
+	c.waitLeaderNot(leader)
+	time.Sleep(5 * time.Second)
+	alive("after the leader's SIGKILL")
+	c.start(leader)
+	c.waitServing(leader)
+	w.finish(t)
+	alive("at the end")
+	for r, want := range map[string]uint64{"l20-raw": raw.GetFencingToken(), "l20-sdk": sdk.Token()} {
+		d, err := c.any().describe(r)
+		if err != nil || !d.GetHeld() || d.GetFencingToken() != want {
+			t.Fatalf("%s: %v %v, want still held with token %#x", r, d, err, want)
+		}
+	}
+	if err := sdk.Unlock(ctx); err != nil {
+		t.Fatalf("the SDK's unlock: %v", err)
+	}
+}
