@@ -94,47 +94,61 @@ var lockModel = porcupine.Model{
 // and recorded as one operation from its first call to its last return.
 func TestLinearizableUnderLeaderChanges(t *testing.T) {
 	c := startCluster(t, router.DevConfig{})
-	resources := []string{"lin/a", "lin/b", "lin/c"}
-	var (
-		mu      sync.Mutex
-		history []porcupine.Operation
-	)
+	h := runLinClients(t, c, []string{"lin/a", "lin/b", "lin/c"}, 6, 0)
+	var leaderChanges int
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+		time.Sleep(500 * time.Millisecond)
+		if c.moveLeader() {
+			leaderChanges++
+		}
+	}
+	n := h.stop()
+	if leaderChanges < 2 {
+		t.Fatalf("the leader changed %d times: the history does not span leader changes", leaderChanges)
+	}
+	t.Logf("%d operations linearizable across %d leader changes", n, leaderChanges)
+	checkReplicasAgree(t, c)
+}
+
+// linHistory is a porcupine history that clients record until stop.
+type linHistory struct {
+	t       *testing.T
+	mu      sync.Mutex
+	ops     []porcupine.Operation
+	done    chan struct{}
+	wg      sync.WaitGroup
+	dropped atomic.Int64
+}
+
+// runLinClients starts clients that run Acquire (alone or as a one-op
+// Batch), Release (some of them stale) and Describe on resources, and
+// record what they saw. A fraction drop of the answers is thrown away, as
+// if lost on the way back: the client retries with the same id, and the
+// operation spans both calls.
+func runLinClients(t *testing.T, c *cluster, resources []string, clients int, drop float64) *linHistory {
+	h := &linHistory{t: t, done: make(chan struct{})}
 	start := time.Now()
 	since := func() int64 { return int64(time.Since(start)) }
 	record := func(client int, in linInput, out linOutput, call int64) {
-		mu.Lock()
-		history = append(history, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: since()})
-		mu.Unlock()
+		h.mu.Lock()
+		h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: since()})
+		h.mu.Unlock()
 	}
-
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	var leaderChanges atomic.Int32
-	go func() { // leader changes
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(500 * time.Millisecond):
-			}
-			if c.moveLeader() {
-				leaderChanges.Add(1)
-			}
-		}
-	}()
-	const clients = 6
 	for cl := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		h.wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(cl), 7))
+			lost := func() bool {
+				if rng.Float64() < drop {
+					h.dropped.Add(1)
+					return true
+				}
+				return false
+			}
 			mine := map[string]string{} // resource → lease id held
 			var old []string            // leases this client released
 			for n := 0; ; n++ {
 				select {
-				case <-stop:
+				case <-h.done:
 					return
 				default:
 				}
@@ -143,7 +157,11 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 				switch k := rng.IntN(10); {
 				case k < 4 && mine[r] == "":
 					in := linInput{op: "acquire", resource: r}
-					out, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n), time.Minute, rng.IntN(2) == 0)
+					id := fmt.Sprintf("c%d-%d", cl, n)
+					if lost() {
+						tryAcquire(c, r, id, time.Minute, rng.IntN(2) == 0) // its answer never arrives
+					}
+					out, ok := linAcquire(c, r, id, time.Minute, rng.IntN(2) == 0)
 					if !ok {
 						t.Errorf("acquire %s: outcome never learned", r)
 						return
@@ -158,10 +176,17 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 						lease = old[rng.IntN(len(old))] // a stale release
 					}
 					in := linInput{op: "release", resource: r, leaseID: lease}
+					answerLost := lost()
+					if answerLost {
+						tryRelease(c, r, lease, rng.IntN(2) == 0)
+					}
 					out, ok := linRelease(c, r, lease, rng.IntN(2) == 0)
 					if !ok {
 						t.Errorf("release %s: outcome never learned", r)
 						return
+					}
+					if answerLost {
+						out.released = nil // the first try's answer was lost
 					}
 					if lease == mine[r] {
 						delete(mine, r)
@@ -170,31 +195,32 @@ func TestLinearizableUnderLeaderChanges(t *testing.T) {
 					record(cl, in, out, call)
 				default:
 					resp, err := c.locks.Describe(ctx(t), connect.NewRequest(&wardenv1.DescribeRequest{Resource: r}))
-					if err != nil {
+					if err != nil || lost() {
 						continue // a read with no answer changed nothing
 					}
 					record(cl, linInput{op: "describe", resource: r}, linOutput{held: resp.Msg.GetHeld(), token: resp.Msg.GetFencingToken()}, call)
 				}
 			}
-		}()
+		})
 	}
-	time.Sleep(4 * time.Second)
-	close(stop)
-	wg.Wait()
-	if leaderChanges.Load() < 2 {
-		t.Fatalf("the leader changed %d times: the history does not span leader changes", leaderChanges.Load())
-	}
+	return h
+}
 
-	res, info := porcupine.CheckOperationsVerbose(lockModel, history, time.Minute)
+// stop ends the clients, checks the history with porcupine (failing the
+// test, with a visualisation kept for a person to read, if it is not
+// linearizable) and returns its length.
+func (h *linHistory) stop() int {
+	h.t.Helper()
+	close(h.done)
+	h.wg.Wait()
+	res, info := porcupine.CheckOperationsVerbose(lockModel, h.ops, time.Minute)
 	if res != porcupine.Ok {
-		f, _ := os.CreateTemp("", "warden-history-*.html") // kept for a person to read
+		f, _ := os.CreateTemp("", "warden-history-*.html")
 		_ = porcupine.Visualize(lockModel, info, f)
 		f.Close()
-		path := f.Name()
-		t.Fatalf("history of %d operations is not linearizable (%v); see %s", len(history), res, path)
+		h.t.Fatalf("history of %d operations is not linearizable (%v); see %s", len(h.ops), res, f.Name())
 	}
-	t.Logf("%d operations linearizable across %d leader changes", len(history), leaderChanges.Load())
-	checkReplicasAgree(t, c)
+	return len(h.ops)
 }
 
 // linAcquire acquires, retrying the same request id while the outcome is

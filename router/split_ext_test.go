@@ -2,13 +2,16 @@ package router_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/lni/dragonboat/v4"
 
 	"github.com/warden-dev/warden/placement"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
@@ -195,4 +198,104 @@ func waitForWaiters(t *testing.T, c *cluster, n int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("%d waiters did not queue", n)
+}
+
+// crashLeaderOf stops the replica that leads shard id — a crash of its
+// node, as far as the shard can tell — and returns a func that starts it
+// again from its data.
+func (c *cluster) crashLeaderOf(id uint64) (restart func()) {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, n := range c.dev.Nodes {
+			lid, _, valid, err := n.Node.NH.GetLeaderID(id)
+			if err != nil || !valid || c.dev.Router.Map().ReplicaNode(id, lid).GetId() != n.Node.ID() {
+				continue
+			}
+			if err := n.Node.NH.StopReplica(id, lid); err != nil {
+				c.t.Fatalf("stop shard %d's leader replica %d: %v", id, lid, err)
+			}
+			return func() {
+				for range 100 { // a stop completes in the background
+					err := n.Node.StartDataShard(id, lid, nil, false, false)
+					if !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
+						if err != nil {
+							c.t.Errorf("restart shard %d's replica %d: %v", id, lid, err)
+						}
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				c.t.Errorf("shard %d's stopped replica %d never went away", id, lid)
+			}
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("no leader of shard %d found", id)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Case S2: the history stays linearizable across split cutovers. Eight
+// clients run Acquire, Release and Describe on resources next to the
+// split points, 1 % of their answers lost, while the shard holding one
+// of them is split at its hash again and again; in one split of five the
+// source shard's leader crashes as the split begins. porcupine must find
+// the history linearizable. make test runs five splits 2 s apart;
+// WARDEN_SOAK=1 (make soak) twelve, 5 s apart, as the case has them.
+func TestCaseS2LinearizableAcrossSplits(t *testing.T) {
+	splits, every := 5, 2*time.Second
+	if os.Getenv("WARDEN_SOAK") != "" {
+		splits, every = 12, 5*time.Second
+	}
+	c := startCluster(t, router.DevConfig{})
+	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
+	var resources []string
+	for i := range splits + 3 {
+		resources = append(resources, fmt.Sprintf("s2/r%d", i))
+	}
+	h := runLinClients(t, c, resources, 8, 0.01)
+	done, crashed := 0, 0
+	for i := range splits {
+		time.Sleep(every)
+		r := resources[i]
+		rg, err := c.dev.Router.Map().ShardFor(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := shard.KeyHash(r)
+		if at == rg.GetStart() {
+			continue // already a shard's first hash
+		}
+		result := make(chan error, 1)
+		go func() {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_, err := admin.SplitShard(sctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: rg.GetShardId(), SplitAt: at}))
+			result <- err
+		}()
+		var restart func()
+		if i%5 == 2 {
+			time.Sleep(30 * time.Millisecond) // as the split begins
+			restart = c.crashLeaderOf(rg.GetShardId())
+			crashed++
+		}
+		err = <-result
+		if restart != nil {
+			restart()
+		}
+		switch {
+		case err == nil:
+			done++
+		case restart == nil:
+			t.Fatalf("split %d of shard %d at %#x: %v", i+1, rg.GetShardId(), at, err)
+		default:
+			t.Logf("split %d, whose source leader crashed: %v", i+1, err)
+		}
+	}
+	n := h.stop()
+	if done < splits-crashed || crashed == 0 {
+		t.Fatalf("premise: %d splits done and %d with a crashed source leader, of %d", done, crashed, splits)
+	}
+	t.Logf("%d operations linearizable across %d splits (%d with the source leader crashed), %d answers lost", n, done, crashed, h.dropped.Load())
 }
