@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,23 +18,26 @@ import (
 	"connectrpc.com/connect"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/shard"
 )
 
 // traffic runs acquire/renew/release loops through random nodes until
 // stop, and reports what it saw: every error must be Unavailable (the
-// retryable code), and every resource's tokens must increase.
+// retryable code), every resource's tokens must increase, and no token
+// (an epoch and a revision) may be granted twice, on any resource.
 type traffic struct {
 	ops, unavailable atomic.Int64
 	mu               sync.Mutex
 	last             map[string]uint64
+	granted          map[uint64]string // token → the resource it was granted on
 	errs             []error
 	stop             atomic.Bool
 	wg               sync.WaitGroup
 }
 
 func (c *procCluster) runTraffic(workers int) *traffic {
-	tr := &traffic{last: map[string]uint64{}}
+	tr := &traffic{last: map[string]uint64{}, granted: map[uint64]string{}}
 	for w := range workers {
 		tr.wg.Go(func() {
 			for i := 0; !tr.stop.Load(); i++ {
@@ -46,6 +50,10 @@ func (c *procCluster) runTraffic(workers int) *traffic {
 						tr.errs = append(tr.errs, fmt.Errorf("%s: token %#x after %#x", r, a.GetFencingToken(), tr.last[r]))
 					}
 					tr.last[r] = a.GetFencingToken()
+					if prev, ok := tr.granted[a.GetFencingToken()]; ok {
+						tr.errs = append(tr.errs, fmt.Errorf("token %#x granted twice: on %s and on %s", a.GetFencingToken(), prev, r))
+					}
+					tr.granted[a.GetFencingToken()] = r
 					tr.mu.Unlock()
 					if err = c.any().renew(r, a.GetLeaseId()); err == nil {
 						_, err = c.any().release(r, a.GetLeaseId())
@@ -289,4 +297,73 @@ func (c *procCluster) leaderOfShard(id uint64) int {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// Case S1 on four processes: tokens stay monotonic through splits, moves
+// and leader transfers under churn. Workers loop Acquire, Renew and
+// Release on 240 resources while a split, a leader transfer and a replica
+// move (between the two nodes of zone az1) follow one another. Every
+// resource's tokens increase, no token is granted twice, and each new
+// shard's epoch is above its parent's. make test runs 20 s; WARDEN_SOAK=1
+// (make soak) five minutes, as the case has it.
+func TestClusterCaseS1TokensThroughChurn(t *testing.T) {
+	run := 20 * time.Second
+	if os.Getenv("WARDEN_SOAK") != "" {
+		run = 5 * time.Minute
+	}
+	c := startProcCluster(t)
+	four := c.join("az1")
+	tr := c.runTraffic(6)
+	defer tr.stop.Store(true) // when the test fails early too
+	admin := func() wardenv1connect.AdminServiceClient { return c.any().admin }
+	var splits, transfers, moves int
+	for end, k := time.Now().Add(run), 0; time.Now().Before(end); k++ {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		shards := c.checkShards()
+		s := shards[rand.IntN(len(shards))]
+		switch k % 3 {
+		case 0:
+			if len(shards) >= 8 {
+				break // enough shards: the rest of the churn is moves and transfers
+			}
+			resp, err := admin().SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: s.GetId()}))
+			if err != nil {
+				cancel()
+				t.Fatalf("split shard %d: %v", s.GetId(), err)
+			}
+			for _, n := range c.checkShards() {
+				if n.GetId() == resp.Msg.GetNewShardId() && n.GetEpoch() <= s.GetEpoch() {
+					cancel()
+					t.Fatalf("new shard %d has epoch %d, not above its parent %d's %d", n.GetId(), n.GetEpoch(), s.GetId(), s.GetEpoch())
+				}
+			}
+			splits++
+		case 1:
+			reps := s.GetReplicas()
+			to := reps[rand.IntN(len(reps))].GetNodeId()
+			if _, err := admin().TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: s.GetId(), NodeId: to})); err != nil {
+				cancel()
+				t.Fatalf("transfer shard %d to node %d: %v", s.GetId(), to, err)
+			}
+			transfers++
+		case 2:
+			from, to := c.nodes[0].id, c.nodes[four].id
+			for _, r := range s.GetReplicas() {
+				if r.GetNodeId() == to {
+					from, to = to, from
+				}
+			}
+			if _, err := admin().MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: s.GetId(), FromNodeId: from, ToNodeId: to})); err != nil {
+				cancel()
+				t.Fatalf("move shard %d from node %d to node %d: %v", s.GetId(), from, to, err)
+			}
+			moves++
+		}
+		cancel()
+	}
+	tr.finish(t)
+	if splits == 0 || transfers == 0 || moves == 0 {
+		t.Fatalf("premise: %d splits, %d transfers, %d moves", splits, transfers, moves)
+	}
+	t.Logf("%d splits, %d leader transfers, %d replica moves; %d distinct tokens granted", splits, transfers, moves, len(tr.granted))
 }
