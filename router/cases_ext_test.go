@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/shard"
 )
 
 // Case L15 (etcd #22082): a stale Release retry never ends a newer lease
@@ -107,4 +109,38 @@ func TestCaseQ13CorrectionExactlyOnce(t *testing.T) {
 	check("after a leader change")
 	c.restart()
 	check("after a full restart")
+}
+
+// Case S1's last clause: a shard whose revision nears 2^40 takes a new
+// epoch instead of refusing grants. With the headroom lowered so that
+// the leader renews the epoch past revision 20, a run of grants sees the
+// epoch change again and again, every token above the one before, and
+// none refused.
+func TestShardTakesNewEpochBeforeRevisionsRunOut(t *testing.T) {
+	c := startCluster(t, router.DevConfig{Router: router.Config{RevisionHeadroom: shard.MaxRevision - 20}})
+	epochs := map[uint64]bool{}
+	var last uint64
+	for i := range 150 {
+		a, err := c.acquire("epoch", fmt.Sprintf("q%d", i), 5*time.Second)
+		if err != nil {
+			t.Fatalf("grant %d: %v", i, err)
+		}
+		if a.GetFencingToken() <= last {
+			t.Fatalf("grant %d: token %#x after %#x", i, a.GetFencingToken(), last)
+		}
+		last = a.GetFencingToken()
+		e, _ := shard.SplitToken(last)
+		epochs[e] = true
+		if ok, err := c.release("epoch", a.GetLeaseId()); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if i%20 == 19 {
+			time.Sleep(3 * c.cfg.Router.ScanInterval) // a leader tick or two
+		}
+	}
+	if len(epochs) < 3 {
+		t.Fatalf("150 grants saw epochs %v: the shard did not take new epochs", epochs)
+	}
+	t.Logf("150 grants in %d epochs", len(epochs))
+	checkReplicasAgree(t, c)
 }

@@ -63,6 +63,10 @@ type Config struct {
 	// while its key's range is fenced by a move or its map is stale
 	// (default 5 s; the caller's deadline, when shorter, wins).
 	MoveWait time.Duration
+	// RevisionHeadroom is how close to shard.MaxRevision a shard's
+	// revision may come before its leader gives it a new epoch (default
+	// shard.RevisionHeadroom, 2^32 grants). Tests lower it.
+	RevisionHeadroom uint64
 	// MaxProposing bounds the node's proposals in flight (default 2,048,
 	// Dragonboat's queue of a shard). Past it, requests wait, newest
 	// first, and one whose deadline passes while waiting is never
@@ -96,6 +100,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MoveWait == 0 {
 		c.MoveWait = 5 * time.Second
+	}
+	if c.RevisionHeadroom == 0 {
+		c.RevisionHeadroom = shard.RevisionHeadroom
 	}
 	if c.MaxProposing == 0 {
 		c.MaxProposing = 2048
@@ -492,10 +499,14 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	// interval, so a mass expiry drains at the rate Raft commits batches
 	// (one batch a tick drained 1,024 leases/s at the defaults), and the
 	// locks waiters queue for come first in each (records.expired).
+	var meta *shardv1.ShardMeta
 	for start := time.Now(); ; {
 		q, err := r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: t.now(), Query: &shardv1.Query_Expired{Expired: scan}})
 		if err != nil {
 			return err
+		}
+		if meta == nil {
+			meta = q.GetMeta()
 		}
 		shardLabel := strconv.FormatUint(t.shardID, 10)
 		metrics.activeLocks.WithLabelValues(shardLabel).Set(float64(q.GetMeta().GetHeldLocks()))
@@ -512,6 +523,9 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 		if len(items) < int(r.cfg.ScanLimit) || time.Since(start) > r.cfg.ScanInterval || !r.leads(n, t.shardID, t) {
 			break
 		}
+	}
+	if err := r.renewEpoch(ctx, n, t, meta); err != nil {
+		return err
 	}
 	q, err := r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: t.now(), Query: &shardv1.Query_TimedOut{TimedOut: scan}})
 	if err != nil {
@@ -557,6 +571,30 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 			return fmt.Errorf("compact ledger: %w", err)
 		}
 	}
+	return nil
+}
+
+// renewEpoch gives the shard term t leads a new epoch from the placement
+// allocator once its revision (in meta, as the local replica has it) is
+// within RevisionHeadroom of MaxRevision, so that grants go on instead of
+// being refused for want of revisions. An epoch drawn but not applied
+// (the proposal failed) is never used again: the allocator only moves on.
+func (r *Router) renewEpoch(ctx context.Context, n *LocalNode, t leaderTerm, meta *shardv1.ShardMeta) error {
+	if meta.GetInactive() || meta.GetRevision() < shard.MaxRevision-min(r.cfg.RevisionHeadroom, shard.MaxRevision) || r.ops == nil || !r.applies(t.shardID, shard.VersionNewEpoch) {
+		return nil
+	}
+	epoch, err := r.ops.Alloc.Next(ctx)
+	if err != nil {
+		return fmt.Errorf("new epoch: %w", err)
+	}
+	res, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_NewEpoch{NewEpoch: &shardv1.NewEpochCmd{Epoch: epoch}}})
+	if err != nil {
+		return fmt.Errorf("new epoch: %w", err)
+	}
+	if res.GetCode() != shardv1.Code_CODE_OK {
+		return fmt.Errorf("new epoch %d: %v: %s", epoch, res.GetCode(), res.GetReason())
+	}
+	r.cfg.Logger.Info("shard took a new epoch: its revisions were running out", "shard", t.shardID, "epoch", epoch, "revision", meta.GetRevision())
 	return nil
 }
 

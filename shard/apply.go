@@ -22,7 +22,11 @@ import (
 // once every replica applies them. Version 5 adds ReportUsageCmd's
 // observed_seq (a reconciliation against what was observed), which an
 // older binary would ignore: a command carrying it needs version 5.
-const CommandVersion = 5
+// Version 6 adds NewEpochCmd.
+const CommandVersion = 6
+
+// VersionNewEpoch is the first envelope version with NewEpochCmd.
+const VersionNewEpoch = 6
 
 // VersionObservedSeq is the first envelope version whose ReportUsage
 // reads observed_seq.
@@ -44,6 +48,8 @@ const MaxBatch = 1000
 // binary that applies it.
 func VersionOf(env *shardv1.Envelope) uint32 {
 	switch {
+	case env.GetNewEpoch() != nil:
+		return VersionNewEpoch
 	case env.GetReportUsage() != nil && env.GetReportUsage().ObservedSeq != nil:
 		return VersionObservedSeq
 	case env.GetBatch() != nil:
@@ -278,6 +284,12 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 		res, err = a.reportUsage(c.ReportUsage)
 	case *shardv1.Envelope_CompactLedger:
 		res, err = a.compactLedger(c.CompactLedger)
+	case *shardv1.Envelope_NewEpoch:
+		if env.GetVersion() < VersionNewEpoch {
+			res = invalid("command", "is missing or unknown (new_epoch needs envelope version 6)")
+			break
+		}
+		res = a.newEpoch(c.NewEpoch)
 	default:
 		res = invalid("command", "is missing or unknown")
 	}
@@ -502,6 +514,23 @@ func (a *applier) acquire(c *shardv1.AcquireCmd) (*shardv1.Result, error) {
 	d.FencingToken = l.GetFencingToken()
 	a.setDedup(d)
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Lease: leaseInfo(l, true)}, nil
+}
+
+// newEpoch moves an active shard to a fresh, larger epoch, its revision
+// starting again at 0 (NewEpochCmd). The shard's current epoch again is a
+// replay: resetting the revision within an epoch would repeat tokens.
+func (a *applier) newEpoch(c *shardv1.NewEpochCmd) *shardv1.Result {
+	switch {
+	case a.meta.GetInactive():
+		return failed("the shard is not active")
+	case c.GetEpoch() == a.meta.GetEpoch():
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Replayed: true}
+	case c.GetEpoch() < a.meta.GetEpoch() || c.GetEpoch() > MaxEpoch:
+		return invalid("epoch", fmt.Sprintf("%d is not in (%d, %d]", c.GetEpoch(), a.meta.GetEpoch(), MaxEpoch))
+	}
+	a.dirtyMeta()
+	a.meta.Epoch, a.meta.Revision = c.GetEpoch(), 0
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK}
 }
 
 // grant gives a free lock (or nil) to a new lease and writes it. It

@@ -158,9 +158,12 @@ func TestTokenLayout(t *testing.T) {
 	}
 }
 
-// When the revision space is used up the shard refuses grants (it needs a
-// new epoch) rather than wrap around.
-func TestRevisionExhaustedRefusesGrant(t *testing.T) {
+// When the revision space is used up the shard refuses grants rather
+// than wrap around; a new epoch (NewEpochCmd, version 6) lets them go on,
+// with tokens above every earlier one. An older or equal epoch never
+// resets the revision, and an envelope older than version 6 does not know
+// the command.
+func TestRevisionExhaustedTakesNewEpoch(t *testing.T) {
 	r := newReplica(t)
 	meta := initialMeta(1)()
 	meta.Revision = MaxRevision
@@ -180,6 +183,33 @@ func TestRevisionExhaustedRefusesGrant(t *testing.T) {
 	res := r.propose(1, acquireCmd("x", "q", 0, "", make([]byte, 16)))
 	if res.GetCode() != shardv1.Code_CODE_UNAVAILABLE {
 		t.Fatalf("grant at the last revision: %v", res)
+	}
+	newEpoch := func(epoch uint64) *shardv1.Envelope {
+		return &shardv1.Envelope{Command: &shardv1.Envelope_NewEpoch{NewEpoch: &shardv1.NewEpochCmd{Epoch: epoch}}}
+	}
+	r.version = VersionNewEpoch - 1
+	if res := r.propose(1, newEpoch(meta.GetEpoch()+1)); res.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT {
+		t.Fatalf("new_epoch in a version %d envelope: %v, want invalid_argument", r.version, res)
+	}
+	r.version = 0
+	if res := r.propose(1, newEpoch(meta.GetEpoch())); res.GetCode() != shardv1.Code_CODE_OK || !res.GetReplayed() {
+		t.Fatalf("the current epoch again: %v, want a replay", res)
+	}
+	if res := r.propose(1, newEpoch(meta.GetEpoch()-1)); res.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT || res.GetField() != "epoch" {
+		t.Fatalf("an older epoch: %v, want invalid_argument naming epoch", res)
+	}
+	if res := r.propose(1, acquireCmd("x", "q", 0, "", make([]byte, 16))); res.GetCode() != shardv1.Code_CODE_UNAVAILABLE {
+		t.Fatalf("after refused epochs the revision is still spent: %v", res)
+	}
+	if res := r.propose(1, newEpoch(meta.GetEpoch()+5)); res.GetCode() != shardv1.Code_CODE_OK || res.GetReplayed() {
+		t.Fatalf("a new epoch: %v", res)
+	}
+	res = r.propose(1, acquireCmd("x", "q", 0, "", make([]byte, 16)))
+	if res.GetCode() != shardv1.Code_CODE_OK || res.GetLease().GetFencingToken() != Token(meta.GetEpoch()+5, 1) {
+		t.Fatalf("grant in the new epoch: %v, want token %#x", res, Token(meta.GetEpoch()+5, 1))
+	}
+	if res.GetLease().GetFencingToken() <= Token(meta.GetEpoch(), MaxRevision) {
+		t.Fatal("the new epoch's first token is not above the old epoch's last")
 	}
 }
 

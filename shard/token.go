@@ -12,9 +12,10 @@ package shard
 // Every grant increases the shard's revision by one, so within an epoch
 // tokens strictly increase across all resources of the shard. A shard takes
 // a fresh, larger epoch whenever it is created or receives a hash range, so
-// tokens keep increasing across splits and moves. When the revision would
-// pass 2^40-1 the shard refuses grants with CODE_UNAVAILABLE until it is
-// given a new epoch (at 2,000 grants/s that is over 17 years away).
+// tokens keep increasing across splits and moves. When the revision comes
+// within RevisionHeadroom of 2^40-1, the shard's leader gives it a new
+// epoch (NewEpochCmd); should the revision still reach 2^40-1, the shard
+// refuses grants with CODE_UNAVAILABLE until it has one, never wrapping.
 const (
 	// RevisionBits is the width of the revision part of a token.
 	RevisionBits = 40
@@ -24,6 +25,11 @@ const (
 	MaxRevision = 1<<RevisionBits - 1
 	// MaxEpoch is the largest epoch a token can carry.
 	MaxEpoch = 1<<EpochBits - 1
+	// RevisionHeadroom is how close to MaxRevision a shard's revision may
+	// come before its leader gives it a new epoch: 2^32 grants, days at
+	// any rate this machine sustains, so an unreachable placement group
+	// has long to come back.
+	RevisionHeadroom = 1 << 32
 )
 
 // Token composes a fencing token from an epoch and a revision. The caller
