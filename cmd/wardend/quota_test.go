@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -247,4 +249,165 @@ func TestClusterCaseQ13CorrectionExactlyOnce(t *testing.T) {
 		t.Fatalf("c7 with observed 8: %v, want invalid_argument", err)
 	}
 	check("after the refused variant")
+}
+
+// q11Outcome is what one repetition of case Q11 A was told.
+type q11Outcome struct {
+	key             string
+	commitErr, rErr error
+}
+
+// Case Q11 A on three processes: a commit racing its reservation's
+// expiry has exactly one outcome. On each of 40 keys (limit 10) a
+// reservation of 10 for 2 s, then, at its expiry ± 30 ms, Commit(r1, 10)
+// and Reserve(10, r2) at once; in the second of two rounds the shard's
+// leader is SIGKILLed at the deadline (the calls retry with the same ids).
+// Never both succeed; what each was told matches the totals (committed
+// 10 after a commit, reserved 10 after r2, nothing after neither: r2
+// came before the expiry and the commit after); never more than 10 in
+// use; the ledger has r1's RESERVE and exactly one COMMIT or EXPIRE of
+// it, as the commit's answer says.
+func TestClusterCaseQ11CommitRacingExpiry(t *testing.T) {
+	c := startProcCluster(t)
+	for round := range 2 {
+		var keys []string
+		for i := range 40 {
+			keys = append(keys, fmt.Sprintf("q11-%d-%d", round, i))
+		}
+		deadlines := map[string]time.Time{}
+		for _, k := range keys {
+			if err := retryUnavailable(func() error {
+				ctx, cancel := rpcCtx()
+				defer cancel()
+				_, err := c.any().quota().SetLimit(ctx, connect.NewRequest(&wardenv1.SetLimitRequest{Key: k, Limit: 10}))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, k := range keys {
+			ctx, cancel := rpcCtx()
+			resp, err := c.any().quota().Reserve(ctx, connect.NewRequest(&wardenv1.ReserveRequest{Key: k, Amount: 10, ReservationId: "r1", Ttl: durationpb.New(2 * time.Second)}))
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			deadlines[k] = resp.Msg.GetExpiresAt().AsTime()
+		}
+		if round == 1 {
+			leader := c.leaderIndex(keys[0])
+			go func() {
+				time.Sleep(time.Until(deadlines[keys[len(keys)/2]]))
+				c.kill(leader)
+			}()
+			defer func() {
+				if c.nodes[leader].cmd == nil {
+					c.start(leader)
+					c.waitServing(leader)
+				}
+			}()
+		}
+		outcomes := make(chan q11Outcome, len(keys))
+		for _, k := range keys {
+			go func() {
+				time.Sleep(time.Until(deadlines[k].Add(time.Duration(rand.IntN(61)-30) * time.Millisecond)))
+				o := q11Outcome{key: k}
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					o.commitErr = retryUnavailable(func() error {
+						ctx, cancel := rpcCtx()
+						defer cancel()
+						_, err := c.any().quota().Commit(ctx, connect.NewRequest(&wardenv1.CommitRequest{Key: k, ReservationId: "r1", Amount: 10}))
+						return err
+					})
+				})
+				wg.Go(func() {
+					o.rErr = retryUnavailable(func() error {
+						ctx, cancel := rpcCtx()
+						defer cancel()
+						_, err := c.any().quota().Reserve(ctx, connect.NewRequest(&wardenv1.ReserveRequest{Key: k, Amount: 10, ReservationId: "r2"}))
+						return err
+					})
+				})
+				wg.Wait()
+				outcomes <- o
+			}()
+		}
+		kinds := map[string]int{}
+		for range keys {
+			o := <-outcomes
+			commitOK, rOK := o.commitErr == nil, o.rErr == nil
+			switch {
+			case commitOK && rOK:
+				t.Fatalf("%s: both the commit and r2 succeeded: 20 in use", o.key)
+			case !commitOK && connect.CodeOf(o.commitErr) != connect.CodeFailedPrecondition:
+				t.Fatalf("%s: commit: %v, want ok or failed_precondition", o.key, o.commitErr)
+			case !rOK && connect.CodeOf(o.rErr) != connect.CodeResourceExhausted:
+				t.Fatalf("%s: r2: %v, want ok or resource_exhausted", o.key, o.rErr)
+			}
+			var q *wardenv1.QueryResponse
+			if err := retryUnavailable(func() error {
+				ctx, cancel := rpcCtx()
+				defer cancel()
+				resp, err := c.any().quota().Query(ctx, connect.NewRequest(&wardenv1.QueryRequest{Key: o.key}))
+				if err == nil {
+					q = resp.Msg
+				}
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			l := q.GetLevels()[0]
+			want := [2]int64{} // committed, reserved
+			switch {
+			case commitOK:
+				want, kinds["commit"] = [2]int64{10, 0}, kinds["commit"]+1
+			case rOK:
+				want, kinds["r2"] = [2]int64{0, 10}, kinds["r2"]+1
+			default:
+				kinds["neither"]++
+			}
+			if got := [2]int64{l.GetCommitted(), l.GetReserved()}; got != want {
+				t.Fatalf("%s: committed, reserved = %v; the answers (commit %v, r2 %v) say %v", o.key, got, o.commitErr, o.rErr, want)
+			}
+			c.checkQ11Ledger(o.key, commitOK)
+		}
+		t.Logf("round %d (leader killed: %v): %v", round+1, round == 1, kinds)
+	}
+}
+
+// checkQ11Ledger waits until key's ledger shows how r1 ended, and checks
+// that it has r1's RESERVE and exactly one COMMIT (committed) or EXPIRE.
+func (c *procCluster) checkQ11Ledger(key string, committed bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var events []*wardenv1.LedgerEvent
+		err := retryUnavailable(func() error {
+			ctx, cancel := rpcCtx()
+			defer cancel()
+			resp, err := c.any().quota().ListLedger(ctx, connect.NewRequest(&wardenv1.ListLedgerRequest{Key: key}))
+			events = resp.Msg.GetEvents()
+			return err
+		})
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		count := map[string]int{}
+		for _, e := range events {
+			if e.GetReservationId() == "r1" {
+				count[e.GetKind()]++
+			}
+		}
+		end := count["COMMIT"] + count["EXPIRE"]
+		switch {
+		case count["RESERVE"] != 1 || end > 1 || count["COMMIT"] == 1 && !committed || count["EXPIRE"] == 1 && committed:
+			c.t.Fatalf("%s: r1's ledger events %v (committed: %v)", key, count, committed)
+		case end == 1:
+			return
+		case time.Now().After(deadline):
+			c.t.Fatalf("%s: r1's ledger never recorded how it ended: %v", key, count)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
