@@ -44,7 +44,7 @@ test:
 ## soak: the long cases of shared/cases at full scale (make test runs them reduced); bounded by -timeout
 soak:
 	WARDEN_SOAK=1 $(GO) test ./router -run '^(TestMassExpiry|TestCaseS2LinearizableAcrossSplits)$$' -count=1 -v -timeout 30m
-	WARDEN_SOAK=1 $(GO) test ./cmd/wardend -run '^(TestClusterCaseL17ChurningWaiters|TestClusterCaseS1TokensThroughChurn)$$' -count=1 -v -timeout 30m
+	WARDEN_SOAK=1 $(GO) test ./cmd/wardend -run '^(TestClusterCaseL17ChurningWaiters|TestClusterCaseS1TokensThroughChurn|TestClusterCaseQ14CountersEqualTheLedger)$$' -count=1 -v -timeout 45m
 
 ## fuzz: a short run of every fuzz target (FUZZTIME each)
 FUZZTIME ?= 20s

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/internal/ledgertest"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
@@ -29,77 +30,6 @@ func untilKnown[T any](f func() (T, error)) (T, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// ledgerReplay rebuilds every level's committed and reserved usage from a
-// pool's ledger, checking DESIGN.md rule 7 at every event that adds
-// usage: no limited level on its path goes over its limit (a reservation
-// past its expiry no longer counts, as for the shard).
-type ledgerReplay struct {
-	limits    map[string]int64
-	committed map[string]int64
-	open      map[string]*wardenv1.LedgerEvent // key NUL id → its RESERVE
-	reserves  map[string]int                   // key NUL id → RESERVE events
-	commits   map[string]int
-}
-
-func replay(t *testing.T, events []*wardenv1.LedgerEvent, checkpoints ...*wardenv1.LedgerCheckpoint) *ledgerReplay {
-	t.Helper()
-	l := &ledgerReplay{limits: map[string]int64{}, committed: map[string]int64{}, open: map[string]*wardenv1.LedgerEvent{},
-		reserves: map[string]int{}, commits: map[string]int{}}
-	var first uint64 // the last compacted seq
-	for _, k := range checkpoints {
-		if k.GetHasLimit() {
-			l.limits[k.GetKey()] = k.GetLimit()
-		}
-		l.addCommitted(k.GetKey(), k.GetCommitted())
-		first = max(first, k.GetThroughSeq())
-	}
-	for i, e := range events {
-		if e.GetSeq() != first+uint64(i+1) {
-			t.Fatalf("ledger gap: event %d after the checkpoints has seq %d", i+1, e.GetSeq())
-		}
-		id := e.GetKey() + "\x00" + e.GetReservationId()
-		switch e.GetKind() {
-		case shard.LedgerSetLimit:
-			l.limits[e.GetKey()] = e.GetLimit()
-		case shard.LedgerReserve:
-			l.reserves[id]++
-			l.open[id] = e
-			for _, lv := range shard.Levels(e.GetKey()) {
-				lim, ok := l.limits[lv]
-				if use := l.committed[lv] + l.reserved(lv, e.GetAt().AsTime()); ok && use > lim {
-					t.Fatalf("ledger event %d (reserve %d on %s) took %s to %d, over its limit %d", e.GetSeq(), e.GetAmount(), e.GetKey(), lv, use, lim)
-				}
-			}
-		case shard.LedgerCommit:
-			l.commits[id]++
-			delete(l.open, id)
-			l.addCommitted(e.GetKey(), e.GetAmount())
-		case shard.LedgerRelease, shard.LedgerExpire:
-			delete(l.open, id)
-		case shard.LedgerCorrection:
-			l.addCommitted(e.GetKey(), e.GetAmount())
-		}
-	}
-	return l
-}
-
-func (l *ledgerReplay) addCommitted(key string, n int64) {
-	for _, lv := range shard.Levels(key) {
-		l.committed[lv] += n
-	}
-}
-
-// reserved is the live reserved usage under level at time at.
-func (l *ledgerReplay) reserved(level string, at time.Time) int64 {
-	var n int64
-	for _, r := range l.open {
-		if shard.Under(r.GetKey(), level) && at.Before(r.GetExpiresAt().AsTime()) {
-			n += r.GetAmount()
-		}
-	}
-	return n
 }
 
 // The oversell test: 200 concurrent reservers against small limits on
@@ -195,10 +125,10 @@ func TestQuotaNeverOversells(t *testing.T) {
 		}
 		events = append(events, resp.Msg.GetEvents()...)
 	}
-	l := replay(t, events)
+	l := ledgertest.New(t, events)
 	for id, state := range acked {
-		if l.reserves[id] != 1 || (state == "committed") != (l.commits[id] == 1) || l.commits[id] > 1 {
-			t.Fatalf("%q acknowledged %s: %d reserve and %d commit events", id, state, l.reserves[id], l.commits[id])
+		if l.Reserves[id] != 1 || (state == "committed") != (l.Commits[id] == 1) || l.Commits[id] > 1 {
+			t.Fatalf("%q acknowledged %s: %d reserve and %d commit events", id, state, l.Reserves[id], l.Commits[id])
 		}
 	}
 	resp, err := quota.Query(ctx(t), connect.NewRequest(&wardenv1.QueryRequest{Key: "o"}))
@@ -211,8 +141,8 @@ func TestQuotaNeverOversells(t *testing.T) {
 			t.Fatal(err)
 		}
 		lv := q.Msg.GetLevels()[len(q.Msg.GetLevels())-1]
-		if want := l.reserved(k, time.Now()); lv.GetCommitted() != l.committed[k] || lv.GetReserved() != want {
-			t.Fatalf("%s: committed %d reserved %d; the ledger replays to %d, %d", k, lv.GetCommitted(), lv.GetReserved(), l.committed[k], want)
+		if want := l.Reserved(k, time.Now()); lv.GetCommitted() != l.Committed[k] || lv.GetReserved() != want {
+			t.Fatalf("%s: committed %d reserved %d; the ledger replays to %d, %d", k, lv.GetCommitted(), lv.GetReserved(), l.Committed[k], want)
 		}
 	}
 	t.Logf("%d ledger events; pool o: committed %d, reserved %d of 300; %d acknowledged reservations",
@@ -263,7 +193,7 @@ func TestQuotaSurvivesRestarts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	replay(t, resp.Msg.GetEvents()) // checks the sequence has no gap
+	ledgertest.New(t, resp.Msg.GetEvents()) // checks the sequence has no gap
 	if n := len(resp.Msg.GetEvents()); n != 4 {
 		t.Fatalf("ledger of k: %d events, want SET_LIMIT, RESERVE, COMMIT, RESERVE", n)
 	}
@@ -331,9 +261,9 @@ func TestQuotaThroughSplit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l := replay(t, resp.Msg.GetEvents())
-		if l.committed[p] > 100 {
-			t.Fatalf("%s committed %d of 100", p, l.committed[p])
+		l := ledgertest.New(t, resp.Msg.GetEvents())
+		if l.Committed[p] > 100 {
+			t.Fatalf("%s committed %d of 100", p, l.Committed[p])
 		}
 		if shard.KeyHash(p) >= 1<<63 {
 			moved++

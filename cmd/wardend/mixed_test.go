@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -54,30 +55,43 @@ func buildBefore(t *testing.T, path, marker string) string {
 	return bin
 }
 
-// digests stops every node gracefully once all replicas of shard 1 have
-// applied the same index, opens each replica's state offline, and
-// returns each one's applied index and state digest.
-func (c *procCluster) digests() (indexes []uint64, digests []string) {
+// digests stops every node gracefully once all replicas of each shard
+// in ids have applied the same index, opens each replica's state offline,
+// and returns, per shard, each replica's applied index and state digest
+// (in node order).
+func (c *procCluster) digests(ids ...uint64) (indexes map[uint64][]uint64, digests map[uint64][]string) {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		indexes = indexes[:0]
-		for _, n := range c.nodes {
-			ctx, cancel := rpcCtx()
-			resp, err := n.node().AppliedIndex(ctx, connect.NewRequest(&placementv1.AppliedIndexRequest{ShardId: 1}))
-			cancel()
-			if err != nil {
-				c.t.Fatalf("node %d applied index: %v", n.id, err)
+	replicaOf := map[uint64]map[uint64]uint64{} // shard → node → replica
+	for _, s := range c.checkShards() {
+		replicaOf[s.GetId()] = map[uint64]uint64{}
+		for _, r := range s.GetReplicas() {
+			replicaOf[s.GetId()][r.GetNodeId()] = r.GetReplicaId()
+		}
+	}
+	for _, id := range ids {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var seen []uint64
+			for _, n := range c.nodes {
+				if replicaOf[id][n.id] == 0 {
+					continue
+				}
+				ctx, cancel := rpcCtx()
+				resp, err := n.node().AppliedIndex(ctx, connect.NewRequest(&placementv1.AppliedIndexRequest{ShardId: id}))
+				cancel()
+				if err != nil {
+					c.t.Fatalf("node %d applied index of shard %d: %v", n.id, id, err)
+				}
+				seen = append(seen, resp.Msg.GetIndex())
 			}
-			indexes = append(indexes, resp.Msg.GetIndex())
+			if slices.Min(seen) == slices.Max(seen) {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.t.Fatalf("shard %d's replicas' applied indexes did not meet: %v", id, seen)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if indexes[0] == indexes[1] && indexes[1] == indexes[2] {
-			break
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("replicas' applied indexes did not meet: %v", indexes)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	for i, n := range c.nodes {
 		_ = n.cmd.Process.Signal(syscall.SIGTERM)
@@ -87,20 +101,26 @@ func (c *procCluster) digests() (indexes []uint64, digests []string) {
 		n.cmd = nil
 		n.up.Store(false)
 	}
-	indexes = indexes[:0]
-	for _, n := range c.nodes {
-		sm := shard.NewStateMachine(filepath.Join(n.dir, "sm"), nil)(1, n.id).(*shard.StateMachine)
-		idx, err := sm.Open(nil)
-		if err != nil {
-			c.t.Fatalf("open node %d's replica: %v", n.id, err)
+	indexes, digests = map[uint64][]uint64{}, map[uint64][]string{}
+	for _, id := range ids {
+		for _, n := range c.nodes {
+			rep := replicaOf[id][n.id]
+			if rep == 0 {
+				continue
+			}
+			sm := shard.NewStateMachine(filepath.Join(n.dir, "sm"), nil)(id, rep).(*shard.StateMachine)
+			idx, err := sm.Open(nil)
+			if err != nil {
+				c.t.Fatalf("open node %d's replica of shard %d: %v", n.id, id, err)
+			}
+			out, err := sm.Lookup(&shardv1.Query{Query: &shardv1.Query_Digest{Digest: &shardv1.DigestQuery{}}})
+			sm.Close()
+			if err != nil {
+				c.t.Fatalf("digest of node %d's replica of shard %d: %v", n.id, id, err)
+			}
+			indexes[id] = append(indexes[id], idx)
+			digests[id] = append(digests[id], fmt.Sprintf("%x", out.(*shardv1.QueryResult).GetDigest()))
 		}
-		out, err := sm.Lookup(&shardv1.Query{Query: &shardv1.Query_Digest{Digest: &shardv1.DigestQuery{}}})
-		sm.Close()
-		if err != nil {
-			c.t.Fatalf("digest of node %d's replica: %v", n.id, err)
-		}
-		indexes = append(indexes, idx)
-		digests = append(digests, fmt.Sprintf("%x", out.(*shardv1.QueryResult).GetDigest()))
 	}
 	return indexes, digests
 }
@@ -156,7 +176,8 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 	if err := report(c.nodes[0], "rec-old"); connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("ReportUsage with observed_seq beside an old replica: %v, want unavailable", err)
 	}
-	idx, dig := c.digests()
+	idxs, digs := c.digests(1)
+	idx, dig := idxs[1], digs[1]
 	if dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
 		t.Fatalf("mixed binaries diverged: applied %v, digests %v", idx, dig)
 	}
@@ -179,7 +200,8 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 	if err := retryUnavailable(func() error { return report(c.nodes[1], "rec-new") }); err != nil {
 		t.Fatalf("ReportUsage with observed_seq once every replica applies version 5: %v", err)
 	}
-	idx, dig = c.digests()
+	idxs, digs = c.digests(1)
+	idx, dig = idxs[1], digs[1]
 	if dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
 		t.Fatalf("upgraded replicas diverged: applied %v, digests %v", idx, dig)
 	}

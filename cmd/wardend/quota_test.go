@@ -18,6 +18,7 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/shard"
 )
 
 func (n *node) quota() wardenv1connect.QuotaServiceClient {
@@ -104,13 +105,6 @@ func TestClusterQuotaLastUnit(t *testing.T) {
 // under the same report_id is invalid_argument and changes nothing.
 func TestClusterCaseQ13CorrectionExactlyOnce(t *testing.T) {
 	c := startProcCluster(t)
-	call := func(f func(ctx context.Context) error) error {
-		return retryUnavailable(func() error {
-			ctx, cancel := rpcCtx()
-			defer cancel()
-			return f(ctx)
-		})
-	}
 	const key = "q13"
 	if err := call(func(ctx context.Context) error {
 		_, err := c.any().quota().SetLimit(ctx, connect.NewRequest(&wardenv1.SetLimitRequest{Key: key, Limit: 100}))
@@ -121,7 +115,9 @@ func TestClusterCaseQ13CorrectionExactlyOnce(t *testing.T) {
 	var seq uint64
 	if err := call(func(ctx context.Context) error {
 		q, err := c.any().quota().Query(ctx, connect.NewRequest(&wardenv1.QueryRequest{Key: key}))
-		seq = q.Msg.GetLedgerSeq()
+		if err == nil {
+			seq = q.Msg.GetLedgerSeq()
+		}
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -155,7 +151,9 @@ func TestClusterCaseQ13CorrectionExactlyOnce(t *testing.T) {
 		var events []*wardenv1.LedgerEvent
 		if err := call(func(ctx context.Context) error {
 			resp, err := c.any().quota().ListLedger(ctx, connect.NewRequest(&wardenv1.ListLedgerRequest{Key: key}))
-			events = resp.Msg.GetEvents()
+			if err == nil {
+				events = resp.Msg.GetEvents()
+			}
 			return err
 		}); err != nil {
 			t.Fatalf("%s: ledger: %v", when, err)
@@ -227,18 +225,7 @@ func TestClusterCaseQ13CorrectionExactlyOnce(t *testing.T) {
 		c.waitServing(i)
 	}
 	n := c.nodes[behind]
-	shardDir := filepath.Join(n.dir, "sm", fmt.Sprintf("shard-%d-replica-%d", c.shardOf(key).GetId(), n.id))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		cur, err := os.ReadFile(filepath.Join(shardDir, "CURRENT"))
-		if err == nil && strings.TrimSpace(string(cur)) != "db-1" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("premise: node %d caught up without a snapshot install (CURRENT %q, %v)", n.id, cur, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	c.waitSnapshotInstalled(behind)
 	got, err := report(n, 7)
 	if err != nil || got.GetDrift() != 7 {
 		t.Fatalf("retry after the restart: %v %v, want drift 7", got, err)
@@ -387,7 +374,9 @@ func (c *procCluster) checkQ11Ledger(key string, committed bool) {
 			ctx, cancel := rpcCtx()
 			defer cancel()
 			resp, err := c.any().quota().ListLedger(ctx, connect.NewRequest(&wardenv1.ListLedgerRequest{Key: key}))
-			events = resp.Msg.GetEvents()
+			if err == nil {
+				events = resp.Msg.GetEvents()
+			}
 			return err
 		})
 		if err != nil {
@@ -409,5 +398,34 @@ func (c *procCluster) checkQ11Ledger(key string, committed bool) {
 			c.t.Fatalf("%s: r1's ledger never recorded how it ended: %v", key, count)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitSnapshotInstalled waits until a replica on node i shows that it
+// recovered from a snapshot streamed to it: its state directory's CURRENT
+// names a database after the first (shard.StateMachine swaps in a new
+// one for each snapshot it loads).
+func (c *procCluster) waitSnapshotInstalled(i int) {
+	c.t.Helper()
+	n := c.nodes[i]
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var seen []string
+		for _, s := range c.checkShards() {
+			for _, r := range s.GetReplicas() {
+				if r.GetNodeId() != n.id {
+					continue
+				}
+				cur, err := os.ReadFile(filepath.Join(shard.ReplicaDir(filepath.Join(n.dir, "sm"), s.GetId(), r.GetReplicaId()), "CURRENT"))
+				if err == nil && strings.TrimSpace(string(cur)) != "db-1" {
+					return
+				}
+				seen = append(seen, fmt.Sprintf("shard %d: %q %v", s.GetId(), cur, err))
+			}
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("premise: node %d caught up without a snapshot install (CURRENT of its replicas: %v)", n.id, seen)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
