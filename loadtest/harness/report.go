@@ -109,9 +109,9 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 	}
 	opTable(w, rep.Ops)
 	if len(rep.Faults) > 0 {
-		fmt.Fprintf(w, "\n## Faults\n\nTimes are on the run's clock (the chart's axis); the measured phase began at %.1f s.\n\n| kind | at s | took s | error |\n|---|---:|---:|---|\n", rep.SteadyFromS)
+		fmt.Fprintf(w, "\n## Faults\n\nTimes are on the run's clock (the chart's axis); the measured phase began at %.1f s. The p99s are the profile's clients' while the fault ran.\n\n| kind | at s | took s | p99 acquire ms | p99 renew ms | error or detail |\n|---|---:|---:|---:|---:|---|\n", rep.SteadyFromS)
 		for _, f := range rep.Faults {
-			fmt.Fprintf(w, "| %s | %.1f | %.1f | %s |\n", f.Kind, f.AtS, f.TookS, f.Error)
+			fmt.Fprintf(w, "| %s | %.1f | %.1f | %.1f | %.1f | %s |\n", f.Kind, f.AtS, f.TookS, f.Ops[OpAcquire].P99MS, f.Ops[OpRenew].P99MS, f.Error+f.Detail)
 		}
 	}
 	if len(rep.Steps) > 0 {

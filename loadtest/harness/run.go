@@ -39,6 +39,12 @@ type FaultEvent struct {
 	AtS   float64 `json:"at_s"`
 	TookS float64 `json:"took_s"`
 	Error string  `json:"error,omitempty"`
+	// Detail is what the fault measured (mass-expiry: how long after
+	// their expiry the fleet's leases were all free).
+	Detail string `json:"detail,omitempty"`
+	// Ops summarises the profile's operations while the fault ran (from
+	// its start to its end, whole seconds): how the other clients fared.
+	Ops opSummary `json:"ops,omitempty"`
 }
 
 // Config is one run.
@@ -49,6 +55,9 @@ type Config struct {
 	// RampTimeout bounds the ramp to the profile's held locks.
 	RampTimeout time.Duration
 	Faults      []FaultSpec
+	// MassExpiry sizes the mass-expiry fault, which the harness injects
+	// itself on any target.
+	MassExpiry MassExpiryConfig
 	// FindMax steps the scale up by StepFactor from Profile.Scale until
 	// p99 acquire passes MaxP99 or errors pass MaxErrorRate twice in a row
 	// at one scale, at most MaxSteps scales.
@@ -175,7 +184,7 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 	stopFaults := func() {}
 	if len(cfg.Faults) > 0 {
 		f, ok := t.(Faulter)
-		if !ok {
+		if !ok && slices.ContainsFunc(cfg.Faults, func(fs FaultSpec) bool { return fs.Kind != MassExpiry }) {
 			return nil, fmt.Errorf("faults: target %s cannot inject faults", t.Name())
 		}
 		fctx, cancel := context.WithCancel(ctx)
@@ -195,10 +204,20 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 				at := d.Elapsed()
 				log.Info("fault", "kind", fs.Kind, "at_s", fmt.Sprintf("%.1f", secs(at)))
 				// A fault under way finishes even if the run ends meanwhile.
-				ictx, icancel := context.WithTimeout(ctx, time.Minute)
-				err := f.Fault(ictx, fs.Kind)
-				icancel()
-				ev := FaultEvent{Kind: fs.Kind, AtS: secs(at), TookS: secs(d.Elapsed() - at)}
+				var detail string
+				var err error
+				if fs.Kind == MassExpiry {
+					ictx, icancel := context.WithTimeout(ctx, 5*time.Minute)
+					detail, err = massExpiry(ictx, t, cfg.MassExpiry, rep.StartedAt.Format("150405"))
+					icancel()
+				} else {
+					ictx, icancel := context.WithTimeout(ctx, time.Minute)
+					err = f.Fault(ictx, fs.Kind)
+					icancel()
+				}
+				end := d.Elapsed()
+				ev := FaultEvent{Kind: fs.Kind, AtS: secs(at), TookS: secs(end - at), Detail: detail,
+					Ops: d.rec.Summary(int(at/time.Second), int(end/time.Second)+1)}
 				if err != nil {
 					ev.Error = err.Error()
 					log.Warn("fault failed", "kind", fs.Kind, "err", err)

@@ -97,8 +97,9 @@ func (e CodedError) Unwrap() error { return e.Err }
 // Code implements Coder.
 func (e CodedError) Code() string { return e.Kind }
 
-// FaultKinds are the faults a Faulter may know.
-var FaultKinds = []string{"kill", "kill-leader", "restart", "snapshot", "transfer-leader"}
+// FaultKinds are the faults a Faulter may know, and MassExpiry, which the
+// harness injects itself.
+var FaultKinds = []string{"kill", "kill-leader", "restart", "snapshot", "transfer-leader", MassExpiry}
 
 // Faulter is implemented by targets that can inject faults into the real
 // processes behind them. Kinds: "kill" (SIGKILL one replica that is not

@@ -29,26 +29,27 @@ import (
 )
 
 type runCmd struct {
-	Target        string        `help:"Service under load: warden, etcd (lease + put-if-absent), etcd-mutex (concurrency.Mutex) or zk (ephemeral sequential recipe)." enum:"warden,etcd,etcd-mutex,zk" default:"warden"`
-	Endpoints     []string      `help:"The service's endpoints: Warden base URLs (http://127.0.0.1:7071), etcd client URLs or ZooKeeper host:port." required:""`
-	Profile       string        `help:"Workload: reference, contended or quota." enum:"reference,contended,quota" default:"reference"`
-	Scale         float64       `help:"Factor on the profile's rates and held locks (1 = 20,000 held locks, 2,000 acquires/s)." default:"1"`
-	Duration      time.Duration `help:"Length of the measured phase (with --find-max, of each step)." default:"60s"`
-	RampTimeout   time.Duration `help:"Longest ramp to the profile's held locks." default:"2m"`
-	Fault         []string      `help:"Fault to inject, kind@time after the measured phase starts (reports show it on the run's clock, which includes the ramp): kill@30s, kill-leader@30s, restart@45s, snapshot@35s, transfer-leader@40s. Repeatable; run in time order."`
-	FindMax       bool          `help:"Step the scale up by --step-factor until p99 acquire passes 200 ms or errors pass 0.1 % (a failed step is tried once more before the search stops)."`
-	StepFactor    float64       `help:"Scale factor between find-max steps." default:"1.25"`
-	MaxSteps      int           `help:"Most find-max steps." default:"12"`
-	MaxInFlight   int           `help:"Most operations outstanding; later arrivals count as overload errors." default:"20000"`
-	OpTimeout     time.Duration `help:"Bound on one operation with its retries." default:"10s"`
-	Out           string        `help:"Directory for the report files." default:"loadtest/out"`
-	Prefix        string        `help:"Prefix of the report file names (default: none for warden, the target's name and a dash otherwise)."`
-	Conns         int           `help:"Warden target: HTTP/2 connections to each node." default:"4"`
-	SingleRenew   bool          `name:"single-renewals" help:"Warden target: one Renew call per renewal instead of sharing RenewBatch calls."`
-	RenewLinger   time.Duration `name:"renew-linger" help:"Warden target: how long a renewal waits to share a RenewBatch call." default:"50ms"`
-	SingleCalls   bool          `name:"single-calls" help:"Warden target: one Acquire or Release call per operation instead of sharing Batch calls."`
-	CPUProfile    string        `name:"cpuprofile" placeholder:"FILE" help:"Write the load generator's own CPU profile (pprof) to FILE."`
-	ClusterScript string        `help:"Script that kills and starts the target's nodes (deploy/local/cluster.sh, loadtest/peers/etcd.sh, loadtest/peers/zk.sh)."`
+	Target           string        `help:"Service under load: warden, etcd (lease + put-if-absent), etcd-mutex (concurrency.Mutex) or zk (ephemeral sequential recipe)." enum:"warden,etcd,etcd-mutex,zk" default:"warden"`
+	Endpoints        []string      `help:"The service's endpoints: Warden base URLs (http://127.0.0.1:7071), etcd client URLs or ZooKeeper host:port." required:""`
+	Profile          string        `help:"Workload: reference, contended or quota." enum:"reference,contended,quota" default:"reference"`
+	Scale            float64       `help:"Factor on the profile's rates and held locks (1 = 20,000 held locks, 2,000 acquires/s)." default:"1"`
+	Duration         time.Duration `help:"Length of the measured phase (with --find-max, of each step)." default:"60s"`
+	RampTimeout      time.Duration `help:"Longest ramp to the profile's held locks." default:"2m"`
+	Fault            []string      `help:"Fault to inject, kind@time after the measured phase starts (reports show it on the run's clock, which includes the ramp): kill@30s, kill-leader@30s, restart@45s, snapshot@35s, transfer-leader@40s, mass-expiry@30s (a fleet of --mass-expiry-leases leases taken at once and left to expire together, on any target). Repeatable; run in time order."`
+	MassExpiryLeases int           `name:"mass-expiry-leases" help:"Leases of the mass-expiry fault's fleet." default:"20000"`
+	FindMax          bool          `help:"Step the scale up by --step-factor until p99 acquire passes 200 ms or errors pass 0.1 % (a failed step is tried once more before the search stops)."`
+	StepFactor       float64       `help:"Scale factor between find-max steps." default:"1.25"`
+	MaxSteps         int           `help:"Most find-max steps." default:"12"`
+	MaxInFlight      int           `help:"Most operations outstanding; later arrivals count as overload errors." default:"20000"`
+	OpTimeout        time.Duration `help:"Bound on one operation with its retries." default:"10s"`
+	Out              string        `help:"Directory for the report files." default:"loadtest/out"`
+	Prefix           string        `help:"Prefix of the report file names (default: none for warden, the target's name and a dash otherwise)."`
+	Conns            int           `help:"Warden target: HTTP/2 connections to each node." default:"4"`
+	SingleRenew      bool          `name:"single-renewals" help:"Warden target: one Renew call per renewal instead of sharing RenewBatch calls."`
+	RenewLinger      time.Duration `name:"renew-linger" help:"Warden target: how long a renewal waits to share a RenewBatch call." default:"50ms"`
+	SingleCalls      bool          `name:"single-calls" help:"Warden target: one Acquire or Release call per operation instead of sharing Batch calls."`
+	CPUProfile       string        `name:"cpuprofile" placeholder:"FILE" help:"Write the load generator's own CPU profile (pprof) to FILE."`
+	ClusterScript    string        `help:"Script that kills and starts the target's nodes (deploy/local/cluster.sh, loadtest/peers/etcd.sh, loadtest/peers/zk.sh)."`
 }
 
 type compareCmd struct {
@@ -84,7 +85,8 @@ func (c *runCmd) Run() error {
 	cfg := harness.Config{
 		Profile: p, Duration: c.Duration, RampTimeout: c.RampTimeout,
 		FindMax: c.FindMax, StepFactor: c.StepFactor, MaxSteps: c.MaxSteps,
-		Driver: harness.DriverConfig{MaxInFlight: c.MaxInFlight, OpTimeout: c.OpTimeout},
+		Driver:     harness.DriverConfig{MaxInFlight: c.MaxInFlight, OpTimeout: c.OpTimeout},
+		MassExpiry: harness.MassExpiryConfig{Leases: c.MassExpiryLeases},
 	}
 	for _, f := range c.Fault {
 		fs, err := harness.ParseFault(f)
