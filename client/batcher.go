@@ -303,16 +303,16 @@ func (b *Batcher) sendOne(o *batchOp) {
 // carried: unimplemented, the server has no such method (send every call
 // alone from now on); refused, it refused the call as a whole for a
 // reason that says nothing about its items (send these alone). Otherwise
-// (no error, unavailable, a deadline, a cancel) each item gets the
+// (no error, a Retryable one, a deadline, a cancel) each item gets the
 // answer: its caller retries or gives up.
 func refusal(err error) (unimplemented, refused bool) {
 	switch connect.CodeOf(err) {
 	case connect.CodeUnimplemented:
 		return true, false
-	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeCanceled:
+	case connect.CodeDeadlineExceeded, connect.CodeCanceled:
 		return false, false
 	}
-	return false, err != nil
+	return false, err != nil && !Retryable(err)
 }
 
 // outcomeError is the *connect.Error of a batched call's outcome, nil

@@ -154,7 +154,7 @@ func NewWithConfig(cfg Config) (*Client, error) {
 }
 
 // retry runs f with the index of the current endpoint, retrying with
-// backoff on Unavailable (moving to the next endpoint each time) until it
+// backoff while the error is Retryable (moving to the next endpoint each time) until it
 // gets another answer or ctx ends. f must be safe to repeat: it carries
 // the same request or lease id every time.
 func (c *Client) retry(ctx context.Context, f func(context.Context, int) error) error {
@@ -162,7 +162,7 @@ func (c *Client) retry(ctx context.Context, f func(context.Context, int) error) 
 	for {
 		i := c.next.Load() % uint32(len(c.locks))
 		err := f(ctx, int(i))
-		if connect.CodeOf(err) != connect.CodeUnavailable {
+		if !Retryable(err) {
 			return err
 		}
 		c.next.CompareAndSwap(i, i+1)
@@ -175,6 +175,26 @@ func (c *Client) retry(ctx context.Context, f func(context.Context, int) error) 
 		}
 		backoff = min(2*backoff, c.cfg.RetryMax)
 	}
+}
+
+// Retryable reports whether err leaves a call's outcome unknown in a way
+// that a retry with the same request, reservation or lease id settles:
+// the server answered Unavailable, or the connection broke before the
+// answer was read (the node died or restarted mid-call, which Connect
+// reports as Unknown, not from the wire). The caller's own deadline or
+// cancel is not retryable: it decides what the caller is told.
+func Retryable(err error) bool {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return false
+	}
+	switch ce.Code() {
+	case connect.CodeUnavailable:
+		return true
+	case connect.CodeUnknown:
+		return !connect.IsWireError(ce)
+	}
+	return false
 }
 
 // newRequestID draws a random request id (96 bits, hex).

@@ -218,7 +218,7 @@ func (l *Lease) renew(ctx context.Context, cutoff time.Time) error {
 	err := l.c.retry(ctx, func(ctx context.Context, i int) error {
 		var err error
 		sent, expiresAt, err = l.c.renewers[i].Renew(ctx, l.resource, l.leaseID)
-		if connect.CodeOf(err) == connect.CodeUnavailable {
+		if Retryable(err) {
 			renewFailures.WithLabelValues("unavailable").Inc()
 		}
 		return err

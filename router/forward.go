@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/client"
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
@@ -26,8 +27,9 @@ const (
 // forward sends a client RPC about key to the node that hosts the leader
 // of key's shard, when that is another node, and returns its answer with
 // ok set; with ok unset the RPC is to be served here. While the other
-// node answers Unavailable (its leadership moved, a range is moving, it
-// went down) it looks again and retries, until the answers have been
+// node answers Unavailable (its leadership moved, a range is moving), or
+// its connection breaks before it answers (it went down), it looks again
+// and retries, until the answers have been
 // Unavailable for LeaderWait (counted from the first of them, so a wait
 // that lasted minutes before its node died is retried too). Retrying is
 // safe: every RPC is idempotent under its request id or lease id.
@@ -47,7 +49,7 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		fr.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
 		metrics.forwards.Inc()
 		resp, err := call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
-		if connect.CodeOf(err) != connect.CodeUnavailable {
+		if !client.Retryable(err) {
 			return resp, true, err
 		}
 		if failing.IsZero() {

@@ -21,6 +21,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/client"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -523,14 +524,14 @@ func (n *node) acquireHeld(leases map[string]*wardenv1.AcquireResponse) error {
 	return nil
 }
 
-// retryUnavailable runs f until it answers something other than
-// Unavailable (what a client sees while leadership settles after a
-// restart), for up to 15 s.
+// retryUnavailable runs f until its error is not client.Retryable
+// (Unavailable while leadership settles after a restart, or a connection
+// broken by a node's death mid-call), for up to 15 s.
 func retryUnavailable(f func() error) error {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		err := f()
-		if connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
+		if !client.Retryable(err) || time.Now().After(deadline) {
 			return err
 		}
 		time.Sleep(50 * time.Millisecond)
