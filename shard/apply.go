@@ -22,11 +22,19 @@ import (
 // once every replica applies them. Version 5 adds ReportUsageCmd's
 // observed_seq (a reconciliation against what was observed), which an
 // older binary would ignore: a command carrying it needs version 5.
-// Version 6 adds NewEpochCmd.
-const CommandVersion = 6
+// Version 6 adds NewEpochCmd. Version 7 changes what SetConfig decides:
+// it refuses to lower max_clock_skew (VersionSkewRaiseOnly).
+const CommandVersion = 7
 
 // VersionNewEpoch is the first envelope version with NewEpochCmd.
 const VersionNewEpoch = 6
+
+// VersionSkewRaiseOnly is the first envelope version whose SetConfig
+// refuses a lower max_clock_skew. A lower bound would apply at once to
+// shard time that leaders stamped under the higher one (time only moves
+// forward: max(env.now, last)), which may lead real time by up to half
+// of it, so leases would become grantable early in real time.
+const VersionSkewRaiseOnly = 7
 
 // VersionObservedSeq is the first envelope version whose ReportUsage
 // reads observed_seq.
@@ -957,6 +965,9 @@ func (a *applier) setConfig(c *shardv1.SetConfigCmd) *shardv1.Result {
 	}
 	if err := CheckConfig(cfg); err != nil {
 		return invalidErr(err)
+	}
+	if old := a.cfg().GetMaxClockSkewNanos(); a.version >= VersionSkewRaiseOnly && cfg.GetMaxClockSkewNanos() < old {
+		return invalid("max_clock_skew", fmt.Sprintf("can only be raised (it is %v): shard time that leaders stamped under it may lead real time by up to half of it, and a lower bound would let leases be granted early", time.Duration(old)))
 	}
 	a.dirtyMeta()
 	a.meta.Config = cfg

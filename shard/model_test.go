@@ -696,11 +696,20 @@ func (r *modelRun) leaderChange(t *rapid.T) {
 }
 
 // setConfig changes the replicated skew bound and dedup window; leaders'
-// clocks are then kept within the new bound.
+// clocks are then kept within the new bound. A lower skew is refused.
 func (r *modelRun) setConfig(t *rapid.T) {
 	skew := rapid.SampledFrom([]int64{0, testSkew / 2, testSkew, 2 * testSkew}).Draw(t, "skew")
 	window := rapid.SampledFrom([]int64{0, second, 5 * second}).Draw(t, "window")
-	if res := r.propose(setConfigCmd(&shardv1.SetConfigCmd{MaxClockSkewNanos: &skew, DedupWindowNanos: &window})); res.GetCode() != shardv1.Code_CODE_OK {
+	res := r.propose(setConfigCmd(&shardv1.SetConfigCmd{MaxClockSkewNanos: &skew, DedupWindowNanos: &window}))
+	if skew < r.m.skew {
+		// Lowering it is refused (VersionSkewRaiseOnly): time stamped
+		// under the old bound may lead real time by half of it.
+		if res.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT || res.GetField() != "max_clock_skew" {
+			t.Fatalf("set config lowering max_clock_skew from %d to %d: %v", r.m.skew, skew, res)
+		}
+		return
+	}
+	if res.GetCode() != shardv1.Code_CODE_OK {
 		t.Fatalf("set config: %v", res)
 	}
 	r.m.skew, r.m.window = skew, window
