@@ -8,7 +8,6 @@ require (
 	connectrpc.com/connect v1.19.1
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/alecthomas/kong v1.12.1
-	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/warden-dev/warden v0.0.0-00010101000000-000000000000
 	go.etcd.io/etcd/api/v3 v3.5.35
@@ -27,6 +26,7 @@ require (
 	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/campoy/embedmd v1.0.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/coreos/go-semver v0.3.0 // indirect
 	github.com/coreos/go-systemd/v22 v22.3.2 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect

@@ -3,6 +3,7 @@ package placement
 import (
 	"fmt"
 
+	"github.com/warden-dev/warden/keyspace"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	"github.com/warden-dev/warden/shard"
@@ -30,7 +31,7 @@ func (m *Map) Generation() uint64 { return m.st.GetGeneration() }
 
 // ShardFor returns the range that owns key's hash.
 func (m *Map) ShardFor(key string) (*shardv1.RangeDescriptor, error) {
-	h := shard.KeyHash(key)
+	h := keyspace.Hash(key)
 	for _, r := range m.st.GetRanges() {
 		if shard.InRange(r, h) {
 			return r, nil

@@ -3,13 +3,13 @@ package placement
 import (
 	"testing"
 
+	"github.com/warden-dev/warden/keyspace"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
-	"github.com/warden-dev/warden/shard"
 )
 
 func TestShardFor(t *testing.T) {
-	h := shard.KeyHash("orders/42")
+	h := keyspace.Hash("orders/42")
 	split := NewMap(&placementv1.State{Generation: 2, Ranges: []*shardv1.RangeDescriptor{
 		{ShardId: 1, Start: 0, End: h},
 		{ShardId: 2, Start: h, End: h + 1},

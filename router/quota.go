@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -35,7 +36,7 @@ func quotaCall[Req, Resp any](ctx context.Context, s *QuotaServer, method string
 	if err := shard.CheckQuotaKey("key", key); err != nil {
 		return nil, observe(method, time.Now(), err)
 	}
-	if resp, ok, err := forward(ctx, s.r, req, shard.Pool(key), remote); ok {
+	if resp, ok, err := forward(ctx, s.r, req, keyspace.Pool(key), remote); ok {
 		return resp, err
 	}
 	start := time.Now()
@@ -48,7 +49,7 @@ func quotaCall[Req, Resp any](ctx context.Context, s *QuotaServer, method string
 
 // propose proposes a quota command for key, routed by its pool.
 func (s *QuotaServer) propose(ctx context.Context, key string, env *shardv1.Envelope) (*shardv1.Result, error) {
-	return s.r.propose(ctx, shard.Pool(key), env)
+	return s.r.propose(ctx, keyspace.Pool(key), env)
 }
 
 func level(q *shardv1.QuotaRecord, reserved, expired, remaining int64) *wardenv1.QuotaLevel {
@@ -139,7 +140,7 @@ func (s *QuotaServer) Query(ctx context.Context, req *connect.Request[wardenv1.Q
 	return quotaCall(ctx, s, "Query", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
 		return p.quota.Query
 	}, func(ctx context.Context, m *wardenv1.QueryRequest) (*wardenv1.QueryResponse, error) {
-		q, err := s.r.read(ctx, shard.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: m.GetKey()}}})
+		q, err := s.r.read(ctx, keyspace.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: m.GetKey()}}})
 		if err != nil {
 			return nil, err
 		}
@@ -158,7 +159,7 @@ func queryResponse(q *shardv1.QueryResult) *wardenv1.QueryResponse {
 // staleRead reads key's pool from a local replica without a quorum round
 // (possibly behind: the answer says as of when).
 func (r *Router) staleRead(key string, q *shardv1.Query) (*shardv1.QueryResult, bool) {
-	rg, err := r.Map().ShardFor(shard.Pool(key))
+	rg, err := r.Map().ShardFor(keyspace.Pool(key))
 	if err != nil {
 		return nil, false
 	}
@@ -205,7 +206,7 @@ func (s *QuotaServer) ListReservations(ctx context.Context, req *connect.Request
 			}
 			rq.AfterKey, rq.AfterId = key, id
 		}
-		q, err := s.r.read(ctx, shard.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Reservations{Reservations: rq}})
+		q, err := s.r.read(ctx, keyspace.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Reservations{Reservations: rq}})
 		if err != nil {
 			return nil, err
 		}
@@ -240,7 +241,7 @@ func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[warde
 		if err != nil {
 			return nil, err
 		}
-		q, err := s.r.read(ctx, shard.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Ledger{Ledger: &shardv1.LedgerQuery{
+		q, err := s.r.read(ctx, keyspace.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Ledger{Ledger: &shardv1.LedgerQuery{
 			Key: m.GetKey(), AfterSeq: m.GetAfterSeq(), Limit: size}}})
 		if err != nil {
 			return nil, err
@@ -268,7 +269,7 @@ func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[ward
 		// Before routing: a node of an older binary, leading or forwarded
 		// to, would drop the field it does not know and correct against
 		// now. Only once every replica's node applies version 5.
-		if rg, err := s.r.Map().ShardFor(shard.Pool(req.Msg.GetKey())); err == nil && !s.r.applies(rg.GetShardId(), shard.VersionObservedSeq) {
+		if rg, err := s.r.Map().ShardFor(keyspace.Pool(req.Msg.GetKey())); err == nil && !s.r.applies(rg.GetShardId(), shard.VersionObservedSeq) {
 			return nil, observe("ReportUsage", time.Now(), fmt.Errorf("%w: observed_seq needs envelope version %d, and not every replica of shard %d applies it yet (a rolling upgrade is under way)",
 				ErrNoLeader, shard.VersionObservedSeq, rg.GetShardId()))
 		}

@@ -13,10 +13,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/internal/ledgertest"
+	"github.com/warden-dev/warden/keyspace"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
-	"github.com/warden-dev/warden/shard"
 )
 
 // untilKnown retries a quota call while its outcome is unknown
@@ -265,7 +265,7 @@ func TestQuotaThroughSplit(t *testing.T) {
 		if l.Committed[p] > 100 {
 			t.Fatalf("%s committed %d of 100", p, l.Committed[p])
 		}
-		if shard.KeyHash(p) >= 1<<63 {
+		if keyspace.Hash(p) >= 1<<63 {
 			moved++
 		}
 	}

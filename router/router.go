@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warden-dev/warden/keyspace"
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
@@ -374,7 +375,7 @@ func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shard
 			return nil, err
 		}
 		// A fenced record is frozen, so reading it during a move is exact.
-		if meta := out.GetMeta(); meta.GetInactive() || !shard.InRange(meta.GetRange(), shard.KeyHash(key)) {
+		if meta := out.GetMeta(); meta.GetInactive() || !shard.InRange(meta.GetRange(), keyspace.Hash(key)) {
 			return &shardv1.Result{Code: shardv1.Code_CODE_WRONG_SHARD, Reason: "the shard no longer owns the resource"}, nil
 		}
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil

@@ -13,11 +13,11 @@ import (
 	"connectrpc.com/connect"
 	"github.com/lni/dragonboat/v4"
 
+	"github.com/warden-dev/warden/keyspace"
 	"github.com/warden-dev/warden/placement"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
-	"github.com/warden-dev/warden/shard"
 )
 
 // TestSplitUnderTraffic splits the data shard while leases are held,
@@ -125,7 +125,7 @@ func TestSplitUnderTraffic(t *testing.T) {
 
 	moved := 0
 	for r, l := range leases {
-		if shard.KeyHash(r) >= resp.Msg.GetSplitAt() {
+		if keyspace.Hash(r) >= resp.Msg.GetSplitAt() {
 			moved++
 		}
 		if _, err := c.renew(r, l.GetLeaseId()); err != nil {
@@ -263,7 +263,7 @@ func TestCaseS2LinearizableAcrossSplits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		at := shard.KeyHash(r)
+		at := keyspace.Hash(r)
 		if at == rg.GetStart() {
 			continue // already a shard's first hash
 		}

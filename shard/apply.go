@@ -5,8 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
@@ -95,13 +94,10 @@ const maxClockSkewBound = int64(time.Minute)
 // overflow (year 2262) and a lease can never expire "before" it began.
 const maxDurationBound = int64(7 * 24 * time.Hour)
 
-// KeyHash places a key in the 64-bit hash space that shards partition.
-// Locks hash their resource name (DESIGN.md §2 "Placement and routing").
-func KeyHash(key string) uint64 { return xxhash.Sum64String(key) }
-
-// InRange reports whether hash h falls in the descriptor's [start, end).
+// InRange reports whether hash h falls in the descriptor's [start, end)
+// (keyspace.Contains on a range descriptor).
 func InRange(d *shardv1.RangeDescriptor, h uint64) bool {
-	return h >= d.GetStart() && (d.GetEnd() == 0 || h < d.GetEnd())
+	return keyspace.Contains(d.GetStart(), d.GetEnd(), h)
 }
 
 // Reader is the state that Apply reads: the shard meta and the range
@@ -422,7 +418,7 @@ func (a *applier) checkKey(resource string) *shardv1.Result {
 	if err := CheckName("resource", resource, MaxResourceBytes); err != nil {
 		return invalidErr(err)
 	}
-	return serves(a.meta, KeyHash(resource))
+	return serves(a.meta, keyspace.Hash(resource))
 }
 
 // Holds reports whether lock l keeps everyone else out at shard time now
@@ -921,7 +917,7 @@ func (a *applier) forget(c *shardv1.ForgetCmd) (*shardv1.Result, error) {
 	// Ended reservations are kept one dedup window, for retries of their
 	// Reserve, Commit and Release.
 	for _, ref := range c.GetReservations() {
-		if CheckQuotaKey("key", ref.GetKey()) != nil || serves(a.meta, KeyHash(Pool(ref.GetKey()))) != nil {
+		if CheckQuotaKey("key", ref.GetKey()) != nil || serves(a.meta, keyspace.Hash(keyspace.Pool(ref.GetKey()))) != nil {
 			continue
 		}
 		r, err := a.reservation(ref.GetKey(), ref.GetReservationId())

@@ -2,8 +2,8 @@ package shard
 
 import (
 	"encoding/binary"
-	"strings"
 
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
@@ -57,7 +57,7 @@ func decodeTime(b []byte) int64 { return int64(binary.BigEndian.Uint64(b) ^ (1 <
 func lockKey(resource string) []byte {
 	b := make([]byte, 0, 10+len(resource))
 	b = append(b, prefixRange)
-	b = binary.BigEndian.AppendUint64(b, KeyHash(resource))
+	b = binary.BigEndian.AppendUint64(b, keyspace.Hash(resource))
 	b = append(b, kindLock)
 	return append(b, resource...)
 }
@@ -65,7 +65,7 @@ func lockKey(resource string) []byte {
 func dedupKey(resource, requestID string) []byte {
 	b := make([]byte, 0, 11+len(resource)+len(requestID))
 	b = append(b, prefixRange)
-	b = binary.BigEndian.AppendUint64(b, KeyHash(resource))
+	b = binary.BigEndian.AppendUint64(b, keyspace.Hash(resource))
 	b = append(b, kindDedup)
 	b = append(b, resource...)
 	b = append(b, 0)
@@ -76,7 +76,7 @@ func dedupKey(resource, requestID string) []byte {
 func waiterPrefix(resource string) []byte {
 	b := make([]byte, 0, 19+len(resource))
 	b = append(b, prefixRange)
-	b = binary.BigEndian.AppendUint64(b, KeyHash(resource))
+	b = binary.BigEndian.AppendUint64(b, keyspace.Hash(resource))
 	b = append(b, kindWaiter)
 	b = append(b, resource...)
 	return append(b, 0)
@@ -160,25 +160,17 @@ const (
 	prefixReclaim   = 'y'
 )
 
-// Pool returns a quota key's pool: its first segment.
-func Pool(key string) string {
-	if i := strings.IndexByte(key, '/'); i >= 0 {
-		return key[:i]
-	}
-	return key
-}
-
 func quotaPrefix(pool string, kind byte) []byte {
 	b := make([]byte, 0, 10+len(pool))
 	b = append(b, prefixRange)
-	b = binary.BigEndian.AppendUint64(b, KeyHash(pool))
+	b = binary.BigEndian.AppendUint64(b, keyspace.Hash(pool))
 	return append(b, kind)
 }
 
-func quotaKey(key string) []byte { return append(quotaPrefix(Pool(key), kindQuota), key...) }
+func quotaKey(key string) []byte { return append(quotaPrefix(keyspace.Pool(key), kindQuota), key...) }
 
 func reservationKey(key, id string) []byte {
-	b := append(quotaPrefix(Pool(key), kindReservation), key...)
+	b := append(quotaPrefix(keyspace.Pool(key), kindReservation), key...)
 	return append(append(b, 0), id...)
 }
 
@@ -193,14 +185,14 @@ func ledgerKey(pool string, seq uint64) []byte {
 }
 
 func reportKey(key, reportID string) []byte {
-	b := append(quotaPrefix(Pool(key), kindReport), key...)
+	b := append(quotaPrefix(keyspace.Pool(key), kindReport), key...)
 	return append(append(b, 0), reportID...)
 }
 
 func poolExpPrefix(pool string) []byte { return append(append([]byte{prefixPoolExp}, pool...), 0) }
 
 func poolExpKey(r *shardv1.ReservationRecord) []byte {
-	b := appendTime(poolExpPrefix(Pool(r.GetKey())), r.GetExpiresAtUnixNano())
+	b := appendTime(poolExpPrefix(keyspace.Pool(r.GetKey())), r.GetExpiresAtUnixNano())
 	b = append(append(b, r.GetKey()...), 0)
 	return append(b, r.GetReservationId()...)
 }
@@ -218,10 +210,12 @@ func endedReservationKey(r *shardv1.ReservationRecord) []byte {
 	return append(b, r.GetReservationId()...)
 }
 
-func checkpointKey(key string) []byte { return append(quotaPrefix(Pool(key), kindCheckpoint), key...) }
+func checkpointKey(key string) []byte {
+	return append(quotaPrefix(keyspace.Pool(key), kindCheckpoint), key...)
+}
 
 func ledgerAgeKey(e *shardv1.LedgerEvent) []byte {
 	b := appendTime([]byte{prefixLedgerAge}, e.GetAtUnixNano())
-	b = append(append(b, Pool(e.GetKey())...), 0)
+	b = append(append(b, keyspace.Pool(e.GetKey())...), 0)
 	return binary.BigEndian.AppendUint64(b, e.GetSeq())
 }

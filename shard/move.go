@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
@@ -43,7 +44,7 @@ func serves(meta *shardv1.ShardMeta, h uint64) *shardv1.Result {
 // owns the resource's hash, and no move has fenced it. Reads use it to
 // refuse what a stale router sent to the wrong shard.
 func Serves(meta *shardv1.ShardMeta, resource string) bool {
-	return serves(meta, KeyHash(resource)) == nil
+	return serves(meta, keyspace.Hash(resource)) == nil
 }
 
 // endBefore reports whether end a comes before end b, where end 0 is 2^64.
@@ -324,7 +325,7 @@ func (a *applier) releaseRange(c *shardv1.ReleaseRangeCmd) (*shardv1.Result, err
 		a.put(Change{Kind: DeletePool, Pool: p.GetPool()})
 	}
 	for _, e := range recs.GetLedger() {
-		a.put(Change{Kind: DeleteLedger, Pool: Pool(e.GetKey()), Seq: e.GetSeq()})
+		a.put(Change{Kind: DeleteLedger, Pool: keyspace.Pool(e.GetKey()), Seq: e.GetSeq()})
 	}
 	for _, u := range recs.GetReports() {
 		a.put(Change{Kind: DeleteReport, Key: u.GetKey(), ID: u.GetReportId()})

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"pgregory.net/rapid"
 
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
@@ -130,7 +131,7 @@ func TestMoveRangeKeepsEveryRecord(t *testing.T) {
 				out := r.propose(now, env)
 				refused := out.GetCode() == shardv1.Code_CODE_UNAVAILABLE || out.GetCode() == shardv1.Code_CODE_WRONG_SHARD
 				if refused == serving {
-					rt.Fatalf("shard %d answered %v for %s (hash %#x); it serves it: %v", r.shardID, out.GetCode(), res, KeyHash(res), serving)
+					rt.Fatalf("shard %d answered %v for %s (hash %#x); it serves it: %v", r.shardID, out.GetCode(), res, keyspace.Hash(res), serving)
 				}
 				for _, tok := range tokensOf(res, env, out) {
 					if tok.token <= maxToken[tok.resource] {
@@ -142,7 +143,7 @@ func TestMoveRangeKeepsEveryRecord(t *testing.T) {
 		}
 		traffic(src, rapid.IntRange(5, 40).Draw(rt, "before"))
 
-		split := KeyHash(rapid.SampledFrom(resources).Draw(rt, "split at"))
+		split := keyspace.Hash(rapid.SampledFrom(resources).Draw(rt, "split at"))
 		if split == 0 {
 			split = 1
 		}
@@ -215,7 +216,7 @@ func TestMoveRangeKeepsEveryRecord(t *testing.T) {
 		checkCounts(rt, "source", src)
 		for _, res := range resources {
 			if Serves(src.meta(), res) == Serves(dst.meta(), res) {
-				rt.Fatalf("%s (hash %#x) served by both or neither shard (split at %#x)", res, KeyHash(res), split)
+				rt.Fatalf("%s (hash %#x) served by both or neither shard (split at %#x)", res, keyspace.Hash(res), split)
 			}
 		}
 

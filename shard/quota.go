@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
@@ -125,7 +126,7 @@ func (a *applier) tree(key string) (*quotaTree, error) {
 // (to treat that capacity as free); the other commands charge the levels
 // by exact amounts.
 func (a *applier) countExpired(t *quotaTree) error {
-	exp, err := a.r.Expired(Pool(t.levels[0].GetKey()), a.now)
+	exp, err := a.r.Expired(keyspace.Pool(t.levels[0].GetKey()), a.now)
 	if err != nil {
 		return err
 	}
@@ -156,7 +157,7 @@ func (a *applier) charge(t *quotaTree, reserved, committed int64) {
 
 // ledger appends an event to the key's pool ledger.
 func (a *applier) ledger(e *shardv1.LedgerEvent) error {
-	pool := Pool(e.GetKey())
+	pool := keyspace.Pool(e.GetKey())
 	p, ok := a.pools[pool]
 	if !ok {
 		var err error
@@ -181,7 +182,7 @@ func (a *applier) checkQuotaKey(key string) *shardv1.Result {
 	if err := CheckQuotaKey("key", key); err != nil {
 		return invalidErr(err)
 	}
-	return serves(a.meta, KeyHash(Pool(key)))
+	return serves(a.meta, keyspace.Hash(keyspace.Pool(key)))
 }
 
 func (a *applier) setLimit(c *shardv1.SetLimitCmd) (*shardv1.Result, error) {
@@ -273,7 +274,7 @@ func (a *applier) reserve(c *shardv1.ReserveCmd) (*shardv1.Result, error) {
 		}
 	}
 	if !limited {
-		return failed(fmt.Sprintf("no level of %q has a limit (set one on its pool %q)", c.GetKey(), Pool(c.GetKey()))), nil
+		return failed(fmt.Sprintf("no level of %q has a limit (set one on its pool %q)", c.GetKey(), keyspace.Pool(c.GetKey()))), nil
 	}
 	a.charge(t, c.GetAmount(), 0)
 	r := &shardv1.ReservationRecord{Key: c.GetKey(), ReservationId: c.GetReservationId(), Amount: c.GetAmount(), TtlNanos: ttl,
@@ -512,7 +513,7 @@ func (a *applier) releaseReservation(c *shardv1.ReleaseReservationCmd) (*shardv1
 func (a *applier) reclaim(c *shardv1.ReclaimCmd) (*shardv1.Result, error) {
 	var n uint32
 	for _, it := range c.GetItems() {
-		if CheckQuotaKey("key", it.GetKey()) != nil || serves(a.meta, KeyHash(Pool(it.GetKey()))) != nil {
+		if CheckQuotaKey("key", it.GetKey()) != nil || serves(a.meta, keyspace.Hash(keyspace.Pool(it.GetKey()))) != nil {
 			continue
 		}
 		r, err := a.reservation(it.GetKey(), it.GetReservationId())
@@ -636,7 +637,7 @@ const maxReconcileEvents = 100_000
 // more than maxReconcileEvents behind, is failed_precondition naming the
 // oldest usable sequence.
 func (a *applier) committedSince(key string, seq uint64) (int64, *shardv1.Result, error) {
-	pool := Pool(key)
+	pool := keyspace.Pool(key)
 	rec, ok := a.pools[pool] // this command's own writes first
 	if !ok {
 		var err error
@@ -693,7 +694,7 @@ func (a *applier) compactLedger(c *shardv1.CompactLedgerCmd) (*shardv1.Result, e
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
 	}
 	for _, it := range c.GetItems() {
-		if CheckQuotaKey("pool", it.GetPool()) != nil || serves(a.meta, KeyHash(it.GetPool())) != nil {
+		if CheckQuotaKey("pool", it.GetPool()) != nil || serves(a.meta, keyspace.Hash(it.GetPool())) != nil {
 			continue
 		}
 		events, err := a.r.LedgerFrom(it.GetPool(), 0, maxCompact-int(n))

@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/pebble"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
@@ -16,7 +17,7 @@ import (
 // now, root first, with reservations past their ttl counted as
 // expired_pending and not as reserved (DESIGN.md §4).
 func (s *records) quotaLevels(key string, now int64) ([]*shardv1.QuotaLevel, error) {
-	exp, err := s.Expired(Pool(key), now)
+	exp, err := s.Expired(keyspace.Pool(key), now)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +48,7 @@ func (s *records) quotaLevels(key string, now int64) ([]*shardv1.QuotaLevel, err
 // openReservations answers a ReservationsQuery: open, unexpired
 // reservations at or under key, in key order.
 func (s *records) openReservations(q *shardv1.ReservationsQuery, now int64) ([]*shardv1.ReservationRecord, error) {
-	prefix := quotaPrefix(Pool(q.GetKey()), kindReservation)
+	prefix := quotaPrefix(keyspace.Pool(q.GetKey()), kindReservation)
 	lower := append(bytes.Clone(prefix), q.GetKey()...)
 	if q.GetAfterKey() != "" {
 		lower = append(reservationKey(q.GetAfterKey(), q.GetAfterId()), 0)
@@ -80,7 +81,7 @@ func (s *records) ledgerEvents(q *shardv1.LedgerQuery) ([]*shardv1.LedgerEvent, 
 	if q.GetAfterSeq() == math.MaxUint64 {
 		return nil, nil // nothing comes after the last sequence number
 	}
-	prefix := ledgerPrefix(Pool(q.GetKey()))
+	prefix := ledgerPrefix(keyspace.Pool(q.GetKey()))
 	it := s.g.NewIter(&pebble.IterOptions{LowerBound: binary.BigEndian.AppendUint64(bytes.Clone(prefix), q.GetAfterSeq()+1), UpperBound: prefixEnd(prefix)})
 	defer it.Close()
 	limit := int(max(q.GetLimit(), 1))
@@ -103,7 +104,7 @@ func (s *records) ledgerEvents(q *shardv1.LedgerQuery) ([]*shardv1.LedgerEvent, 
 // keys at or under key.
 func (s *records) checkpoints(key string) ([]*shardv1.LedgerCheckpoint, error) {
 	prefix := checkpointKey(key)
-	it := s.g.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(quotaPrefix(Pool(key), kindCheckpoint))})
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(quotaPrefix(keyspace.Pool(key), kindCheckpoint))})
 	defer it.Close()
 	var out []*shardv1.LedgerCheckpoint
 	for ok := it.First(); ok && bytes.HasPrefix(it.Key(), prefix); ok = it.Next() {

@@ -20,6 +20,7 @@ import (
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
@@ -398,7 +399,7 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 		out.Levels, err = r.quotaLevels(qq.Quota.GetKey(), now)
 		if err == nil {
 			var pool *shardv1.PoolRecord
-			pool, err = r.PoolRecord(Pool(qq.Quota.GetKey()))
+			pool, err = r.PoolRecord(keyspace.Pool(qq.Quota.GetKey()))
 			out.LedgerSeq = pool.GetLastSeq()
 		}
 	case *shardv1.Query_Reservations:

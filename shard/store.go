@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
@@ -575,7 +576,7 @@ func (s *records) Expired(pool string, now int64) ([]*shardv1.ReservationRecord,
 
 // NextExpiry implements Reader.
 func (s *records) NextExpiry(key string, now int64) (int64, error) {
-	prefix := poolExpPrefix(Pool(key))
+	prefix := poolExpPrefix(keyspace.Pool(key))
 	it := s.g.NewIter(&pebble.IterOptions{LowerBound: appendTime(bytes.Clone(prefix), now+1), UpperBound: prefixEnd(prefix)})
 	defer it.Close()
 	for ok := it.First(); ok; ok = it.Next() {
@@ -664,7 +665,7 @@ func (s *records) writeQuota(b writeBatch, c Change) error {
 		if err := b.Set(ledgerAgeKey(c.Ledger), nil, nil); err != nil {
 			return err
 		}
-		return set(b, ledgerKey(Pool(c.Ledger.GetKey()), c.Ledger.GetSeq()), c.Ledger)
+		return set(b, ledgerKey(keyspace.Pool(c.Ledger.GetKey()), c.Ledger.GetSeq()), c.Ledger)
 	case DeleteLedger:
 		old := &shardv1.LedgerEvent{}
 		ok, err := s.get(ledgerKey(c.Pool, c.Seq), old)

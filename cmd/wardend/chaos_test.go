@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/internal/ledgertest"
+	"github.com/warden-dev/warden/keyspace"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/shard"
 )
@@ -105,7 +106,7 @@ func TestClusterCaseQ14CountersEqualTheLedger(t *testing.T) {
 	var pools []string
 	for i, low, high := 0, 0, 0; low+high < 4; i++ {
 		p := fmt.Sprintf("q14pool%d", i)
-		switch h := shard.KeyHash(p); {
+		switch h := keyspace.Hash(p); {
 		case h < at && low < 2:
 			low++
 			pools = append(pools, p)

@@ -17,9 +17,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/keyspace"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/shard"
 )
 
 // traffic runs acquire/renew/release loops through random nodes until
@@ -209,9 +209,9 @@ func TestClusterCaseS3StaleRouteAfterSplit(t *testing.T) {
 	const at = uint64(1) << 63
 	var locks, pools []string
 	for i := 0; len(locks) < 20 || len(pools) < 3; i++ {
-		if k := fmt.Sprintf("s3-%d", i); shard.KeyHash(k) >= at && len(locks) < 20 {
+		if k := fmt.Sprintf("s3-%d", i); keyspace.Hash(k) >= at && len(locks) < 20 {
 			locks = append(locks, k)
-		} else if shard.KeyHash(k) >= at && len(pools) < 3 {
+		} else if keyspace.Hash(k) >= at && len(pools) < 3 {
 			pools = append(pools, k)
 		}
 	}

@@ -7,15 +7,15 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/keyspace"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
-	"github.com/warden-dev/warden/shard"
 )
 
 // shardOf returns resource's shard as a running node lists it, once its
 // leader is known.
 func (c *procCluster) shardOf(resource string) *wardenv1.ShardInfo {
 	c.t.Helper()
-	h := shard.KeyHash(resource)
+	h := keyspace.Hash(resource)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := c.any().shards()
@@ -207,7 +207,7 @@ func TestClusterWaitersRideThroughLeaderChanges(t *testing.T) {
 	from := c.shardOf(w.resource)
 	ctx, cancel := rpcCtx()
 	defer cancel()
-	split, err := c.nodes[0].admin.SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: from.GetId(), SplitAt: shard.KeyHash(w.resource)}))
+	split, err := c.nodes[0].admin.SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: from.GetId(), SplitAt: keyspace.Hash(w.resource)}))
 	if err != nil {
 		t.Fatalf("split: %v", err)
 	}

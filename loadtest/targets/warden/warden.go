@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/client"
+	"github.com/warden-dev/warden/keyspace"
 	"github.com/warden-dev/warden/loadtest/harness"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -169,9 +169,9 @@ func (t *Target) loadRoutes(ctx context.Context) ([]route, error) {
 // leads key's shard, or any when the map does not say.
 func (t *Target) first(key string) conn {
 	if rs := t.routes.Load(); rs != nil {
-		h := xxhash.Sum64String(key) // as shard.KeyHash places keys
+		h := keyspace.Hash(key)
 		for _, r := range *rs {
-			if h >= r.start && (r.end == 0 || h < r.end) {
+			if keyspace.Contains(r.start, r.end, h) {
 				per := t.cfg.ConnsPerEndpoint
 				return t.conns[r.endpoint*per+rand.IntN(per)]
 			}
