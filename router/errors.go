@@ -43,103 +43,127 @@ func (e *resultError) Error() string {
 	return e.res.GetReason()
 }
 
-// outcome classifies an RPC's result for metrics: ok, conflict, timeout,
-// stale (lease not current), invalid, exhausted, unknown (outcome not
-// learned), unavailable, canceled or error.
-func outcome(err error) string {
-	if err == nil {
-		return "ok"
-	}
-	var re *resultError
-	var fe *shard.FieldError
-	switch {
-	case errors.As(err, &re):
-		switch re.res.GetCode() {
-		case shardv1.Code_CODE_CONFLICT:
-			return "conflict"
-		case shardv1.Code_CODE_FAILED_PRECONDITION:
-			return "stale"
-		case shardv1.Code_CODE_INVALID_ARGUMENT:
-			return "invalid"
-		case shardv1.Code_CODE_WRONG_SHARD, shardv1.Code_CODE_UNAVAILABLE:
-			return "unavailable"
-		case shardv1.Code_CODE_RESOURCE_EXHAUSTED:
-			return "exhausted"
-		}
-		return "error"
-	case errors.As(err, &fe):
-		return "invalid"
-	case errors.Is(err, context.Canceled):
-		return "canceled"
-	case errors.Is(err, errWaitTimedOut), errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	case errors.Is(err, ErrOutcomeUnknown):
-		return "unknown"
-	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrClockUnconfirmed):
-		return "unavailable"
-	}
-	return "error"
+// class is how Warden answers an error: the Connect code the client
+// sees and the outcome its metrics and audit record count it under (ok,
+// conflict, timeout, stale: lease not current, invalid, exhausted,
+// unknown: outcome not learned, unavailable, canceled, error).
+type class struct {
+	code  connect.Code
+	label string
 }
 
-// unavailable reports whether err is one that toConnect answers as
-// Unavailable: safe to retry with the same ids.
-func unavailable(err error) bool {
-	return err != nil && connect.CodeOf(toConnect(err)) == connect.CodeUnavailable
+// resultClasses classifies a shard's refusal by its result code.
+var resultClasses = map[shardv1.Code]class{
+	shardv1.Code_CODE_CONFLICT:            {connect.CodeAborted, "conflict"},
+	shardv1.Code_CODE_FAILED_PRECONDITION: {connect.CodeFailedPrecondition, "stale"},
+	shardv1.Code_CODE_INVALID_ARGUMENT:    {connect.CodeInvalidArgument, "invalid"},
+	shardv1.Code_CODE_WRONG_SHARD:         {connect.CodeUnavailable, "unavailable"},
+	shardv1.Code_CODE_UNAVAILABLE:         {connect.CodeUnavailable, "unavailable"},
+	shardv1.Code_CODE_RESOURCE_EXHAUSTED:  {connect.CodeResourceExhausted, "exhausted"},
 }
 
-// toConnect is the one place where Warden's errors become Connect codes
-// (DESIGN.md §3 "Error codes").
-func toConnect(err error) error {
-	if err == nil {
-		return nil
-	}
+// codeLabels labels a forwarded call's answer by its Connect code.
+var codeLabels = map[connect.Code]string{
+	connect.CodeAborted:            "conflict",
+	connect.CodeFailedPrecondition: "stale",
+	connect.CodeInvalidArgument:    "invalid",
+	connect.CodeUnavailable:        "unavailable",
+	connect.CodeResourceExhausted:  "exhausted",
+	connect.CodeDeadlineExceeded:   "timeout",
+	connect.CodeCanceled:           "canceled",
+}
+
+// classify is the one place where Warden's errors get their Connect code
+// and outcome label (DESIGN.md §3 "Error codes"): toConnect and outcome
+// both read it, so a client and the metrics never disagree.
+func classify(err error) class {
 	var re *resultError
 	var fe *shard.FieldError
 	var ce *connect.Error
 	var rl *remoteLeader
 	switch {
+	case err == nil:
+		return class{0, "ok"}
 	case errors.As(err, &re):
-		return resultToConnect(re.res)
+		if c, ok := resultClasses[re.res.GetCode()]; ok {
+			return c
+		}
+		return class{connect.CodeInternal, "error"}
 	case errors.As(err, &ce): // a forwarded call's answer
-		return ce
+		if l, ok := codeLabels[ce.Code()]; ok {
+			return class{ce.Code(), l}
+		}
+		return class{ce.Code(), "error"}
 	case errors.As(err, &rl): // a forwarded call reached a node that no longer leads
-		return connect.NewError(connect.CodeUnavailable, err)
+		return class{connect.CodeUnavailable, "unavailable"}
 	case errors.As(err, &fe):
-		return withDetail(connect.NewError(connect.CodeInvalidArgument, fe),
-			&wardenv1.FieldViolation{Field: fe.Field, Description: fe.Reason})
+		return class{connect.CodeInvalidArgument, "invalid"}
 	case errors.Is(err, context.Canceled):
-		return connect.NewError(connect.CodeCanceled, err)
+		return class{connect.CodeCanceled, "canceled"}
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errWaitTimedOut):
-		return connect.NewError(connect.CodeDeadlineExceeded, err)
-	case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrNoLeader), errors.Is(err, ErrClockUnconfirmed):
-		return connect.NewError(connect.CodeUnavailable, err)
+		return class{connect.CodeDeadlineExceeded, "timeout"}
+	case errors.Is(err, ErrOutcomeUnknown):
+		return class{connect.CodeUnavailable, "unknown"}
+	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrClockUnconfirmed):
+		return class{connect.CodeUnavailable, "unavailable"}
 	}
-	return connect.NewError(connect.CodeInternal, err)
+	return class{connect.CodeInternal, "error"}
 }
 
-func resultToConnect(res *shardv1.Result) error {
-	err := &resultError{res}
+// outcome is err's label for metrics and the audit log.
+func outcome(err error) string { return classify(err).label }
+
+// unavailable reports whether err is one that toConnect answers as
+// Unavailable: safe to retry with the same ids.
+func unavailable(err error) bool {
+	return err != nil && classify(err).code == connect.CodeUnavailable
+}
+
+// toConnect turns err into the Connect error a client gets: the code of
+// classify, with the details that say what to do (the holder's token of a
+// conflict, the field of a bad input, the level of an exhausted quota).
+func toConnect(err error) error {
+	if err == nil {
+		return nil
+	}
+	c := classify(err)
+	var re *resultError
+	var fe *shard.FieldError
+	var ce *connect.Error
+	switch {
+	case errors.As(err, &re):
+		return resultToConnect(re, c.code)
+	case errors.As(err, &ce):
+		return ce
+	case errors.As(err, &fe):
+		return withDetail(connect.NewError(c.code, fe),
+			&wardenv1.FieldViolation{Field: fe.Field, Description: fe.Reason})
+	}
+	return connect.NewError(c.code, err)
+}
+
+// resultToConnect is a shard refusal's Connect error, with code and the
+// details of its kind.
+func resultToConnect(err *resultError, code connect.Code) error {
+	res := err.res
+	e := connect.NewError(code, err)
 	switch res.GetCode() {
 	case shardv1.Code_CODE_CONFLICT:
-		return withDetail(connect.NewError(connect.CodeAborted, err), &wardenv1.LockHeld{
+		return withDetail(e, &wardenv1.LockHeld{
 			FencingToken: res.GetLease().GetFencingToken(),
 			ExpiresAt:    timestamp(res.GetLease().GetExpiresAtUnixNano()),
 		})
-	case shardv1.Code_CODE_FAILED_PRECONDITION:
-		return connect.NewError(connect.CodeFailedPrecondition, err)
 	case shardv1.Code_CODE_INVALID_ARGUMENT:
-		return withDetail(connect.NewError(connect.CodeInvalidArgument, err),
-			&wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
-	case shardv1.Code_CODE_WRONG_SHARD, shardv1.Code_CODE_UNAVAILABLE:
-		return connect.NewError(connect.CodeUnavailable, err)
+		return withDetail(e, &wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
 	case shardv1.Code_CODE_RESOURCE_EXHAUSTED:
 		if q := res.GetQuota(); q != nil {
-			return withDetail(connect.NewError(connect.CodeResourceExhausted, err), quotaExhausted(q))
+			return withDetail(e, quotaExhausted(q))
 		}
-		return withDetail(connect.NewError(connect.CodeResourceExhausted, err),
-			&wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
+		return withDetail(e, &wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
+	case shardv1.Code_CODE_FAILED_PRECONDITION, shardv1.Code_CODE_WRONG_SHARD, shardv1.Code_CODE_UNAVAILABLE:
+		return e
 	}
-	return connect.NewError(connect.CodeInternal, fmt.Errorf("shard answered %v: %w", res.GetCode(), err))
+	return connect.NewError(code, fmt.Errorf("shard answered %v: %w", res.GetCode(), err))
 }
 
 // proposeError classifies an error of SyncPropose or SyncRead.
