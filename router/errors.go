@@ -2,8 +2,11 @@ package router
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"connectrpc.com/connect"
@@ -131,6 +134,8 @@ func toConnect(err error) error {
 	var fe *shard.FieldError
 	var ce *connect.Error
 	switch {
+	case c.code == connect.CodeInternal && !errors.As(err, &ce):
+		return internalError(err)
 	case errors.As(err, &re):
 		return resultToConnect(re, c.code)
 	case errors.As(err, &ce):
@@ -160,10 +165,19 @@ func resultToConnect(err *resultError, code connect.Code) error {
 			return withDetail(e, quotaExhausted(q))
 		}
 		return withDetail(e, &wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
-	case shardv1.Code_CODE_FAILED_PRECONDITION, shardv1.Code_CODE_WRONG_SHARD, shardv1.Code_CODE_UNAVAILABLE:
-		return e
 	}
-	return connect.NewError(code, fmt.Errorf("shard answered %v: %w", res.GetCode(), err))
+	return e
+}
+
+// internalError logs err, which no client can act on and whose text may
+// describe the node's internals, under a fresh id, and returns the
+// Internal error a client gets: the id alone, to quote to an operator.
+func internalError(err error) error {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // never fails (Go 1.24+)
+	id := hex.EncodeToString(b)
+	slog.Error("internal error", "error_id", id, "err", err)
+	return connect.NewError(connect.CodeInternal, fmt.Errorf("internal error %s: the node's log has its details", id))
 }
 
 // proposeError classifies an error of SyncPropose or SyncRead.

@@ -1,8 +1,11 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -77,5 +80,32 @@ func TestClassifyOneModel(t *testing.T) {
 	}
 	if outcome(nil) != "ok" || toConnect(nil) != nil {
 		t.Error("nil is not ok")
+	}
+}
+
+// An internal error reaches the client as an id, never its text; the
+// node's log has the text under the same id.
+func TestInternalErrorSendsOnlyAnID(t *testing.T) {
+	var log bytes.Buffer
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(&log, nil)))
+	for _, err := range []error{
+		errors.New("pebble: /var/lib/warden/sm/shard-1 is corrupt"),
+		&resultError{&shardv1.Result{Code: shardv1.Code_CODE_INTERNAL, Reason: "fencing token 7 would not exceed the last token 9"}},
+	} {
+		log.Reset()
+		got := toConnect(err)
+		var ce *connect.Error
+		if !errors.As(got, &ce) || ce.Code() != connect.CodeInternal {
+			t.Fatalf("%v: %v, want internal", err, got)
+		}
+		if strings.Contains(ce.Message(), "pebble") || strings.Contains(ce.Message(), "token") {
+			t.Fatalf("the client got the internal text: %q", ce.Message())
+		}
+		id := strings.Fields(strings.TrimPrefix(ce.Message(), "internal error "))[0]
+		id = strings.TrimSuffix(id, ":")
+		if !strings.Contains(log.String(), "error_id="+id) || !strings.Contains(log.String(), err.Error()) {
+			t.Fatalf("the log does not hold %v under id %s: %s", err, id, log.String())
+		}
 	}
 }
