@@ -11,21 +11,36 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
-var renewFailures = promauto.NewCounterVec(prometheus.CounterOpts{
+// The SDK's metrics; nothing serves them unless the caller registers them
+// (RegisterMetrics).
+var renewFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "warden_renew_failures_total",
 	Help: "Lease renewals the Go SDK could not complete, by reason (unavailable: will retry; lost: the server refused; uncertain: gave up at the local deadline).",
 }, []string{"reason"})
 
-var orphanedLeases = promauto.NewCounterVec(prometheus.CounterOpts{
+var orphanedLeases = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "warden_orphaned_leases_total",
 	Help: "Leases the server granted to a Lock call of the Go SDK after the call had given up, by what the SDK did (released; failed: still held until its TTL runs out).",
 }, []string{"outcome"})
+
+// RegisterMetrics adds the SDK's metrics to reg (prometheus.DefaultRegisterer
+// to serve them with the process's others): warden_renew_failures_total by
+// reason and warden_orphaned_leases_total by outcome. The SDK counts
+// whether or not they are registered; importing the package registers
+// nothing.
+func RegisterMetrics(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{renewFailures, orphanedLeases} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // LockOptions tune Lock. The zero value asks for the shard's default TTL
 // and fails at once when the lock is held.

@@ -10,7 +10,7 @@
 //
 // A Guard does that check atomically, per resource name. Equal tokens are
 // accepted, so one holder may write many times; a lower token is refused
-// with a *StaleTokenError and counted in warden_fencing_rejections_total.
+// with a *StaleTokenError and counted in warden_fencing_rejections_total (see RegisterMetrics).
 //
 // Two Guards are provided: Memory, for a resource that lives in one
 // process, and SQL, which keeps the highest token in a PostgreSQL table
@@ -30,7 +30,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // ErrStaleToken is matched (errors.Is) by every *StaleTokenError.
@@ -60,10 +59,18 @@ func (e *StaleTokenError) Error() string {
 // Is makes errors.Is(err, ErrStaleToken) true.
 func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
 
-var rejections = promauto.NewCounterVec(prometheus.CounterOpts{
+// rejections counts refused writes; nothing serves it unless the caller
+// registers it (RegisterMetrics).
+var rejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "warden_fencing_rejections_total",
 	Help: "Writes refused by a fence because their fencing token was lower than the highest accepted.",
 }, []string{"guard"})
+
+// RegisterMetrics adds the fence's metric, warden_fencing_rejections_total
+// by guard, to reg (prometheus.DefaultRegisterer to serve it with the
+// process's others). The fence counts whether or not it is registered;
+// importing the package registers nothing.
+func RegisterMetrics(reg prometheus.Registerer) error { return reg.Register(rejections) }
 
 func reject(guard, resource string, token, highest uint64) error {
 	rejections.WithLabelValues(guard).Inc()
