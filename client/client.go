@@ -1,14 +1,6 @@
-// Package client is Warden's Go SDK.
-//
-//	c, err := client.New("http://127.0.0.1:7070")
-//	lease, err := c.Lock(ctx, "orders/42", client.LockOptions{TTL: 30 * time.Second, Wait: time.Minute})
-//	if err != nil { ... }
-//	defer lease.Unlock(context.Background())
-//	select {
-//	case <-lease.Done():
-//		// The lease is lost or its renewal became uncertain: stop work now.
-//	case <-work(ctx, lease.Token()):
-//	}
+// Package client is Warden's Go SDK: locks whose leases renew themselves,
+// with fencing tokens for the resources they protect (package
+// client/fence), and quota reservations. See the example of Client.Lock.
 //
 // What a user must know:
 //
@@ -20,7 +12,7 @@
 //     monotonic clock. When renewals fail, it keeps trying until that
 //     deadline minus a safety margin, then closes Done. The server cannot
 //     grant the lock to anyone else before the lease's expiry plus the
-//     shard's max clock skew, so Done always closes first (case L5) —
+//     shard's max clock skew, so Done always closes first —
 //     provided this process is not itself paused; for that, pass Token to
 //     the protected resource and check it there (package client/fence).
 //   - Lock calls that do not wait and Unlock calls made at about the
@@ -43,8 +35,8 @@
 //     the retry reaches the server before the abandoned attempt's cancel:
 //     when a connection breaks, the server cancels that attempt (so that
 //     no grant goes to nobody), unless a later attempt of the same request
-//     id has already arrived. After a leader change the retry always keeps
-//     its place.
+//     id has already arrived. A leader change does not break a waiting
+//     Lock: the server goes on waiting through it.
 package client
 
 import (

@@ -16,8 +16,9 @@ import (
 var ErrExhausted = errors.New("warden: quota exhausted")
 
 // ExhaustedError is a refused Reserve: Level is the key of the level
-// without room, Reason "LIMIT" or "FAIR_SHARE" (DESIGN.md §4), Remaining
-// the room left there, RetryAfter the time to the nearest expiry under
+// without room, Reason "LIMIT" (the level's limit has no room) or
+// "FAIR_SHARE" (above the fairness threshold, the key's share of its
+// parent's limit has none), Remaining the room left there, RetryAfter the time to the nearest expiry under
 // that level (0 when none is pending).
 type ExhaustedError struct {
 	Level      string
