@@ -132,7 +132,9 @@ func (c *procCluster) digests(ids ...uint64) (indexes map[uint64][]uint64, diges
 // (FAIR_SHARE, 5 left), and the three replicas hold identical state at
 // the same applied index. Node 3 is then upgraded in place: version 4 is
 // proposed, the same
-// Reserve succeeds, and the replicas again agree. Had the new binary
+// Reserve succeeds, and the replicas again agree. The same goes for
+// observed_seq (version 5) and for lowering max_clock_skew, accepted by
+// the old rule and refused by version 7's. Had the new binary
 // applied the old entries by the new rule, or proposed version 4 to an
 // old replica, the digests would differ or node 3 would stop.
 func TestClusterMixedBinariesAgree(t *testing.T) {
@@ -176,6 +178,19 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 	if err := report(c.nodes[0], "rec-old"); connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("ReportUsage with observed_seq beside an old replica: %v, want unavailable", err)
 	}
+	// Lowering max_clock_skew is refused from envelope version 7; beside
+	// an old replica the routers propose the old version, whose rule
+	// every replica applies alike: the lowering is accepted.
+	skew := func(n *node, d time.Duration) error {
+		_, err := n.admin.SetShardConfig(ctx, connect.NewRequest(&wardenv1.SetShardConfigRequest{ShardId: 1, MaxClockSkew: durationpb.New(d)}))
+		return err
+	}
+	if err := skew(c.nodes[0], time.Second); err != nil {
+		t.Fatalf("raising max_clock_skew: %v", err)
+	}
+	if err := skew(c.nodes[1], 600*time.Millisecond); err != nil {
+		t.Fatalf("lowering max_clock_skew beside an old replica (the old rule): %v", err)
+	}
 	idxs, digs := c.digests(1)
 	idx, dig := idxs[1], digs[1]
 	if dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
@@ -199,6 +214,12 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 	}
 	if err := retryUnavailable(func() error { return report(c.nodes[1], "rec-new") }); err != nil {
 		t.Fatalf("ReportUsage with observed_seq once every replica applies version 5: %v", err)
+	}
+	if err := skew(c.nodes[0], 500*time.Millisecond); connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "max_clock_skew") {
+		t.Fatalf("lowering max_clock_skew once every replica applies version 7: %v, want invalid_argument naming it", err)
+	}
+	if err := skew(c.nodes[1], 700*time.Millisecond); err != nil {
+		t.Fatalf("raising max_clock_skew after the upgrade: %v", err)
 	}
 	idxs, digs = c.digests(1)
 	idx, dig = idxs[1], digs[1]
