@@ -148,16 +148,7 @@ func TestClusterCaseQ13CorrectionExactlyOnce(t *testing.T) {
 		if got := q.GetLevels()[0].GetCommitted(); got != 7 {
 			t.Fatalf("%s: committed %d, want 7 (the correction once)", when, got)
 		}
-		var events []*wardenv1.LedgerEvent
-		if err := call(func(ctx context.Context) error {
-			resp, err := c.any().quota().ListLedger(ctx, connect.NewRequest(&wardenv1.ListLedgerRequest{Key: key}))
-			if err == nil {
-				events = resp.Msg.GetEvents()
-			}
-			return err
-		}); err != nil {
-			t.Fatalf("%s: ledger: %v", when, err)
-		}
+		events, _ := c.ledgerOf(key)
 		corrections := 0
 		for _, e := range events {
 			if e.GetKind() == "CORRECTION" && e.GetReportId() == "c7" {
@@ -369,19 +360,7 @@ func (c *procCluster) checkQ11Ledger(key string, committed bool) {
 	c.t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		var events []*wardenv1.LedgerEvent
-		err := retryUnavailable(func() error {
-			ctx, cancel := rpcCtx()
-			defer cancel()
-			resp, err := c.any().quota().ListLedger(ctx, connect.NewRequest(&wardenv1.ListLedgerRequest{Key: key}))
-			if err == nil {
-				events = resp.Msg.GetEvents()
-			}
-			return err
-		})
-		if err != nil {
-			c.t.Fatal(err)
-		}
+		events, _ := c.ledgerOf(key)
 		count := map[string]int{}
 		for _, e := range events {
 			if e.GetReservationId() == "r1" {

@@ -109,15 +109,10 @@ func TestClusterCaseL16GaveUpWaiterIsNoGhost(t *testing.T) {
 			c.waitWaiters(r, 1)
 			rc.reset()
 		}
-		type answer struct {
-			lease *wardenv1.AcquireResponse
-			err   error
-			at    time.Time
-		}
-		cDone := make(chan answer, 1)
+		cDone := make(chan waitAnswer, 1)
 		go func() {
 			l, err := n.acquire(r, "c", 30*time.Second, 20*time.Second)
-			cDone <- answer{l, err, time.Now()}
+			cDone <- waitAnswer{l, err, time.Now()}
 		}()
 		if err := <-bGone; err == nil {
 			t.Fatalf("%s: B was granted while A holds r", variant)
@@ -128,7 +123,7 @@ func TestClusterCaseL16GaveUpWaiterIsNoGhost(t *testing.T) {
 		if ok, err := n.release(r, a.GetLeaseId()); err != nil || !ok {
 			t.Fatalf("%s: A's release: %v %v", variant, ok, err)
 		}
-		var got answer
+		var got waitAnswer
 		select {
 		case got = <-cDone:
 		case <-time.After(5 * time.Second):
@@ -255,15 +250,10 @@ func TestClusterCaseL17ChurningWaiters(t *testing.T) {
 		most = max(most, int(d.GetWaiters()))
 	}
 	// W, then A's release: W is the head once the churn's waits are over.
-	type answer struct {
-		lease *wardenv1.AcquireResponse
-		err   error
-		at    time.Time
-	}
-	wDone := make(chan answer, 1)
+	wDone := make(chan waitAnswer, 1)
 	go func() {
 		l, err := c.nodes[1].acquire("l17", "w", 30*time.Second, 5*time.Second)
-		wDone <- answer{l, err, time.Now()}
+		wDone <- waitAnswer{l, err, time.Now()}
 	}()
 	stop.Store(true)
 	wg.Wait()
