@@ -5,14 +5,22 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/lni/dragonboat/v4"
 
+	"github.com/warden-dev/warden/placement"
+
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -107,5 +115,75 @@ func TestInternalErrorSendsOnlyAnID(t *testing.T) {
 		if !strings.Contains(log.String(), "error_id="+id) || !strings.Contains(log.String(), err.Error()) {
 			t.Fatalf("the log does not hold %v under id %s: %s", err, id, log.String())
 		}
+	}
+}
+
+// A forwarded call whose answer did not come from a Warden node (here an
+// HTTP 400 in plain text, as Go's server writes for a request it cannot
+// parse, from whatever listens on the address now) is not the node's
+// word: its outcome is unknown, as after a broken connection, and it is
+// retried. The node's own errors, and the caller's deadline, are kept.
+func TestNotAnsweredByAWardenNode(t *testing.T) {
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "400 Bad Request", http.StatusBadRequest)
+	}))
+	defer plain.Close()
+	warden := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusPreconditionFailed)
+		_, _ = w.Write([]byte(`{"code":"failed_precondition","message":"the lease is not current"}`))
+	}))
+	defer warden.Close()
+	call := func(ctx context.Context, url string) error {
+		_, err := wardenv1connect.NewLockServiceClient(http.DefaultClient, url).Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{}))
+		return err
+	}
+	ctx := context.Background()
+	if err := call(ctx, plain.URL); connect.CodeOf(err) != connect.CodeInternal || !notAnswered(ctx, err) {
+		t.Errorf("plain 400: %v, notAnswered %v; want a non-wire internal error that was not answered", err, notAnswered(ctx, err))
+	}
+	if err := call(ctx, warden.URL); connect.CodeOf(err) != connect.CodeFailedPrecondition || notAnswered(ctx, err) {
+		t.Errorf("a node's failed_precondition: %v, notAnswered %v", err, notAnswered(ctx, err))
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := call(done, plain.URL); notAnswered(done, err) {
+		t.Errorf("the caller's cancel (%v) counted as no answer", err)
+	}
+	if notAnswered(ctx, nil) || notAnswered(ctx, errors.New("not connect")) {
+		t.Error("nil or a non-Connect error counted as no answer")
+	}
+}
+
+// forward retries a call that got no answer from a Warden node and, when
+// no node answers for LeaderWait, tells the client Unavailable (retry with
+// the same ids), never the Internal that a plain HTTP 400 maps to.
+func TestForwardRetriesWhatNoNodeAnswered(t *testing.T) {
+	var calls atomic.Int32
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		calls.Add(1)
+		http.Error(w, "400 Bad Request", http.StatusBadRequest)
+	}))
+	defer plain.Close()
+	addr := strings.TrimPrefix(plain.URL, "http://")
+	// No local replica: the shard is led from node 2, whose address is
+	// now the plain server's. (h2c to an HTTP/1 server fails otherwise:
+	// the peers' transport is swapped for plain HTTP/1.1.)
+	m := placement.NewMap(&placementv1.State{
+		Nodes:  []*placementv1.Node{{Id: 2, ListenAddr: addr}},
+		Ranges: []*shardv1.RangeDescriptor{{ShardId: 1}},
+		Shards: []*placementv1.Shard{{Id: 1, Replicas: []*placementv1.Replica{{ReplicaId: 1, NodeId: 2}}}},
+	})
+	r := New(nil, nil, m, nil, Config{LeaderWait: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	r.peers.client = http.DefaultClient
+	req := connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "x"})
+	_, ok, err := forward(context.Background(), r, req, "orders/42", func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
+		return p.locks.Renew
+	})
+	if !ok || connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("forwarded: ok %v, err %v; want the answer Unavailable", ok, err)
+	}
+	if n := calls.Load(); n < 2 {
+		t.Fatalf("the plain server saw %d calls, want retries", n)
 	}
 }

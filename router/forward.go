@@ -48,7 +48,12 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		fr := connect.NewRequest(req.Msg)
 		fr.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
 		metrics.forwards.Inc()
-		resp, err := call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
+		addr := rl.node.GetListenAddr()
+		resp, err := call(r.peers.get(addr))(ctx, fr)
+		if notAnswered(ctx, err) {
+			r.cfg.Logger.Warn("a forwarded call got no answer from a Warden node", "node", rl.node.GetId(), "addr", addr, "err", err)
+			err = connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %d at %s: %w", rl.node.GetId(), addr, err))
+		}
 		if !client.Retryable(err) {
 			return resp, true, err
 		}
@@ -63,6 +68,20 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// notAnswered reports whether err, from a forwarded call, is one that no
+// Warden node sent (it did not come from the wire) and that the caller's
+// own deadline or cancel did not cause: the answer was cut off or was
+// not Connect's (an HTTP 400 of something else that now listens on the
+// node's address, a proxy in between, a reply past the size limit). The
+// call's outcome is unknown, as after a broken connection; a retry with
+// the same ids settles it, so forward treats it as Unavailable rather
+// than pass a code the client would take as the node's word.
+func notAnswered(ctx context.Context, err error) bool {
+	var ce *connect.Error
+	return errors.As(err, &ce) && !connect.IsWireError(ce) && ctx.Err() == nil &&
+		ce.Code() != connect.CodeCanceled && ce.Code() != connect.CodeDeadlineExceeded
 }
 
 // remoteFor returns where key's shard is led from when that is another

@@ -167,7 +167,8 @@ func (c *procCluster) start(i int) {
 	if err := n.cmd.Start(); err != nil {
 		c.t.Fatal(err)
 	}
-	go func() { n.exited <- n.cmd.Wait() }()
+	cmd, exited := n.cmd, n.exited // the next start replaces both
+	go func() { exited <- cmd.Wait() }()
 	n.up.Store(true)
 }
 

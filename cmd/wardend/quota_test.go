@@ -274,11 +274,14 @@ func TestClusterCaseQ11CommitRacingExpiry(t *testing.T) {
 		}
 		if round == 1 {
 			leader := c.leaderIndex(keys[0])
+			killed := make(chan struct{})
 			go func() {
+				defer close(killed)
 				time.Sleep(time.Until(deadlines[keys[len(keys)/2]]))
 				c.kill(leader)
 			}()
 			defer func() {
+				<-killed
 				if c.nodes[leader].cmd == nil {
 					c.start(leader)
 					c.waitServing(leader)
