@@ -5,6 +5,10 @@ STATICCHECK := $(GO) tool -modfile=tools/staticcheck/go.mod staticcheck
 DATA    ?= ./data/dev
 LISTEN  ?= 127.0.0.1:7070
 PKGS    := ./...
+# The repository's Go modules besides the server's (the root): the SDK, the
+# public API it shares with the server, and the load harness. A root
+# `go test ./...` skips them.
+MODULES := client proto loadtest
 
 .PHONY: all generate check-generate build run cluster cluster-stop test soak fuzz bench loadtest loadtest-compare lint clean
 
@@ -34,12 +38,16 @@ cluster: build
 cluster-stop:
 	./deploy/local/cluster.sh stop
 
-## test: vet, then the whole test suite with the race detector (the load harness is its own module under loadtest/;
-## its etcd and ZooKeeper adapter tests skip when those servers are not installed, unless WARDEN_PEER_TESTS=1)
+## test: vet, then the whole test suite with the race detector, in every module (the SDK in client/, the API in proto/,
+## the load harness in loadtest/, whose etcd and ZooKeeper adapter tests skip when those servers are not installed,
+## unless WARDEN_PEER_TESTS=1), and the check that the SDK pulls none of the server's dependencies
 test:
 	$(GO) vet $(PKGS)
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
-	cd loadtest && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
+	cd client && $(GO) test -race -count=1 -timeout 5m ./...
+	cd loadtest && $(GO) test -race -count=1 -timeout 10m ./...
+	./.ci/check-sdk-deps
 
 ## soak: the long cases of shared/cases at full scale (make test runs them reduced); bounded by -timeout
 soak:
@@ -74,8 +82,9 @@ lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
-	cd loadtest && $(GO) vet ./... && $(GO) tool -modfile=../tools/staticcheck/go.mod staticcheck ./...
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) tool -modfile=../tools/staticcheck/go.mod staticcheck ./...) || exit 1; done
 	./.ci/check-pins
+	./.ci/check-imports
 
 clean:
 	rm -rf bin data

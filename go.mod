@@ -14,6 +14,8 @@ require (
 	github.com/jackc/pgx/v5 v5.7.6
 	github.com/lni/dragonboat/v4 v4.0.0-20250723143628-076c7f6497dc
 	github.com/prometheus/client_golang v1.22.0
+	github.com/warden-dev/warden/client v0.0.0-00010101000000-000000000000
+	github.com/warden-dev/warden/proto v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 	google.golang.org/protobuf v1.36.10
 	pgregory.net/rapid v1.2.0
@@ -41,10 +43,10 @@ require (
 	github.com/hashicorp/memberlist v0.3.1 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.2 // indirect
 	github.com/klauspost/compress v1.18.0 // indirect
 	github.com/kr/pretty v0.3.1 // indirect
 	github.com/kr/text v0.2.0 // indirect
-	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/lni/goutils v1.4.0 // indirect
 	github.com/lni/vfs v0.2.1-0.20220616104132-8852fd867376 // indirect
 	github.com/miekg/dns v1.1.26 // indirect
@@ -61,6 +63,7 @@ require (
 	golang.org/x/crypto v0.40.0 // indirect
 	golang.org/x/exp v0.0.0-20200513190911-00229845015e // indirect
 	golang.org/x/net v0.41.0 // indirect
+	golang.org/x/sync v0.16.0 // indirect
 	golang.org/x/sys v0.34.0 // indirect
 	golang.org/x/text v0.27.0 // indirect
 )
@@ -68,4 +71,12 @@ require (
 tool (
 	connectrpc.com/connect/cmd/protoc-gen-connect-go
 	google.golang.org/protobuf/cmd/protoc-gen-go
+)
+
+// The SDK and the public API are modules of their own (a user's module
+// that requires the SDK pulls none of the server's dependencies); the
+// server builds against the copies in this repository.
+replace (
+	github.com/warden-dev/warden/client => ./client
+	github.com/warden-dev/warden/proto => ./proto
 )

@@ -47,6 +47,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,8 +69,10 @@ var (
 	// ErrLeaseUncertain: renewals failed until the local deadline; the
 	// lease may have expired. Work under it must stop.
 	ErrLeaseUncertain = errors.New("warden: lease renewal uncertain")
-	// ErrUnlocked: the lease was released by Unlock.
+	// ErrUnlocked: the lease was released by Unlock (or Client.Close).
 	ErrUnlocked = errors.New("warden: lease released")
+	// ErrClosed: Lock was called on a Client after Close.
+	ErrClosed = errors.New("warden: client closed")
 )
 
 // HeldError says who holds a lock the caller did not wait for.
@@ -111,6 +114,15 @@ type Client struct {
 	// endpoint.
 	batchers []*Batcher
 	next     atomic.Uint32 // index of the endpoint to try first
+	// transport is the HTTP transport New made (nil when the caller gave
+	// Config.HTTPClient): Close closes its idle connections.
+	transport *http.Transport
+
+	mu struct {
+		sync.Mutex
+		closed bool
+		leases map[*Lease]struct{} // held: locked and Done not closed
+	}
 }
 
 // New returns a client for the given node URLs.
@@ -123,11 +135,12 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("warden: no endpoints")
 	}
+	var own *http.Transport
 	if cfg.HTTPClient == nil {
-		tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
-		tr.Protocols.SetHTTP1(true)
-		tr.Protocols.SetUnencryptedHTTP2(true)
-		cfg.HTTPClient = &http.Client{Transport: tr}
+		own = &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64}
+		own.Protocols.SetHTTP1(true)
+		own.Protocols.SetUnencryptedHTTP2(true)
+		cfg.HTTPClient = &http.Client{Transport: own}
 	}
 	if cfg.RetryBase == 0 {
 		cfg.RetryBase = 50 * time.Millisecond
@@ -135,7 +148,8 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	if cfg.RetryMax == 0 {
 		cfg.RetryMax = 2 * time.Second
 	}
-	c := &Client{cfg: cfg}
+	c := &Client{cfg: cfg, transport: own}
+	c.mu.leases = map[*Lease]struct{}{}
 	for _, e := range cfg.Endpoints {
 		c.locks = append(c.locks, wardenv1connect.NewLockServiceClient(cfg.HTTPClient, e))
 		c.renewers = append(c.renewers, NewRenewer(c.locks[len(c.locks)-1], DefaultLinger))
@@ -143,6 +157,61 @@ func NewWithConfig(cfg Config) (*Client, error) {
 		c.quotas = append(c.quotas, wardenv1connect.NewQuotaServiceClient(cfg.HTTPClient, e))
 	}
 	return c, nil
+}
+
+// Close releases every lease of this client that is still held (as
+// Unlock does: each Done closes with ErrUnlocked, and releases retry
+// while the service is unavailable, until ctx ends), then closes the idle
+// connections of the HTTP transport New made. Lock fails with ErrClosed
+// afterwards; other calls still work. It returns the releases' errors,
+// joined; a lease whose release failed still ends at its TTL.
+func (c *Client) Close(ctx context.Context) error {
+	c.mu.Lock()
+	c.mu.closed = true
+	held := make([]*Lease, 0, len(c.mu.leases))
+	for l := range c.mu.leases {
+		held = append(held, l)
+	}
+	c.mu.Unlock()
+	errs := make([]error, len(held))
+	var wg sync.WaitGroup
+	for i, l := range held {
+		wg.Go(func() {
+			if err := l.Unlock(ctx); err != nil {
+				errs[i] = fmt.Errorf("warden: releasing %s: %w", l.resource, err)
+			}
+		})
+	}
+	wg.Wait()
+	if c.transport != nil {
+		c.transport.CloseIdleConnections()
+	}
+	return errors.Join(errs...)
+}
+
+// hold records l as held, unless the client is closed.
+func (c *Client) hold(l *Lease) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.closed {
+		return false
+	}
+	c.mu.leases[l] = struct{}{}
+	return true
+}
+
+// closed reports whether Close has been called.
+func (c *Client) closed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.closed
+}
+
+// forget drops l from the held leases (its Done has closed).
+func (c *Client) forget(l *Lease) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.mu.leases, l)
 }
 
 // retry runs f with the index of the current endpoint, retrying with

@@ -116,8 +116,12 @@ func (l *Lease) Err() error {
 // Retries of an unavailable service carry the same request id, with
 // exponential backoff, until ctx ends; a wait continues with the time it
 // has left. Errors: a *HeldError (ErrHeld) when held and opts.Wait is 0,
-// ErrWaitTimeout, a Connect error for bad input, or ctx's error.
+// ErrWaitTimeout, ErrClosed after Close, a Connect error for bad input,
+// or ctx's error.
 func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*Lease, error) {
+	if c.closed() {
+		return nil, ErrClosed
+	}
 	var orphaned func(*wardenv1.AcquireResponse)
 	if opts.RequestID == "" {
 		opts.RequestID = newRequestID()
@@ -179,6 +183,10 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 			}
 			return nil, fmt.Errorf("warden: renewing %s right after a long wait: %w", resource, err)
 		}
+	}
+	if !c.hold(l) { // Close ran meanwhile: it cannot have seen this lease
+		_ = l.Unlock(ctx)
+		return nil, ErrClosed
 	}
 	l.wg.Add(1)
 	go l.keepAlive()
@@ -302,6 +310,7 @@ func (l *Lease) close(err error) {
 	}
 	l.mu.err = err
 	close(l.done)
+	l.c.forget(l)
 }
 
 // Unlock stops renewing and releases the lease, retrying while the

@@ -2,14 +2,14 @@ module github.com/warden-dev/warden/loadtest
 
 go 1.26.0
 
-replace github.com/warden-dev/warden => ../
-
 require (
 	connectrpc.com/connect v1.19.1
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/alecthomas/kong v1.12.1
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/warden-dev/warden v0.0.0-00010101000000-000000000000
+	github.com/warden-dev/warden/client v0.0.0-00010101000000-000000000000
+	github.com/warden-dev/warden/proto v0.0.0-00010101000000-000000000000
 	go.etcd.io/etcd/api/v3 v3.5.35
 	go.etcd.io/etcd/client/v3 v3.5.35
 	go.uber.org/zap v1.17.0
@@ -47,4 +47,10 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20260803160001-6ac0973c030d // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260803160001-6ac0973c030d // indirect
+)
+
+replace (
+	github.com/warden-dev/warden => ../
+	github.com/warden-dev/warden/client => ../client
+	github.com/warden-dev/warden/proto => ../proto
 )

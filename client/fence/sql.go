@@ -2,23 +2,26 @@ package fence
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math"
 	"regexp"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Execer is what SQL needs of a connection: *pgx.Conn, pgx.Tx and
-// *pgxpool.Pool all qualify. Pass the transaction of the protected write.
+// Execer is what SQL needs of a database/sql connection: *sql.Tx, *sql.DB
+// and *sql.Conn all qualify. Pass the transaction of the protected write.
+// With pgx, open the *sql.DB from the driver's stdlib package
+// (github.com/jackc/pgx/v5/stdlib: stdlib.OpenDBFromPool(pool)); any
+// other PostgreSQL driver for database/sql works too.
 type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // SQL is a Guard that keeps the highest accepted token of each resource in
-// a PostgreSQL table (resource text primary key, fence_token bigint).
+// a PostgreSQL table (resource text primary key, fence_token bigint). It
+// speaks database/sql, so the fence package pulls no database driver: the
+// caller brings its own.
 type SQL struct {
 	table string
 }
@@ -36,7 +39,7 @@ func NewSQL(table string) (*SQL, error) {
 
 // CreateTable creates the guard's table if it does not exist.
 func (s *SQL) CreateTable(ctx context.Context, db Execer) error {
-	_, err := db.Exec(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
+	_, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s (
 		resource    text PRIMARY KEY,
 		fence_token bigint NOT NULL CHECK (fence_token >= 0)
 	)`, s.table))
@@ -53,17 +56,19 @@ func (s *SQL) Check(ctx context.Context, tx Execer, resource string, token uint6
 	if token > math.MaxInt64 {
 		return ErrTokenRange
 	}
-	tag, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s AS f (resource, fence_token) VALUES ($1, $2)
+	res, err := tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s AS f (resource, fence_token) VALUES ($1, $2)
 		ON CONFLICT (resource) DO UPDATE SET fence_token = EXCLUDED.fence_token
 		WHERE f.fence_token <= EXCLUDED.fence_token`, s.table), resource, int64(token))
 	if err != nil {
 		return fmt.Errorf("fence: checking %s: %w", resource, err)
 	}
-	if tag.RowsAffected() == 1 {
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("fence: checking %s: %w", resource, err)
+	} else if n == 1 {
 		return nil
 	}
 	var highest int64
-	if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT fence_token FROM %s WHERE resource = $1`, s.table), resource).Scan(&highest); err != nil {
+	if err := tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT fence_token FROM %s WHERE resource = $1`, s.table), resource).Scan(&highest); err != nil {
 		return reject("sql", resource, token, 0)
 	}
 	return reject("sql", resource, token, uint64(highest))

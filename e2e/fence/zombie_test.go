@@ -1,8 +1,9 @@
-package fence
+package fence_test
 
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,10 +18,10 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/client/fence"
 	"github.com/warden-dev/warden/placement"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -50,28 +51,31 @@ func zombie(addr, dsn string) int {
 		fmt.Println("acquire", err)
 		return 1
 	}
-	conn, err := pgx.Connect(ctx, dsn)
+	db, err := sql.Open("pgx", dsn)
+	if err == nil {
+		err = db.PingContext(ctx)
+	}
 	if err != nil {
 		fmt.Println("connect", err)
 		return 1
 	}
-	defer conn.Close(ctx)
-	g, _ := NewSQL("warden_fences")
+	defer db.Close()
+	g, _ := fence.NewSQL("warden_fences")
 	token := resp.Msg.GetFencingToken()
 	fmt.Println(token)
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		return 1
 	}
 	// A believes it still holds the lock and writes.
-	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	err = inTx(ctx, db, func(tx *sql.Tx) error {
 		if err := g.Check(ctx, tx, protected, token); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `UPDATE orders SET owner = 'A', fence_token = $1 WHERE id = 1`, int64(token))
+		_, err := tx.ExecContext(ctx, `UPDATE orders SET owner = 'A', fence_token = $1 WHERE id = 1`, int64(token))
 		return err
 	})
 	switch {
-	case errors.Is(err, ErrStaleToken):
+	case errors.Is(err, fence.ErrStaleToken):
 		fmt.Println("write refused")
 	case err != nil:
 		fmt.Println("write error", err)
@@ -98,11 +102,11 @@ func TestZombieWriteRefused(t *testing.T) {
 	dsn := startPostgres(t)
 	ctx := context.Background()
 	db := pgConnect(t, dsn)
-	g, _ := NewSQL("warden_fences")
+	g, _ := fence.NewSQL("warden_fences")
 	if err := g.CreateTable(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(ctx, `CREATE TABLE orders (id int PRIMARY KEY, owner text, fence_token bigint);
+	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id int PRIMARY KEY, owner text, fence_token bigint);
 		INSERT INTO orders VALUES (1, 'nobody', 0)`); err != nil {
 		t.Fatal(err)
 	}
@@ -146,11 +150,11 @@ func TestZombieWriteRefused(t *testing.T) {
 	if tokB <= tokA {
 		t.Fatalf("B's token %d is not above A's %d", tokB, tokA)
 	}
-	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	if err := inTx(ctx, db, func(tx *sql.Tx) error {
 		if err := g.Check(ctx, tx, protected, tokB); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `UPDATE orders SET owner = 'B', fence_token = $1 WHERE id = 1`, int64(tokB))
+		_, err := tx.ExecContext(ctx, `UPDATE orders SET owner = 'B', fence_token = $1 WHERE id = 1`, int64(tokB))
 		return err
 	}); err != nil {
 		t.Fatalf("B's write: %v", err)
@@ -168,7 +172,7 @@ func TestZombieWriteRefused(t *testing.T) {
 	}
 	var owner string
 	var fenceTok int64
-	if err := db.QueryRow(ctx, `SELECT owner, fence_token FROM orders WHERE id = 1`).Scan(&owner, &fenceTok); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT owner, fence_token FROM orders WHERE id = 1`).Scan(&owner, &fenceTok); err != nil {
 		t.Fatal(err)
 	}
 	if owner != "B" || uint64(fenceTok) != tokB {

@@ -1,8 +1,9 @@
-package fence
+package fence_test
 
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"fmt"
 	"net"
 	"os"
@@ -14,9 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/warden-dev/warden/client/fence"
 	"github.com/warden-dev/warden/router"
 )
 
@@ -82,9 +84,12 @@ func startPostgres(t *testing.T) string {
 	dsn := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", addr)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		conn, err := pgx.Connect(context.Background(), dsn)
+		db, err := sql.Open("pgx", dsn)
 		if err == nil {
-			conn.Close(context.Background())
+			err = db.PingContext(context.Background())
+			db.Close()
+		}
+		if err == nil {
 			return dsn
 		}
 		if time.Now().After(deadline) {
@@ -95,21 +100,62 @@ func startPostgres(t *testing.T) string {
 	}
 }
 
-func pgConnect(t *testing.T, dsn string) *pgx.Conn {
+// pgConnect opens dsn through database/sql and pgx's stdlib driver, as
+// fence.SQL's users do.
+func pgConnect(t *testing.T, dsn string) *sql.DB {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
+	db, err := sql.Open("pgx", dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// inTx runs fn in a transaction of db, committed when fn returns nil.
+func inTx(ctx context.Context, db *sql.DB, fn func(*sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// sqlRejections is warden_fencing_rejections_total{guard="sql"} in reg.
+func sqlRejections(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "warden_fencing_rejections_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "guard" && l.GetValue() == "sql" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 func TestSQLGuard(t *testing.T) {
 	dsn := startPostgres(t)
 	ctx := context.Background()
 	db := pgConnect(t, dsn)
-	g, err := NewSQL("warden_fences")
+	reg := prometheus.NewRegistry()
+	if err := fence.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	g, err := fence.NewSQL("warden_fences")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,33 +170,27 @@ func TestSQLGuard(t *testing.T) {
 			t.Fatalf("Check(%d) = %v", step.token, err)
 		}
 	}
-	if n := testutil.ToFloat64(rejections.WithLabelValues("sql")); n < 2 {
+	if n := sqlRejections(t, reg); n < 2 {
 		t.Fatalf("warden_fencing_rejections_total{guard=sql} = %v after two refusals", n)
 	}
-	if _, err := NewSQL("x; DROP TABLE y"); err == nil {
+	if _, err := fence.NewSQL("x; DROP TABLE y"); err == nil {
 		t.Fatal("accepted a table name that is not an identifier")
 	}
 
 	// Concurrent writers, each checking in its own transaction before
 	// logging its write: in commit order the logged tokens never go down.
-	if _, err := db.Exec(ctx, `CREATE TABLE writes (seq bigserial PRIMARY KEY, token bigint)`); err != nil {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE writes (seq bigserial PRIMARY KEY, token bigint)`); err != nil {
 		t.Fatal(err)
 	}
 	errs := make(chan error, 20)
 	for i := range 20 {
 		go func() {
-			conn, err := pgx.Connect(ctx, dsn)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer conn.Close(ctx)
-			errs <- pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			errs <- inTx(ctx, db, func(tx *sql.Tx) error {
 				tok := uint64(1<<62 + i*7%20)
 				if err := g.Check(ctx, tx, "orders/7", tok); err != nil {
 					return nil // refused: nothing written
 				}
-				_, err := tx.Exec(ctx, `INSERT INTO writes (token) VALUES ($1)`, int64(tok))
+				_, err := tx.ExecContext(ctx, `INSERT INTO writes (token) VALUES ($1)`, int64(tok))
 				return err
 			})
 		}()
@@ -160,12 +200,19 @@ func TestSQLGuard(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rows, err := db.Query(ctx, `SELECT token FROM writes ORDER BY seq`)
+	rows, err := db.QueryContext(ctx, `SELECT token FROM writes ORDER BY seq`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	toks, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil || len(toks) == 0 {
+	var toks []int64
+	for rows.Next() {
+		var tok int64
+		if err := rows.Scan(&tok); err != nil {
+			t.Fatal(err)
+		}
+		toks = append(toks, tok)
+	}
+	if err := rows.Err(); err != nil || len(toks) == 0 {
 		t.Fatalf("writes: %v %v", toks, err)
 	}
 	for i := 1; i < len(toks); i++ {
