@@ -72,11 +72,9 @@ type Config struct {
 	// Dragonboat's queue of a shard). Past it, requests wait, newest
 	// first, and one whose deadline passes while waiting is never
 	// proposed. Without the bound, dropped proposals were retried every
-	// 10 ms and starved the work that completes them: in 30 s at twice
-	// the sustainable rate goodput was 973 commits/s without it and 4,450
-	// with it. Overload that lasts longer still collapses goodput (584
-	// commits/s over 40 s at twice the rate first in first out, 1,073
-	// newest first); shedding it well is future work.
+	// 10 ms and starved the work that completes them (the goodput figures
+	// are in docs/perf/README.md, "Figures behind the code"); shedding a
+	// long overload well is future work.
 	MaxProposing int
 }
 

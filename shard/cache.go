@@ -28,8 +28,8 @@ import (
 // the open batch hold, by a 32-bit fingerprint of the key. A Get of such
 // a key whose fingerprint counts none is answered "absent" without a
 // read: that is every new request id's dedup key and every first acquire
-// of a resource, which were most of the reads left to Pebble (21 % of a
-// follower's CPU at 6,000 commits/s). A fingerprint shared by another
+// of a resource, which were most of the reads left to Pebble (see
+// docs/perf/README.md for their share of CPU). A fingerprint shared by another
 // key only costs the read. The counts are exact, never an estimate: a
 // key is counted when a Set makes it present and uncounted when a Delete
 // makes it absent, so "none" always means absent. About 10 bytes a key

@@ -560,10 +560,9 @@ func nextDBName(cur string) string {
 // do not strictly increase is corrupt.
 //
 // A restarted replica does this work while it catches up, on cores it may
-// share with the quorum that serves. BenchmarkRecoverFromSnapshot (a 46 MB
-// snapshot, two interleaved rounds) measured 628 to 809 CPU ms when the
-// stream went into the database through 4 MiB batches, was flushed and
-// then scanned for the filter, and 185 to 224 ms this way.
+// share with the quorum that serves, so it is done in one pass rather
+// than batched, flushed and scanned again for the filter
+// (BenchmarkRecoverFromSnapshot; figures in docs/perf/README.md).
 func loadSnapshot(db *pebble.DB, dir string, r *bufio.Reader, stopc <-chan struct{}) (*valueCache, error) {
 	magic := make([]byte, len(snapshotMagic))
 	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != snapshotMagic {
