@@ -38,9 +38,8 @@ const (
 
 // HotResources implements AdminService.HotResources.
 func (s *AdminServer) HotResources(ctx context.Context, req *connect.Request[wardenv1.HotResourcesRequest]) (*connect.Response[wardenv1.HotResourcesResponse], error) {
-	start := time.Now()
 	resp, err := s.hotResources(ctx, req.Msg)
-	return resp, observe("HotResources", start, err)
+	return resp, err
 }
 
 func (s *AdminServer) hotResources(ctx context.Context, m *wardenv1.HotResourcesRequest) (*connect.Response[wardenv1.HotResourcesResponse], error) {
@@ -72,24 +71,22 @@ func (s *AdminServer) hotResources(ctx context.Context, m *wardenv1.HotResources
 
 // ListNodes implements AdminService.ListNodes.
 func (s *AdminServer) ListNodes(ctx context.Context, _ *connect.Request[wardenv1.ListNodesRequest]) (*connect.Response[wardenv1.ListNodesResponse], error) {
-	start := time.Now()
 	err := s.r.RefreshMap(ctx)
 	out := &wardenv1.ListNodesResponse{}
 	for _, n := range s.r.Map().State().GetNodes() {
 		out.Nodes = append(out.Nodes, &wardenv1.NodeInfo{Id: n.GetId(), Zone: n.GetZone(), RaftAddr: n.GetRaftAddr(), ListenAddr: n.GetListenAddr()})
 	}
 	if err != nil {
-		return nil, observe("ListNodes", start, fmt.Errorf("%w: %v", ErrNoLeader, err))
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}
 	out.PlacementLeaderId = s.r.metaLeader().GetId()
-	return connect.NewResponse(out), observe("ListNodes", start, nil)
+	return connect.NewResponse(out), nil
 }
 
 // ListShards implements AdminService.ListShards.
 func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[wardenv1.ListShardsRequest]) (*connect.Response[wardenv1.ListShardsResponse], error) {
-	start := time.Now()
 	if err := s.r.RefreshMap(ctx); err != nil {
-		return nil, observe("ListShards", start, fmt.Errorf("%w: %v", ErrNoLeader, err))
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}
 	m := s.r.Map()
 	out := &wardenv1.ListShardsResponse{Generation: m.Generation()}
@@ -120,20 +117,19 @@ func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[warde
 		}
 		out.Shards = append(out.Shards, info)
 	}
-	return connect.NewResponse(out), observe("ListShards", start, nil)
+	return connect.NewResponse(out), nil
 }
 
 // SplitShard implements AdminService.SplitShard. The node that leads the
 // placement group drives the split (a request elsewhere is forwarded
 // there); if that node fails, the next placement leader finishes it.
 func (s *AdminServer) SplitShard(ctx context.Context, req *connect.Request[wardenv1.SplitShardRequest]) (*connect.Response[wardenv1.SplitShardResponse], error) {
-	start := time.Now()
 	if p := s.r.operatorPeer(req.Header()); p != nil {
 		resp, err := p.admin.SplitShard(ctx, nextHopReq(req))
-		return resp, observe("SplitShard", start, err)
+		return resp, err
 	}
 	resp, err := s.splitShard(ctx, req.Msg)
-	return resp, observe("SplitShard", start, err)
+	return resp, err
 }
 
 // operatorPeer returns the placement leader's clients when it runs on
@@ -193,13 +189,12 @@ func (s *AdminServer) runOperator(ctx context.Context, begin func() (*placementv
 
 // MoveReplica implements AdminService.MoveReplica, driven like SplitShard.
 func (s *AdminServer) MoveReplica(ctx context.Context, req *connect.Request[wardenv1.MoveReplicaRequest]) (*connect.Response[wardenv1.MoveReplicaResponse], error) {
-	start := time.Now()
 	if p := s.r.operatorPeer(req.Header()); p != nil {
 		resp, err := p.admin.MoveReplica(ctx, nextHopReq(req))
-		return resp, observe("MoveReplica", start, err)
+		return resp, err
 	}
 	resp, err := s.moveReplica(ctx, req.Msg)
-	return resp, observe("MoveReplica", start, err)
+	return resp, err
 }
 
 func (s *AdminServer) moveReplica(ctx context.Context, m *wardenv1.MoveReplicaRequest) (*connect.Response[wardenv1.MoveReplicaResponse], error) {

@@ -66,9 +66,8 @@ func sameHopReq[T any](m *T, h http.Header) *connect.Request[T] {
 
 // TransferLeader implements AdminService.TransferLeader.
 func (s *AdminServer) TransferLeader(ctx context.Context, req *connect.Request[wardenv1.TransferLeaderRequest]) (*connect.Response[wardenv1.TransferLeaderResponse], error) {
-	start := time.Now()
 	resp, err := s.transferLeader(ctx, req)
-	return resp, observe("TransferLeader", start, err)
+	return resp, err
 }
 
 func (s *AdminServer) transferLeader(ctx context.Context, req *connect.Request[wardenv1.TransferLeaderRequest]) (*connect.Response[wardenv1.TransferLeaderResponse], error) {
@@ -119,11 +118,10 @@ func (s *AdminServer) transferLeader(ctx context.Context, req *connect.Request[w
 // Snapshot implements AdminService.Snapshot. A forwarded request
 // snapshots only the receiving node's replicas.
 func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv1.SnapshotRequest]) (*connect.Response[wardenv1.SnapshotResponse], error) {
-	start := time.Now()
 	ids := s.r.Map().DataShards()
 	if id := req.Msg.GetShardId(); id != 0 {
 		if s.r.Map().Shard(id) == nil {
-			return nil, observe("Snapshot", start, connect.NewError(connect.CodeNotFound, fmt.Errorf("shard_id: shard %d does not exist", id)))
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("shard_id: shard %d does not exist", id))
 		}
 		ids = []uint64{id}
 	}
@@ -153,7 +151,7 @@ func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv
 		}
 		out.Snapshots = append(out.Snapshots, resp.Msg.GetSnapshots()...)
 	}
-	return connect.NewResponse(out), observe("Snapshot", start, nil)
+	return connect.NewResponse(out), nil
 }
 
 // snapshotLocal snapshots the replica of shardID on local node nodeID and
@@ -180,9 +178,8 @@ func (r *Router) snapshotLocal(ctx context.Context, shardID, nodeID uint64) *war
 
 // SetShardConfig implements AdminService.SetShardConfig.
 func (s *AdminServer) SetShardConfig(ctx context.Context, req *connect.Request[wardenv1.SetShardConfigRequest]) (*connect.Response[wardenv1.SetShardConfigResponse], error) {
-	start := time.Now()
 	resp, err := s.setShardConfig(ctx, req.Msg)
-	return resp, observe("SetShardConfig", start, err)
+	return resp, err
 }
 
 func (s *AdminServer) setShardConfig(ctx context.Context, m *wardenv1.SetShardConfigRequest) (*connect.Response[wardenv1.SetShardConfigResponse], error) {
@@ -253,13 +250,12 @@ func nanos(d *durationpb.Duration) *int64 {
 // Rebalance implements AdminService.Rebalance. Moves are driven like
 // MoveReplica: on the placement leader's node.
 func (s *AdminServer) Rebalance(ctx context.Context, req *connect.Request[wardenv1.RebalanceRequest]) (*connect.Response[wardenv1.RebalanceResponse], error) {
-	start := time.Now()
 	if p := s.r.operatorPeer(req.Header()); p != nil && !req.Msg.GetDryRun() {
 		resp, err := p.admin.Rebalance(ctx, nextHopReq(req))
-		return resp, observe("Rebalance", start, err)
+		return resp, err
 	}
 	if err := s.r.RefreshMap(ctx); err != nil {
-		return nil, observe("Rebalance", start, fmt.Errorf("%w: %v", ErrNoLeader, err))
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}
 	m := s.r.Map()
 	leaders := map[uint64]uint64{}
@@ -285,7 +281,7 @@ func (s *AdminServer) Rebalance(ctx context.Context, req *connect.Request[warden
 			act.Error = err.Error()
 		}
 	}
-	return connect.NewResponse(out), observe("Rebalance", start, nil)
+	return connect.NewResponse(out), nil
 }
 
 // leaderOf returns the node leading shardID: as a local replica knows it,

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 
 	"connectrpc.com/connect"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
 // The audit log records every state-changing lock RPC as one JSON line
@@ -31,10 +33,34 @@ type auditEntry struct {
 	released                                     *bool // Release only
 }
 
+// acquireEntry is the audit entry of Acquire m, answered resp (nil when
+// it failed).
+func acquireEntry(m *wardenv1.AcquireRequest, resp *wardenv1.AcquireResponse) *auditEntry {
+	return &auditEntry{method: "Acquire", resource: m.GetResource(), requestID: m.GetRequestId(), holder: m.GetHolder(),
+		leaseID: resp.GetLeaseId(), token: resp.GetFencingToken()}
+}
+
+// renewEntry is the audit entry of renewal m under method (Renew, or
+// RenewBatch for one of its renewals).
+func renewEntry(method string, m *wardenv1.RenewRequest) *auditEntry {
+	return &auditEntry{method: method, resource: m.GetResource(), leaseID: m.GetLeaseId()}
+}
+
+// releaseEntry is the audit entry of Release m, answered resp (nil when
+// it failed).
+func releaseEntry(m *wardenv1.ReleaseRequest, resp *wardenv1.ReleaseResponse) *auditEntry {
+	e := &auditEntry{method: "Release", resource: m.GetResource(), leaseID: m.GetLeaseId()}
+	if resp != nil {
+		released := resp.GetReleased()
+		e.released = &released
+	}
+	return e
+}
+
 // audit writes e with the RPC's caller and outcome; it does nothing
 // without an audit logger.
-func (s *LockServer) audit(ctx context.Context, peer connect.Peer, e auditEntry, err error) {
-	if s.r.cfg.Audit == nil {
+func (r *Router) audit(ctx context.Context, peer connect.Peer, e auditEntry, err error) {
+	if r.cfg.Audit == nil {
 		return
 	}
 	attrs := []slog.Attr{
@@ -61,5 +87,5 @@ func (s *LockServer) audit(ctx context.Context, peer connect.Peer, e auditEntry,
 	if err != nil {
 		attrs = append(attrs, slog.String("code", connect.CodeOf(toConnect(err)).String()))
 	}
-	s.r.cfg.Audit.LogAttrs(ctx, slog.LevelInfo, "audit", attrs...)
+	r.cfg.Audit.LogAttrs(ctx, slog.LevelInfo, "audit", attrs...)
 }

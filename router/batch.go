@@ -35,11 +35,10 @@ const MaxBatchOps = shard.MaxBatch
 // release names ops[i]. What a batch saves is the RPC per op and the
 // Raft entry per op, which cost more than the ops' own work.
 func (s *LockServer) Batch(ctx context.Context, req *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
-	start := time.Now()
 	ops := req.Msg.GetOps()
 	if n := len(ops); n == 0 || n > MaxBatchOps {
 		err := &shard.FieldError{Field: "ops", Reason: fmt.Sprintf("must hold 1 to %d ops, not %d", MaxBatchOps, n)}
-		return nil, observe("Batch", start, err)
+		return nil, err
 	}
 	out := make([]*wardenv1.BatchOutcome, len(ops))
 	groups := map[uint64][]int{} // shard id → indexes into ops
@@ -57,7 +56,7 @@ func (s *LockServer) Batch(ctx context.Context, req *connect.Request[wardenv1.Ba
 		groups[rg.GetShardId()] = append(groups[rg.GetShardId()], i)
 	}
 	serveGroups(s.r, groups, out, failedOp, func(shardID uint64, idx []int) { s.batchGroup(ctx, req, shardID, idx, out) })
-	return connect.NewResponse(&wardenv1.BatchResponse{Outcomes: out}), observe("Batch", start, nil)
+	return connect.NewResponse(&wardenv1.BatchResponse{Outcomes: out}), nil
 }
 
 // opResource is the resource op acts on.
@@ -76,7 +75,8 @@ func (s *LockServer) batchGroup(ctx context.Context, req *connect.Request[warden
 	for j, i := range idx {
 		sub.Ops[j] = ops[i]
 	}
-	resp, ok, err := forward(ctx, s.r, sameHopReq(sub, req.Header()), opResource(sub.Ops[0]), func(p *peer) func(context.Context, *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
+	fctx, _ := withCallState(ctx) // a group served elsewhere is that node's to record, not the Batch
+	resp, ok, err := forward(fctx, s.r, sameHopReq(sub, req.Header()), opResource(sub.Ops[0]), func(p *peer) func(context.Context, *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
 		return p.locks.Batch
 	})
 	if ok && connect.CodeOf(err) == connect.CodeUnimplemented {
@@ -219,23 +219,41 @@ func (s *LockServer) opDone(ctx context.Context, from connect.Peer, op *wardenv1
 		err = &resultError{res}
 	}
 	if m := op.GetAcquire(); m != nil {
-		var resp *connect.Response[wardenv1.AcquireResponse]
+		var msg *wardenv1.AcquireResponse
 		if err == nil {
-			resp = acquireResponse(res.GetLease())
+			msg = acquireResponse(res.GetLease()).Msg
 		}
-		if _, err := s.acquired(ctx, from, m, resp, err, start); err != nil {
-			return failedOp(err)
-		}
-		return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Acquire{Acquire: resp.Msg}}
+		return acquireOutcome(s.r, ctx, from, m, start, msg, err, true)
 	}
-	var resp *connect.Response[wardenv1.ReleaseResponse]
+	var msg *wardenv1.ReleaseResponse
 	if err == nil {
-		resp = releaseResponse(res)
+		msg = releaseResponse(res).Msg
 	}
-	if _, err := s.released(ctx, from, op.GetRelease(), resp, err, start); err != nil {
+	return releaseOutcome(s.r, ctx, from, op.GetRelease(), start, msg, err, true)
+}
+
+// acquireOutcome returns the outcome of acquire op m of a Batch from the
+// caller from, begun at start and answered msg or err, and, with record
+// set (this node served it), records it as its own Acquire call would be.
+func acquireOutcome(r *Router, ctx context.Context, from connect.Peer, m *wardenv1.AcquireRequest, start time.Time, msg *wardenv1.AcquireResponse, err error, record bool) *wardenv1.BatchOutcome {
+	if record {
+		r.record(ctx, from, "Acquire", start, acquireEntry(m, msg), err)
+	}
+	if err != nil {
 		return failedOp(err)
 	}
-	return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Release{Release: resp.Msg}}
+	return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Acquire{Acquire: msg}}
+}
+
+// releaseOutcome is acquireOutcome for release op m.
+func releaseOutcome(r *Router, ctx context.Context, from connect.Peer, m *wardenv1.ReleaseRequest, start time.Time, msg *wardenv1.ReleaseResponse, err error, record bool) *wardenv1.BatchOutcome {
+	if record {
+		r.record(ctx, from, "Release", start, releaseEntry(m, msg), err)
+	}
+	if err != nil {
+		return failedOp(err)
+	}
+	return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Release{Release: msg}}
 }
 
 // runEach runs req's ops at idx through their own call's path,
@@ -265,20 +283,25 @@ func validateOp(i int, op *wardenv1.BatchOp) error {
 }
 
 // runOp runs one op of req through its own call's path, as req's caller
-// and on req's forwarding hop count.
+// and on req's forwarding hop count, and records it as that call, unless
+// another node served it.
 func (s *LockServer) runOp(ctx context.Context, req *connect.Request[wardenv1.BatchRequest], op *wardenv1.BatchOp) *wardenv1.BatchOutcome {
+	octx, st := withCallState(ctx)
+	start := time.Now()
 	if m := op.GetAcquire(); m != nil {
-		resp, err := s.acquireFrom(ctx, sameHopReq(m, req.Header()), req.Peer())
-		if err != nil {
-			return failedOp(err)
-		}
-		return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Acquire{Acquire: resp.Msg}}
+		resp, err := s.Acquire(octx, sameHopReq(m, req.Header()))
+		return acquireOutcome(s.r, ctx, req.Peer(), m, start, msgOf(resp, err), err, !st.forwarded.Load())
 	}
-	resp, err := s.releaseFrom(ctx, sameHopReq(op.GetRelease(), req.Header()), req.Peer())
+	resp, err := s.Release(octx, sameHopReq(op.GetRelease(), req.Header()))
+	return releaseOutcome(s.r, ctx, req.Peer(), op.GetRelease(), start, msgOf(resp, err), err, !st.forwarded.Load())
+}
+
+// msgOf is resp's message, or nil when the call failed.
+func msgOf[Resp any](resp *connect.Response[Resp], err error) *Resp {
 	if err != nil {
-		return failedOp(err)
+		return nil
 	}
-	return &wardenv1.BatchOutcome{Result: &wardenv1.BatchOutcome_Release{Release: resp.Msg}}
+	return resp.Msg
 }
 
 // failedOp is the outcome of an op that failed with err, with the code,

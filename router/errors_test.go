@@ -14,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/lni/dragonboat/v4"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/warden-dev/warden/placement"
 
@@ -185,5 +186,49 @@ func TestForwardRetriesWhatNoNodeAnswered(t *testing.T) {
 	}
 	if n := calls.Load(); n < 2 {
 		t.Fatalf("the plain server saw %d calls, want retries", n)
+	}
+}
+
+// renewAnswerer is a node's LockService that renews every lease.
+type renewAnswerer struct {
+	wardenv1connect.UnimplementedLockServiceHandler
+	calls atomic.Int32
+}
+
+func (a *renewAnswerer) Renew(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
+	a.calls.Add(1)
+	return connect.NewResponse(&wardenv1.RenewResponse{}), nil
+}
+
+// A call that another node served is counted and audited there, once:
+// the forwarding node's observer records nothing of it.
+func TestForwardedCallIsRecordedWhereServed(t *testing.T) {
+	leader := &renewAnswerer{}
+	_, h := wardenv1connect.NewLockServiceHandler(leader)
+	remote := httptest.NewServer(h)
+	defer remote.Close()
+	m := placement.NewMap(&placementv1.State{
+		Nodes:  []*placementv1.Node{{Id: 2, ListenAddr: strings.TrimPrefix(remote.URL, "http://")}},
+		Ranges: []*shardv1.RangeDescriptor{{ShardId: 1}},
+		Shards: []*placementv1.Shard{{Id: 1, Replicas: []*placementv1.Replica{{ReplicaId: 1, NodeId: 2}}}},
+	})
+	var audit bytes.Buffer
+	r := New(nil, nil, m, nil, Config{Logger: slog.New(slog.DiscardHandler), Audit: slog.New(slog.NewJSONHandler(&audit, nil))})
+	r.peers.client = http.DefaultClient // the fake node speaks HTTP/1.1
+	here := httptest.NewServer(NewHandler(r))
+	defer here.Close()
+	counted := func() float64 {
+		return testutil.ToFloat64(metrics.rpcOutcomes.WithLabelValues("Renew", "ok"))
+	}
+	before := counted()
+	if _, err := wardenv1connect.NewLockServiceClient(http.DefaultClient, here.URL).Renew(context.Background(),
+		connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "00"})); err != nil {
+		t.Fatal(err)
+	}
+	if leader.calls.Load() != 1 {
+		t.Fatalf("premise: the leader's node served %d calls, want 1", leader.calls.Load())
+	}
+	if got := counted() - before; got != 0 || audit.Len() != 0 {
+		t.Fatalf("the forwarding node counted %v renewals and audited %q; the serving node records them", got, audit.String())
 	}
 }

@@ -35,6 +35,11 @@ const (
 // safe: every RPC is idempotent under its request id or lease id.
 func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request[Req], key string,
 	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
+	defer func() {
+		if ok {
+			markForwarded(ctx) // the node that served it recorded it
+		}
+	}()
 	hops := hopsOf(req.Header())
 	if hops >= maxHops {
 		return nil, false, nil

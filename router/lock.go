@@ -28,26 +28,13 @@ var _ wardenv1connect.LockServiceHandler = (*LockServer)(nil)
 // NewLockServer returns the LockService handler of r.
 func NewLockServer(r *Router) *LockServer { return &LockServer{r: r} }
 
-// observe records an RPC's latency and outcome and maps its error.
-func observe(method string, start time.Time, err error) error {
-	metrics.rpcDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
-	metrics.rpcOutcomes.WithLabelValues(method, outcome(err)).Inc()
-	return toConnect(err)
-}
-
 // Acquire implements LockService.Acquire.
-func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
-	return s.acquireFrom(ctx, req, req.Peer())
-}
-
-// acquireFrom is Acquire for a request from the caller from (a Batch's op comes
-// from the Batch's caller).
 //
 // A waiting Acquire is served where the shard's leader was when it came,
 // and goes on waiting there through leader changes; when that node stops
 // hosting the shard, or a forwarded call's node stops answering, it is
 // sent on (with the time it has left) to a node that hosts the shard.
-func (s *LockServer) acquireFrom(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest], from connect.Peer) (*connect.Response[wardenv1.AcquireResponse], error) {
+func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
 	start := time.Now()
 	for {
 		if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
@@ -58,16 +45,14 @@ func (s *LockServer) acquireFrom(ctx context.Context, req *connect.Request[warde
 		}); ok {
 			return resp, err
 		}
-		served := time.Now()
-		m := waitLeft(req.Msg, start)
-		resp, err := s.acquire(ctx, m)
+		resp, err := s.acquire(ctx, waitLeft(req.Msg, start))
 		if errors.Is(err, errWaitElsewhere) && hopsOf(req.Header()) < maxHops && ctx.Err() == nil {
 			continue // forward finds the node that hosts the shard now
 		}
 		if errors.Is(err, errWaitElsewhere) {
 			err = fmt.Errorf("%w: %w", ErrNoLeader, err)
 		}
-		return s.acquired(ctx, from, m, resp, err, served)
+		return resp, err
 	}
 }
 
@@ -81,17 +66,6 @@ func waitLeft(m *wardenv1.AcquireRequest, start time.Time) *wardenv1.AcquireRequ
 	out := proto.CloneOf(m)
 	out.WaitTimeout = durationpb.New(max(0, m.GetWaitTimeout().AsDuration()-time.Since(start)))
 	return out
-}
-
-// acquired audits and counts an Acquire served here (one of a Batch's
-// ops too), begun at start, and maps its error.
-func (s *LockServer) acquired(ctx context.Context, from connect.Peer, m *wardenv1.AcquireRequest, resp *connect.Response[wardenv1.AcquireResponse], err error, start time.Time) (*connect.Response[wardenv1.AcquireResponse], error) {
-	e := auditEntry{method: "Acquire", resource: m.GetResource(), requestID: m.GetRequestId(), holder: m.GetHolder()}
-	if err == nil {
-		e.leaseID, e.token = resp.Msg.GetLeaseId(), resp.Msg.GetFencingToken()
-	}
-	s.audit(ctx, from, e, err)
-	return resp, observe("Acquire", start, err)
 }
 
 func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*connect.Response[wardenv1.AcquireResponse], error) {
@@ -194,21 +168,12 @@ func acquireResponse(l *shardv1.LeaseInfo) *connect.Response[wardenv1.AcquireRes
 
 // Renew implements LockService.Renew.
 func (s *LockServer) Renew(ctx context.Context, req *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
-	return s.renewFrom(ctx, req, req.Peer())
-}
-
-// renewFrom is Renew for a request from the caller from (a RenewBatch's renewal
-// comes from the RenewBatch's caller).
-func (s *LockServer) renewFrom(ctx context.Context, req *connect.Request[wardenv1.RenewRequest], from connect.Peer) (*connect.Response[wardenv1.RenewResponse], error) {
 	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
 		return p.locks.Renew
 	}); ok {
 		return resp, err
 	}
-	start := time.Now()
-	resp, err := s.renew(ctx, req.Msg)
-	s.audit(ctx, from, auditEntry{method: "Renew", resource: req.Msg.GetResource(), leaseID: req.Msg.GetLeaseId()}, err)
-	return resp, observe("Renew", start, err)
+	return s.renew(ctx, req.Msg)
 }
 
 func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*connect.Response[wardenv1.RenewResponse], error) {
@@ -226,32 +191,12 @@ func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*conn
 
 // Release implements LockService.Release.
 func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
-	return s.releaseFrom(ctx, req, req.Peer())
-}
-
-// releaseFrom is Release for a request from the caller from (a Batch's op comes
-// from the Batch's caller).
-func (s *LockServer) releaseFrom(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest], from connect.Peer) (*connect.Response[wardenv1.ReleaseResponse], error) {
 	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 		return p.locks.Release
 	}); ok {
 		return resp, err
 	}
-	start := time.Now()
-	resp, err := s.release(ctx, req.Msg)
-	return s.released(ctx, from, req.Msg, resp, err, start)
-}
-
-// released audits and counts a Release served here (one of a Batch's
-// ops too), begun at start, and maps its error.
-func (s *LockServer) released(ctx context.Context, from connect.Peer, m *wardenv1.ReleaseRequest, resp *connect.Response[wardenv1.ReleaseResponse], err error, start time.Time) (*connect.Response[wardenv1.ReleaseResponse], error) {
-	e := auditEntry{method: "Release", resource: m.GetResource(), leaseID: m.GetLeaseId()}
-	if err == nil {
-		released := resp.Msg.GetReleased()
-		e.released = &released
-	}
-	s.audit(ctx, from, e, err)
-	return resp, observe("Release", start, err)
+	return s.release(ctx, req.Msg)
 }
 
 func (s *LockServer) release(ctx context.Context, m *wardenv1.ReleaseRequest) (*connect.Response[wardenv1.ReleaseResponse], error) {
@@ -287,9 +232,7 @@ func (s *LockServer) Describe(ctx context.Context, req *connect.Request[wardenv1
 	}); ok {
 		return resp, err
 	}
-	start := time.Now()
-	resp, err := s.describe(ctx, req.Msg)
-	return resp, observe("Describe", start, err)
+	return s.describe(ctx, req.Msg)
 }
 
 func (s *LockServer) describe(ctx context.Context, m *wardenv1.DescribeRequest) (*connect.Response[wardenv1.DescribeResponse], error) {

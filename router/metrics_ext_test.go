@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/router"
 )
 
@@ -64,4 +67,57 @@ func (c *cluster) metric(sample string) float64 {
 		}
 	}
 	return 0
+}
+
+// Every procedure of the client services passes the observer: one call
+// adds exactly one outcome under the procedure's name, and a refusal
+// reaches the client with its code (a bad field is invalid_argument),
+// never the unknown that an unmapped error would give. The calls carry
+// no fields; the rebalance and snapshot they make on the dev cluster are
+// harmless.
+func TestEveryProcedureIsObserved(t *testing.T) {
+	c := startCluster(t, router.DevConfig{})
+	names := map[string]string{"/warden.v1.QuotaService/Release": "ReleaseReservation"}
+	for _, fd := range []protoreflect.FileDescriptor{wardenv1.File_warden_v1_lock_proto, wardenv1.File_warden_v1_quota_proto, wardenv1.File_warden_v1_admin_proto} {
+		for i := range fd.Services().Len() {
+			sd := fd.Services().Get(i)
+			for j := range sd.Methods().Len() {
+				proc := "/" + string(sd.FullName()) + "/" + string(sd.Methods().Get(j).Name())
+				name, ok := names[proc]
+				if !ok {
+					name = string(sd.Methods().Get(j).Name())
+				}
+				before := c.outcomes(name)
+				resp, err := c.srv.Client().Post(c.srv.URL+proc, "application/json", strings.NewReader("{}"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 && !strings.Contains(string(body), `"code"`) || strings.Contains(string(body), `"code":"unknown"`) {
+					t.Errorf("%s: %d %s: not a mapped Connect error", proc, resp.StatusCode, body)
+				}
+				if got := c.outcomes(name) - before; got != 1 {
+					t.Errorf("%s: %v outcomes counted under %q, want 1", proc, got, name)
+				}
+			}
+		}
+	}
+}
+
+// outcomes sums warden_rpc_outcomes_total of method over its outcomes.
+func (c *cluster) outcomes(method string) float64 {
+	c.t.Helper()
+	var sum float64
+	for _, line := range strings.Split(c.metrics(), "\n") {
+		if !strings.HasPrefix(line, `warden_rpc_outcomes_total{method="`+method+`",`) {
+			continue
+		}
+		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err != nil {
+			c.t.Fatalf("%s: %v", line, err)
+		}
+		sum += f
+	}
+	return sum
 }

@@ -30,21 +30,20 @@ func NewQuotaServer(r *Router) *QuotaServer { return &QuotaServer{r: r} }
 
 // quotaCall runs a quota RPC here, or on the node that leads the pool's
 // shard.
-func quotaCall[Req, Resp any](ctx context.Context, s *QuotaServer, method string, req *connect.Request[Req], key string,
+func quotaCall[Req, Resp any](ctx context.Context, s *QuotaServer, req *connect.Request[Req], key string,
 	remote func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
 	local func(context.Context, *Req) (*Resp, error)) (*connect.Response[Resp], error) {
 	if err := shard.CheckQuotaKey("key", key); err != nil {
-		return nil, observe(method, time.Now(), err)
+		return nil, err
 	}
 	if resp, ok, err := forward(ctx, s.r, req, keyspace.Pool(key), remote); ok {
 		return resp, err
 	}
-	start := time.Now()
 	out, err := local(ctx, req.Msg)
 	if err != nil {
-		return nil, observe(method, start, err)
+		return nil, err
 	}
-	return connect.NewResponse(out), observe(method, start, nil)
+	return connect.NewResponse(out), nil
 }
 
 // propose proposes a quota command for key, routed by its pool.
@@ -59,7 +58,7 @@ func level(q *shardv1.QuotaRecord, reserved, expired, remaining int64) *wardenv1
 
 // SetLimit implements QuotaService.SetLimit.
 func (s *QuotaServer) SetLimit(ctx context.Context, req *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
-	return quotaCall(ctx, s, "SetLimit", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
 		return p.quota.SetLimit
 	}, func(ctx context.Context, m *wardenv1.SetLimitRequest) (*wardenv1.SetLimitResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{
@@ -74,7 +73,7 @@ func (s *QuotaServer) SetLimit(ctx context.Context, req *connect.Request[wardenv
 
 // Reserve implements QuotaService.Reserve.
 func (s *QuotaServer) Reserve(ctx context.Context, req *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
-	return quotaCall(ctx, s, "Reserve", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
 		return p.quota.Reserve
 	}, func(ctx context.Context, m *wardenv1.ReserveRequest) (*wardenv1.ReserveResponse, error) {
 		if err := shard.CheckName("reservation_id", m.GetReservationId(), shard.MaxRequestIDBytes); err != nil {
@@ -96,7 +95,7 @@ func (s *QuotaServer) Reserve(ctx context.Context, req *connect.Request[wardenv1
 
 // Commit implements QuotaService.Commit.
 func (s *QuotaServer) Commit(ctx context.Context, req *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
-	return quotaCall(ctx, s, "Commit", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
 		return p.quota.Commit
 	}, func(ctx context.Context, m *wardenv1.CommitRequest) (*wardenv1.CommitResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_Commit{Commit: &shardv1.CommitCmd{
@@ -110,7 +109,7 @@ func (s *QuotaServer) Commit(ctx context.Context, req *connect.Request[wardenv1.
 
 // Release implements QuotaService.Release.
 func (s *QuotaServer) Release(ctx context.Context, req *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
-	return quotaCall(ctx, s, "ReleaseReservation", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
 		return p.quota.Release
 	}, func(ctx context.Context, m *wardenv1.QuotaServiceReleaseRequest) (*wardenv1.QuotaServiceReleaseResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_ReleaseReservation{ReleaseReservation: &shardv1.ReleaseReservationCmd{
@@ -125,19 +124,18 @@ func (s *QuotaServer) Release(ctx context.Context, req *connect.Request[wardenv1
 // Query implements QuotaService.Query.
 func (s *QuotaServer) Query(ctx context.Context, req *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
 	if _, known := wardenv1.Consistency_name[int32(req.Msg.GetConsistency())]; !known {
-		return nil, observe("Query", time.Now(), &shard.FieldError{Field: "consistency", Reason: "must be CONSISTENCY_LINEARIZABLE or CONSISTENCY_STALE"})
+		return nil, &shard.FieldError{Field: "consistency", Reason: "must be CONSISTENCY_LINEARIZABLE or CONSISTENCY_STALE"}
 	}
 	if req.Msg.GetConsistency() == wardenv1.Consistency_CONSISTENCY_STALE {
-		start := time.Now()
 		if err := shard.CheckQuotaKey("key", req.Msg.GetKey()); err != nil {
-			return nil, observe("Query", start, err)
+			return nil, err
 		}
 		if q, ok := s.r.staleRead(req.Msg.GetKey(), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: req.Msg.GetKey()}}}); ok {
-			return connect.NewResponse(queryResponse(q)), observe("Query", start, nil)
+			return connect.NewResponse(queryResponse(q)), nil
 		}
 		// No local replica: a linearizable read is at least as fresh.
 	}
-	return quotaCall(ctx, s, "Query", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
 		return p.quota.Query
 	}, func(ctx context.Context, m *wardenv1.QueryRequest) (*wardenv1.QueryResponse, error) {
 		q, err := s.r.read(ctx, keyspace.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: m.GetKey()}}})
@@ -190,7 +188,7 @@ func pageSize(field string, n uint32) (uint32, error) {
 
 // ListReservations implements QuotaService.ListReservations.
 func (s *QuotaServer) ListReservations(ctx context.Context, req *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
-	return quotaCall(ctx, s, "ListReservations", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
 		return p.quota.ListReservations
 	}, func(ctx context.Context, m *wardenv1.ListReservationsRequest) (*wardenv1.ListReservationsResponse, error) {
 		size, err := pageSize("page_size", m.GetPageSize())
@@ -234,7 +232,7 @@ func cutNUL(b []byte) (string, string, bool) {
 
 // ListLedger implements QuotaService.ListLedger.
 func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
-	return quotaCall(ctx, s, "ListLedger", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
 		return p.quota.ListLedger
 	}, func(ctx context.Context, m *wardenv1.ListLedgerRequest) (*wardenv1.ListLedgerResponse, error) {
 		size, err := pageSize("limit", m.GetLimit())
@@ -263,18 +261,18 @@ func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[warde
 // ReportUsage implements QuotaService.ReportUsage.
 func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
 	if req.Msg.GetCorrect() && req.Msg.ObservedSeq == nil { // before routing, as below
-		return nil, observe("ReportUsage", time.Now(), &shard.FieldError{Field: "observed_seq", Reason: "is required with correct: pass the ledger_seq of the Query the observation corresponds to"})
+		return nil, &shard.FieldError{Field: "observed_seq", Reason: "is required with correct: pass the ledger_seq of the Query the observation corresponds to"}
 	}
 	if req.Msg.ObservedSeq != nil {
 		// Before routing: a node of an older binary, leading or forwarded
 		// to, would drop the field it does not know and correct against
 		// now. Only once every replica's node applies version 5.
 		if rg, err := s.r.Map().ShardFor(keyspace.Pool(req.Msg.GetKey())); err == nil && !s.r.applies(rg.GetShardId(), shard.VersionObservedSeq) {
-			return nil, observe("ReportUsage", time.Now(), fmt.Errorf("%w: observed_seq needs envelope version %d, and not every replica of shard %d applies it yet (a rolling upgrade is under way)",
-				ErrNoLeader, shard.VersionObservedSeq, rg.GetShardId()))
+			return nil, fmt.Errorf("%w: observed_seq needs envelope version %d, and not every replica of shard %d applies it yet (a rolling upgrade is under way)",
+				ErrNoLeader, shard.VersionObservedSeq, rg.GetShardId())
 		}
 	}
-	return quotaCall(ctx, s, "ReportUsage", req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
 		return p.quota.ReportUsage
 	}, func(ctx context.Context, m *wardenv1.ReportUsageRequest) (*wardenv1.ReportUsageResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: &shardv1.ReportUsageCmd{

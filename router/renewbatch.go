@@ -23,11 +23,10 @@ import (
 // goes through Renew's path instead. Every renewal is audited, with
 // method RenewBatch where this node proposed it.
 func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
-	start := time.Now()
 	renewals := req.Msg.GetRenewals()
 	if n := len(renewals); n == 0 || n > shard.MaxRenewBatch {
 		err := &shard.FieldError{Field: "renewals", Reason: fmt.Sprintf("must hold 1 to %d renewals, not %d", shard.MaxRenewBatch, n)}
-		return nil, observe("RenewBatch", start, err)
+		return nil, err
 	}
 	out := make([]*wardenv1.RenewOutcome, len(renewals))
 	ids := make([][]byte, len(renewals)) // the decoded lease ids
@@ -50,7 +49,7 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 	}
 	serveGroups(s.r, groups, out, func(err error) *wardenv1.RenewOutcome { return renewOutcome(nil, err) },
 		func(shardID uint64, idx []int) { s.renewGroup(ctx, req, ids, shardID, idx, out) })
-	return connect.NewResponse(&wardenv1.RenewBatchResponse{Outcomes: out}), observe("RenewBatch", start, nil)
+	return connect.NewResponse(&wardenv1.RenewBatchResponse{Outcomes: out}), nil
 }
 
 // renewGroup renews req's renewals at idx, which the map places in
@@ -63,7 +62,8 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 		sub.Renewals[j] = renewals[i]
 	}
 	fr := sameHopReq(sub, req.Header())
-	resp, ok, err := forward(ctx, s.r, fr, sub.Renewals[0].GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
+	fctx, _ := withCallState(ctx) // a group served elsewhere is that node's to record, not the RenewBatch
+	resp, ok, err := forward(fctx, s.r, fr, sub.Renewals[0].GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
 		return p.locks.RenewBatch
 	})
 	if ok && connect.CodeOf(err) == connect.CodeUnimplemented {
@@ -109,7 +109,12 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 // renewOne renews one of req's renewals through Renew's path, which
 // finds its shard and leader and audits and counts it.
 func (s *LockServer) renewOne(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], rn *wardenv1.RenewRequest) *wardenv1.RenewOutcome {
-	r, err := s.renewFrom(ctx, sameHopReq(rn, req.Header()), req.Peer())
+	octx, st := withCallState(ctx)
+	start := time.Now()
+	r, err := s.Renew(octx, sameHopReq(rn, req.Header()))
+	if !st.forwarded.Load() {
+		s.r.record(ctx, req.Peer(), "Renew", start, renewEntry("Renew", rn), err)
+	}
 	return renewOutcome(r, err)
 }
 
@@ -127,8 +132,7 @@ func (s *LockServer) renewEach(ctx context.Context, req *connect.Request[wardenv
 // (method RenewBatch.renewal) and returns its outcome: res is the shard's
 // result when err is nil.
 func (s *LockServer) renewed(ctx context.Context, p connect.Peer, rn *wardenv1.RenewRequest, res *shardv1.Result, err error) *wardenv1.RenewOutcome {
-	s.audit(ctx, p, auditEntry{method: "RenewBatch", resource: rn.GetResource(), leaseID: rn.GetLeaseId()}, err)
-	metrics.rpcOutcomes.WithLabelValues("RenewBatch.renewal", outcome(err)).Inc()
+	s.r.record(ctx, p, "RenewBatch.renewal", time.Time{}, renewEntry("RenewBatch", rn), err)
 	if err != nil {
 		return renewOutcome(nil, err)
 	}

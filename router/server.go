@@ -2,6 +2,7 @@ package router
 
 import (
 	"net/http"
+	"slices"
 	"time"
 
 	"connectrpc.com/connect"
@@ -16,7 +17,8 @@ import (
 // NewHandler serves a node's HTTP surface: the Connect services (Connect,
 // gRPC and gRPC-Web protocols), grpc.health.v1, server reflection and
 // Prometheus's /metrics. Extra handler options (interceptors) apply to
-// the Warden services.
+// the Warden services, outside the observer that counts, audits and maps
+// the errors of the client services.
 func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	opts = append([]connect.HandlerOption{
 		// Compressing Warden's small messages costs more CPU than their
@@ -31,9 +33,13 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 		connect.WithCodec(jsonCodec{"json; charset=utf-8"}),
 	}, opts...)
 	mux := http.NewServeMux()
-	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), opts...))
-	mux.Handle(wardenv1connect.NewQuotaServiceHandler(NewQuotaServer(r), opts...))
-	mux.Handle(wardenv1connect.NewAdminServiceHandler(NewAdminServer(r), opts...))
+	// The client services' chain ends in the observer (interceptors.go),
+	// innermost, so the callers' interceptors see the Connect errors
+	// clients get.
+	client := append(slices.Clone(opts), connect.WithInterceptors(observer{r}))
+	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), client...))
+	mux.Handle(wardenv1connect.NewQuotaServiceHandler(NewQuotaServer(r), client...))
+	mux.Handle(wardenv1connect.NewAdminServiceHandler(NewAdminServer(r), client...))
 	// Nodes forward whole pages of records when a range moves.
 	mux.Handle(placementv1connect.NewNodeServiceHandler(&NodeServer{r}, append(opts, connect.WithReadMaxBytes(maxNodeRequestBytes), requireSecret(r.cfg.ClusterSecret))...))
 	services := []string{wardenv1connect.LockServiceName, wardenv1connect.QuotaServiceName, wardenv1connect.AdminServiceName}
