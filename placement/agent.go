@@ -38,9 +38,25 @@ type LocalMeta struct{ NH *dragonboat.NodeHost }
 const metaTimeout = 5 * time.Second
 
 // Propose implements MetaClient.
+//
+// It stamps cmd with the version it needs (MetaVersionOf); a command of a
+// version above 1 is proposed only once every node registered a binary
+// that applies it, and is ErrMetaVersion before (retry after the rolling
+// upgrade).
 func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, metaTimeout)
 	defer cancel()
+	cmd = proto.CloneOf(cmd)
+	cmd.Version = MetaVersionOf(cmd)
+	if cmd.Version > 1 {
+		st, err := m.Read(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if !metaApplies(st, cmd.Version) {
+			return nil, fmt.Errorf("%w: version %d", ErrMetaVersion, cmd.Version)
+		}
+	}
 	b, err := proto.Marshal(cmd)
 	if err != nil {
 		return nil, err

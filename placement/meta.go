@@ -9,6 +9,7 @@ import (
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
@@ -22,6 +23,47 @@ const MetaShardID uint64 = 1 << 32
 // EpochWindow is how many epochs a placement leader reserves in one
 // placement entry (the window TiKV PD's timestamp oracle persists ahead).
 const EpochWindow = 32
+
+// MetaCommandVersion is the newest placement command version this binary
+// applies. Placement commands are versioned as data-shard envelopes are
+// (shard.CommandVersion): a new command kind, or a changed rule for an
+// existing one, takes the next version in metaKindVersions and raises
+// this; ApplyMeta keeps the old rule for older entries.
+const MetaCommandVersion uint32 = 1
+
+// metaKindVersions is the version each command kind needs, by its field
+// number in Command's oneof: the version in which it appeared. A kind
+// missing here needs version 1.
+var metaKindVersions = map[protoreflect.FieldNumber]uint32{}
+
+// MetaVersionOf returns the placement command version cmd needs.
+func MetaVersionOf(cmd *placementv1.Command) uint32 {
+	m := cmd.ProtoReflect()
+	if f := m.WhichOneof(m.Descriptor().Oneofs().ByName("command")); f != nil {
+		if v, ok := metaKindVersions[f.Number()]; ok {
+			return v
+		}
+	}
+	return 1
+}
+
+// ErrMetaVersion: a placement command needs a newer version than this
+// binary applies (Update stops the replica rather than diverge), or than
+// some placement replica's node applies (it is not proposed yet).
+var ErrMetaVersion = errors.New("placement: command version not applied by every replica")
+
+// metaApplies reports whether every node of st registered a binary that
+// applies version v (a node that registered none applies version 1).
+// Every node, not only the placement group's replicas, which the state
+// does not list: stricter, and as safe.
+func metaApplies(st *placementv1.State, v uint32) bool {
+	for _, n := range st.GetNodes() {
+		if max(n.GetMetaCommandVersion(), 1) < v {
+			return false
+		}
+	}
+	return true
+}
 
 // ApplyMeta decides one placement command against st and returns the new
 // state (st itself is never modified) and the result; a refused command
@@ -399,6 +441,12 @@ func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
 	var res *placementv1.Result
 	if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
 		res = &placementv1.Result{Error: "malformed command: " + err.Error()}
+	} else if cmd.GetVersion() > MetaCommandVersion {
+		// A newer replica applies it; refusing it here would diverge.
+		// Stopping keeps this replica's state as it was: an upgraded
+		// binary applies the entry on restart.
+		return sm.Result{}, fmt.Errorf("%w: entry %d needs version %d, this binary applies up to %d",
+			ErrMetaVersion, e.Index, cmd.GetVersion(), MetaCommandVersion)
 	} else {
 		m.st, res = ApplyMeta(m.st, cmd)
 	}

@@ -1,9 +1,12 @@
 package placement
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"google.golang.org/protobuf/proto"
 	"pgregory.net/rapid"
 
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
@@ -162,4 +165,74 @@ func TestSplitOperatorCommits(t *testing.T) {
 	if st.GetGeneration() != 2 || len(st.GetRanges()) != 2 || st.GetRanges()[1].GetStart() != 1<<63 || st.GetRanges()[1].GetShardId() != 2 || len(st.GetOperators()) != 0 {
 		t.Fatalf("after the split: %v", st)
 	}
+}
+
+// A replica whose binary applies an older placement command version than
+// an entry needs stops on it (Update fails) and keeps its state as it
+// was, rather than refuse it while newer replicas apply it.
+func TestMetaEntryOfANewerVersionStopsTheReplica(t *testing.T) {
+	m := NewMetaStateMachine(MetaShardID, 1)
+	boot, _ := proto.Marshal(&placementv1.Command{Command: &placementv1.Command_Bootstrap{Bootstrap: &placementv1.BootstrapCmd{
+		Nodes: []*placementv1.Node{{Id: 1, Zone: "a", RaftAddr: "r1", ListenAddr: "l1"}}}}})
+	if _, err := m.Update(sm.Entry{Index: 1, Cmd: boot}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := m.Lookup(nil)
+	newer, _ := proto.Marshal(&placementv1.Command{Version: MetaCommandVersion + 1, Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{
+		Node: &placementv1.Node{Id: 2, Zone: "b", RaftAddr: "r2", ListenAddr: "l2"}}}})
+	if _, err := m.Update(sm.Entry{Index: 2, Cmd: newer}); !errors.Is(err, ErrMetaVersion) {
+		t.Fatalf("an entry of version %d: %v, want ErrMetaVersion", MetaCommandVersion+1, err)
+	}
+	after, _ := m.Lookup(nil)
+	if !proto.Equal(before.(*placementv1.State), after.(*placementv1.State)) {
+		t.Fatal("the state changed on an entry this binary cannot apply")
+	}
+	current, _ := proto.Marshal(&placementv1.Command{Version: MetaCommandVersion, Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{
+		Node: &placementv1.Node{Id: 2, Zone: "b", RaftAddr: "r2", ListenAddr: "l2"}}}})
+	if _, err := m.Update(sm.Entry{Index: 2, Cmd: current}); err != nil {
+		t.Fatalf("an entry of this binary's version: %v", err)
+	}
+}
+
+// A command kind of a newer version needs that version, and is proposed
+// only once every node registered a binary that applies it (a node that
+// registered no version applies version 1).
+func TestMetaVersionGate(t *testing.T) {
+	move := &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{}}}
+	split := &placementv1.Command{Command: &placementv1.Command_BeginSplit{BeginSplit: &placementv1.BeginSplitCmd{}}}
+	if MetaVersionOf(move) != 1 || MetaVersionOf(split) != 1 || MetaVersionOf(&placementv1.Command{}) != 1 {
+		t.Fatal("today every kind needs version 1")
+	}
+	metaKindVersions[7] = 2 // as if BeginMoveCmd (field 7) had appeared in version 2
+	defer delete(metaKindVersions, 7)
+	if MetaVersionOf(move) != 2 || MetaVersionOf(split) != 1 {
+		t.Fatalf("versions %d and %d, want 2 for the move and 1 for the split", MetaVersionOf(move), MetaVersionOf(split))
+	}
+	st := &placementv1.State{Nodes: []*placementv1.Node{{Id: 1, MetaCommandVersion: 2}, {Id: 2, MetaCommandVersion: 2}, {Id: 3}}}
+	if !metaApplies(st, 1) || metaApplies(st, 2) {
+		t.Fatal("node 3, which registered no version, counts as version 1")
+	}
+	st.Nodes[2].MetaCommandVersion = 2
+	if !metaApplies(st, 2) {
+		t.Fatal("every node applies version 2")
+	}
+}
+
+// FuzzMetaUpdate feeds arbitrary entries to the placement state machine:
+// it never panics, and fails (stops) only on an entry of a newer version.
+func FuzzMetaUpdate(f *testing.F) {
+	for _, c := range []*placementv1.Command{
+		{Command: &placementv1.Command_Bootstrap{Bootstrap: &placementv1.BootstrapCmd{Nodes: []*placementv1.Node{{Id: 1, Zone: "a", RaftAddr: "r", ListenAddr: "l"}}}}},
+		{Version: 2, Command: &placementv1.Command_ReserveEpochs{ReserveEpochs: &placementv1.ReserveEpochsCmd{}}},
+		{Command: &placementv1.Command_BeginSplit{BeginSplit: &placementv1.BeginSplitCmd{}}},
+	} {
+		b, _ := proto.Marshal(c)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m := NewMetaStateMachine(MetaShardID, 1)
+		if _, err := m.Update(sm.Entry{Index: 1, Cmd: b}); err != nil && !errors.Is(err, ErrMetaVersion) {
+			t.Fatalf("Update: %v", err)
+		}
+	})
 }

@@ -155,7 +155,8 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		initial = append(initial, &placementv1.Node{Id: m.ID, RaftAddr: m.RaftAddr, ListenAddr: m.ListenAddr})
 	}
 	for i, spec := range cfg.Nodes {
-		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: cfg.ListenAddr, Incarnation: ids[i].Incarnation, CommandVersion: shard.CommandVersion}
+		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: cfg.ListenAddr, Incarnation: ids[i].Incarnation, CommandVersion: shard.CommandVersion,
+			MetaCommandVersion: placement.MetaCommandVersion}
 		if err := placement.Bootstrap(ctx, meta, initial, self, ids[i]); err != nil {
 			c.closeNodes()
 			return nil, err

@@ -349,8 +349,12 @@ type Node struct {
 	// started) takes the node's version from here, so a rule of a newer
 	// version keeps applying while a replica's node is down.
 	CommandVersion uint32 `protobuf:"varint,6,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// MetaCommandVersion is the newest placement command version the
+	// node's binary applies, registered at each start (0: a binary that
+	// predates placement command versions, which applies version 1).
+	MetaCommandVersion uint32 `protobuf:"varint,7,opt,name=meta_command_version,json=metaCommandVersion,proto3" json:"meta_command_version,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -421,6 +425,13 @@ func (x *Node) GetIncarnation() string {
 func (x *Node) GetCommandVersion() uint32 {
 	if x != nil {
 		return x.CommandVersion
+	}
+	return 0
+}
+
+func (x *Node) GetMetaCommandVersion() uint32 {
+	if x != nil {
+		return x.MetaCommandVersion
 	}
 	return 0
 }
@@ -869,6 +880,12 @@ func (x *SplitOp) GetRollingBack() bool {
 // Command is one entry of the placement log.
 type Command struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// Version is the placement command version the command needs (see
+	// placement.MetaVersionOf; 0 means 1). A replica whose binary applies
+	// an older version stops rather than apply it differently; a leader
+	// proposes it only once every placement replica's node registered a
+	// binary that applies it.
+	Version uint32 `protobuf:"varint,20,opt,name=version,proto3" json:"version,omitempty"`
 	// Types that are valid to be assigned to Command:
 	//
 	//	*Command_Bootstrap
@@ -912,6 +929,13 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
 	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Command) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 func (x *Command) GetCommand() isCommand_Command {
@@ -1575,7 +1599,7 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"epochLimit\x12;\n" +
 	"\toperators\x18\b \x03(\v2\x1d.warden.placement.v1.OperatorR\toperators\x12\x1d\n" +
 	"\n" +
-	"last_epoch\x18\t \x01(\x04R\tlastEpoch\"\xb3\x01\n" +
+	"last_epoch\x18\t \x01(\x04R\tlastEpoch\"\xe5\x01\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
@@ -1583,7 +1607,8 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\vlisten_addr\x18\x04 \x01(\tR\n" +
 	"listenAddr\x12 \n" +
 	"\vincarnation\x18\x05 \x01(\tR\vincarnation\x12'\n" +
-	"\x0fcommand_version\x18\x06 \x01(\rR\x0ecommandVersion\"\xc6\x01\n" +
+	"\x0fcommand_version\x18\x06 \x01(\rR\x0ecommandVersion\x120\n" +
+	"\x14meta_command_version\x18\a \x01(\rR\x12metaCommandVersion\"\xc6\x01\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x128\n" +
@@ -1620,8 +1645,9 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x06 \x01(\x04R\n" +
 	"generation\x12!\n" +
-	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xe0\x04\n" +
-	"\aCommand\x12A\n" +
+	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xfa\x04\n" +
+	"\aCommand\x12\x18\n" +
+	"\aversion\x18\x14 \x01(\rR\aversion\x12A\n" +
 	"\tbootstrap\x18\x01 \x01(\v2!.warden.placement.v1.BootstrapCmdH\x00R\tbootstrap\x12K\n" +
 	"\rregister_node\x18\x02 \x01(\v2$.warden.placement.v1.RegisterNodeCmdH\x00R\fregisterNode\x12N\n" +
 	"\x0ereserve_epochs\x18\x03 \x01(\v2%.warden.placement.v1.ReserveEpochsCmdH\x00R\rreserveEpochs\x12E\n" +
