@@ -78,7 +78,8 @@ loadtest:
 loadtest-compare:
 	./loadtest/compare.sh
 
-## lint: formatting, vet, staticcheck and the dependency pins of DESIGN.md §7
+## lint: formatting, vet, staticcheck, the dependency pins of DESIGN.md §7, the forbidden imports of §2, and buf breaking
+## with the log-format rule (a changed log-format proto raises a command version)
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	$(GO) vet $(PKGS)
@@ -86,6 +87,7 @@ lint:
 	for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) tool -modfile=../tools/staticcheck/go.mod staticcheck ./...) || exit 1; done
 	./.ci/check-pins
 	./.ci/check-imports
+	./.ci/check-proto
 
 clean:
 	rm -rf bin data
