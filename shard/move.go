@@ -148,27 +148,27 @@ func (a *applier) importRange(c *shardv1.ImportRangeCmd) (*shardv1.Result, error
 			a.dirtyMeta()
 			a.meta.QueuedWaiters++
 		}
-		a.put(Change{Kind: PutWaiter, Waiter: w})
+		a.put(putWaiter{waiter: w})
 	}
 	// Quota trees move whole: levels, reservations (the store rebuilds
 	// their expiry indexes), ledger and its sequence, reports.
 	for _, q := range recs.GetQuotas() {
-		a.put(Change{Kind: PutQuota, Quota: q})
+		a.put(putQuota{quota: q})
 	}
 	for _, r := range recs.GetReservations() {
-		a.put(Change{Kind: PutReservation, Reservation: r})
+		a.put(putReservation{reservation: r})
 	}
 	for _, p := range recs.GetPools() {
-		a.put(Change{Kind: PutPool, PoolRecord: p})
+		a.put(putPool{pool: p})
 	}
 	for _, e := range recs.GetLedger() {
-		a.put(Change{Kind: PutLedger, Ledger: e})
+		a.put(putLedger{event: e})
 	}
 	for _, u := range recs.GetReports() {
-		a.put(Change{Kind: PutReport, Report: u})
+		a.put(putReport{report: u})
 	}
 	for _, k := range recs.GetCheckpoints() {
-		a.put(Change{Kind: PutCheckpoint, Checkpoint: k})
+		a.put(putCheckpoint{checkpoint: k})
 	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: uint32(RecordCount(recs))}, nil
 }
@@ -313,25 +313,25 @@ func (a *applier) releaseRange(c *shardv1.ReleaseRangeCmd) (*shardv1.Result, err
 		if err := a.addTenantWaiters(w.GetTenant(), -1); err != nil {
 			return nil, err
 		}
-		a.put(Change{Kind: DeleteWaiter, Resource: w.GetResource(), Seq: w.GetSeq()})
+		a.put(deleteWaiter{resource: w.GetResource(), seq: w.GetSeq()})
 	}
 	for _, q := range recs.GetQuotas() {
-		a.put(Change{Kind: DeleteQuota, Key: q.GetKey()})
+		a.put(deleteQuota{key: q.GetKey()})
 	}
 	for _, r := range recs.GetReservations() {
-		a.put(Change{Kind: DeleteReservation, Key: r.GetKey(), ID: r.GetReservationId()})
+		a.put(deleteReservation{key: r.GetKey(), id: r.GetReservationId()})
 	}
 	for _, p := range recs.GetPools() {
-		a.put(Change{Kind: DeletePool, Pool: p.GetPool()})
+		a.put(deletePool{pool: p.GetPool()})
 	}
 	for _, e := range recs.GetLedger() {
-		a.put(Change{Kind: DeleteLedger, Pool: keyspace.Pool(e.GetKey()), Seq: e.GetSeq()})
+		a.put(deleteLedger{pool: keyspace.Pool(e.GetKey()), seq: e.GetSeq()})
 	}
 	for _, u := range recs.GetReports() {
-		a.put(Change{Kind: DeleteReport, Key: u.GetKey(), ID: u.GetReportId()})
+		a.put(deleteReport{key: u.GetKey(), id: u.GetReportId()})
 	}
 	for _, k := range recs.GetCheckpoints() {
-		a.put(Change{Kind: DeleteCheckpoint, Key: k.GetKey()})
+		a.put(deleteCheckpoint{key: k.GetKey()})
 	}
 	a.dirtyMeta()
 	a.meta.QueuedWaiters -= uint64(len(recs.GetWaiters()))

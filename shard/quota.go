@@ -104,7 +104,7 @@ func (a *applier) setQuota(q *shardv1.QuotaRecord) {
 	q.Version++
 	q.UpdatedAtUnixNano = a.now
 	a.quotas[q.GetKey()] = q
-	a.put(Change{Kind: PutQuota, Quota: q})
+	a.put(putQuota{quota: q})
 }
 
 // tree loads key's path.
@@ -172,8 +172,8 @@ func (a *applier) ledger(e *shardv1.LedgerEvent) error {
 	p.LastSeq++
 	a.pools[pool] = p
 	e.Seq, e.AtUnixNano = p.GetLastSeq(), a.now
-	a.put(Change{Kind: PutPool, PoolRecord: p})
-	a.put(Change{Kind: PutLedger, Ledger: e})
+	a.put(putPool{pool: p})
+	a.put(putLedger{event: e})
 	return nil
 }
 
@@ -431,7 +431,7 @@ func (a *applier) reservation(key, id string) (*shardv1.ReservationRecord, error
 
 func (a *applier) setReservation(r *shardv1.ReservationRecord) {
 	a.reservations[r.GetKey()+"\x00"+r.GetReservationId()] = r
-	a.put(Change{Kind: PutReservation, Reservation: r})
+	a.put(putReservation{reservation: r})
 }
 
 // reservationFor finds the reservation of a Commit or Release.
@@ -619,7 +619,7 @@ func (a *applier) reportUsage(c *shardv1.ReportUsageCmd) (*shardv1.Result, error
 	if seqd {
 		report.ObservedSeq = c.ObservedSeq
 	}
-	a.put(Change{Kind: PutReport, Report: report})
+	a.put(putReport{report: report})
 	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerCorrection, Amount: drift, ReportId: c.GetReportId()}); err != nil {
 		return nil, err
 	}
@@ -724,11 +724,11 @@ func (a *applier) compactLedger(c *shardv1.CompactLedgerCmd) (*shardv1.Result, e
 			case LedgerCommit, LedgerCorrection:
 				cp.Committed += e.GetAmount()
 			}
-			a.put(Change{Kind: DeleteLedger, Pool: it.GetPool(), Seq: e.GetSeq()})
+			a.put(deleteLedger{pool: it.GetPool(), seq: e.GetSeq()})
 			n++
 		}
 		for _, cp := range cps {
-			a.put(Change{Kind: PutCheckpoint, Checkpoint: cp})
+			a.put(putCheckpoint{checkpoint: cp})
 		}
 	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: n}, nil

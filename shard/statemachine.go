@@ -333,7 +333,7 @@ func (s *StateMachine) applyEntry(view *records, b writeBatch, cmd []byte) (*sha
 		return nil, err
 	}
 	for _, c := range changes {
-		if err := view.write(b, c); err != nil {
+		if err := c.write(view, b); err != nil {
 			return nil, err
 		}
 	}

@@ -194,85 +194,6 @@ func appliedIndex(g getter) (uint64, error) {
 	return binary.BigEndian.Uint64(v), nil
 }
 
-// write applies one Change to the batch, keeping the indexes in step with
-// the records. The batch must be indexed so that s reads through it.
-func (s *records) write(b writeBatch, c Change) error {
-	switch c.Kind {
-	case PutMeta:
-		s.meta, s.metaDirty = c.Meta, true
-		return nil
-	case PutLock:
-		old, err := s.Lock(c.Lock.GetResource())
-		if err != nil {
-			return err
-		}
-		if err := unindexLock(b, old); err != nil {
-			return err
-		}
-		if err := indexLock(b, c.Lock); err != nil {
-			return err
-		}
-		return set(b, lockKey(c.Lock.GetResource()), c.Lock)
-	case DeleteLock:
-		old, err := s.Lock(c.Resource)
-		if err != nil {
-			return err
-		}
-		if err := unindexLock(b, old); err != nil {
-			return err
-		}
-		return b.Delete(lockKey(c.Resource), nil)
-	case PutDedup:
-		old, err := s.Dedup(c.Dedup.GetResource(), c.Dedup.GetRequestId())
-		if err != nil {
-			return err
-		}
-		if old != nil && old.GetEndedAtUnixNano() != 0 {
-			if err := b.Delete(endedDedupKey(old.GetEndedAtUnixNano(), old.GetResource(), old.GetRequestId()), nil); err != nil {
-				return err
-			}
-		}
-		if c.Dedup.GetEndedAtUnixNano() != 0 {
-			if err := b.Set(endedDedupKey(c.Dedup.GetEndedAtUnixNano(), c.Dedup.GetResource(), c.Dedup.GetRequestId()), nil, nil); err != nil {
-				return err
-			}
-		}
-		return set(b, dedupKey(c.Dedup.GetResource(), c.Dedup.GetRequestId()), c.Dedup)
-	case PutWaiter:
-		w := c.Waiter
-		if err := b.Set(waitIdxKey(w.GetDeadlineUnixNano(), w.GetResource(), w.GetSeq()), nil, nil); err != nil {
-			return err
-		}
-		return set(b, waiterKey(w.GetResource(), w.GetSeq()), w)
-	case DeleteWaiter:
-		old, err := s.Waiter(c.Resource, c.Seq)
-		if err != nil || old == nil {
-			return err
-		}
-		if err := b.Delete(waitIdxKey(old.GetDeadlineUnixNano(), c.Resource, c.Seq), nil); err != nil {
-			return err
-		}
-		return b.Delete(waiterKey(c.Resource, c.Seq), nil)
-	case PutTenantWaiters:
-		if c.Count == 0 {
-			return b.Delete(tenantKey(c.Tenant), nil)
-		}
-		return b.Set(tenantKey(c.Tenant), binary.BigEndian.AppendUint32(nil, c.Count), nil)
-	case DeleteDedup:
-		old, err := s.Dedup(c.Resource, c.RequestID)
-		if err != nil || old == nil {
-			return err
-		}
-		if old.GetEndedAtUnixNano() != 0 {
-			if err := b.Delete(endedDedupKey(old.GetEndedAtUnixNano(), c.Resource, c.RequestID), nil); err != nil {
-				return err
-			}
-		}
-		return b.Delete(dedupKey(c.Resource, c.RequestID), nil)
-	}
-	return s.writeQuota(b, c)
-}
-
 func indexLock(b writeBatch, l *shardv1.LockRecord) error {
 	if l.GetHeld() {
 		return b.Set(expiryKey(l.GetExpiresAtUnixNano(), l.GetResource()), l.GetLeaseId(), nil)
@@ -451,6 +372,30 @@ func rangeBounds(start, end uint64) (lower, upper []byte) {
 	return lower, binary.BigEndian.AppendUint64([]byte{prefixRange}, end)
 }
 
+// recordKinds adds a new record of each range-key kind to a page of
+// RangeRecords and returns it, for the value to be decoded into.
+var recordKinds = map[byte]func(*shardv1.RangeRecords) proto.Message{
+	kindLock:        func(o *shardv1.RangeRecords) proto.Message { return appendNew(&o.Locks) },
+	kindDedup:       func(o *shardv1.RangeRecords) proto.Message { return appendNew(&o.Dedups) },
+	kindWaiter:      func(o *shardv1.RangeRecords) proto.Message { return appendNew(&o.Waiters) },
+	kindQuota:       func(o *shardv1.RangeRecords) proto.Message { return appendNew(&o.Quotas) },
+	kindReservation: func(o *shardv1.RangeRecords) proto.Message { return appendNew(&o.Reservations) },
+	kindPool:        func(o *shardv1.RangeRecords) proto.Message { return appendNew(&o.Pools) },
+	kindLedger:      func(o *shardv1.RangeRecords) proto.Message { return appendNew(&o.Ledger) },
+	kindReport:      func(o *shardv1.RangeRecords) proto.Message { return appendNew(&o.Reports) },
+	kindCheckpoint:  func(o *shardv1.RangeRecords) proto.Message { return appendNew(&o.Checkpoints) },
+}
+
+// appendNew appends a new, empty message to *list and returns it.
+func appendNew[T any, P interface {
+	*T
+	proto.Message
+}](list *[]P) P {
+	m := P(new(T))
+	*list = append(*list, m)
+	return m
+}
+
 // Records implements Reader.
 func (s *records) Records(start, end uint64, after []byte, limit int) (*shardv1.RangeRecords, []byte, error) {
 	lower, upper := rangeBounds(start, end)
@@ -469,38 +414,11 @@ func (s *records) Records(start, end uint64, after []byte, limit int) (*shardv1.
 		if len(k) < 10 {
 			return nil, nil, fmt.Errorf("%w: range key %q is too short", ErrCorruptRecord, k)
 		}
-		var m proto.Message
-		switch k[9] {
-		case kindLock:
-			l := &shardv1.LockRecord{}
-			out.Locks, m = append(out.Locks, l), l
-		case kindDedup:
-			d := &shardv1.DedupRecord{}
-			out.Dedups, m = append(out.Dedups, d), d
-		case kindWaiter:
-			w := &shardv1.WaiterRecord{}
-			out.Waiters, m = append(out.Waiters, w), w
-		case kindQuota:
-			q := &shardv1.QuotaRecord{}
-			out.Quotas, m = append(out.Quotas, q), q
-		case kindReservation:
-			r := &shardv1.ReservationRecord{}
-			out.Reservations, m = append(out.Reservations, r), r
-		case kindPool:
-			p := &shardv1.PoolRecord{}
-			out.Pools, m = append(out.Pools, p), p
-		case kindLedger:
-			e := &shardv1.LedgerEvent{}
-			out.Ledger, m = append(out.Ledger, e), e
-		case kindReport:
-			u := &shardv1.UsageReport{}
-			out.Reports, m = append(out.Reports, u), u
-		case kindCheckpoint:
-			k := &shardv1.LedgerCheckpoint{}
-			out.Checkpoints, m = append(out.Checkpoints, k), k
-		default:
+		add, ok := recordKinds[k[9]]
+		if !ok {
 			return nil, nil, fmt.Errorf("%w: range key %q has kind %q", ErrCorruptRecord, k, k[9])
 		}
+		m := add(out)
 		if err := proto.Unmarshal(it.Value(), m); err != nil {
 			return nil, nil, fmt.Errorf("%w: key %q: %v", ErrCorruptRecord, k, err)
 		}
@@ -611,83 +529,6 @@ func (s *records) reclaimable(now int64, limit int) (*shardv1.ReclaimCmd, error)
 		out.Items = append(out.Items, &shardv1.ReservationRef{Key: string(key), ReservationId: string(id), ExpiresAtUnixNano: decodeTime(k[1:9])})
 	}
 	return out, it.Error()
-}
-
-// writeQuota applies one quota Change to the batch, keeping the
-// reservation expiry indexes in step with the open reservations.
-func (s *records) writeQuota(b writeBatch, c Change) error {
-	switch c.Kind {
-	case PutQuota:
-		return set(b, quotaKey(c.Quota.GetKey()), c.Quota)
-	case DeleteQuota:
-		return b.Delete(quotaKey(c.Key), nil)
-	case PutReservation, DeleteReservation:
-		key, id := c.Key, c.ID
-		if c.Kind == PutReservation {
-			key, id = c.Reservation.GetKey(), c.Reservation.GetReservationId()
-		}
-		old, err := s.Reservation(key, id)
-		if err != nil {
-			return err
-		}
-		switch {
-		case old.GetState() == shardv1.ReservationState_RESERVATION_STATE_OPEN:
-			if err := b.Delete(poolExpKey(old), nil); err != nil {
-				return err
-			}
-			if err := b.Delete(reclaimKey(old), nil); err != nil {
-				return err
-			}
-		case old != nil:
-			if err := b.Delete(endedReservationKey(old), nil); err != nil {
-				return err
-			}
-		}
-		if c.Kind == DeleteReservation {
-			return b.Delete(reservationKey(key, id), nil)
-		}
-		if r := c.Reservation; r.GetState() == shardv1.ReservationState_RESERVATION_STATE_OPEN {
-			if err := b.Set(poolExpKey(r), binary.BigEndian.AppendUint64(nil, uint64(r.GetAmount())), nil); err != nil {
-				return err
-			}
-			if err := b.Set(reclaimKey(r), nil, nil); err != nil {
-				return err
-			}
-		} else if err := b.Set(endedReservationKey(r), nil, nil); err != nil {
-			return err
-		}
-		return set(b, reservationKey(key, id), c.Reservation)
-	case PutPool:
-		return set(b, poolKey(c.PoolRecord.GetPool()), c.PoolRecord)
-	case DeletePool:
-		return b.Delete(poolKey(c.Pool), nil)
-	case PutLedger:
-		if err := b.Set(ledgerAgeKey(c.Ledger), nil, nil); err != nil {
-			return err
-		}
-		return set(b, ledgerKey(keyspace.Pool(c.Ledger.GetKey()), c.Ledger.GetSeq()), c.Ledger)
-	case DeleteLedger:
-		old := &shardv1.LedgerEvent{}
-		ok, err := s.get(ledgerKey(c.Pool, c.Seq), old)
-		if err != nil {
-			return err
-		}
-		if ok {
-			if err := b.Delete(ledgerAgeKey(old), nil); err != nil {
-				return err
-			}
-		}
-		return b.Delete(ledgerKey(c.Pool, c.Seq), nil)
-	case PutCheckpoint:
-		return set(b, checkpointKey(c.Checkpoint.GetKey()), c.Checkpoint)
-	case DeleteCheckpoint:
-		return b.Delete(checkpointKey(c.Key), nil)
-	case PutReport:
-		return set(b, reportKey(c.Report.GetKey(), c.Report.GetReportId()), c.Report)
-	case DeleteReport:
-		return b.Delete(reportKey(c.Key, c.ID), nil)
-	}
-	return fmt.Errorf("shard: unknown change kind %d", c.Kind)
 }
 
 // RecordCount counts the records of every kind in r.
