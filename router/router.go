@@ -457,6 +457,8 @@ func (r *Router) runTimers(n *LocalNode) {
 // engine next processes the replica's update. Dropping t on such a view
 // would lose the term for good, since no second event comes for it, and
 // the replica would lead without serving until the next election.
+//
+// leaderView is the whole decision leaderTick makes of such an answer.
 func deposed(t leaderTerm, id, term uint64, valid bool, err error) bool {
 	switch {
 	case err != nil:
@@ -468,12 +470,23 @@ func deposed(t leaderTerm, id, term uint64, valid bool, err error) bool {
 	}
 }
 
+// leaderView is what a leader timer makes of GetLeaderID's answer for
+// the term t: whether the replica leads in t now (the timers run), and,
+// when not, whether t is over (drop it) rather than not yet visible.
+func leaderView(t leaderTerm, id, term uint64, valid bool, err error) (leads, drop bool) {
+	if err == nil && valid && id == t.replicaID && term == t.term {
+		return true, false
+	}
+	return false, deposed(t, id, term, valid, err)
+}
+
 // leaderTick confirms a new term with a linearizable read, or, once
 // confirmed, proposes one batch each of expirations, timed-out waiters and
 // forgotten dedup entries.
 func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
-	if id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID); err != nil || !valid || id != t.replicaID || term != t.term {
-		if deposed(t, id, term, valid, err) {
+	id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID)
+	if leads, drop := leaderView(t, id, term, valid, err); !leads {
+		if drop {
 			n.Leadership.drop(t.shardID, t.term)
 		}
 		return nil
@@ -484,7 +497,8 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 		if _, err := n.Node.NH.SyncRead(ctx, t.shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err != nil {
 			return fmt.Errorf("confirming leadership: %w", err)
 		}
-		if id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID); err != nil || !valid || id != t.replicaID || term != t.term {
+		id, term, valid, err = n.Node.NH.GetLeaderID(t.shardID)
+		if leads, _ := leaderView(t, id, term, valid, err); !leads {
 			return nil // lost it meanwhile; the listener will catch up
 		}
 		n.Leadership.confirm(t.shardID, t.term)
