@@ -94,8 +94,8 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	c := &Cluster{cfg: cfg, waits: NewWaitRegistry(), Nodes: make([]LocalNode, len(cfg.Nodes)), stop: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	var meta placement.MetaClient
 	p := newPeers(cfg.Router.ClusterSecret)
+	var firstInitial *placement.Node // the first local initial member, whose replica of the placement group serves
 	ids := make([]placement.Identity, len(cfg.Nodes))
 	for i, spec := range cfg.Nodes {
 		initial := slices.ContainsFunc(cfg.Members, func(m Member) bool { return m.ID == spec.ID })
@@ -136,17 +136,23 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 				c.closeNodes()
 				return nil, err
 			}
-			if meta == nil {
-				meta = placement.LocalMeta{NH: n.NH}
+			if firstInitial == nil {
+				firstInitial = n
 			}
 		}
 	}
-	if meta == nil {
-		if len(cfg.Join) == 0 {
-			c.closeNodes()
-			return nil, errors.New("router: a node that is not an initial member needs join addresses")
-		}
+	// The placement client: this process's replica of the placement group
+	// when it runs an initial member, else the running nodes' replicas
+	// over NodeService, reached through the join addresses first.
+	var meta placement.MetaClient
+	switch {
+	case firstInitial != nil:
+		meta = placement.LocalMeta{NH: firstInitial.NH}
+	case len(cfg.Join) > 0:
 		meta = remoteMeta{peers: p, seeds: cfg.Join, known: c.knownAddrs}
+	default:
+		c.closeNodes()
+		return nil, errors.New("router: a node that is not an initial member needs join addresses")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.BootstrapTimeout)
 	defer cancel()
@@ -171,10 +177,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		c.closeNodes()
 		return nil, err
 	}
-	c.Router = New(c.Nodes, meta, placement.NewMap(st), c.waits, cfg.Router)
-	c.Router.peers = p
-	c.Router.ops = &placement.Operators{Meta: meta, Shards: c.Router.Shards(), Alloc: placement.NewAllocator(meta),
-		Logger: c.Router.cfg.Logger, Live: c.Router.live, OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
+	c.Router = newRouter(c.Nodes, meta, placement.NewMap(st), c.waits, cfg.Router, p)
 	if err := c.reconcile(); err != nil {
 		c.closeNodes()
 		return nil, err

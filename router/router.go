@@ -137,9 +137,19 @@ type Router struct {
 // hand-offs to waits, routing by map m and refreshing it from meta. Call
 // Start to run the leader timers and Stop before closing the nodes.
 func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *WaitRegistry, cfg Config) *Router {
+	return newRouter(nodes, meta, m, waits, cfg, newPeers(cfg.ClusterSecret))
+}
+
+// newRouter is New over the other nodes' clients p, which the caller may
+// have used before the router existed (StartCluster asks its peers about
+// the node and reaches the placement group through them). Everything the
+// router holds is set here, never patched in afterwards.
+func newRouter(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *WaitRegistry, cfg Config, p *peers) *Router {
 	cfg.setDefaults()
-	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: newPeers(cfg.ClusterSecret), waits: waits, clock: clockWatch{kick: make(chan struct{}, 1)}, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
+	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: p, waits: waits, clock: clockWatch{kick: make(chan struct{}, 1)}, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
 	r.maps.Store(m)
+	r.ops = &placement.Operators{Meta: meta, Shards: r.Shards(), Alloc: placement.NewAllocator(meta),
+		Logger: cfg.Logger, Live: r.live, OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
 	return r
 }
 
