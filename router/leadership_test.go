@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/lni/dragonboat/v4/raftio"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
@@ -110,5 +111,52 @@ func TestRetriesEndWithTheCallersDeadline(t *testing.T) {
 	})
 	if code := connect.CodeOf(toConnect(err)); code != connect.CodeDeadlineExceeded {
 		t.Fatalf("moved until the deadline: %v (%v), want deadline_exceeded", code, err)
+	}
+}
+
+// The leader timer's passes after expiry: each reads its own candidates
+// and turns a non-empty answer (only) into its command; the reclaimer
+// also reports how far behind it is.
+func TestLeaderTasks(t *testing.T) {
+	scan := &shardv1.ScanQuery{Limit: 7}
+	want := []struct {
+		name    string
+		query   func(*shardv1.Query) bool
+		some    *shardv1.QueryResult
+		command func(*shardv1.Envelope) bool
+	}{
+		{"drop waiters", func(q *shardv1.Query) bool { return q.GetTimedOut() == scan },
+			&shardv1.QueryResult{Drop: &shardv1.DropWaitersCmd{Items: []*shardv1.WaiterRef{{}}}},
+			func(e *shardv1.Envelope) bool { return e.GetDropWaiters() != nil }},
+		{"forget", func(q *shardv1.Query) bool { return q.GetForgettable() == scan },
+			&shardv1.QueryResult{Forget: &shardv1.ForgetCmd{Dedup: []*shardv1.DedupRef{{}}}},
+			func(e *shardv1.Envelope) bool { return e.GetForget() != nil }},
+		{"reclaim", func(q *shardv1.Query) bool { return q.GetReclaimable() == scan },
+			&shardv1.QueryResult{Reclaim: &shardv1.ReclaimCmd{Items: []*shardv1.ReservationRef{{ExpiresAtUnixNano: 1e9}}}},
+			func(e *shardv1.Envelope) bool { return e.GetReclaim() != nil }},
+		{"compact ledger", func(q *shardv1.Query) bool { return q.GetCompactable() == scan },
+			&shardv1.QueryResult{Compact: &shardv1.CompactLedgerCmd{Items: []*shardv1.PoolSeq{{}}}},
+			func(e *shardv1.Envelope) bool { return e.GetCompactLedger() != nil }},
+	}
+	if len(leaderTasks) != len(want) {
+		t.Fatalf("%d leader tasks, want %d", len(leaderTasks), len(want))
+	}
+	for i, w := range want {
+		task := leaderTasks[i]
+		if task.name != w.name {
+			t.Fatalf("task %d is %q, want %q", i, task.name, w.name)
+		}
+		if q := task.query(5e9, scan); !w.query(q) || q.GetNowUnixNano() != 5e9 {
+			t.Errorf("%s reads %v", task.name, q)
+		}
+		if env := task.command(5e9, &shardv1.QueryResult{}); env != nil {
+			t.Errorf("%s proposes %v with no candidates", task.name, env)
+		}
+		if env := task.command(5e9, w.some); env == nil || !w.command(env) {
+			t.Errorf("%s proposes %v for its candidates", task.name, env)
+		}
+	}
+	if lag := testutil.ToFloat64(metrics.reclaimLag); lag != 4 {
+		t.Errorf("reclaim lag %v s, want 4 (now 5 s, the oldest expired at 1 s)", lag)
 	}
 }

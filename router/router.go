@@ -491,8 +491,8 @@ func leaderView(t leaderTerm, id, term uint64, valid bool, err error) (leads, dr
 }
 
 // leaderTick confirms a new term with a linearizable read, or, once
-// confirmed, proposes one batch each of expirations, timed-out waiters and
-// forgotten dedup entries.
+// confirmed, proposes the expirations due, a new epoch when revisions run
+// low, and one batch of each of leaderTasks.
 func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID)
 	if leads, drop := leaderView(t, id, term, valid, err); !leads {
@@ -550,51 +550,83 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	if err := r.renewEpoch(ctx, n, t, meta); err != nil {
 		return err
 	}
-	q, err := r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: t.now(), Query: &shardv1.Query_TimedOut{TimedOut: scan}})
-	if err != nil {
-		return err
-	}
-	if d := q.GetDrop(); len(d.GetItems()) > 0 {
-		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_DropWaiters{DropWaiters: d}}); err != nil {
-			return fmt.Errorf("drop waiters: %w", err)
+	for _, task := range leaderTasks {
+		now := t.now()
+		q, err := r.localRead(n, t.shardID, task.query(now, scan))
+		if err != nil {
+			return err
 		}
-	}
-	q, err = r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: t.now(), Query: &shardv1.Query_Forgettable{Forgettable: scan}})
-	if err != nil {
-		return err
-	}
-	if f := q.GetForget(); len(f.GetDedup())+len(f.GetIdleLocks())+len(f.GetReservations()) > 0 {
-		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_Forget{Forget: f}}); err != nil {
-			return fmt.Errorf("forget: %w", err)
+		env := task.command(now, q)
+		if env == nil {
+			continue // nothing to do
 		}
-	}
-	// The quota reclaimer: record the expiry of reservations past their
-	// ttl (their capacity is free already; this frees the records).
-	now := t.now()
-	q, err = r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: now, Query: &shardv1.Query_Reclaimable{Reclaimable: scan}})
-	if err != nil {
-		return err
-	}
-	rc := q.GetReclaim()
-	metrics.reclaimLag.Set(0)
-	if len(rc.GetItems()) > 0 {
-		metrics.reclaimLag.Set(time.Duration(now - rc.GetItems()[0].GetExpiresAtUnixNano()).Seconds())
-		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_Reclaim{Reclaim: rc}}); err != nil {
-			return fmt.Errorf("reclaim: %w", err)
-		}
-	}
-	// Ledger retention: fold events older than the shard's retention into
-	// per-key checkpoints.
-	q, err = r.localRead(n, t.shardID, &shardv1.Query{NowUnixNano: t.now(), Query: &shardv1.Query_Compactable{Compactable: scan}})
-	if err != nil {
-		return err
-	}
-	if c := q.GetCompact(); len(c.GetItems()) > 0 {
-		if _, err := r.proposeOn(ctx, n, t, t.shardID, &shardv1.Envelope{Generation: r.Map().Generation(), Command: &shardv1.Envelope_CompactLedger{CompactLedger: c}}); err != nil {
-			return fmt.Errorf("compact ledger: %w", err)
+		env.Generation = r.Map().Generation()
+		if _, err := r.proposeOn(ctx, n, t, t.shardID, env); err != nil {
+			return fmt.Errorf("%s: %w", task.name, err)
 		}
 	}
 	return nil
+}
+
+// leaderTask is one of the passes a leader timer makes after expiry: a
+// local read of the candidates as of now, and the command that acts on
+// them (nil when there are none), which apply re-checks.
+type leaderTask struct {
+	name    string
+	query   func(now int64, scan *shardv1.ScanQuery) *shardv1.Query
+	command func(now int64, q *shardv1.QueryResult) *shardv1.Envelope
+}
+
+// leaderTasks are the passes after expiry, in order: waiters past their
+// wait, dedup entries and idle locks past the dedup window (and ended
+// reservations), the quota reclaimer (reservations past their ttl: their
+// capacity is free already; this frees the records), and ledger
+// retention (events older than the retention fold into per-key
+// checkpoints).
+var leaderTasks = []leaderTask{
+	{"drop waiters",
+		func(now int64, scan *shardv1.ScanQuery) *shardv1.Query {
+			return &shardv1.Query{NowUnixNano: now, Query: &shardv1.Query_TimedOut{TimedOut: scan}}
+		},
+		func(_ int64, q *shardv1.QueryResult) *shardv1.Envelope {
+			if d := q.GetDrop(); len(d.GetItems()) > 0 {
+				return &shardv1.Envelope{Command: &shardv1.Envelope_DropWaiters{DropWaiters: d}}
+			}
+			return nil
+		}},
+	{"forget",
+		func(now int64, scan *shardv1.ScanQuery) *shardv1.Query {
+			return &shardv1.Query{NowUnixNano: now, Query: &shardv1.Query_Forgettable{Forgettable: scan}}
+		},
+		func(_ int64, q *shardv1.QueryResult) *shardv1.Envelope {
+			if f := q.GetForget(); len(f.GetDedup())+len(f.GetIdleLocks())+len(f.GetReservations()) > 0 {
+				return &shardv1.Envelope{Command: &shardv1.Envelope_Forget{Forget: f}}
+			}
+			return nil
+		}},
+	{"reclaim",
+		func(now int64, scan *shardv1.ScanQuery) *shardv1.Query {
+			return &shardv1.Query{NowUnixNano: now, Query: &shardv1.Query_Reclaimable{Reclaimable: scan}}
+		},
+		func(now int64, q *shardv1.QueryResult) *shardv1.Envelope {
+			rc := q.GetReclaim()
+			if len(rc.GetItems()) == 0 {
+				metrics.reclaimLag.Set(0)
+				return nil
+			}
+			metrics.reclaimLag.Set(time.Duration(now - rc.GetItems()[0].GetExpiresAtUnixNano()).Seconds())
+			return &shardv1.Envelope{Command: &shardv1.Envelope_Reclaim{Reclaim: rc}}
+		}},
+	{"compact ledger",
+		func(now int64, scan *shardv1.ScanQuery) *shardv1.Query {
+			return &shardv1.Query{NowUnixNano: now, Query: &shardv1.Query_Compactable{Compactable: scan}}
+		},
+		func(_ int64, q *shardv1.QueryResult) *shardv1.Envelope {
+			if c := q.GetCompact(); len(c.GetItems()) > 0 {
+				return &shardv1.Envelope{Command: &shardv1.Envelope_CompactLedger{CompactLedger: c}}
+			}
+			return nil
+		}},
 }
 
 // renewEpoch gives the shard term t leads a new epoch from the placement
