@@ -121,7 +121,7 @@ type Client struct {
 	mu struct {
 		sync.Mutex
 		closed bool
-		leases map[*Lease]struct{} // held: locked and Done not closed
+		leases map[*Lease]struct{} // the server may hold them: not lost, not released
 	}
 }
 
@@ -159,12 +159,16 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Close releases every lease of this client that is still held (as
-// Unlock does: each Done closes with ErrUnlocked, and releases retry
-// while the service is unavailable, until ctx ends), then closes the idle
-// connections of the HTTP transport New made. Lock fails with ErrClosed
-// afterwards; other calls still work. It returns the releases' errors,
-// joined; a lease whose release failed still ends at its TTL.
+// Close releases every lease of this client that the server may still
+// hold: those held, those whose renewals became uncertain, and those
+// whose release failed before (as Unlock does: each Done closes with
+// ErrUnlocked, and releases retry while the service is unavailable, until
+// ctx ends), then closes the idle connections of the HTTP transport New
+// made. Lock fails with ErrClosed afterwards; other calls still work. It
+// returns the releases' errors, joined; a lease whose release failed
+// still ends at its TTL, and a later Close tries again. A Lock call in
+// flight when Close begins may still be granted: it then releases that
+// lease itself and answers ErrClosed.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	c.mu.closed = true

@@ -120,3 +120,95 @@ func TestCloseReleasesHeldLeases(t *testing.T) {
 		t.Fatal("Lock after Close acquired")
 	}
 }
+
+// A lease whose renewals became uncertain may still be held on the
+// server: Close releases it too.
+func TestCloseReleasesAnUncertainLease(t *testing.T) {
+	f, url := newFakeLocks(t) // it renews nothing: renewals fail at once
+	c, err := client.New(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := c.Lock(ctx, "u", client.LockOptions{TTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-l.Done()
+	if !errors.Is(l.Err(), client.ErrLeaseUncertain) || !f.holds("u") {
+		t.Fatalf("premise: an uncertain lease the server still holds; got %v, held %v", l.Err(), f.holds("u"))
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if f.holds("u") {
+		t.Fatal("Close left the uncertain lease held on the server")
+	}
+}
+
+// An Unlock whose release could not be sent (its ctx had ended) leaves
+// the lease to a later Unlock, which releases it; after that, Unlock and
+// Close release nothing twice.
+func TestUnlockRetriesAFailedRelease(t *testing.T) {
+	f, url := newFakeLocks(t)
+	c, err := client.New(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Lock(context.Background(), "x", client.LockOptions{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.Unlock(done); err == nil || !f.holds("x") {
+		t.Fatalf("premise: an Unlock with an ended ctx fails and the lease stays held; got %v, held %v", err, f.holds("x"))
+	}
+	if err := l.Unlock(context.Background()); err != nil || f.holds("x") {
+		t.Fatalf("the second Unlock: %v, held %v; want released", err, f.holds("x"))
+	}
+	if err := l.Unlock(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for id, n := range f.released {
+		if n != 1 {
+			t.Fatalf("%s released %d times", id, n)
+		}
+	}
+}
+
+// Lock calls racing Close: each either returns a lease that Close then
+// releases, or ErrClosed (releasing what it was granted); nothing stays
+// held, and the race detector sees no unsynchronised access.
+func TestLockRacingClose(t *testing.T) {
+	for round := range 10 {
+		f, url := newFakeLocks(t)
+		c, err := client.New(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Go(func() {
+				_, err := c.Lock(context.Background(), fmt.Sprintf("r%d", i), client.LockOptions{TTL: time.Minute})
+				if err != nil && !errors.Is(err, client.ErrClosed) {
+					t.Errorf("Lock: %v", err)
+				}
+			})
+		}
+		time.Sleep(time.Duration(round) * 200 * time.Microsecond) // real time: let some Locks through first
+		if err := c.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		f.mu.Lock()
+		held := len(f.held)
+		f.mu.Unlock()
+		if held != 0 {
+			t.Fatalf("round %d: %d leases held after Close and every Lock returned", round, held)
+		}
+	}
+}

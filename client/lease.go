@@ -82,6 +82,7 @@ type Lease struct {
 		expiresAt time.Time // the server's, from the last answer
 		deadline  time.Time // local: monotonic send time of the last success + TTL
 		err       error     // why Done closed
+		released  bool      // a release succeeded: Unlock has nothing left to do
 	}
 }
 
@@ -184,11 +185,14 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 			return nil, fmt.Errorf("warden: renewing %s right after a long wait: %w", resource, err)
 		}
 	}
+	// The renew loop is counted before Close can see the lease: Close's
+	// Unlock waits for it.
+	l.wg.Add(1)
 	if !c.hold(l) { // Close ran meanwhile: it cannot have seen this lease
+		l.wg.Done()
 		_ = l.Unlock(ctx)
 		return nil, ErrClosed
 	}
-	l.wg.Add(1)
 	go l.keepAlive()
 	return l, nil
 }
@@ -310,29 +314,46 @@ func (l *Lease) close(err error) {
 	}
 	l.mu.err = err
 	close(l.done)
-	l.c.forget(l)
+	if errors.Is(err, ErrLeaseLost) {
+		// The server holds it no more: nothing for Close to release. An
+		// uncertain lease may still be held; Unlock forgets a lease once
+		// its release succeeded.
+		l.c.forget(l)
+	}
 }
 
 // Unlock stops renewing and releases the lease, retrying while the
 // service is unavailable, until ctx ends. Done closes with ErrUnlocked (if
 // it was not closed before). A lease the server no longer holds is not an
-// error: there is nothing to release.
+// error: there is nothing to release. When the release fails (ctx ended
+// first), a later Unlock, or Client.Close, tries it again; once one
+// succeeded, Unlock returns nil at once.
 func (l *Lease) Unlock(ctx context.Context) error {
 	l.mu.Lock()
+	if l.mu.released {
+		l.mu.Unlock()
+		return nil
+	}
 	select {
 	case <-l.stop:
-		l.mu.Unlock()
-		return nil // already unlocked
 	default:
 		close(l.stop)
 	}
 	l.mu.Unlock()
 	l.wg.Wait()
 	l.close(ErrUnlocked)
-	return l.c.retry(ctx, func(ctx context.Context, i int) error {
+	err := l.c.retry(ctx, func(ctx context.Context, i int) error {
 		_, err := l.c.batchers[i].Release(ctx, &wardenv1.ReleaseRequest{Resource: l.resource, LeaseId: l.leaseID})
 		return err
 	})
+	if err != nil {
+		return err // a later Unlock (or Close) tries again
+	}
+	l.mu.Lock()
+	l.mu.released = true
+	l.mu.Unlock()
+	l.c.forget(l)
+	return nil
 }
 
 // LockAll locks every resource, in sorted order and each once, under ctx
