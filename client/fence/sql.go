@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -62,14 +63,24 @@ func (s *SQL) Check(ctx context.Context, tx Execer, resource string, token uint6
 	if err != nil {
 		return fmt.Errorf("fence: checking %s: %w", resource, err)
 	}
-	if n, err := res.RowsAffected(); err != nil {
+	switch n, err := res.RowsAffected(); {
+	case err != nil:
 		return fmt.Errorf("fence: checking %s: %w", resource, err)
-	} else if n == 1 {
+	case n == 1:
 		return nil
+	case n != 0:
+		return fmt.Errorf("fence: checking %s: the upsert changed %d rows (is %s's resource its primary key?)", resource, n, s.table)
 	}
+	// Refused: read the highest token for the error. Only a refusal is a
+	// StaleTokenError; a failed read is the database's error, never "your
+	// lease has ended".
 	var highest int64
-	if err := tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT fence_token FROM %s WHERE resource = $1`, s.table), resource).Scan(&highest); err != nil {
+	err = tx.QueryRowContext(ctx, fmt.Sprintf(`SELECT fence_token FROM %s WHERE resource = $1`, s.table), resource).Scan(&highest)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
 		return reject("sql", resource, token, 0)
+	case err != nil:
+		return fmt.Errorf("fence: checking %s: %w", resource, err)
 	}
 	return reject("sql", resource, token, uint64(highest))
 }
