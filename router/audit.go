@@ -85,7 +85,7 @@ func (r *Router) audit(ctx context.Context, peer connect.Peer, e auditEntry, err
 		attrs = append(attrs, slog.String("holder", e.holder))
 	}
 	if err != nil {
-		attrs = append(attrs, slog.String("code", connect.CodeOf(toConnect(err)).String()))
+		attrs = append(attrs, slog.String("code", classify(err).code.String()))
 	}
 	r.cfg.Audit.LogAttrs(ctx, slog.LevelInfo, "audit", attrs...)
 }

@@ -232,3 +232,57 @@ func TestForwardedCallIsRecordedWhereServed(t *testing.T) {
 		t.Fatalf("the forwarding node counted %v renewals and audited %q; the serving node records them", got, audit.String())
 	}
 }
+
+// A forwarded call that no node answered is recorded where it came in
+// (no node served it), once, and the client's Unavailable names no
+// address or other server's text; the log keeps them.
+func TestUnansweredForwardIsRecordedHere(t *testing.T) {
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "400 Bad Request", http.StatusBadRequest)
+	}))
+	defer plain.Close()
+	addr := strings.TrimPrefix(plain.URL, "http://")
+	m := placement.NewMap(&placementv1.State{
+		Nodes:  []*placementv1.Node{{Id: 2, ListenAddr: addr}},
+		Ranges: []*shardv1.RangeDescriptor{{ShardId: 1}},
+		Shards: []*placementv1.Shard{{Id: 1, Replicas: []*placementv1.Replica{{ReplicaId: 1, NodeId: 2}}}},
+	})
+	var audit, logs bytes.Buffer
+	r := New(nil, nil, m, nil, Config{LeaderWait: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Audit: slog.New(slog.NewJSONHandler(&audit, nil))})
+	r.peers.client = http.DefaultClient
+	here := httptest.NewServer(NewHandler(r))
+	defer here.Close()
+	counted := func() float64 { return testutil.ToFloat64(metrics.rpcOutcomes.WithLabelValues("Renew", "unavailable")) }
+	before := counted()
+	_, err := wardenv1connect.NewLockServiceClient(http.DefaultClient, here.URL).Renew(context.Background(),
+		connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "00"}))
+	if connect.CodeOf(err) != connect.CodeUnavailable || strings.Contains(err.Error(), addr) || strings.Contains(err.Error(), "400") {
+		t.Fatalf("client got %v: want unavailable, naming neither %s nor the other server's answer", err, addr)
+	}
+	if got := counted() - before; got != 1 || strings.Count(audit.String(), `"method":"Renew"`) != 1 {
+		t.Fatalf("counted %v, audited %q: want the call recorded here once", got, audit.String())
+	}
+	if !strings.Contains(logs.String(), addr) {
+		t.Fatalf("the log does not name the node's address: %s", logs.String())
+	}
+}
+
+// An internal error is logged once, under the id the client is told.
+func TestInternalErrorLoggedOnce(t *testing.T) {
+	var logs bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	defer slog.SetDefault(old)
+	r := New(nil, nil, placement.NewMap(&placementv1.State{}), nil, Config{Audit: slog.New(slog.DiscardHandler)})
+	next := connect.UnaryFunc(func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) {
+		return nil, errors.New("pebble: disk on fire")
+	})
+	_, err := observer{r}.WrapUnary(next)(context.Background(), connect.NewRequest(&wardenv1.AcquireRequest{Resource: "r"}))
+	if connect.CodeOf(err) != connect.CodeInternal || strings.Contains(err.Error(), "disk") {
+		t.Fatalf("client got %v: want internal with an id only", err)
+	}
+	if n := strings.Count(logs.String(), "internal error"); n != 1 {
+		t.Fatalf("logged %d times:\n%s", n, logs.String())
+	}
+}

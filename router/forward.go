@@ -36,8 +36,17 @@ const (
 func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request[Req], key string,
 	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
 	defer func() {
-		if ok {
-			markForwarded(ctx) // the node that served it recorded it
+		var ce *connect.Error
+		switch {
+		case !ok:
+		case err == nil || errors.As(err, &ce) && connect.IsWireError(ce):
+			markForwarded(ctx) // a node served it and recorded it
+		case ctx.Err() == nil:
+			// No node answered for LeaderWait: recorded here, and the
+			// client is told to retry without the transport's details
+			// (addresses, another server's text), which the log keeps.
+			r.cfg.Logger.Warn("a forwarded call got no answer", "key", key, "err", err)
+			err = connect.NewError(connect.CodeUnavailable, errors.New("the node that leads the key's shard did not answer; retry with the same ids"))
 		}
 	}()
 	hops := hopsOf(req.Header())
@@ -56,7 +65,6 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		addr := rl.node.GetListenAddr()
 		resp, err := call(r.peers.get(addr))(ctx, fr)
 		if notAnswered(ctx, err) {
-			r.cfg.Logger.Warn("a forwarded call got no answer from a Warden node", "node", rl.node.GetId(), "addr", addr, "err", err)
 			err = connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %d at %s: %w", rl.node.GetId(), addr, err))
 		}
 		if !client.Retryable(err) {
