@@ -46,8 +46,10 @@ const metaTimeout = 5 * time.Second
 func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, metaTimeout)
 	defer cancel()
-	cmd = proto.CloneOf(cmd)
-	cmd.Version = MetaVersionOf(cmd)
+	cmd, err := stampVersion(cmd)
+	if err != nil {
+		return nil, err
+	}
 	if cmd.Version > 1 {
 		st, err := m.Read(ctx)
 		if err != nil {

@@ -52,6 +52,26 @@ func MetaVersionOf(cmd *placementv1.Command) uint32 {
 // some placement replica's node applies (it is not proposed yet).
 var ErrMetaVersion = errors.New("placement: command version not applied by every replica")
 
+// stampVersion returns a copy of cmd carrying the version it needs: the
+// higher of the version it carries (a command passed on from a newer
+// node, whose kind this binary may not know) and MetaVersionOf's. A
+// command of no kind this binary knows but with fields it does not know
+// is a newer binary's, whose version it cannot tell: ErrMetaVersion.
+func stampVersion(cmd *placementv1.Command) (*placementv1.Command, error) {
+	if newerKind(cmd) {
+		return nil, fmt.Errorf("%w: a command of a kind this binary does not know", ErrMetaVersion)
+	}
+	out := proto.CloneOf(cmd)
+	out.Version = max(out.GetVersion(), MetaVersionOf(out))
+	return out, nil
+}
+
+// newerKind reports whether cmd's kind is unknown to this binary but
+// present (its field is among the unknown ones): a newer binary's.
+func newerKind(cmd *placementv1.Command) bool {
+	return cmd.GetCommand() == nil && len(cmd.ProtoReflect().GetUnknown()) > 0
+}
+
 // metaApplies reports whether every node of st registered a binary that
 // applies version v (a node that registered none applies version 1).
 // Every node, not only the placement group's replicas, which the state
@@ -441,11 +461,11 @@ func (m *metaSM) Update(e sm.Entry) (sm.Result, error) {
 	var res *placementv1.Result
 	if err := proto.Unmarshal(e.Cmd, cmd); err != nil {
 		res = &placementv1.Result{Error: "malformed command: " + err.Error()}
-	} else if cmd.GetVersion() > MetaCommandVersion {
+	} else if cmd.GetVersion() > MetaCommandVersion || newerKind(cmd) {
 		// A newer replica applies it; refusing it here would diverge.
 		// Stopping keeps this replica's state as it was: an upgraded
 		// binary applies the entry on restart.
-		return sm.Result{}, fmt.Errorf("%w: entry %d needs version %d, this binary applies up to %d",
+		return sm.Result{}, fmt.Errorf("%w: entry %d needs version %d (or a kind this binary does not know), this binary applies up to %d",
 			ErrMetaVersion, e.Index, cmd.GetVersion(), MetaCommandVersion)
 	} else {
 		m.st, res = ApplyMeta(m.st, cmd)

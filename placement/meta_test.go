@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"pgregory.net/rapid"
 
@@ -235,4 +236,37 @@ func FuzzMetaUpdate(f *testing.F) {
 			t.Fatalf("Update: %v", err)
 		}
 	})
+}
+
+// A node passing on a command from a newer one keeps the version it
+// carries, never lowers it; a command of a kind this binary does not
+// know (its field unknown here) is neither proposed nor applied: the
+// proposer refuses it and a replica stops on it, where refusing it as
+// "unknown" while newer replicas apply it would diverge.
+func TestCommandsOfANewerBinary(t *testing.T) {
+	move := &placementv1.Command{Version: 2, Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{}}}
+	if got, err := stampVersion(move); err != nil || got.GetVersion() != 2 {
+		t.Fatalf("a version-2 command stamped %v, %v: want 2 kept", got.GetVersion(), err)
+	}
+	if got, _ := stampVersion(&placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{}}}); got.GetVersion() != 1 {
+		t.Fatalf("stamped %d, want 1", got.GetVersion())
+	}
+	b, _ := proto.Marshal(&placementv1.Command{Version: 1})
+	b = protowire.AppendTag(b, 99, protowire.BytesType) // a future command kind
+	b = protowire.AppendBytes(b, []byte{8, 1})
+	newer := &placementv1.Command{}
+	if err := proto.Unmarshal(b, newer); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stampVersion(newer); !errors.Is(err, ErrMetaVersion) {
+		t.Fatalf("proposing a kind this binary does not know: %v, want ErrMetaVersion", err)
+	}
+	m := NewMetaStateMachine(MetaShardID, 1)
+	if _, err := m.Update(sm.Entry{Index: 1, Cmd: b}); !errors.Is(err, ErrMetaVersion) {
+		t.Fatalf("applying it: %v, want the replica to stop (ErrMetaVersion)", err)
+	}
+	empty, _ := proto.Marshal(&placementv1.Command{})
+	if res, err := m.Update(sm.Entry{Index: 1, Cmd: empty}); err != nil || res.Data == nil {
+		t.Fatalf("an empty command is refused as before, not a stop: %v", err)
+	}
 }
