@@ -35,6 +35,7 @@ const (
 // safe: every RPC is idempotent under its request id or lease id.
 func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request[Req], key string,
 	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
+	var asked string // the address of the node asked last
 	defer func() {
 		var ce *connect.Error
 		switch {
@@ -45,7 +46,7 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 			// No node answered for LeaderWait: recorded here, and the
 			// client is told to retry without the transport's details
 			// (addresses, another server's text), which the log keeps.
-			r.cfg.Logger.Warn("a forwarded call got no answer", "key", key, "err", err)
+			r.cfg.Logger.Warn("a forwarded call got no answer", "key", key, "addr", asked, "err", err)
 			err = connect.NewError(connect.CodeUnavailable, errors.New("the node that leads the key's shard did not answer; retry with the same ids"))
 		}
 	}()
@@ -62,12 +63,9 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		fr := connect.NewRequest(req.Msg)
 		fr.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
 		metrics.forwards.Inc()
-		addr := rl.node.GetListenAddr()
-		resp, err := call(r.peers.get(addr))(ctx, fr)
-		if notAnswered(ctx, err) {
-			err = connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %d at %s: %w", rl.node.GetId(), addr, err))
-		}
-		if !client.Retryable(err) {
+		asked = rl.node.GetListenAddr()
+		resp, err := call(r.peers.get(asked))(ctx, fr)
+		if !client.Retryable(err) && !notAnswered(ctx, err) {
 			return resp, true, err
 		}
 		if failing.IsZero() {
@@ -89,8 +87,9 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 // not Connect's (an HTTP 400 of something else that now listens on the
 // node's address, a proxy in between, a reply past the size limit). The
 // call's outcome is unknown, as after a broken connection; a retry with
-// the same ids settles it, so forward treats it as Unavailable rather
-// than pass a code the client would take as the node's word.
+// the same ids settles it, so forward retries it and, when no node
+// answers, tells the client Unavailable rather than pass a code the
+// client would take as the node's word.
 func notAnswered(ctx context.Context, err error) bool {
 	var ce *connect.Error
 	return errors.As(err, &ce) && !connect.IsWireError(ce) && ctx.Err() == nil &&
