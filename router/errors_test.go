@@ -125,10 +125,7 @@ func TestInternalErrorSendsOnlyAnID(t *testing.T) {
 // word: its outcome is unknown, as after a broken connection, and it is
 // retried. The node's own errors, and the caller's deadline, are kept.
 func TestNotAnsweredByAWardenNode(t *testing.T) {
-	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "400 Bad Request", http.StatusBadRequest)
-	}))
-	defer plain.Close()
+	plain := plain400(t, nil)
 	warden := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusPreconditionFailed)
@@ -161,22 +158,8 @@ func TestNotAnsweredByAWardenNode(t *testing.T) {
 // the same ids), never the Internal that a plain HTTP 400 maps to.
 func TestForwardRetriesWhatNoNodeAnswered(t *testing.T) {
 	var calls atomic.Int32
-	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		calls.Add(1)
-		http.Error(w, "400 Bad Request", http.StatusBadRequest)
-	}))
-	defer plain.Close()
-	addr := strings.TrimPrefix(plain.URL, "http://")
-	// No local replica: the shard is led from node 2, whose address is
-	// now the plain server's. (h2c to an HTTP/1 server fails otherwise:
-	// the peers' transport is swapped for plain HTTP/1.1.)
-	m := placement.NewMap(&placementv1.State{
-		Nodes:  []*placementv1.Node{{Id: 2, ListenAddr: addr}},
-		Ranges: []*shardv1.RangeDescriptor{{ShardId: 1}},
-		Shards: []*placementv1.Shard{{Id: 1, Replicas: []*placementv1.Replica{{ReplicaId: 1, NodeId: 2}}}},
-	})
-	r := New(nil, nil, m, nil, Config{LeaderWait: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	r.peers.client = http.DefaultClient
+	plain := plain400(t, &calls)
+	r := ledFrom(plain.URL, Config{LeaderWait: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	req := connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "x"})
 	_, ok, err := forward(context.Background(), r, req, "orders/42", func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
 		return p.locks.Renew
@@ -187,6 +170,34 @@ func TestForwardRetriesWhatNoNodeAnswered(t *testing.T) {
 	if n := calls.Load(); n < 2 {
 		t.Fatalf("the plain server saw %d calls, want retries", n)
 	}
+}
+
+// plain400 is a server that answers every request with Go's plain-text
+// HTTP 400, as something other than a Warden node on a node's address
+// would; it counts the requests in calls, if given.
+func plain400(t *testing.T, calls *atomic.Int32) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if calls != nil {
+			calls.Add(1)
+		}
+		http.Error(w, "400 Bad Request", http.StatusBadRequest)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// ledFrom is a Router with no local replica whose one shard, the whole
+// key space, is led from node 2 at url. The peers speak HTTP/1.1, as the
+// httptest servers do (h2c to an HTTP/1 server fails otherwise).
+func ledFrom(url string, cfg Config) *Router {
+	m := placement.NewMap(&placementv1.State{
+		Nodes:  []*placementv1.Node{{Id: 2, ListenAddr: strings.TrimPrefix(url, "http://")}},
+		Ranges: []*shardv1.RangeDescriptor{{ShardId: 1}},
+		Shards: []*placementv1.Shard{{Id: 1, Replicas: []*placementv1.Replica{{ReplicaId: 1, NodeId: 2}}}},
+	})
+	r := New(nil, nil, m, nil, cfg)
+	r.peers.client = http.DefaultClient
+	return r
 }
 
 // renewAnswerer is a node's LockService that renews every lease.
@@ -207,14 +218,8 @@ func TestForwardedCallIsRecordedWhereServed(t *testing.T) {
 	_, h := wardenv1connect.NewLockServiceHandler(leader)
 	remote := httptest.NewServer(h)
 	defer remote.Close()
-	m := placement.NewMap(&placementv1.State{
-		Nodes:  []*placementv1.Node{{Id: 2, ListenAddr: strings.TrimPrefix(remote.URL, "http://")}},
-		Ranges: []*shardv1.RangeDescriptor{{ShardId: 1}},
-		Shards: []*placementv1.Shard{{Id: 1, Replicas: []*placementv1.Replica{{ReplicaId: 1, NodeId: 2}}}},
-	})
 	var audit bytes.Buffer
-	r := New(nil, nil, m, nil, Config{Logger: slog.New(slog.DiscardHandler), Audit: slog.New(slog.NewJSONHandler(&audit, nil))})
-	r.peers.client = http.DefaultClient // the fake node speaks HTTP/1.1
+	r := ledFrom(remote.URL, Config{Logger: slog.New(slog.DiscardHandler), Audit: slog.New(slog.NewJSONHandler(&audit, nil))})
 	here := httptest.NewServer(NewHandler(r))
 	defer here.Close()
 	counted := func() float64 {
@@ -237,20 +242,11 @@ func TestForwardedCallIsRecordedWhereServed(t *testing.T) {
 // (no node served it), once, and the client's Unavailable names no
 // address or other server's text; the log keeps them.
 func TestUnansweredForwardIsRecordedHere(t *testing.T) {
-	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "400 Bad Request", http.StatusBadRequest)
-	}))
-	defer plain.Close()
+	plain := plain400(t, nil)
 	addr := strings.TrimPrefix(plain.URL, "http://")
-	m := placement.NewMap(&placementv1.State{
-		Nodes:  []*placementv1.Node{{Id: 2, ListenAddr: addr}},
-		Ranges: []*shardv1.RangeDescriptor{{ShardId: 1}},
-		Shards: []*placementv1.Shard{{Id: 1, Replicas: []*placementv1.Replica{{ReplicaId: 1, NodeId: 2}}}},
-	})
 	var audit, logs bytes.Buffer
-	r := New(nil, nil, m, nil, Config{LeaderWait: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	r := ledFrom(plain.URL, Config{LeaderWait: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Audit: slog.New(slog.NewJSONHandler(&audit, nil))})
-	r.peers.client = http.DefaultClient
 	here := httptest.NewServer(NewHandler(r))
 	defer here.Close()
 	counted := func() float64 { return testutil.ToFloat64(metrics.rpcOutcomes.WithLabelValues("Renew", "unavailable")) }
