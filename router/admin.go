@@ -237,7 +237,7 @@ func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequ
 // knows it, or 0.
 func (r *Router) leaderNode(shardID uint64) uint64 {
 	for i := range r.nodes {
-		id, _, valid, err := r.nodes[i].Node.NH.GetLeaderID(shardID)
+		id, _, valid, err := r.nodes[i].leaderOf(shardID)
 		if err == nil && valid && id != 0 {
 			return r.Map().ReplicaNode(shardID, id).GetId()
 		}

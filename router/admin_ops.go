@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/lni/dragonboat/v4"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/placement"
@@ -22,7 +21,7 @@ import (
 func (r *Router) localReplica(shardID uint64) (*LocalNode, uint64) {
 	for _, rep := range r.Map().Shard(shardID).GetReplicas() {
 		for i := range r.nodes {
-			if r.nodes[i].Node.ID() == rep.GetNodeId() {
+			if r.nodes[i].id == rep.GetNodeId() {
 				return &r.nodes[i], rep.GetReplicaId()
 			}
 		}
@@ -101,7 +100,7 @@ func (s *AdminServer) transferLeader(ctx context.Context, req *connect.Request[w
 		if s.r.leaderNode(sh.GetId()) == m.GetNodeId() {
 			return connect.NewResponse(&wardenv1.TransferLeaderResponse{LeaderNodeId: m.GetNodeId()}), nil
 		}
-		if err := n.Node.NH.RequestLeaderTransfer(sh.GetId(), target); err != nil && !errors.Is(err, dragonboat.ErrShardNotReady) {
+		if err := n.raft.transferLeader(sh.GetId(), target); err != nil && !errors.Is(err, errDropped) {
 			return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
 		}
 		if time.Now().After(deadline) {
@@ -159,16 +158,13 @@ func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv
 func (r *Router) snapshotLocal(ctx context.Context, shardID, nodeID uint64) *wardenv1.ReplicaSnapshot {
 	out := &wardenv1.ReplicaSnapshot{ShardId: shardID, NodeId: nodeID}
 	for i := range r.nodes {
-		if r.nodes[i].Node.ID() != nodeID {
+		if r.nodes[i].id != nodeID {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		idx, err := r.nodes[i].Node.NH.SyncRequestSnapshot(sctx, shardID, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
+		idx, err := r.nodes[i].raft.snapshot(sctx, shardID)
 		cancel()
-		switch {
-		case errors.Is(err, dragonboat.ErrRejected):
-			out.Error = "nothing to snapshot: no entries applied since the replica's last snapshot"
-		case err != nil:
+		if err != nil {
 			out.Error = err.Error()
 		}
 		out.Index = idx

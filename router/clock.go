@@ -329,8 +329,8 @@ func (r *Router) handLeadershipAway() {
 				continue
 			}
 			for _, rep := range m.Shard(t.shardID).GetReplicas() {
-				if rep.GetNodeId() != n.Node.ID() {
-					_ = n.Node.NH.RequestLeaderTransfer(t.shardID, rep.GetReplicaId())
+				if rep.GetNodeId() != n.id {
+					_ = n.raft.transferLeader(t.shardID, rep.GetReplicaId())
 					break
 				}
 			}

@@ -315,7 +315,7 @@ func (c *Cluster) closeNodes() {
 // local replicas know it, or nil.
 func (r *Router) metaLeader() *placementv1.Node {
 	for i := range r.nodes {
-		id, _, valid, err := r.nodes[i].Node.NH.GetLeaderID(placement.MetaShardID)
+		id, _, valid, err := r.nodes[i].leaderOf(placement.MetaShardID)
 		if err == nil && valid && id != 0 {
 			return r.Map().Node(id) // meta replica id = node id
 		}

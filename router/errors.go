@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/lni/dragonboat/v4"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -178,27 +177,6 @@ func internalError(err error) error {
 	id := hex.EncodeToString(b)
 	slog.Error("internal error", "error_id", id, "err", err)
 	return connect.NewError(connect.CodeInternal, fmt.Errorf("internal error %s: the node's log has its details", id))
-}
-
-// proposeError classifies an error of SyncPropose or SyncRead.
-func proposeError(err error) error {
-	switch {
-	case errors.Is(err, dragonboat.ErrTimeoutTooSmall), errors.Is(err, dragonboat.ErrInvalidDeadline):
-		// Not proposed: the caller's deadline left no time to try, or had
-		// passed already (by the clock, before the context's timer fired
-		// and set its Err).
-		return fmt.Errorf("%w: %v", context.DeadlineExceeded, err)
-	case errors.Is(err, dragonboat.ErrShardNotReady), errors.Is(err, dragonboat.ErrSystemBusy),
-		errors.Is(err, dragonboat.ErrShardNotFound), errors.Is(err, dragonboat.ErrClosed),
-		errors.Is(err, dragonboat.ErrRejected):
-		// Not proposed, or refused before commit.
-		return fmt.Errorf("%w (%w): %v", ErrNoLeader, errDropped, err)
-	case errors.Is(err, context.Canceled):
-		return err
-	}
-	// Timeouts, aborts, dropped proposals, closed shards: it may have
-	// committed.
-	return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
 }
 
 func withDetail(e *connect.Error, m proto.Message) *connect.Error {

@@ -3,8 +3,6 @@ package router
 import (
 	"sync"
 	"time"
-
-	"github.com/lni/dragonboat/v4/raftio"
 )
 
 // Leadership follows which shards one node leads, and keeps each term's
@@ -19,8 +17,17 @@ type Leadership struct {
 	mu     struct {
 		sync.Mutex
 		terms map[uint64]*leaderTerm // by shard id, only while leading
+		// heard is the newest leader (replica id, 0 for none) and term
+		// each local replica has reported, by shard id.
+		heard map[uint64]heardLeader
+		// changed is closed, and replaced, at every report.
+		changed chan struct{}
 	}
 }
+
+// heardLeader is a leader report: replica leader (0: none known) leads
+// in term.
+type heardLeader struct{ leader, term uint64 }
 
 // leaderTerm is one term of leadership of one shard.
 type leaderTerm struct {
@@ -50,24 +57,52 @@ func (t *leaderTerm) now() int64 {
 func NewLeadership() *Leadership {
 	l := &Leadership{}
 	l.mu.terms = map[uint64]*leaderTerm{}
+	l.mu.heard = map[uint64]heardLeader{}
+	l.mu.changed = make(chan struct{})
 	return l
 }
 
-// LeaderUpdated implements raftio.IRaftEventListener. Dragonboat calls it
-// asynchronously; it must not block.
-func (l *Leadership) LeaderUpdated(info raftio.LeaderInfo) {
+// leaderUpdated records that local replica replicaID of shardID has
+// learned that replica leader (0: none) leads in term, and wakes every
+// waiter on changes. It must not block: the Raft host calls it from its
+// event loop.
+func (l *Leadership) leaderUpdated(shardID, replicaID, leader, term uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	cur := l.mu.terms[info.ShardID]
-	if info.LeaderID != info.ReplicaID || info.LeaderID == 0 {
-		delete(l.mu.terms, info.ShardID)
+	// Dragonboat reports every change of leader or term, in order, a
+	// leader stepping down within its term (CheckQuorum) included, so
+	// the last report is the newest. One of an older term is ignored
+	// (none comes: a replica's term never goes down).
+	if h, ok := l.mu.heard[shardID]; !ok || term >= h.term {
+		l.mu.heard[shardID] = heardLeader{leader: leader, term: term}
+	}
+	close(l.mu.changed)
+	l.mu.changed = make(chan struct{})
+	cur := l.mu.terms[shardID]
+	if leader != replicaID || leader == 0 {
+		delete(l.mu.terms, shardID)
 		return
 	}
-	if cur != nil && cur.term == info.Term {
+	if cur != nil && cur.term == term {
 		return
 	}
-	l.mu.terms[info.ShardID] = &leaderTerm{shardID: info.ShardID, replicaID: info.ReplicaID, term: info.Term, anchor: time.Now(), offset: l.offset}
+	l.mu.terms[shardID] = &leaderTerm{shardID: shardID, replicaID: replicaID, term: term, anchor: time.Now(), offset: l.offset}
 	metrics.leaderChanges.Inc()
+}
+
+// changes returns a channel closed at the next leader report.
+func (l *Leadership) changes() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.changed
+}
+
+// heard returns the newest leader report of shardID.
+func (l *Leadership) heard(shardID uint64) (heardLeader, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	h, ok := l.mu.heard[shardID]
+	return h, ok
 }
 
 // term returns a copy of the current term if this node leads shardID.

@@ -22,31 +22,7 @@ const membershipTimeout = 10 * time.Second
 func membershipLocal(ctx context.Context, n *LocalNode, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
 	defer cancel()
-	nh := n.Node.NH
-	var err error
-	switch change {
-	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE:
-	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING:
-		err = nh.SyncRequestAddNonVoting(ctx, shardID, replica, addr, 0)
-	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING:
-		err = nh.SyncRequestAddReplica(ctx, shardID, replica, addr, 0)
-	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE:
-		err = nh.SyncRequestDeleteReplica(ctx, shardID, replica, 0)
-	default:
-		return nil, fmt.Errorf("change: %v is not a membership change", change)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("shard %d: %v of replica %d: %w", shardID, change, replica, err)
-	}
-	m, err := nh.SyncGetShardMembership(ctx, shardID)
-	if err != nil {
-		return nil, fmt.Errorf("shard %d: membership: %w", shardID, err)
-	}
-	out := &placementv1.MembershipResponse{Voting: m.Nodes, NonVoting: m.NonVotings}
-	for id := range m.Removed {
-		out.Removed = append(out.Removed, id)
-	}
-	return out, nil
+	return n.raft.changeMembership(ctx, shardID, change, replica, addr)
 }
 
 // Membership implements placement.ShardClient: through the shard's
@@ -97,17 +73,17 @@ func (c shardClient) AppliedIndex(ctx context.Context, shardID, nodeID uint64) (
 func (r *Router) appliedIndexLocal(shardID, nodeID uint64) (uint64, error) {
 	for i := range r.nodes {
 		n := &r.nodes[i]
-		if nodeID != 0 && n.Node.ID() != nodeID {
+		if nodeID != 0 && n.id != nodeID {
 			continue
 		}
-		out, err := n.Node.NH.StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
+		out, err := n.raft.staleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
 		if err != nil {
 			if nodeID == 0 {
 				continue
 			}
 			return 0, err
 		}
-		return out.(*shardv1.QueryResult).GetAppliedIndex(), nil
+		return out.GetAppliedIndex(), nil
 	}
 	return 0, fmt.Errorf("no local replica of shard %d", shardID)
 }

@@ -162,9 +162,8 @@ func (r *Router) staleRead(key string, q *shardv1.Query) (*shardv1.QueryResult, 
 		return nil, false
 	}
 	for i := range r.nodes {
-		out, err := r.nodes[i].Node.NH.StaleRead(rg.GetShardId(), q)
-		if err == nil {
-			return out.(*shardv1.QueryResult), true
+		if out, err := r.nodes[i].raft.staleRead(rg.GetShardId(), q); err == nil {
+			return out, true
 		}
 	}
 	return nil, false

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,29 @@ import (
 type LocalNode struct {
 	Node       *placement.Node
 	Leadership *Leadership
+	// id and raft are the node's id and the router's seam to its Raft
+	// host, set by New from Node (the interaction tests set them to a
+	// fake and leave Node nil).
+	id   uint64
+	raft raftHost
+}
+
+// leaderOf is the node's view of shardID's leader (replica id, term,
+// whether known), from the newer of the Raft host's answer and the
+// leader reports Leadership has heard: Dragonboat queues a LeaderUpdated
+// event as soon as Raft learns of a leader, but updates what GetLeaderID
+// reads only when its engine next processes the replica, so either may
+// be ahead of the other for a moment. err, from the host, means the node
+// hosts no running replica of the shard.
+func (n *LocalNode) leaderOf(shardID uint64) (id, term uint64, valid bool, err error) {
+	id, term, valid, err = n.raft.leaderOf(shardID)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if h, ok := n.Leadership.heard(shardID); ok && (h.term > term || h.term == term && !valid && h.leader != 0) {
+		return h.leader, h.term, h.leader != 0, nil
+	}
+	return id, term, valid, nil
 }
 
 // Config tunes a Router. Zero values take the defaults.
@@ -146,6 +170,12 @@ func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *
 // router holds is set here, never patched in afterwards.
 func newRouter(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *WaitRegistry, cfg Config, p *peers) *Router {
 	cfg.setDefaults()
+	nodes = slices.Clone(nodes)
+	for i := range nodes {
+		if n := nodes[i].Node; n != nil {
+			nodes[i].id, nodes[i].raft = n.ID(), dragonboatHost{n.NH}
+		}
+	}
 	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: p, waits: waits, clock: clockWatch{kick: make(chan struct{}, 1)}, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
 	r.maps.Store(m)
 	r.ops = &placement.Operators{Meta: meta, Shards: r.Shards(), Alloc: placement.NewAllocator(meta),
@@ -181,7 +211,7 @@ func (r *Router) RefreshMap(ctx context.Context) error {
 // isLocal reports whether node id runs in this process.
 func (r *Router) isLocal(id uint64) bool {
 	for i := range r.nodes {
-		if r.nodes[i].Node.ID() == id {
+		if r.nodes[i].id == id {
 			return true
 		}
 	}
@@ -223,11 +253,17 @@ func (e *remoteLeader) Error() string {
 func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leaderTerm, error) {
 	start := time.Now()
 	deadline := start.Add(r.cfg.LeaderWait)
+	changes := make([]<-chan struct{}, len(r.nodes))
 	for {
+		// Taken before looking, so that a report made after the look
+		// wakes the wait below.
+		for i := range r.nodes {
+			changes[i] = r.nodes[i].Leadership.changes()
+		}
 		hosted := false
 		for i := range r.nodes {
 			n := &r.nodes[i]
-			id, term, valid, err := n.Node.NH.GetLeaderID(shardID)
+			id, term, valid, err := n.leaderOf(shardID)
 			if err != nil {
 				continue
 			}
@@ -247,7 +283,7 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 				}
 			}
 		}
-		if shardID != placement.MetaShardID && (!hosted || time.Since(start) > r.cfg.LeaderWait/2) {
+		if shardID != placement.MetaShardID && (!hosted || time.Since(start) >= r.cfg.LeaderWait/2) {
 			// No replica here, or none here has learned the leader in half
 			// the leader wait (an election takes 0.2–0.4 s at the default
 			// RTT: a replica a move has just added, still catching up, or
@@ -255,22 +291,66 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 			// node that hosts one (any: each retry may try another).
 			m := r.Map()
 			reps := m.Shard(shardID).GetReplicas()
+			off := rand.IntN(len(reps) + 1) // where to start (+1: IntN(0) panics)
 			for k := range reps {
-				rep := reps[(k+rand.IntN(len(reps)))%len(reps)]
+				rep := reps[(k+off)%len(reps)]
 				if node := m.Node(rep.GetNodeId()); node != nil && !r.isLocal(node.GetId()) {
 					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node}
 				}
 			}
 		}
-		if time.Now().After(deadline) {
+		now := time.Now()
+		if now.After(deadline) {
 			return nil, leaderTerm{}, fmt.Errorf("%w %d", ErrNoLeader, shardID)
 		}
-		select {
-		case <-ctx.Done():
-			return nil, leaderTerm{}, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		wait := min(deadline.Sub(now), leaderBackstop)
+		if half := start.Add(r.cfg.LeaderWait / 2); half.After(now) {
+			wait = min(wait, half.Sub(now))
+		}
+		if err := awaitAny(ctx, changes, wait); err != nil {
+			return nil, leaderTerm{}, err
 		}
 	}
+}
+
+// leaderBackstop bounds a leader lookup's wait for a leader report: a
+// replica that stops, or starts knowing nothing, reports none.
+const leaderBackstop = 100 * time.Millisecond
+
+// awaitAny waits until one of chans is closed, d passes, or ctx ends
+// (its error).
+func awaitAny(ctx context.Context, chans []<-chan struct{}, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	if len(chans) == 1 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-chans[0]:
+		case <-timer.C:
+		}
+		return nil
+	}
+	woken := make(chan struct{})
+	done := make(chan struct{})
+	defer close(done)
+	var once sync.Once
+	for _, ch := range chans {
+		go func() {
+			select {
+			case <-ch:
+				once.Do(func() { close(woken) })
+			case <-done:
+			}
+		}()
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-woken:
+	case <-timer.C:
+	}
+	return nil
 }
 
 // propose sends a command for key to its shard's leader and returns the
@@ -356,13 +436,13 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
 	defer cancel()
 	start := time.Now()
-	out, err := n.Node.NH.SyncPropose(ctx, n.Node.NH.GetNoOPSession(shardID), cmd)
+	out, err := n.raft.propose(ctx, shardID, cmd)
 	if err != nil {
-		return nil, proposeError(err)
+		return nil, err
 	}
 	metrics.proposal.Observe(time.Since(start).Seconds())
 	res := &shardv1.Result{}
-	if err := proto.Unmarshal(out.Data, res); err != nil {
+	if err := proto.Unmarshal(out, res); err != nil {
 		return nil, fmt.Errorf("router: shard %d result: %w", shardID, err)
 	}
 	return res, nil
@@ -394,7 +474,7 @@ func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shard
 // readShard runs a linearizable read of a shard on its leader, stamped
 // with the leader's clock.
 func (r *Router) readShard(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
-	var out any
+	var out *shardv1.QueryResult
 	err := r.retryDropped(ctx, func() error {
 		n, t, err := r.leader(ctx, shardID)
 		if err != nil {
@@ -403,16 +483,13 @@ func (r *Router) readShard(ctx context.Context, shardID uint64, q *shardv1.Query
 		q.NowUnixNano = t.now()
 		rctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
 		defer cancel()
-		out, err = n.Node.NH.SyncRead(rctx, shardID, q)
-		if err != nil {
-			return proposeError(err)
-		}
-		return nil
+		out, err = n.raft.read(rctx, shardID, q)
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	return out.(*shardv1.QueryResult), nil
+	return out, nil
 }
 
 // retryDropped runs f again, for up to LeaderWait, while Dragonboat drops
@@ -452,7 +529,7 @@ func (r *Router) runTimers(n *LocalNode) {
 				continue
 			}
 			if err := r.leaderTick(n, t); err != nil {
-				r.cfg.Logger.Warn("leader timer", "node", n.Node.ID(), "shard", t.shardID, "term", t.term, "err", err)
+				r.cfg.Logger.Warn("leader timer", "node", n.id, "shard", t.shardID, "term", t.term, "err", err)
 			}
 		}
 	}
@@ -494,7 +571,7 @@ func leaderView(t leaderTerm, id, term uint64, valid bool, err error) (leads, dr
 // confirmed, proposes the expirations due, a new epoch when revisions run
 // low, and one batch of each of leaderTasks.
 func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
-	id, term, valid, err := n.Node.NH.GetLeaderID(t.shardID)
+	id, term, valid, err := n.leaderOf(t.shardID)
 	if leads, drop := leaderView(t, id, term, valid, err); !leads {
 		if drop {
 			n.Leadership.drop(t.shardID, t.term)
@@ -504,10 +581,10 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ProposeTimeout)
 	defer cancel()
 	if !t.confirmed {
-		if _, err := n.Node.NH.SyncRead(ctx, t.shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err != nil {
+		if _, err := n.raft.read(ctx, t.shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err != nil {
 			return fmt.Errorf("confirming leadership: %w", err)
 		}
-		id, term, valid, err = n.Node.NH.GetLeaderID(t.shardID)
+		id, term, valid, err = n.leaderOf(t.shardID)
 		if leads, _ := leaderView(t, id, term, valid, err); !leads {
 			return nil // lost it meanwhile; the listener will catch up
 		}
@@ -656,11 +733,7 @@ func (r *Router) renewEpoch(ctx context.Context, n *LocalNode, t leaderTerm, met
 // localRead reads the local replica without a quorum round; the leader
 // timers only use it to find candidates, which apply re-checks.
 func (r *Router) localRead(n *LocalNode, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
-	out, err := n.Node.NH.StaleRead(shardID, q)
-	if err != nil {
-		return nil, err
-	}
-	return out.(*shardv1.QueryResult), nil
+	return n.raft.staleRead(shardID, q)
 }
 
 // leads reports whether node n still leads shardID in term t.

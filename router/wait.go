@@ -110,7 +110,7 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 // and whether one of them knows the shard's leader.
 func (r *Router) replicaView(shardID uint64) (hosted, led bool) {
 	for i := range r.nodes {
-		id, _, valid, err := r.nodes[i].Node.NH.GetLeaderID(shardID)
+		id, _, valid, err := r.nodes[i].leaderOf(shardID)
 		if err != nil {
 			continue
 		}

@@ -1,0 +1,115 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/lni/dragonboat/v4"
+	"github.com/lni/dragonboat/v4/raftio"
+
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+)
+
+// dragonboatHost is the raftHost of a Dragonboat NodeHost.
+type dragonboatHost struct{ nh *dragonboat.NodeHost }
+
+func (h dragonboatHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]byte, error) {
+	out, err := h.nh.SyncPropose(ctx, h.nh.GetNoOPSession(shardID), cmd)
+	if err != nil {
+		return nil, proposeError(err)
+	}
+	return out.Data, nil
+}
+
+func (h dragonboatHost) read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	out, err := h.nh.SyncRead(ctx, shardID, q)
+	if err != nil {
+		return nil, proposeError(err)
+	}
+	return out.(*shardv1.QueryResult), nil
+}
+
+func (h dragonboatHost) staleRead(shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	out, err := h.nh.StaleRead(shardID, q)
+	if err != nil {
+		return nil, err
+	}
+	return out.(*shardv1.QueryResult), nil
+}
+
+func (h dragonboatHost) leaderOf(shardID uint64) (uint64, uint64, bool, error) {
+	return h.nh.GetLeaderID(shardID)
+}
+
+func (h dragonboatHost) transferLeader(shardID, target uint64) error {
+	err := h.nh.RequestLeaderTransfer(shardID, target)
+	if errors.Is(err, dragonboat.ErrShardNotReady) {
+		return fmt.Errorf("%w: %v", errDropped, err)
+	}
+	return err
+}
+
+func (h dragonboatHost) snapshot(ctx context.Context, shardID uint64) (uint64, error) {
+	idx, err := h.nh.SyncRequestSnapshot(ctx, shardID, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
+	if errors.Is(err, dragonboat.ErrRejected) {
+		return idx, errNothingToSnapshot
+	}
+	return idx, err
+}
+
+func (h dragonboatHost) changeMembership(ctx context.Context, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
+	var err error
+	switch change {
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE:
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING:
+		err = h.nh.SyncRequestAddNonVoting(ctx, shardID, replica, addr, 0)
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING:
+		err = h.nh.SyncRequestAddReplica(ctx, shardID, replica, addr, 0)
+	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE:
+		err = h.nh.SyncRequestDeleteReplica(ctx, shardID, replica, 0)
+	default:
+		return nil, fmt.Errorf("change: %v is not a membership change", change)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shard %d: %v of replica %d: %w", shardID, change, replica, err)
+	}
+	m, err := h.nh.SyncGetShardMembership(ctx, shardID)
+	if err != nil {
+		return nil, fmt.Errorf("shard %d: membership: %w", shardID, err)
+	}
+	out := &placementv1.MembershipResponse{Voting: m.Nodes, NonVoting: m.NonVotings}
+	for id := range m.Removed {
+		out.Removed = append(out.Removed, id)
+	}
+	return out, nil
+}
+
+// LeaderUpdated implements raftio.IRaftEventListener: pass the
+// Leadership as the NodeHost's RaftEventListener. Dragonboat calls it
+// asynchronously, for every leader change a local replica learns of.
+func (l *Leadership) LeaderUpdated(info raftio.LeaderInfo) {
+	l.leaderUpdated(info.ShardID, info.ReplicaID, info.LeaderID, info.Term)
+}
+
+// proposeError classifies an error of SyncPropose or SyncRead.
+func proposeError(err error) error {
+	switch {
+	case errors.Is(err, dragonboat.ErrTimeoutTooSmall), errors.Is(err, dragonboat.ErrInvalidDeadline):
+		// Not proposed: the caller's deadline left no time to try, or had
+		// passed already (by the clock, before the context's timer fired
+		// and set its Err).
+		return fmt.Errorf("%w: %v", context.DeadlineExceeded, err)
+	case errors.Is(err, dragonboat.ErrShardNotReady), errors.Is(err, dragonboat.ErrSystemBusy),
+		errors.Is(err, dragonboat.ErrShardNotFound), errors.Is(err, dragonboat.ErrClosed),
+		errors.Is(err, dragonboat.ErrRejected):
+		// Not proposed, or refused before commit.
+		return fmt.Errorf("%w (%w): %v", ErrNoLeader, errDropped, err)
+	case errors.Is(err, context.Canceled):
+		return err
+	}
+	// Timeouts, aborts, dropped proposals, closed shards: it may have
+	// committed.
+	return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
+}
