@@ -1,9 +1,7 @@
 package shard
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -11,44 +9,61 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/datadriven"
+
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
-// TestScripts runs the scenario files in testdata/*.txt against a replica.
-// Each line is one step:
+// TestScripts runs the scenario files in testdata/*.txt against a
+// replica. They are datadriven files (github.com/cockroachdb/datadriven,
+// as the router's interaction tests): each step is a directive, with its
+// output under "----"; run with -rewrite to regenerate the outputs after
+// a deliberate change, and review the diff. The steps:
 //
 //	now 2.5s                               set the proposer's clock (from t0)
-//	acquire RES REQ [ttl=D] [wait=D] [holder=H] [tenant=T] [lease=L] -> EXPECT
-//	cancel RES REQ [attempt=L] -> EXPECT    abandon a waiting acquire (attempt: its lease name)
-//	drop RES SEQ DEADLINE -> EXPECT         the leader drops a timed-out waiter
-//	renew RES L -> EXPECT
-//	release RES L -> EXPECT
-//	expire RES L EXP -> EXPECT             EXP: the expiry the leader saw, or "seen"
-//	forget [dedup=RES/REQ,...] [idle=RES,...] [res=KEY:ID,...] -> EXPECT
-//	set skew=D window=D min_ttl=D max_ttl=D default_ttl=D -> EXPECT
-//	describe RES -> EXPECT                 the stored record
-//	scan expired|forgettable|timed_out -> EXPECT
-//	limit KEY N [weight=W] -> EXPECT       SetLimit
-//	reserve KEY AMOUNT ID [ttl=D] -> EXPECT
-//	commit KEY ID [amount=N] -> EXPECT
-//	unreserve KEY ID -> EXPECT              release a reservation
-//	reclaim -> EXPECT                       the leader's reclaimer: every expired reservation
-//	report KEY OBSERVED ID [correct] -> EXPECT
-//	query KEY -> EXPECT                     each level of the path
-//	ledger KEY -> EXPECT                    the subtree's ledger events
-//	compact -> EXPECT                       the leader's ledger retention pass
-//	checkpoints KEY -> EXPECT               the subtree's ledger checkpoints
+//	acquire RES REQ [ttl=D] [wait=D] [holder=H] [tenant=T] [lease=L]
+//	cancel RES REQ [attempt=L]              abandon a waiting acquire (attempt: its lease name)
+//	drop RES SEQ DEADLINE                   the leader drops a timed-out waiter
+//	renew RES L
+//	release RES L
+//	expire RES L EXP                       EXP: the expiry the leader saw, or "seen"
+//	forget [dedup=RES/REQ,...] [idle=RES,...] [res=KEY:ID,...]
+//	set skew=D window=D min_ttl=D max_ttl=D default_ttl=D
+//	describe RES                           the stored record
+//	scan expired|forgettable|timed_out
+//	limit KEY N [weight=W]                 SetLimit
+//	reserve KEY AMOUNT ID [ttl=D]
+//	commit KEY ID [amount=N]
+//	unreserve KEY ID                        release a reservation
+//	reclaim                                 the leader's reclaimer: every expired reservation
+//	report KEY OBSERVED ID [correct]
+//	query KEY                               each level of the path
+//	ledger KEY                              the subtree's ledger events
+//	compact                                 the leader's ledger retention pass
+//	checkpoints KEY                         the subtree's ledger checkpoints
 //
 // Lease names (L) stand for 16-byte lease ids. Durations are Go
-// durations from t0; EXPECT is the step's output exactly as the test
-// prints it (see out), so a new case is a new line, not new code.
+// durations from t0. A new case is a new directive, not new code.
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
+	files, err := filepath.Glob("testdata/*.txt") // not testdata/rapid
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scripts: %v", err)
 	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) { runScript(t, f) })
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			s := &script{t: t, rep: newReplica(t), now: t0, expires: map[string]int64{}}
+			datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+				s.t = t
+				fields := []string{d.Cmd}
+				for _, a := range d.CmdArgs {
+					fields = append(fields, a.String())
+				}
+				if out := s.step(fields); out != "" {
+					return out + "\n"
+				}
+				return ""
+			})
+		})
 	}
 }
 
@@ -59,27 +74,6 @@ type script struct {
 	rep     *replica
 	now     int64
 	expires map[string]int64 // lease name → last expiry seen
-}
-
-func runScript(t *testing.T, path string) {
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	s := &script{t: t, rep: newReplica(t), now: t0, expires: map[string]int64{}}
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		cmd, want, hasWant := strings.Cut(line, "->")
-		got := s.step(strings.Fields(cmd))
-		if hasWant && strings.TrimSpace(want) != got {
-			t.Errorf("%s:%d: %s\n\tgot:  %s\n\twant: %s", path, n, strings.TrimSpace(cmd), got, strings.TrimSpace(want))
-		}
-	}
 }
 
 func (s *script) dur(v string) int64 {
