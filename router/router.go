@@ -253,11 +253,12 @@ func (e *remoteLeader) Error() string {
 func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leaderTerm, error) {
 	start := time.Now()
 	deadline := start.Add(r.cfg.LeaderWait)
-	changes := make([]<-chan struct{}, len(r.nodes))
+	// The nodes' report channels, taken before each look but the first,
+	// so that a report made after a look wakes the wait that follows it.
+	// Most lookups find the leader at the first look and take none.
+	var changes []<-chan struct{}
 	for {
-		// Taken before looking, so that a report made after the look
-		// wakes the wait below.
-		for i := range r.nodes {
+		for i := range changes {
 			changes[i] = r.nodes[i].Leadership.changes()
 		}
 		hosted := false
@@ -302,6 +303,10 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 		now := time.Now()
 		if now.After(deadline) {
 			return nil, leaderTerm{}, fmt.Errorf("%w %d", ErrNoLeader, shardID)
+		}
+		if changes == nil {
+			changes = make([]<-chan struct{}, len(r.nodes))
+			continue // look again, the channels taken, before waiting
 		}
 		wait := min(deadline.Sub(now), leaderBackstop)
 		if half := start.Add(r.cfg.LeaderWait / 2); half.After(now) {
