@@ -15,7 +15,7 @@ import (
 )
 
 // MetaClient reads and writes the placement group, through a local replica
-// (LocalMeta) or over the network from a node that hosts none.
+// (localMeta) or over the network from a node that hosts none.
 type MetaClient interface {
 	// Propose commits cmd; a refused command is a *RefusedError.
 	Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error)
@@ -28,9 +28,9 @@ type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return "placement: " + e.Reason }
 
-// LocalMeta is a MetaClient over this node's replica of the placement
+// localMeta is the MetaClient over this node's replica of the placement
 // group. Dragonboat forwards proposals made on a follower to the leader.
-type LocalMeta struct{ NH *dragonboat.NodeHost }
+type localMeta struct{ nh *dragonboat.NodeHost }
 
 // metaTimeout bounds one placement proposal or read (Dragonboat requires
 // a deadline, and a caller with a long one retries rather than wait on a
@@ -43,7 +43,7 @@ const metaTimeout = 5 * time.Second
 // version above 1 is proposed only once every node registered a binary
 // that applies it, and is ErrMetaVersion before (retry after the rolling
 // upgrade).
-func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
+func (m localMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, metaTimeout)
 	defer cancel()
 	cmd, err := stampVersion(cmd)
@@ -63,7 +63,7 @@ func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*plac
 	if err != nil {
 		return nil, err
 	}
-	out, err := m.NH.SyncPropose(ctx, m.NH.GetNoOPSession(MetaShardID), b)
+	out, err := m.nh.SyncPropose(ctx, m.nh.GetNoOPSession(MetaShardID), b)
 	if err != nil {
 		return nil, fmt.Errorf("placement: propose: %w", err)
 	}
@@ -78,10 +78,10 @@ func (m LocalMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*plac
 }
 
 // Read implements MetaClient.
-func (m LocalMeta) Read(ctx context.Context) (*placementv1.State, error) {
+func (m localMeta) Read(ctx context.Context) (*placementv1.State, error) {
 	ctx, cancel := context.WithTimeout(ctx, metaTimeout)
 	defer cancel()
-	out, err := m.NH.SyncRead(ctx, MetaShardID, nil)
+	out, err := m.nh.SyncRead(ctx, MetaShardID, nil)
 	if err != nil {
 		return nil, fmt.Errorf("placement: read: %w", err)
 	}
@@ -91,47 +91,51 @@ func (m LocalMeta) Read(ctx context.Context) (*placementv1.State, error) {
 // Bootstrap creates the first map from the initial members, unless it
 // exists, checks that the placement group knows this node by the
 // incarnation of its data directory (CheckIncarnation), and registers
-// this node (with its zone and incarnation) in it. It retries until the
-// placement group has a quorum or ctx ends; a refused command or a
-// failed incarnation check ends it at once.
-func Bootstrap(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node, id Identity) error {
+// this node (with its zone and incarnation) in it. It returns the
+// placement state read after the registration, to route by. It retries
+// until the placement group has a quorum or ctx ends (a first election
+// may take longer than one read waits); a refused command or a failed
+// incarnation check ends it at once.
+func Bootstrap(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node, id Identity) (*placementv1.State, error) {
 	for {
-		err := bootstrapOnce(ctx, meta, members, self, id)
+		st, err := bootstrapOnce(ctx, meta, members, self, id)
 		if err == nil {
-			return nil
+			return st, nil
 		}
 		var refused *RefusedError
 		var identity *IdentityError
 		if errors.As(err, &refused) || errors.As(err, &identity) {
-			return err
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("placement: bootstrap: %w (last error: %v)", ctx.Err(), err)
+			return nil, fmt.Errorf("placement: bootstrap: %w (last error: %v)", ctx.Err(), err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
 
-func bootstrapOnce(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node, id Identity) error {
+func bootstrapOnce(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node, id Identity) (*placementv1.State, error) {
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if len(members) > 0 {
 		_, err := meta.Propose(pctx, &placementv1.Command{Command: &placementv1.Command_Bootstrap{Bootstrap: &placementv1.BootstrapCmd{Nodes: members}}})
 		var refused *RefusedError
 		if err != nil && !(errors.As(err, &refused) && refused.Reason == ErrBootstrapped.Error()) {
-			return err
+			return nil, err
 		}
 	}
 	st, err := meta.Read(pctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := CheckIncarnation(st, id); err != nil {
-		return err
+		return nil, err
 	}
-	_, err = meta.Propose(pctx, &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{Node: self}}})
-	return err
+	if _, err = meta.Propose(pctx, &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{Node: self}}}); err != nil {
+		return nil, err
+	}
+	return meta.Read(pctx)
 }
 
 // Agent starts and stops the data shard replicas of one node to match the

@@ -57,13 +57,13 @@ func TestEpochsIncreaseAcrossLeaderKills(t *testing.T) {
 	for id, a := range members {
 		initial = append(initial, &placementv1.Node{Id: id, Zone: fmt.Sprintf("az%d", id), RaftAddr: a, ListenAddr: a})
 	}
-	if err := Bootstrap(ctx, LocalMeta{NH: nodes[1].NH}, initial, initial[0], Identity{NodeID: initial[0].GetId()}); err != nil {
+	if _, err := Bootstrap(ctx, nodes[1].Meta(), initial, initial[0], Identity{NodeID: initial[0].GetId()}); err != nil {
 		t.Fatal(err)
 	}
 	leader := func() uint64 {
 		for ctx.Err() == nil {
 			for _, n := range nodes {
-				if id, _, ok, err := n.NH.GetLeaderID(MetaShardID); err == nil && ok && id != 0 && nodes[id] != nil {
+				if id, _, ok, err := n.NodeHost().GetLeaderID(MetaShardID); err == nil && ok && id != 0 && nodes[id] != nil {
 					return id
 				}
 			}
@@ -75,7 +75,7 @@ func TestEpochsIncreaseAcrossLeaderKills(t *testing.T) {
 	var last uint64
 	for round := range 5 {
 		id := leader()
-		alloc := NewAllocator(LocalMeta{NH: nodes[id].NH})
+		alloc := NewAllocator(nodes[id].Meta())
 		for range 1 + round*10 { // some rounds use part of a window, some more than one
 			var e uint64
 			var err error

@@ -56,8 +56,7 @@ const (
 // Node is a running NodeHost.
 type Node struct {
 	cfg NodeConfig
-	// NH is the Dragonboat NodeHost; routers propose and read through it.
-	NH *dragonboat.NodeHost
+	nh  *dragonboat.NodeHost
 }
 
 // StartNode starts a NodeHost with a small LogDB (Dragonboat's default
@@ -84,8 +83,17 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
 	}
-	return &Node{cfg: cfg, NH: nh}, nil
+	return &Node{cfg: cfg, nh: nh}, nil
 }
+
+// NodeHost returns the node's Dragonboat NodeHost. The router reaches
+// it only through its Raft seam (router/raft_dragonboat.go); tests use it
+// to stop replicas and move leaderships behind the router's back.
+func (n *Node) NodeHost() *dragonboat.NodeHost { return n.nh }
+
+// Meta returns the placement client of the node's own replica of the
+// placement group, which must be running (StartMeta).
+func (n *Node) Meta() MetaClient { return localMeta{nh: n.nh} }
 
 // ID returns the node's id.
 func (n *Node) ID() uint64 { return n.cfg.ID }
@@ -122,7 +130,7 @@ func (n *Node) StartDataShard(shardID, replicaID uint64, members map[uint64]stri
 	rc := n.raftConfig(shardID, replicaID)
 	rc.IsNonVoting = nonVoting
 	members, join = n.restartArgs(shardID, replicaID, members, join)
-	if err := n.NH.StartOnDiskReplica(members, join, sm, rc); err != nil {
+	if err := n.nh.StartOnDiskReplica(members, join, sm, rc); err != nil {
 		return fmt.Errorf("placement: node %d: start shard %d: %w", n.cfg.ID, shardID, err)
 	}
 	slog.Debug("replica started", "node", n.cfg.ID, "zone", n.cfg.Zone, "shard", shardID, "replica", replicaID)
@@ -133,7 +141,7 @@ func (n *Node) StartDataShard(shardID, replicaID uint64, members map[uint64]stri
 // replica id = node id; members and join as for StartDataShard.
 func (n *Node) StartMeta(members map[uint64]string, join bool) error {
 	members, join = n.restartArgs(MetaShardID, n.cfg.ID, members, join)
-	if err := n.NH.StartReplica(members, join, NewMetaStateMachine, n.raftConfig(MetaShardID, n.cfg.ID)); err != nil {
+	if err := n.nh.StartReplica(members, join, NewMetaStateMachine, n.raftConfig(MetaShardID, n.cfg.ID)); err != nil {
 		return fmt.Errorf("placement: node %d: start the placement group: %w", n.cfg.ID, err)
 	}
 	return nil
@@ -144,7 +152,7 @@ func (n *Node) StartMeta(members map[uint64]string, join bool) error {
 // none (not joining) for a replica the NodeHost has a bootstrap record
 // of, which Dragonboat accepts whatever the record says.
 func (n *Node) restartArgs(shardID, replicaID uint64, members map[uint64]string, join bool) (map[uint64]string, bool) {
-	if n.NH.HasNodeInfo(shardID, replicaID) {
+	if n.nh.HasNodeInfo(shardID, replicaID) {
 		return nil, false
 	}
 	return members, join
@@ -153,11 +161,11 @@ func (n *Node) restartArgs(shardID, replicaID uint64, members map[uint64]string,
 // StopDataShard stops this node's replica of a shard that placement moved
 // away or dropped, and deletes its data.
 func (n *Node) StopDataShard(shardID, replicaID uint64) error {
-	if err := n.NH.StopShard(shardID); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
+	if err := n.nh.StopShard(shardID); err != nil && !errors.Is(err, dragonboat.ErrShardNotFound) {
 		return fmt.Errorf("placement: node %d: stop shard %d: %w", n.cfg.ID, shardID, err)
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		err := n.NH.RemoveData(shardID, replicaID)
+		err := n.nh.RemoveData(shardID, replicaID)
 		if !errors.Is(err, dragonboat.ErrShardNotStopped) || time.Now().After(deadline) {
 			if err != nil {
 				return fmt.Errorf("placement: node %d: remove shard %d: %w", n.cfg.ID, shardID, err)
@@ -170,4 +178,4 @@ func (n *Node) StopDataShard(shardID, replicaID uint64) error {
 }
 
 // Close stops every replica on the node and the NodeHost.
-func (n *Node) Close() { n.NH.Close() }
+func (n *Node) Close() { n.nh.Close() }

@@ -9,11 +9,11 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 func TestHotResources(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
 	c.mustAcquire("hot", "h", 30*time.Second)
 	c.mustAcquire("warm", "w", 30*time.Second)

@@ -10,13 +10,13 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // Bad admin requests get the right code and, for a bad field, a
 // FieldViolation naming it; none changes the map.
 func TestAdminRefusals(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
 	field := func(err error) string {
 		var ce *connect.Error

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 type syncBuffer struct {
@@ -33,7 +34,7 @@ func (s *syncBuffer) String() string {
 // lease hash, token, holder, caller and outcome, and never the lease id.
 func TestAuditLog(t *testing.T) {
 	var buf syncBuffer
-	c := startCluster(t, router.DevConfig{Router: router.Config{Audit: slog.New(slog.NewJSONHandler(&buf, nil))}})
+	c := startCluster(t, server.DevConfig{Router: router.Config{Audit: slog.New(slog.NewJSONHandler(&buf, nil))}})
 	a := c.mustAcquire("orders/42", "q1", 5*time.Second)
 	c.acquire("orders/42", "q2", 5*time.Second) // conflict
 	if _, err := c.renew("orders/42", a.GetLeaseId()); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 func acquireOp(resource, requestID string) *wardenv1.BatchOp {
@@ -39,7 +40,7 @@ func (c *cluster) batch(ops ...*wardenv1.BatchOp) ([]*wardenv1.BatchOutcome, err
 // and invalid ops naming their field as their own call does; and the
 // grants hold.
 func TestBatch(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	held := c.mustAcquire("b/held", "rh", 10*time.Second)
 	busy := c.mustAcquire("b/busy", "rb", 10*time.Second)
 	gone := c.mustAcquire("b/gone", "rg", 10*time.Second)

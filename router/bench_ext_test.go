@@ -15,7 +15,7 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // BenchmarkAcquireRelease measures one uncontended Acquire followed by its
@@ -25,7 +25,7 @@ import (
 func BenchmarkAcquireRelease(b *testing.B) {
 	for _, clients := range []int{1, 64} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
-			c := startCluster(b, router.DevConfig{})
+			c := startCluster(b, server.DevConfig{})
 			hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * clients}}
 			locks := wardenv1connect.NewLockServiceClient(hc, c.srv.URL)
 			hist := hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3)
@@ -79,7 +79,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 // grant (the grant is applied in the release's own log entry). It reports
 // p50 and p99 in milliseconds.
 func BenchmarkHandOff(b *testing.B) {
-	c := startCluster(b, router.DevConfig{})
+	c := startCluster(b, server.DevConfig{})
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
 	locks := wardenv1connect.NewLockServiceClient(hc, c.srv.URL)
 	bctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

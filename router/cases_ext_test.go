@@ -11,6 +11,7 @@ import (
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -21,7 +22,7 @@ import (
 // token rose, B cannot take the lock, and a RenewBatch of both leases
 // renews only the current one.
 func TestCaseL15StaleReleaseRetry(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	acquire := func(reqID, holder string) *wardenv1.AcquireResponse {
 		resp, err := c.locks.Acquire(ctx(t), connect.NewRequest(&wardenv1.AcquireRequest{
 			Resource: "r", RequestId: reqID, Holder: holder, LeaseTtl: durationpb.New(10 * time.Second)}))
@@ -63,7 +64,7 @@ func TestCaseL15StaleReleaseRetry(t *testing.T) {
 // half, with SIGKILL and a snapshot install, is cmd/wardend's
 // TestClusterCaseQ13CorrectionExactlyOnce.)
 func TestCaseQ13CorrectionExactlyOnce(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	quota := func() wardenv1connect.QuotaServiceClient {
 		return wardenv1connect.NewQuotaServiceClient(c.srv.Client(), c.srv.URL)
 	}
@@ -117,7 +118,7 @@ func TestCaseQ13CorrectionExactlyOnce(t *testing.T) {
 // epoch change again and again, every token above the one before, and
 // none refused.
 func TestShardTakesNewEpochBeforeRevisionsRunOut(t *testing.T) {
-	c := startCluster(t, router.DevConfig{Router: router.Config{RevisionHeadroom: shard.MaxRevision - 20}})
+	c := startCluster(t, server.DevConfig{Router: router.Config{RevisionHeadroom: shard.MaxRevision - 20}})
 	epochs := map[uint64]bool{}
 	var last uint64
 	for i := range 150 {

@@ -20,6 +20,7 @@ import (
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 func TestMain(m *testing.M) {
@@ -31,14 +32,14 @@ func TestMain(m *testing.M) {
 // cluster is a dev cluster in this process behind an HTTP test server.
 type cluster struct {
 	t     testing.TB
-	cfg   router.DevConfig
+	cfg   server.DevConfig
 	opts  []connect.HandlerOption
-	dev   *router.Dev
+	dev   *server.Dev
 	srv   *httptest.Server
 	locks wardenv1connect.LockServiceClient
 }
 
-func startCluster(t testing.TB, cfg router.DevConfig, opts ...connect.HandlerOption) *cluster {
+func startCluster(t testing.TB, cfg server.DevConfig, opts ...connect.HandlerOption) *cluster {
 	t.Helper()
 	cfg.DataDir = t.TempDir()
 	if cfg.Router.ScanInterval == 0 {
@@ -52,7 +53,7 @@ func startCluster(t testing.TB, cfg router.DevConfig, opts ...connect.HandlerOpt
 
 func (c *cluster) start() {
 	c.t.Helper()
-	dev, err := router.StartDev(c.cfg)
+	dev, err := server.StartDev(c.cfg)
 	if err != nil {
 		c.t.Fatalf("start dev cluster: %v", err)
 	}
@@ -86,7 +87,7 @@ func (c *cluster) leader() int {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		for i, n := range c.dev.Nodes {
-			id, _, valid, err := n.Node.NH.GetLeaderID(shardID)
+			id, _, valid, err := n.Node.NodeHost().GetLeaderID(shardID)
 			if err == nil && valid && id == n.Node.ID() {
 				return i
 			}
@@ -100,7 +101,7 @@ func (c *cluster) leader() int {
 func (c *cluster) stopReplica(i int) {
 	c.t.Helper()
 	n := c.dev.Nodes[i].Node
-	if err := n.NH.StopReplica(shardID, n.ID()); err != nil {
+	if err := n.NodeHost().StopReplica(shardID, n.ID()); err != nil {
 		c.t.Fatalf("stop replica %d: %v", n.ID(), err)
 	}
 }
@@ -123,7 +124,7 @@ func (c *cluster) startReplica(i int) {
 // localLock reads a resource's lock record from replica i without a
 // quorum round.
 func (c *cluster) localLock(i int, resource string) (*shardv1.LockRecord, error) {
-	out, err := c.dev.Nodes[i].Node.NH.StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: resource}}})
+	out, err := c.dev.Nodes[i].Node.NodeHost().StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: resource}}})
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +135,7 @@ func (c *cluster) localLock(i int, resource string) (*shardv1.LockRecord, error)
 // replica has applied for request id reqID on resource, or nil.
 func (c *cluster) attempt(resource, reqID string) []byte {
 	c.t.Helper()
-	out, err := c.dev.Nodes[c.leader()].Node.NH.StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Dedup{Dedup: &shardv1.DedupQuery{Resource: resource, RequestId: reqID}}})
+	out, err := c.dev.Nodes[c.leader()].Node.NodeHost().StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Dedup{Dedup: &shardv1.DedupQuery{Resource: resource, RequestId: reqID}}})
 	if err != nil {
 		return nil
 	}

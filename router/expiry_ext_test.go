@@ -14,6 +14,7 @@ import (
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // heldLocks reads the shards' held-lock counts.
@@ -48,7 +49,7 @@ func TestMassExpiry(t *testing.T) {
 		fleet = 20_000
 	}
 	const scan, skew, ttl = 250 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second
-	c := startCluster(t, router.DevConfig{Router: router.Config{ScanInterval: scan}})
+	c := startCluster(t, server.DevConfig{Router: router.Config{ScanInterval: scan}})
 
 	// 200 other clients (20 at the reduced scale) hold and renew.
 	others := fleet / 100

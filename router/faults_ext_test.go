@@ -15,6 +15,7 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -142,7 +143,7 @@ func runWorkers(c *cluster, n int, ttl time.Duration, during func()) []*worker {
 // acknowledged lease is lost, shortened or extended past the bound, and no
 // token is repeated. The stopped replica then catches up.
 func TestLeaderStopMidStream(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	var stopped int
 	ws := runWorkers(c, 4, 5*time.Second, func() {
 		time.Sleep(time.Second)
@@ -168,7 +169,7 @@ func checkReplicasAgree(t *testing.T, c *cluster) {
 		var idx []any
 		digests := map[uint64]string{}
 		for _, n := range c.dev.Nodes {
-			out, err := n.Node.NH.StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Digest{Digest: &shardv1.DigestQuery{}}})
+			out, err := n.Node.NodeHost().StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Digest{Digest: &shardv1.DigestQuery{}}})
 			if err != nil { // still starting
 				idx = append(idx, err)
 				digests[^uint64(0)] = ""
@@ -194,7 +195,7 @@ func checkReplicasAgree(t *testing.T, c *cluster) {
 // Restart every replica: held leases, tokens and dedup entries survive,
 // and the next grant's token is higher than every earlier one.
 func TestRestartRecoversState(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	type grant struct {
 		lease, req string
 		token      uint64
@@ -237,8 +238,8 @@ func TestRestartRecoversState(t *testing.T) {
 // through a streamed snapshot: SaveSnapshot on the leader,
 // RecoverFromSnapshot (with its directory swap) on the replica.
 func TestLaggingReplicaCatchesUpBySnapshot(t *testing.T) {
-	c := startCluster(t, router.DevConfig{SnapshotEntries: 40, CompactionOverhead: 5})
-	lagging := (c.leader() + 1) % router.DevNodes
+	c := startCluster(t, server.DevConfig{SnapshotEntries: 40, CompactionOverhead: 5})
+	lagging := (c.leader() + 1) % server.DevNodes
 	c.stopReplica(lagging)
 	w := &worker{c: c, ttl: time.Minute, leases: map[string]*held{}, tokens: map[string][]uint64{}}
 	for j := range 20 {
@@ -271,7 +272,7 @@ func TestLaggingReplicaCatchesUpBySnapshot(t *testing.T) {
 func (c *cluster) moveLeader() bool {
 	lead := c.leader()
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
-		_ = c.dev.Nodes[lead].Node.NH.RequestLeaderTransfer(shardID, c.dev.Nodes[(lead+1)%router.DevNodes].Node.ID())
+		_ = c.dev.Nodes[lead].Node.NodeHost().RequestLeaderTransfer(shardID, c.dev.Nodes[(lead+1)%server.DevNodes].Node.ID())
 		for next := time.Now().Add(200 * time.Millisecond); time.Now().Before(next); time.Sleep(10 * time.Millisecond) {
 			if c.leader() != lead {
 				return true
@@ -288,7 +289,7 @@ func (c *cluster) transferLeader(to int) {
 		if time.Now().After(deadline) {
 			c.t.Fatalf("leadership did not move to node %d", to+1)
 		}
-		_ = c.dev.Nodes[c.leader()].Node.NH.RequestLeaderTransfer(shardID, c.dev.Nodes[to].Node.ID())
+		_ = c.dev.Nodes[c.leader()].Node.NodeHost().RequestLeaderTransfer(shardID, c.dev.Nodes[to].Node.ID())
 		time.Sleep(100 * time.Millisecond)
 	}
 }
@@ -297,10 +298,10 @@ func (c *cluster) transferLeader(to int) {
 // unavailable, and the service recovers when they return, with the
 // retried request getting exactly one lease.
 func TestMinorityAnswersUnavailable(t *testing.T) {
-	c := startCluster(t, router.DevConfig{Router: router.Config{ProposeTimeout: time.Second, LeaderWait: time.Second}})
+	c := startCluster(t, server.DevConfig{Router: router.Config{ProposeTimeout: time.Second, LeaderWait: time.Second}})
 	before := c.mustAcquire("r0", "q0", 0)
 	lead := c.leader()
-	a, b := (lead+1)%router.DevNodes, (lead+2)%router.DevNodes
+	a, b := (lead+1)%server.DevNodes, (lead+2)%server.DevNodes
 	c.stopReplica(a)
 	c.stopReplica(b)
 	for range 3 {
@@ -345,7 +346,7 @@ func TestMinorityAnswersUnavailable(t *testing.T) {
 // runs out; the lock is free within the bound of DESIGN.md rule 6, not
 // pushed back by the elections, and not before the lease's expiry.
 func TestLeaderChangesDoNotExtendLease(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	const ttl = 3 * time.Second
 	start := time.Now()
 	a := c.mustAcquire("r", "a", ttl) // A crashes right after
@@ -392,11 +393,11 @@ func TestLeaderChangesDoNotExtendLease(t *testing.T) {
 // The leader's expiry timer reaps a lease nobody touches once expires_at +
 // max_clock_skew has passed, on every replica, without any client action.
 func TestLeaderTimerExpiresLease(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	a := c.mustAcquire("r", "a", time.Second)
 	skew := time.Duration(shard.DefaultConfig().GetMaxClockSkewNanos())
 	deadline := time.Now().Add(10 * time.Second)
-	for i := range router.DevNodes {
+	for i := range server.DevNodes {
 		for {
 			l, err := c.localLock(i, "r")
 			if err == nil && l != nil && !l.GetHeld() {

@@ -167,9 +167,17 @@ func (r *Router) Shards() placement.ShardClient { return shardClient{r} }
 // of the placement group: it asks the nodes it knows (seeds, then the
 // map's) over NodeService.
 type remoteMeta struct {
-	peers *peers
+	peers *Peers
 	seeds []string
 	known func() []string
+}
+
+// Placement returns the placement client that asks the nodes at seeds
+// and then, if known is set, at the addresses it lists (the map's), over
+// NodeService: the placement.MetaClient of a node that hosts no replica
+// of the placement group.
+func (p *Peers) Placement(seeds []string, known func() []string) placement.MetaClient {
+	return remoteMeta{peers: p, seeds: seeds, known: known}
 }
 
 func (m remoteMeta) addrs() []string {

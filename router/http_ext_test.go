@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // post sends a raw Connect JSON request, as curl would, and returns the
@@ -35,7 +35,7 @@ func post(t *testing.T, url string, body io.Reader, header map[string]string) (s
 }
 
 func TestHostileHTTPRequests(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	acquire := c.srv.URL + "/warden.v1.LockService/Acquire"
 
 	big := `{"resource":"r","request_id":"q","holder":"` + strings.Repeat("x", 1<<20) + `"}`

@@ -38,7 +38,7 @@ import (
 //	take name=N
 func TestInteractions(t *testing.T) {
 	datadriven.Walk(t, "testdata/interaction", func(t *testing.T, path string) {
-		l := NewLeadership()
+		l := NewLeadership(0)
 		w := NewWaitRegistry()
 		subs := map[string]*subscription{}
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {

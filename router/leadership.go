@@ -53,9 +53,11 @@ func (t *leaderTerm) now() int64 {
 	return t.anchor.Round(0).UnixNano() + int64(t.offset) + int64(time.Since(t.anchor))
 }
 
-// NewLeadership returns an empty Leadership.
-func NewLeadership() *Leadership {
-	l := &Leadership{}
+// NewLeadership returns an empty Leadership whose leader clocks run
+// clockOffset ahead of the wall clock (Config.ClockOffset; zero but in
+// clock skew tests).
+func NewLeadership(clockOffset time.Duration) *Leadership {
+	l := &Leadership{offset: clockOffset}
 	l.mu.terms = map[uint64]*leaderTerm{}
 	l.mu.heard = map[uint64]heardLeader{}
 	l.mu.changed = make(chan struct{})

@@ -11,14 +11,12 @@ import (
 
 	"github.com/lni/dragonboat/v4/raftio"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
 func TestLeadershipFollowsTerms(t *testing.T) {
-	l := NewLeadership()
+	l := NewLeadership(0)
 	l.LeaderUpdated(raftio.LeaderInfo{ShardID: 1, ReplicaID: 2, LeaderID: 3, Term: 4})
 	if _, ok := l.term(1); ok {
 		t.Fatal("leads a shard another replica leads")
@@ -160,45 +158,5 @@ func TestLeaderTasks(t *testing.T) {
 	}
 	if lag := testutil.ToFloat64(metrics.reclaimLag); lag != 4 {
 		t.Errorf("reclaim lag %v s, want 4 (now 5 s, the oldest expired at 1 s)", lag)
-	}
-}
-
-// A waiter whose RPC is gone (its node died before it could cancel) is
-// dropped by the leader once its wait is over, so it holds no place in
-// the queue. Here the waiter is proposed with no RPC waiting at all.
-func TestLeaderDropsWaitersWhoseCallIsGone(t *testing.T) {
-	dev, err := StartDev(DevConfig{DataDir: t.TempDir(), ListenAddr: "127.0.0.1:1", Router: Config{ScanInterval: 50 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dev.Close()
-	s := NewLockServer(dev.Router)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := s.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "r", RequestId: "holder", LeaseTtl: durationpb.New(time.Minute)})); err != nil {
-		t.Fatal(err)
-	}
-	cmd, err := s.acquireCmd(&wardenv1.AcquireRequest{Resource: "r", RequestId: "gone", LeaseTtl: durationpb.New(time.Minute), WaitTimeout: durationpb.New(300 * time.Millisecond)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := dev.Router.propose(ctx, "r", &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: cmd}})
-	if err != nil || res.GetCode() != shardv1.Code_CODE_QUEUED {
-		t.Fatalf("premise: the waiter is queued: %v, %v", res, err)
-	}
-	waiters := func() uint32 {
-		d, err := s.describe(ctx, &wardenv1.DescribeRequest{Resource: "r"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d.Msg.GetWaiters()
-	}
-	if n := waiters(); n != 1 {
-		t.Fatalf("premise: %d waiters, want 1", n)
-	}
-	for deadline := time.Now().Add(10 * time.Second); waiters() != 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter whose call is gone is still queued 10 s after its wait ended")
-		}
 	}
 }

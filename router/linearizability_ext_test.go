@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // The lock as porcupine sees one resource: who holds it and the last
@@ -93,7 +93,7 @@ var lockModel = porcupine.Model{
 // is unknown (unavailable) is retried with the same id until it is known,
 // and recorded as one operation from its first call to its last return.
 func TestLinearizableUnderLeaderChanges(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	h := runLinClients(t, c, []string{"lin/a", "lin/b", "lin/c"}, 6, 0)
 	var leaderChanges int
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {

@@ -17,7 +17,7 @@ import (
 	"github.com/warden-dev/warden/placement"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // A lock model with lease expiry for porcupine. Leases are short, clients
@@ -140,7 +140,7 @@ var leaseModel = porcupine.NondeterministicModel{
 // split and then a shard leader's replica is stopped and restarted, and
 // checks the history against the lease model, per resource.
 func TestLinearizableLeasesThroughSplitAndLeaderKill(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
 	resources := []string{"lease/a", "lease/b", "lease/c", "lease/d", "lease/e", "lease/f"}
 	var (
@@ -254,7 +254,7 @@ func TestLinearizableLeasesThroughSplitAndLeaderKill(t *testing.T) {
 	newShard := split.Msg.GetNewShardId()
 	lead := leaderOf(c, newShard)
 	n := c.dev.Nodes[lead].Node
-	if err := n.NH.StopReplica(newShard, replicaOn(c, newShard, n.ID())); err != nil {
+	if err := n.NodeHost().StopReplica(newShard, replicaOn(c, newShard, n.ID())); err != nil {
 		t.Fatalf("stop the leader's replica: %v", err)
 	}
 	time.Sleep(2 * time.Second)
@@ -304,7 +304,7 @@ func leaderOf(c *cluster, shardID uint64) int {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		for i, n := range c.dev.Nodes {
-			id, _, valid, err := n.Node.NH.GetLeaderID(shardID)
+			id, _, valid, err := n.Node.NodeHost().GetLeaderID(shardID)
 			if err == nil && valid && id == replicaOn(c, shardID, n.Node.ID()) {
 				return i
 			}

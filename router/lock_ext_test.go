@@ -14,11 +14,12 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 	"github.com/warden-dev/warden/shard"
 )
 
 func TestLockLifecycle(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	a := c.mustAcquire("orders/42", "a1", 0)
 	if a.GetLeaseTtl().AsDuration() != 30*time.Second {
 		t.Fatalf("effective lease_ttl %v, want the 30s default", a.GetLeaseTtl().AsDuration())
@@ -76,7 +77,7 @@ func TestLockLifecycle(t *testing.T) {
 }
 
 func TestInvalidInputNamesTheField(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	held := c.mustAcquire("busy", "h1", 5*time.Second)
 	long := strings.Repeat("x", 257)
 	cases := []struct {
@@ -126,7 +127,7 @@ func TestInvalidInputNamesTheField(t *testing.T) {
 // Case L7: the grant commits but its response is lost; the retry with the
 // same request_id gets the same lease, and exactly one grant was made.
 func TestLostAcquireResponse(t *testing.T) {
-	c := startCluster(t, router.DevConfig{}, dropResponses(1, func(r connect.AnyRequest) bool {
+	c := startCluster(t, server.DevConfig{}, dropResponses(1, func(r connect.AnyRequest) bool {
 		m, ok := r.Any().(*wardenv1.AcquireRequest)
 		return ok && m.GetRequestId() == "q42"
 	}))
@@ -155,7 +156,7 @@ func TestLostAcquireResponse(t *testing.T) {
 // Case L7, variant: the client never retries; the lock frees once the
 // lease ends and the next acquirer gets it with a higher token.
 func TestLostAcquireResponseWithoutRetry(t *testing.T) {
-	c := startCluster(t, router.DevConfig{}, dropResponses(1, func(r connect.AnyRequest) bool {
+	c := startCluster(t, server.DevConfig{}, dropResponses(1, func(r connect.AnyRequest) bool {
 		_, ok := r.Any().(*wardenv1.AcquireRequest)
 		return ok
 	}))
@@ -178,7 +179,7 @@ func TestLostAcquireResponseWithoutRetry(t *testing.T) {
 // Case L10 A: a renewal that arrives after the lease expired and the lock
 // went to someone else neither resurrects the old lease nor hurts the new.
 func TestLateRenewAfterExpiry(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	a := c.mustAcquire("r", "a", time.Second)
 	if _, err := c.renew("r", a.GetLeaseId()); err != nil {
 		t.Fatal(err)
@@ -200,7 +201,7 @@ func TestLateRenewAfterExpiry(t *testing.T) {
 
 // Case L10 B: a renewal delayed past the release fails; the lock stays free.
 func TestRenewAfterRelease(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	a := c.mustAcquire("r", "a", 10*time.Second)
 	if ok, err := c.release("r", a.GetLeaseId()); err != nil || !ok {
 		t.Fatal(ok, err)
@@ -218,7 +219,7 @@ func TestRenewAfterRelease(t *testing.T) {
 
 // Case L11: a release whose reply was lost can be retried without error.
 func TestLostReleaseResponse(t *testing.T) {
-	c := startCluster(t, router.DevConfig{}, dropResponses(1, func(r connect.AnyRequest) bool {
+	c := startCluster(t, server.DevConfig{}, dropResponses(1, func(r connect.AnyRequest) bool {
 		_, ok := r.Any().(*wardenv1.ReleaseRequest)
 		return ok
 	}))
@@ -237,7 +238,7 @@ func TestLostReleaseResponse(t *testing.T) {
 // Past MaxProposing, requests wait in line rather than fail, and one
 // whose deadline passes while it waits is never proposed.
 func TestProposalsPastTheBoundWaitInLine(t *testing.T) {
-	c := startCluster(t, router.DevConfig{Router: router.Config{MaxProposing: 1}})
+	c := startCluster(t, server.DevConfig{Router: router.Config{MaxProposing: 1}})
 	var wg sync.WaitGroup
 	errs := make(chan error, 40)
 	for i := range 40 {

@@ -10,12 +10,12 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // /metrics on the Connect port shows the lock metrics of DESIGN.md §6.
 func TestMetricsEndpoint(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	a := c.mustAcquire("m", "a", time.Second)
 	c.acquire("m", "b", time.Second)
 	_, _ = c.acquireWait(ctx(t), "m", "w", time.Second, 5*time.Second) // granted at expiry
@@ -76,7 +76,7 @@ func (c *cluster) metric(sample string) float64 {
 // no fields; the rebalance and snapshot they make on the dev cluster are
 // harmless.
 func TestEveryProcedureIsObserved(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	names := map[string]string{"/warden.v1.QuotaService/Release": "ReleaseReservation"}
 	for _, fd := range []protoreflect.FileDescriptor{wardenv1.File_warden_v1_lock_proto, wardenv1.File_warden_v1_quota_proto, wardenv1.File_warden_v1_admin_proto} {
 		for i := range fd.Services().Len() {

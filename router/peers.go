@@ -22,9 +22,12 @@ type peer struct {
 	node  placementv1connect.NodeServiceClient
 }
 
-// peers keeps one client per node address, over one HTTP/2 (h2c)
-// transport, so forwarded calls share connections.
-type peers struct {
+// Peers keeps one client per node address, over one HTTP/2 (h2c)
+// transport, so forwarded calls share connections. The composition root
+// (package server) makes it, and may use it before the router exists
+// (to ask the other nodes about a node before it starts, and to reach
+// the placement group of a joining node).
+type Peers struct {
 	client *http.Client
 	secret string
 	mu     sync.Mutex
@@ -34,13 +37,13 @@ type peers struct {
 // secretHeader carries the cluster secret on node-to-node calls.
 const secretHeader = "Warden-Cluster-Secret"
 
-// newPeers returns the clients of the other nodes; secret (if set) goes
+// NewPeers returns the clients of the other nodes; secret (if set) goes
 // with every NodeService call.
-func newPeers(secret string) *peers {
+func NewPeers(secret string) *Peers {
 	t := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 5 * time.Minute}
 	t.Protocols = new(http.Protocols)
 	t.Protocols.SetUnencryptedHTTP2(true)
-	return &peers{client: &http.Client{Transport: t}, secret: secret, byAddr: map[string]*peer{}}
+	return &Peers{client: &http.Client{Transport: t}, secret: secret, byAddr: map[string]*peer{}}
 }
 
 // withSecret adds the cluster secret to outgoing calls.
@@ -69,7 +72,7 @@ func requireSecret(secret string) connect.HandlerOption {
 }
 
 // get returns the clients of the node listening on addr (host:port).
-func (p *peers) get(addr string) *peer {
+func (p *Peers) get(addr string) *peer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.byAddr[addr]; c != nil {

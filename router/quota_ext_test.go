@@ -16,7 +16,7 @@ import (
 	"github.com/warden-dev/warden/keyspace"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // untilKnown retries a quota call while its outcome is unknown
@@ -40,7 +40,7 @@ func untilKnown[T any](f func() (T, error)) (T, error) {
 // reserve and commit happened exactly once, and that the replayed totals
 // equal what Query reports for every level.
 func TestQuotaNeverOversells(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	quota := wardenv1connect.NewQuotaServiceClient(c.srv.Client(), c.srv.URL)
 	setLimit := func(key string, limit int64) {
 		if _, err := untilKnown(func() (*connect.Response[wardenv1.SetLimitResponse], error) {
@@ -154,7 +154,7 @@ func TestQuotaNeverOversells(t *testing.T) {
 // snapshot and a leader change on the way); then R(k,7) is exhausted
 // with remaining 6 and R(k,6) succeeds, and the ledger has no gap.
 func TestQuotaSurvivesRestarts(t *testing.T) {
-	c := startCluster(t, router.DevConfig{SnapshotEntries: 20, CompactionOverhead: 5})
+	c := startCluster(t, server.DevConfig{SnapshotEntries: 20, CompactionOverhead: 5})
 	quota := wardenv1connect.NewQuotaServiceClient(c.srv.Client(), c.srv.URL)
 	if _, err := quota.SetLimit(ctx(t), connect.NewRequest(&wardenv1.SetLimitRequest{Key: "k", Limit: 10})); err != nil {
 		t.Fatal(err)
@@ -165,7 +165,7 @@ func TestQuotaSurvivesRestarts(t *testing.T) {
 	if _, err := quota.Commit(ctx(t), connect.NewRequest(&wardenv1.CommitRequest{Key: "k", ReservationId: "r"})); err != nil {
 		t.Fatal(err)
 	}
-	for i := range router.DevNodes {
+	for i := range server.DevNodes {
 		// Enough traffic for snapshots and log compaction on the way.
 		for n := range 30 {
 			if _, err := untilKnown(func() (*connect.Response[wardenv1.SetLimitResponse], error) {
@@ -203,7 +203,7 @@ func TestQuotaSurvivesRestarts(t *testing.T) {
 // reservation is lost (each acknowledged one commits after the split),
 // the ledger has no gap, and the limit holds.
 func TestQuotaThroughSplit(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	quota := wardenv1connect.NewQuotaServiceClient(c.srv.Client(), c.srv.URL)
 	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
 	pools := []string{"alpha", "beta", "gamma", "delta", "epsilon", "zeta"}

@@ -8,12 +8,16 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/raftio"
 
+	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
 // dragonboatHost is the raftHost of a Dragonboat NodeHost.
 type dragonboatHost struct{ nh *dragonboat.NodeHost }
+
+// hostOf is the router's seam to node n's Raft host.
+func hostOf(n *placement.Node) raftHost { return dragonboatHost{n.NodeHost()} }
 
 func (h dragonboatHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]byte, error) {
 	out, err := h.nh.SyncPropose(ctx, h.nh.GetNoOPSession(shardID), cmd)

@@ -8,7 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -29,7 +29,7 @@ func (c *cluster) renewBatch(pairs ...string) ([]*wardenv1.RenewOutcome, error) 
 }
 
 func TestRenewBatch(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	a := c.mustAcquire("batch/a", "ra", 10*time.Second)
 	b := c.mustAcquire("batch/b", "rb", 10*time.Second)
 	gone := c.mustAcquire("batch/gone", "rg", 10*time.Second)

@@ -144,7 +144,7 @@ type Router struct {
 	nodes []LocalNode
 	maps  atomic.Pointer[placement.Map]
 	meta  placement.MetaClient
-	peers *peers
+	peers *Peers
 	ops   *placement.Operators
 	clock clockWatch
 	waits *WaitRegistry
@@ -158,22 +158,17 @@ type Router struct {
 }
 
 // New returns a Router over the local nodes, whose replicas report their
-// hand-offs to waits, routing by map m and refreshing it from meta. Call
-// Start to run the leader timers and Stop before closing the nodes.
-func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *WaitRegistry, cfg Config) *Router {
-	return newRouter(nodes, meta, m, waits, cfg, newPeers(cfg.ClusterSecret))
-}
-
-// newRouter is New over the other nodes' clients p, which the caller may
-// have used before the router existed (StartCluster asks its peers about
-// the node and reaches the placement group through them). Everything the
-// router holds is set here, never patched in afterwards.
-func newRouter(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *WaitRegistry, cfg Config, p *peers) *Router {
+// hand-offs to waits, routing by map m, refreshing it from meta, and
+// reaching the other nodes through p (made with the cluster secret of
+// cfg). Everything the router holds is set here, never patched in
+// afterwards. Call Start to run the leader timers and Stop before
+// closing the nodes.
+func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *WaitRegistry, cfg Config, p *Peers) *Router {
 	cfg.setDefaults()
 	nodes = slices.Clone(nodes)
 	for i := range nodes {
 		if n := nodes[i].Node; n != nil {
-			nodes[i].id, nodes[i].raft = n.ID(), dragonboatHost{n.NH}
+			nodes[i].id, nodes[i].raft = n.ID(), hostOf(n)
 		}
 	}
 	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: p, waits: waits, clock: clockWatch{kick: make(chan struct{}, 1)}, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
@@ -217,6 +212,32 @@ func (r *Router) isLocal(id uint64) bool {
 	}
 	return false
 }
+
+// metaLeader returns the node that leads the placement group, as the
+// local replicas know it, or nil.
+func (r *Router) metaLeader() *placementv1.Node {
+	for i := range r.nodes {
+		id, _, valid, err := r.nodes[i].leaderOf(placement.MetaShardID)
+		if err == nil && valid && id != 0 {
+			return r.Map().Node(id) // meta replica id = node id
+		}
+	}
+	return nil
+}
+
+// LeadsPlacement reports whether a local node leads the placement group,
+// where the operators in progress (splits, moves) are driven.
+func (r *Router) LeadsPlacement() bool {
+	l := r.metaLeader()
+	return l != nil && r.isLocal(l.GetId())
+}
+
+// DriveOperators runs the operators in progress in the map to their end
+// (placement.Operators.Drive); call it on the placement leader only.
+func (r *Router) DriveOperators(ctx context.Context) error { return r.ops.Drive(ctx) }
+
+// Logger returns the logger the router writes to (Config.Logger).
+func (r *Router) Logger() *slog.Logger { return r.cfg.Logger }
 
 // Start runs the leader timers of every local node and the clock offset
 // measurement.

@@ -79,9 +79,9 @@ func newRoutingFixture() *routingFixture {
 	for id := uint64(1); id <= 2; id++ {
 		h := &fakeHost{replica: id}
 		f.hosts[id] = h
-		nodes = append(nodes, LocalNode{Leadership: NewLeadership(), id: id, raft: h})
+		nodes = append(nodes, LocalNode{Leadership: NewLeadership(0), id: id, raft: h})
 	}
-	f.r = New(nodes, f.meta, placement.NewMap(st), NewWaitRegistry(), Config{Logger: slog.New(slog.DiscardHandler)})
+	f.r = New(nodes, f.meta, placement.NewMap(st), NewWaitRegistry(), Config{Logger: slog.New(slog.DiscardHandler)}, NewPeers(""))
 	f.ctx, f.stop = context.WithCancel(context.Background())
 	return f
 }

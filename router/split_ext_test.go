@@ -17,7 +17,7 @@ import (
 	"github.com/warden-dev/warden/placement"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // TestSplitUnderTraffic splits the data shard while leases are held,
@@ -29,7 +29,7 @@ import (
 // the router's transparent retries, almost none), and the new shard has
 // a replica in each zone.
 func TestSplitUnderTraffic(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
 	const held, waited, workers = 300, 20, 4
 
@@ -208,11 +208,11 @@ func (c *cluster) crashLeaderOf(id uint64) (restart func()) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		for _, n := range c.dev.Nodes {
-			lid, _, valid, err := n.Node.NH.GetLeaderID(id)
+			lid, _, valid, err := n.Node.NodeHost().GetLeaderID(id)
 			if err != nil || !valid || c.dev.Router.Map().ReplicaNode(id, lid).GetId() != n.Node.ID() {
 				continue
 			}
-			if err := n.Node.NH.StopReplica(id, lid); err != nil {
+			if err := n.Node.NodeHost().StopReplica(id, lid); err != nil {
 				c.t.Fatalf("stop shard %d's leader replica %d: %v", id, lid, err)
 			}
 			return func() {
@@ -248,7 +248,7 @@ func TestCaseS2LinearizableAcrossSplits(t *testing.T) {
 	if os.Getenv("WARDEN_SOAK") != "" {
 		splits, every = 12, 5*time.Second
 	}
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
 	var resources []string
 	for i := range splits + 3 {

@@ -14,6 +14,7 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // handOffLog records every hand-off result one replica applied.
@@ -46,7 +47,7 @@ func (h *handOffLog) grantedBy(requestID string) *shardv1.Result {
 // lease clock that starts at the grant and a higher token; a cancelled
 // waiter is removed and never granted.
 func TestWaiterGrantedAtExpiry(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	const ttlA = 2 * time.Second
 	a := c.mustAcquire("r", "a1", ttlA) // A never renews
 	// C waits too, but gives up (its RPC is cancelled) before A expires.
@@ -111,7 +112,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // strictly increase.
 func TestHandOffOrder(t *testing.T) {
 	log := &handOffLog{}
-	c := startCluster(t, router.DevConfig{Observer: log.observe})
+	c := startCluster(t, server.DevConfig{Observer: log.observe})
 	const n = 200
 	a := c.mustAcquire("hot", "holder", 30*time.Second)
 	type grant struct {
@@ -167,7 +168,7 @@ func TestHandOffOrder(t *testing.T) {
 // wait_timeout passes without a grant: deadline_exceeded, and the waiter
 // is gone from the queue (it is never granted afterwards).
 func TestWaitTimeout(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	a := c.mustAcquire("r", "a", 5*time.Second)
 	start := time.Now()
 	_, err := c.acquireWait(ctx(t), "r", "b", 5*time.Second, 500*time.Millisecond)
@@ -194,7 +195,7 @@ func TestWaitTimeout(t *testing.T) {
 // Connect client, no SDK retries) is granted after the holder's lease
 // expires, within rule 6's bound, and never answered unavailable.
 func TestWaiterRidesThroughLeaderChanges(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	const ttl = 10 * time.Second
 	h := c.mustAcquire("r", "dead-holder", ttl)
 	type answer struct {
@@ -212,7 +213,7 @@ func TestWaiterRidesThroughLeaderChanges(t *testing.T) {
 	waitFor(t, func() bool { return c.describe("r").GetWaiters() == 1 })
 	for i := range 5 {
 		from := c.leader()
-		c.transferLeader((from + 1) % router.DevNodes) // fails unless the leader did change
+		c.transferLeader((from + 1) % server.DevNodes) // fails unless the leader did change
 		select {
 		case a := <-done:
 			t.Fatalf("the waiter was answered during transfer %d, before the holder's lease ended: %v %v", i+1, a.lease, a.err)
@@ -251,7 +252,7 @@ func TestWaiterRidesThroughLeaderChanges(t *testing.T) {
 // new connection); the first one's connection drops. The later attempt
 // keeps the place and gets the grant: a stale attempt's cancel is ignored.
 func TestAbandonedAttemptKeepsLiveRetry(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	h := c.mustAcquire("r", "holder", 30*time.Second)
 	actx, cancelA := context.WithCancel(context.Background())
 	adone := make(chan error, 1)
@@ -294,7 +295,7 @@ func TestAbandonedAttemptKeepsLiveRetry(t *testing.T) {
 // enqueue, before its outcome is known — leave nothing behind: no waiter,
 // and no grant held by nobody.
 func TestClientsGivingUpLeaveNoWaiters(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	h := c.mustAcquire("r", "holder", 30*time.Second)
 	var wg sync.WaitGroup
 	for i := range 60 {
@@ -320,7 +321,7 @@ func TestClientsGivingUpLeaveNoWaiters(t *testing.T) {
 // takes the request's place back, so no grant goes to nobody; the same
 // through Batch. (It used to dereference a missing subscription.)
 func TestRetryWithoutWaitOfQueuedRequest(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	h := c.mustAcquire("r", "holder", 30*time.Second)
 	for _, viaBatch := range []bool{false, true} {
 		id := fmt.Sprintf("queued-%v", viaBatch)
@@ -372,7 +373,7 @@ func TestRetryWithoutWaitOfQueuedRequest(t *testing.T) {
 // lease). The release and the retry share one Batch, so the hand-off
 // lands between the retry and its cancel every time.
 func TestSupersededWaiterIsNotToldOfTheGrant(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	h := c.mustAcquire("r", "holder", 30*time.Second)
 	type answer struct {
 		lease *wardenv1.AcquireResponse
@@ -420,7 +421,7 @@ func TestSupersededWaiterIsNotToldOfTheGrant(t *testing.T) {
 // when it runs out, the place is given up and the first attempt, still
 // waiting, is answered too.
 func TestRetryWaitsForItsOwnTimeout(t *testing.T) {
-	c := startCluster(t, router.DevConfig{})
+	c := startCluster(t, server.DevConfig{})
 	c.mustAcquire("r", "holder", 30*time.Second)
 	done := make(chan error, 1)
 	go func() {
@@ -451,7 +452,7 @@ func TestRetryWaitsForItsOwnTimeout(t *testing.T) {
 // silent wait to its 30 s deadline — and its retry with the same request
 // id, once the quorum is back, keeps its place ahead of a later waiter.
 func TestWaiterWithoutQuorumAnswersUnavailable(t *testing.T) {
-	c := startCluster(t, router.DevConfig{Router: router.Config{ProposeTimeout: time.Second, LeaderWait: time.Second}})
+	c := startCluster(t, server.DevConfig{Router: router.Config{ProposeTimeout: time.Second, LeaderWait: time.Second}})
 	h := c.mustAcquire("r", "holder", 30*time.Second)
 	answers := make(chan error, 2)
 	for _, id := range []string{"w1", "w2"} {
@@ -462,8 +463,8 @@ func TestWaiterWithoutQuorumAnswersUnavailable(t *testing.T) {
 		waitFor(t, func() bool { return c.attempt("r", id) != nil })
 	}
 	lead := c.leader()
-	c.stopReplica((lead + 1) % router.DevNodes)
-	c.stopReplica((lead + 2) % router.DevNodes)
+	c.stopReplica((lead + 1) % server.DevNodes)
+	c.stopReplica((lead + 2) % server.DevNodes)
 	lost := time.Now()
 	for range 2 {
 		select {
@@ -475,8 +476,8 @@ func TestWaiterWithoutQuorumAnswersUnavailable(t *testing.T) {
 			t.Fatal("a waiter without quorum was not answered")
 		}
 	}
-	c.startReplica((lead + 1) % router.DevNodes)
-	c.startReplica((lead + 2) % router.DevNodes)
+	c.startReplica((lead + 1) % server.DevNodes)
+	c.startReplica((lead + 2) % server.DevNodes)
 	// Both retry, W2's retry applied first: W1 keeps the head of the queue.
 	got := make(chan *wardenv1.AcquireResponse, 2)
 	order := make(chan string, 2)
@@ -512,5 +513,36 @@ func TestWaiterWithoutQuorumAnswersUnavailable(t *testing.T) {
 	}
 	if second := <-order; second != "w2" {
 		t.Fatalf("then %s", second)
+	}
+}
+
+// A waiter whose RPC is gone (its node died before it could cancel) is
+// dropped by the leader once its wait is over, so it holds no place in
+// the queue. Here the waiter is proposed with no RPC waiting at all.
+func TestLeaderDropsWaitersWhoseCallIsGone(t *testing.T) {
+	c := startCluster(t, server.DevConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.locks.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "r", RequestId: "holder", LeaseTtl: durationpb.New(time.Minute)})); err != nil {
+		t.Fatal(err)
+	}
+	res, err := router.ProposeAcquire(ctx, c.dev.Router, &wardenv1.AcquireRequest{Resource: "r", RequestId: "gone", LeaseTtl: durationpb.New(time.Minute), WaitTimeout: durationpb.New(300 * time.Millisecond)})
+	if err != nil || res.GetCode() != shardv1.Code_CODE_QUEUED {
+		t.Fatalf("premise: the waiter is queued: %v, %v", res, err)
+	}
+	waiters := func() uint32 {
+		d, err := c.locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "r"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Msg.GetWaiters()
+	}
+	if n := waiters(); n != 1 {
+		t.Fatalf("premise: %d waiters, want 1", n)
+	}
+	for deadline := time.Now().Add(10 * time.Second); waiters() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter whose call is gone is still queued 10 s after its wait ended")
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/warden-dev/warden/placement"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 func TestMain(m *testing.M) {
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) {
 // against it, returning what it printed.
 func devCLI(t *testing.T) func(args ...string) (string, error) {
 	t.Helper()
-	dev, err := router.StartDev(router.DevConfig{DataDir: t.TempDir()})
+	dev, err := server.StartDev(server.DevConfig{DataDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

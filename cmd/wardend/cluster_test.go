@@ -25,7 +25,7 @@ import (
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // A three-process cluster on loopback: each node a real wardend in its
@@ -97,8 +97,8 @@ func newProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 	}
 	var members []string
 	for i := range 3 {
-		raft, err1 := router.FreeLoopbackAddr()
-		listen, err2 := router.FreeLoopbackAddr()
+		raft, err1 := server.FreeLoopbackAddr()
+		listen, err2 := server.FreeLoopbackAddr()
 		if err1 != nil || err2 != nil {
 			t.Fatal(err1, err2)
 		}
@@ -191,8 +191,8 @@ func knowsFlag(bin, flag string) bool {
 // addresses) and returns its index.
 func (c *procCluster) join(zone string) int {
 	c.t.Helper()
-	raft, err1 := router.FreeLoopbackAddr()
-	listen, err2 := router.FreeLoopbackAddr()
+	raft, err1 := server.FreeLoopbackAddr()
+	listen, err2 := server.FreeLoopbackAddr()
 	if err1 != nil || err2 != nil {
 		c.t.Fatal(err1, err2)
 	}

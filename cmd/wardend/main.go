@@ -30,8 +30,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
-	_ "net/http/pprof" // served only with --pprof-addr
 	"os"
 	"os/signal"
 	"slices"
@@ -44,6 +42,7 @@ import (
 
 	"github.com/warden-dev/warden/placement"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 type cli struct {
@@ -89,79 +88,60 @@ func run(c cli) error {
 		return err
 	}
 	defer closeAudit()
-	ln, err := net.Listen("tcp", c.Listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	defer ln.Close()
-	var cluster *router.Cluster
-	mode := "dev"
+	cfg := server.Config{Listen: c.Listen, PprofAddr: c.PprofAddr}
 	if c.Dev {
-		cluster, err = router.StartDev(router.DevConfig{DataDir: c.DataDir, ListenAddr: c.Listen, Router: router.Config{Audit: audit}})
+		cfg.Dev = &server.DevConfig{DataDir: c.DataDir, ListenAddr: c.Listen, Router: router.Config{Audit: audit}}
 	} else {
-		mode = "node"
-		var cfg router.ClusterConfig
-		if cfg, err = c.clusterConfig(); err != nil {
+		if cfg.Cluster, err = c.clusterConfig(); err != nil {
 			return err
 		}
-		cfg.Router.Audit = audit
-		cfg.Router.ClockOffset = c.ClockOffset
-		cluster, err = router.StartCluster(cfg)
+		cfg.Cluster.Router.Audit = audit
+		cfg.Cluster.Router.ClockOffset = c.ClockOffset
 	}
+	srv, err := server.Start(cfg)
 	if err != nil {
 		return err
 	}
-	defer cluster.Close()
-
-	if c.PprofAddr != "" {
-		pl, err := net.Listen("tcp", c.PprofAddr)
-		if err != nil {
-			return fmt.Errorf("pprof-addr: %w", err)
-		}
-		defer pl.Close()
-		// net/http/pprof registers its handlers on the default mux.
-		go func() { _ = http.Serve(pl, http.DefaultServeMux) }()
+	var modes []string
+	for _, m := range srv.Cluster.Modes {
+		modes = append(modes, m.String())
 	}
-	srv := router.NewServer(c.Listen, router.NewHandler(cluster.Router))
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	slog.Info("wardend serving", "listen", ln.Addr().String(), "data_dir", c.DataDir, "mode", mode, "members", cluster.Members())
+	slog.Info("wardend serving", "listen", srv.Addr(), "data_dir", c.DataDir, "dev", c.Dev, "start", modes, "members", srv.Cluster.Members())
 
 	select {
-	case err := <-errc:
-		return err
+	case err := <-srv.Failed():
+		sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownWait)
+		defer cancel()
+		return errors.Join(err, srv.Shutdown(sctx))
 	case <-ctx.Done():
 	}
 	slog.Info("wardend shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownWait)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return srv.Shutdown(sctx)
 }
 
 // clusterConfig builds a production node's config from the flags.
-func (c cli) clusterConfig() (router.ClusterConfig, error) {
+func (c cli) clusterConfig() (server.ClusterConfig, error) {
 	switch {
 	case c.NodeID == 0:
-		return router.ClusterConfig{}, errors.New("--node-id is required (or --dev)")
+		return server.ClusterConfig{}, errors.New("--node-id is required (or --dev)")
 	case c.Zone == "":
-		return router.ClusterConfig{}, errors.New("--zone is required")
+		return server.ClusterConfig{}, errors.New("--zone is required")
 	case c.RaftAddr == "":
-		return router.ClusterConfig{}, errors.New("--raft-addr is required")
+		return server.ClusterConfig{}, errors.New("--raft-addr is required")
 	case c.InitialMembers == "" && len(c.Join) == 0:
-		return router.ClusterConfig{}, errors.New("--initial-members or --join is required")
+		return server.ClusterConfig{}, errors.New("--initial-members or --join is required")
 	}
 	members, err := parseMembers(c.InitialMembers)
 	if err != nil {
-		return router.ClusterConfig{}, err
+		return server.ClusterConfig{}, err
 	}
-	if c.InitialState == "new" && !slices.ContainsFunc(members, func(m router.Member) bool { return m.ID == c.NodeID }) {
-		return router.ClusterConfig{}, fmt.Errorf("--initial-cluster-state new: node %d is not in --initial-members; a node that joins a running cluster starts with --join alone", c.NodeID)
+	if c.InitialState == "new" && !slices.ContainsFunc(members, func(m server.Member) bool { return m.ID == c.NodeID }) {
+		return server.ClusterConfig{}, fmt.Errorf("--initial-cluster-state new: node %d is not in --initial-members; a node that joins a running cluster starts with --join alone", c.NodeID)
 	}
-	cfg := router.ClusterConfig{
-		Nodes:      []router.NodeSpec{{ID: c.NodeID, Zone: c.Zone, RaftAddr: c.RaftAddr, DataDir: c.DataDir}},
+	cfg := server.ClusterConfig{
+		Nodes:      []server.NodeSpec{{ID: c.NodeID, Zone: c.Zone, RaftAddr: c.RaftAddr, DataDir: c.DataDir}},
 		ListenAddr: c.Listen,
 		Members:    members,
 		Join:       c.Join,
@@ -170,18 +150,18 @@ func (c cli) clusterConfig() (router.ClusterConfig, error) {
 	if c.SecretFile != "" {
 		b, err := os.ReadFile(c.SecretFile)
 		if err != nil {
-			return router.ClusterConfig{}, fmt.Errorf("--cluster-secret-file: %w", err)
+			return server.ClusterConfig{}, fmt.Errorf("--cluster-secret-file: %w", err)
 		}
 		if cfg.Router.ClusterSecret = strings.TrimSpace(string(b)); len(cfg.Router.ClusterSecret) < 16 {
-			return router.ClusterConfig{}, fmt.Errorf("--cluster-secret-file: the secret must be at least 16 characters")
+			return server.ClusterConfig{}, fmt.Errorf("--cluster-secret-file: the secret must be at least 16 characters")
 		}
 	}
 	return cfg, nil
 }
 
 // parseMembers parses --initial-members: id=raftaddr=listenaddr,...
-func parseMembers(v string) ([]router.Member, error) {
-	var out []router.Member
+func parseMembers(v string) ([]server.Member, error) {
+	var out []server.Member
 	if v == "" {
 		return nil, nil
 	}
@@ -199,10 +179,10 @@ func parseMembers(v string) ([]router.Member, error) {
 				return nil, fmt.Errorf("--initial-members: %q: %v", item, err)
 			}
 		}
-		if slices.ContainsFunc(out, func(m router.Member) bool { return m.ID == id }) {
+		if slices.ContainsFunc(out, func(m server.Member) bool { return m.ID == id }) {
 			return nil, fmt.Errorf("--initial-members: node %d is listed twice", id)
 		}
-		out = append(out, router.Member{ID: id, RaftAddr: parts[1], ListenAddr: parts[2]})
+		out = append(out, server.Member{ID: id, RaftAddr: parts[1], ListenAddr: parts[2]})
 	}
 	return out, nil
 }

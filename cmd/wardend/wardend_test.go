@@ -20,7 +20,7 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // These tests run the real wardend binary as a child process and send it
@@ -55,7 +55,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-type server struct {
+// devProc is a wardend --dev process a test started.
+type devProc struct {
 	t      *testing.T
 	dir    string
 	addr   string
@@ -65,13 +66,13 @@ type server struct {
 	exited chan error
 }
 
-func startServer(t *testing.T, dir string) *server {
+func startServer(t *testing.T, dir string) *devProc {
 	t.Helper()
-	addr, err := router.FreeLoopbackAddr()
+	addr, err := server.FreeLoopbackAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{t: t, dir: dir, addr: addr, exited: make(chan error, 1)}
+	s := &devProc{t: t, dir: dir, addr: addr, exited: make(chan error, 1)}
 	s.cmd = exec.Command(binary, "--dev", "--data-dir", dir, "--listen", addr)
 	s.cmd.Stdout, s.cmd.Stderr = &s.log, &s.log
 	if err := s.cmd.Start(); err != nil {
@@ -93,7 +94,7 @@ func startServer(t *testing.T, dir string) *server {
 
 // waitServing polls grpc.health.v1 (Connect JSON, as curl would) and a
 // Describe until the node answers and the shard has a leader.
-func (s *server) waitServing() {
+func (s *devProc) waitServing() {
 	s.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
@@ -112,14 +113,14 @@ func (s *server) waitServing() {
 	s.t.Fatalf("wardend did not start serving:\n%s", s.log.String())
 }
 
-func (s *server) signal(sig syscall.Signal) {
+func (s *devProc) signal(sig syscall.Signal) {
 	s.t.Helper()
 	if err := s.cmd.Process.Signal(sig); err != nil {
 		s.t.Fatal(err)
 	}
 }
 
-func (s *server) waitExit() error {
+func (s *devProc) waitExit() error {
 	select {
 	case err := <-s.exited:
 		s.exited <- err // for the cleanup
@@ -130,7 +131,7 @@ func (s *server) waitExit() error {
 	}
 }
 
-func (s *server) acquire(resource, requestID string, ttl time.Duration) (*wardenv1.AcquireResponse, error) {
+func (s *devProc) acquire(resource, requestID string, ttl time.Duration) (*wardenv1.AcquireResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := s.locks.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: resource, RequestId: requestID, LeaseTtl: durationpb.New(ttl)}))
@@ -140,7 +141,7 @@ func (s *server) acquire(resource, requestID string, ttl time.Duration) (*warden
 	return resp.Msg, nil
 }
 
-func (s *server) describe(resource string) *wardenv1.DescribeResponse {
+func (s *devProc) describe(resource string) *wardenv1.DescribeResponse {
 	s.t.Helper()
 	resp, err := s.locks.Describe(context.Background(), connect.NewRequest(&wardenv1.DescribeRequest{Resource: resource}))
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warden-dev/warden/client/fence"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 // startPostgres runs a throwaway PostgreSQL server on a free loopback port
@@ -63,7 +63,7 @@ func startPostgres(t *testing.T) string {
 	if out, err := asUser("initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
-	addr, err := router.FreeLoopbackAddr()
+	addr, err := server.FreeLoopbackAddr()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 func TestMain(m *testing.M) {
@@ -111,7 +112,7 @@ func TestZombieWriteRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dev, err := router.StartDev(router.DevConfig{DataDir: t.TempDir(), Router: router.Config{ScanInterval: 50 * time.Millisecond}})
+	dev, err := server.StartDev(server.DevConfig{DataDir: t.TempDir(), Router: router.Config{ScanInterval: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

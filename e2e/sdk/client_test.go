@@ -18,6 +18,7 @@ import (
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
 )
 
 func TestMain(m *testing.M) {
@@ -32,14 +33,14 @@ func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 type cluster struct {
 	t     *testing.T
-	dev   *router.Dev
+	dev   *server.Dev
 	srv   *httptest.Server
 	locks wardenv1connect.LockServiceClient
 }
 
 func startCluster(t *testing.T, opts ...connect.HandlerOption) *cluster {
 	t.Helper()
-	dev, err := router.StartDev(router.DevConfig{DataDir: t.TempDir(), Router: router.Config{ScanInterval: 50 * time.Millisecond}})
+	dev, err := server.StartDev(server.DevConfig{DataDir: t.TempDir(), Router: router.Config{ScanInterval: 50 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func (c *cluster) describe(resource string) *wardenv1.DescribeResponse {
 func (c *cluster) leader() int {
 	for {
 		for i, n := range c.dev.Nodes {
-			if id, _, ok, err := n.Node.NH.GetLeaderID(placement.FirstDataShard); err == nil && ok && id == n.Node.ID() {
+			if id, _, ok, err := n.Node.NodeHost().GetLeaderID(placement.FirstDataShard); err == nil && ok && id == n.Node.ID() {
 				return i
 			}
 		}
@@ -153,7 +154,7 @@ func TestRenewalSurvivesLeaderChanges(t *testing.T) {
 	for i := range 4 {
 		time.Sleep(time.Second)
 		lead := c.leader()
-		_ = c.dev.Nodes[lead].Node.NH.RequestLeaderTransfer(placement.FirstDataShard, c.dev.Nodes[(lead+1)%router.DevNodes].Node.ID())
+		_ = c.dev.Nodes[lead].Node.NodeHost().RequestLeaderTransfer(placement.FirstDataShard, c.dev.Nodes[(lead+1)%server.DevNodes].Node.ID())
 		for deadline := time.Now().Add(3 * time.Second); c.leader() == lead; time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("transfer %d: the leader did not change from node %d", i+1, lead+1)
@@ -182,7 +183,7 @@ func TestDoneClosesBeforeExpiryWithoutQuorum(t *testing.T) {
 	lead := c.leader()
 	for i, n := range c.dev.Nodes {
 		if i != lead {
-			if err := n.Node.NH.StopReplica(placement.FirstDataShard, n.Node.ID()); err != nil {
+			if err := n.Node.NodeHost().StopReplica(placement.FirstDataShard, n.Node.ID()); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -3,7 +3,6 @@ package router
 import (
 	"net/http"
 	"slices"
-	"time"
 
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
@@ -57,22 +56,3 @@ const (
 	maxRequestBytes     = 64 << 10
 	maxNodeRequestBytes = 16 << 20
 )
-
-// NewServer returns an HTTP server for h that speaks HTTP/1.1 and
-// cleartext HTTP/2 (h2c), as gRPC clients without TLS need.
-func NewServer(addr string, h http.Handler) *http.Server {
-	srv := &http.Server{
-		Addr:              addr,
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		// Requests are small; a body that trickles in is an attack. (There
-		// is no WriteTimeout: a waiting Acquire may answer minutes later.)
-		ReadTimeout:    30 * time.Second,
-		IdleTimeout:    5 * time.Minute,
-		MaxHeaderBytes: 64 << 10,
-	}
-	srv.Protocols = new(http.Protocols)
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
-	return srv
-}

@@ -1,4 +1,4 @@
-package router
+package server
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -53,7 +54,7 @@ type ClusterConfig struct {
 	RTT                time.Duration
 	SnapshotEntries    uint64
 	CompactionOverhead uint64
-	Router             Config
+	Router             router.Config
 	// Observer, if set, also sees every hand-off each replica applies.
 	Observer shard.ApplyObserver
 	// BootstrapTimeout bounds the wait for the placement group's quorum at
@@ -67,10 +68,12 @@ type ClusterConfig struct {
 // Cluster is the running part of a Warden cluster in this process.
 type Cluster struct {
 	cfg   ClusterConfig
-	waits *WaitRegistry
+	waits *router.WaitRegistry
 	// Router routes over the nodes; Nodes[i] runs cfg.Nodes[i].
-	Router *Router
-	Nodes  []LocalNode
+	Router *router.Router
+	Nodes  []router.LocalNode
+	// Modes[i] is how Nodes[i] started.
+	Modes  []StartMode
 	agents []*placement.Agent
 	// driving is set while the loop's operator driver runs.
 	driving atomic.Bool
@@ -81,9 +84,10 @@ type Cluster struct {
 	wg     sync.WaitGroup
 }
 
-// StartCluster starts (or restarts) the nodes of cfg, bootstraps or
-// joins the placement group, starts the replicas the map places on the
-// nodes, and runs the map refresh, the node agents and, on the placement
+// StartCluster starts (or restarts) the nodes of cfg, each in the mode
+// its data directory and cfg give it (StartMode), bootstraps or joins
+// the placement group, starts the replicas the map places on the nodes,
+// and runs the map refresh, the node agents and, on the placement
 // leader, the operator driver.
 func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	if cfg.BootstrapTimeout == 0 {
@@ -92,34 +96,38 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	if cfg.MapInterval == 0 {
 		cfg.MapInterval = 200 * time.Millisecond
 	}
-	c := &Cluster{cfg: cfg, waits: NewWaitRegistry(), Nodes: make([]LocalNode, len(cfg.Nodes)), stop: make(chan struct{})}
+	c := &Cluster{cfg: cfg, waits: router.NewWaitRegistry(), stop: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	p := newPeers(cfg.Router.ClusterSecret)
-	var firstInitial *placement.Node // the first local initial member, whose replica of the placement group serves
+	// Every mode is decided before anything starts: a config that cannot
+	// start one node starts none.
+	for _, spec := range cfg.Nodes {
+		mode, err := startMode(spec, cfg)
+		if err != nil {
+			return nil, err
+		}
+		c.Modes = append(c.Modes, mode)
+	}
+	// The process reads the placement group through the replica of its
+	// first initial member, if it runs one, else through the join
+	// addresses (startMode made sure every node here has some).
+	metaAt := slices.IndexFunc(cfg.Nodes, func(s NodeSpec) bool { return c.initial(s.ID) })
+	p := router.NewPeers(cfg.Router.ClusterSecret)
 	ids := make([]placement.Identity, len(cfg.Nodes))
 	for i, spec := range cfg.Nodes {
-		initial := slices.ContainsFunc(cfg.Members, func(m Member) bool { return m.ID == spec.ID })
-		mode := placement.InitJoin
-		if initial {
-			mode = placement.InitRefuse
-			if cfg.NewCluster {
-				mode = placement.InitNewCluster
-			}
-		}
-		var err error
-		if ids[i], err = placement.OpenIdentity(spec.DataDir, spec.ID, mode); err != nil {
+		id, err := placement.OpenIdentity(spec.DataDir, spec.ID, c.Modes[i].initMode())
+		if err != nil {
 			c.closeNodes()
 			return nil, err
 		}
-		if initial && ids[i].Created {
-			if err := c.probeIncarnation(p, spec, ids[i]); err != nil {
-				_ = ids[i].Forget(spec.DataDir)
+		ids[i] = id
+		if c.Modes[i] == ModeNewCluster {
+			if err := c.probeIncarnation(p, spec, id); err != nil {
+				_ = id.Forget(spec.DataDir)
 				c.closeNodes()
 				return nil, err
 			}
 		}
-		lead := NewLeadership()
-		lead.offset = cfg.Router.ClockOffset
+		lead := router.NewLeadership(cfg.Router.ClockOffset)
 		n, err := placement.StartNode(placement.NodeConfig{
 			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, DataDir: spec.DataDir,
 			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
@@ -129,30 +137,20 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			c.closeNodes()
 			return nil, err
 		}
-		c.Nodes[i] = LocalNode{Node: n, Leadership: lead}
+		c.Nodes = append(c.Nodes, router.LocalNode{Node: n, Leadership: lead})
 		c.agents = append(c.agents, placement.NewAgent(n))
-		if initial {
+		if c.initial(spec.ID) {
+			// An initial member hosts a replica of the placement group
+			// from its first start.
 			if err := n.StartMeta(c.Members(), false); err != nil {
 				c.closeNodes()
 				return nil, err
 			}
-			if firstInitial == nil {
-				firstInitial = n
-			}
 		}
 	}
-	// The placement client: this process's replica of the placement group
-	// when it runs an initial member, else the running nodes' replicas
-	// over NodeService, reached through the join addresses first.
-	var meta placement.MetaClient
-	switch {
-	case firstInitial != nil:
-		meta = placement.LocalMeta{NH: firstInitial.NH}
-	case len(cfg.Join) > 0:
-		meta = remoteMeta{peers: p, seeds: cfg.Join, known: c.knownAddrs}
-	default:
-		c.closeNodes()
-		return nil, errors.New("router: a node that is not an initial member needs join addresses")
+	meta := p.Placement(cfg.Join, c.knownAddrs)
+	if metaAt >= 0 {
+		meta = c.Nodes[metaAt].Node.Meta()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.BootstrapTimeout)
 	defer cancel()
@@ -160,24 +158,17 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	for _, m := range cfg.Members {
 		initial = append(initial, &placementv1.Node{Id: m.ID, RaftAddr: m.RaftAddr, ListenAddr: m.ListenAddr})
 	}
+	var st *placementv1.State
 	for i, spec := range cfg.Nodes {
 		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: cfg.ListenAddr, Incarnation: ids[i].Incarnation, CommandVersion: shard.CommandVersion,
 			MetaCommandVersion: placement.MetaCommandVersion}
-		if err := placement.Bootstrap(ctx, meta, initial, self, ids[i]); err != nil {
+		var err error
+		if st, err = placement.Bootstrap(ctx, meta, initial, self, ids[i]); err != nil {
 			c.closeNodes()
 			return nil, err
 		}
 	}
-	st, err := meta.Read(ctx)
-	for err != nil && ctx.Err() == nil { // one read waits at most 5 s; an election may take longer
-		time.Sleep(100 * time.Millisecond)
-		st, err = meta.Read(ctx)
-	}
-	if err != nil {
-		c.closeNodes()
-		return nil, err
-	}
-	c.Router = newRouter(c.Nodes, meta, placement.NewMap(st), c.waits, cfg.Router, p)
+	c.Router = router.New(c.Nodes, meta, placement.NewMap(st), c.waits, cfg.Router, p)
 	if err := c.reconcile(); err != nil {
 		c.closeNodes()
 		return nil, err
@@ -188,6 +179,11 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	return c, nil
 }
 
+// initial reports whether node id is one of the initial members.
+func (c *Cluster) initial(id uint64) bool {
+	return slices.ContainsFunc(c.cfg.Members, func(m Member) bool { return m.ID == id })
+}
+
 // probeIncarnation asks the other initial members, before an initial
 // member on a freshly initialised directory starts any replica, whether
 // their placement group knows the node under another incarnation. Its
@@ -196,7 +192,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 // entries under the old id. Peers that do not answer (a cluster being
 // created, its other members not up yet) leave the decision to the later
 // check; in a dev cluster every member is local and none is asked.
-func (c *Cluster) probeIncarnation(p *peers, spec NodeSpec, id placement.Identity) error {
+func (c *Cluster) probeIncarnation(p *router.Peers, spec NodeSpec, id placement.Identity) error {
 	var seeds []string
 	for _, m := range c.cfg.Members {
 		if m.ID != spec.ID && m.ListenAddr != c.cfg.ListenAddr {
@@ -208,14 +204,15 @@ func (c *Cluster) probeIncarnation(p *peers, spec NodeSpec, id placement.Identit
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	st, err := remoteMeta{peers: p, seeds: seeds}.Read(ctx)
+	st, err := p.Placement(seeds, nil).Read(ctx)
 	if err != nil {
 		return nil
 	}
 	return placement.CheckIncarnation(st, id)
 }
 
-// knownAddrs lists the Connect addresses of the nodes in the map.
+// knownAddrs lists the Connect addresses of the nodes in the map, once
+// the router exists (before, a joining node knows only its seeds).
 func (c *Cluster) knownAddrs() []string {
 	if c.Router == nil {
 		return nil
@@ -259,6 +256,7 @@ func (c *Cluster) loop() {
 	defer c.wg.Done()
 	tick := time.NewTicker(c.cfg.MapInterval)
 	defer tick.Stop()
+	log := c.Router.Logger()
 	for {
 		select {
 		case <-c.stop:
@@ -267,30 +265,25 @@ func (c *Cluster) loop() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if err := c.Router.RefreshMap(ctx); err != nil {
-			c.Router.cfg.Logger.Debug("placement map refresh", "err", err)
+			log.Debug("placement map refresh", "err", err)
 		}
 		if err := c.reconcile(); err != nil {
-			c.Router.cfg.Logger.Warn("node agent", "err", err)
+			log.Warn("node agent", "err", err)
 		}
 		cancel()
-		if len(c.Router.Map().State().GetOperators()) > 0 && c.leadsMeta() && c.driving.CompareAndSwap(false, true) {
+		if len(c.Router.Map().State().GetOperators()) > 0 && c.Router.LeadsPlacement() && c.driving.CompareAndSwap(false, true) {
 			// Apart from the loop: a step may wait for replicas that this
 			// loop's node agent must start.
 			c.wg.Go(func() {
 				defer c.driving.Store(false)
 				ctx, cancel := context.WithTimeout(c.ctx, 2*time.Minute)
 				defer cancel()
-				if err := c.Router.ops.Drive(ctx); err != nil {
-					c.Router.cfg.Logger.Warn("placement operator", "err", err)
+				if err := c.Router.DriveOperators(ctx); err != nil {
+					log.Warn("placement operator", "err", err)
 				}
 			})
 		}
 	}
-}
-
-// leadsMeta reports whether a local node leads the placement group.
-func (c *Cluster) leadsMeta() bool {
-	return c.Router.metaLeader() != nil && c.Router.isLocal(c.Router.metaLeader().GetId())
 }
 
 // Close stops the loops, the router's timers and every node.
@@ -305,20 +298,6 @@ func (c *Cluster) Close() {
 func (c *Cluster) closeNodes() {
 	c.cancel()
 	for _, n := range c.Nodes {
-		if n.Node != nil {
-			n.Node.Close()
-		}
+		n.Node.Close()
 	}
-}
-
-// metaLeader returns the node that leads the placement group, as the
-// local replicas know it, or nil.
-func (r *Router) metaLeader() *placementv1.Node {
-	for i := range r.nodes {
-		id, _, valid, err := r.nodes[i].leaderOf(placement.MetaShardID)
-		if err == nil && valid && id != 0 {
-			return r.Map().Node(id) // meta replica id = node id
-		}
-	}
-	return nil
 }

@@ -1,4 +1,4 @@
-package router
+package server
 
 import (
 	"encoding/json"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warden-dev/warden/placement"
+	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -31,7 +32,7 @@ type DevConfig struct {
 	RTT                time.Duration
 	SnapshotEntries    uint64
 	CompactionOverhead uint64
-	Router             Config
+	Router             router.Config
 	// Observer, if set, also sees every hand-off each replica applies
 	// (tests and the load harness use it to watch grants to waiters).
 	Observer shard.ApplyObserver
@@ -74,7 +75,7 @@ func StartDev(cfg DevConfig) (*Dev, error) {
 	// new cluster. One node's data gone while the others' is kept is a
 	// node that lost what it acknowledged, refused as in production.
 	if len(kept) > 0 && len(fresh) > 0 {
-		return nil, fmt.Errorf("router: dev cluster: %s hold state but %s do not: a node that lost its data must not rejoin; "+
+		return nil, fmt.Errorf("server: dev cluster: %s hold state but %s do not: a node that lost its data must not rejoin; "+
 			"restore it, or delete %s to start a new dev cluster", strings.Join(kept, ", "), strings.Join(fresh, ", "), cfg.DataDir)
 	}
 	cc.NewCluster = len(kept) == 0
@@ -94,7 +95,7 @@ func devAddrs(dir string) ([]string, error) {
 	switch {
 	case err == nil:
 		if err := json.Unmarshal(b, &l); err != nil || len(l.RaftAddrs) != DevNodes {
-			return nil, fmt.Errorf("router: %s is damaged: %v", path, err)
+			return nil, fmt.Errorf("server: %s is damaged: %v", path, err)
 		}
 		return l.RaftAddrs, nil
 	case !errors.Is(err, os.ErrNotExist):
@@ -129,7 +130,7 @@ func FreeLoopbackAddr() (string, error) {
 		l.Close()
 		return l.Addr().String(), nil
 	}
-	return "", errors.New("router: no free loopback port below the ephemeral range")
+	return "", errors.New("server: no free loopback port below the ephemeral range")
 }
 
 // ephemeralLow is the first port of the kernel's ephemeral range (Linux;
