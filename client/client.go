@@ -47,12 +47,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
 
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
 
@@ -114,6 +116,9 @@ type Client struct {
 	// endpoint.
 	batchers []*Batcher
 	next     atomic.Uint32 // index of the endpoint to try first
+	// hosts are the endpoints' "host:port", to match the leader a
+	// recovery detail names (NotLeader, RangeMoved) to an endpoint.
+	hosts []string
 	// transport is the HTTP transport New made (nil when the caller gave
 	// Config.HTTPClient): Close closes its idle connections.
 	transport *http.Transport
@@ -151,6 +156,11 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg, transport: own}
 	c.mu.leases = map[*Lease]struct{}{}
 	for _, e := range cfg.Endpoints {
+		u, err := url.Parse(e)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("warden: endpoint %q is not a base URL (\"http://host:port\")", e)
+		}
+		c.hosts = append(c.hosts, u.Host)
 		c.locks = append(c.locks, wardenv1connect.NewLockServiceClient(cfg.HTTPClient, e))
 		c.renewers = append(c.renewers, NewRenewer(c.locks[len(c.locks)-1], DefaultLinger))
 		c.batchers = append(c.batchers, NewBatcher(c.locks[len(c.locks)-1], DefaultBatchCalls))
@@ -219,18 +229,31 @@ func (c *Client) forget(l *Lease) {
 }
 
 // retry runs f with the index of the current endpoint, retrying with
-// backoff while the error is Retryable (moving to the next endpoint each time) until it
-// gets another answer or ctx ends. f must be safe to repeat: it carries
+// backoff while the error is Retryable until it gets another answer or
+// ctx ends. A retry goes to the endpoint that the answer names as the
+// shard's leader (a NotLeader or RangeMoved detail), at once the first
+// time, else to the next endpoint. f must be safe to repeat: it carries
 // the same request or lease id every time.
 func (c *Client) retry(ctx context.Context, f func(context.Context, int) error) error {
 	backoff := c.cfg.RetryBase
+	redirected := false
 	for {
 		i := c.next.Load() % uint32(len(c.locks))
 		err := f(ctx, int(i))
 		if !Retryable(err) {
 			return err
 		}
-		c.next.CompareAndSwap(i, i+1)
+		if j, ok := c.leaderEndpoint(err); ok && j != i {
+			c.next.CompareAndSwap(i, j)
+			if !redirected {
+				// The answer said where to go: no reason to wait. Once
+				// only, so two nodes naming each other still back off.
+				redirected = true
+				continue
+			}
+		} else {
+			c.next.CompareAndSwap(i, i+1)
+		}
 		// Full jitter: a random wait up to the current backoff.
 		wait := time.Duration(rand.Int64N(int64(backoff)) + 1)
 		select {
@@ -240,6 +263,46 @@ func (c *Client) retry(ctx context.Context, f func(context.Context, int) error) 
 		}
 		backoff = min(2*backoff, c.cfg.RetryMax)
 	}
+}
+
+// leaderEndpoint returns the index of the endpoint that err's recovery
+// detail names as the leader of the call's shard, if it is one of c's.
+func (c *Client) leaderEndpoint(err error) (uint32, bool) {
+	addr := LeaderAddress(err)
+	if addr == "" {
+		return 0, false
+	}
+	for i, h := range c.hosts {
+		if h == addr {
+			return uint32(i), true
+		}
+	}
+	return 0, false
+}
+
+// LeaderAddress returns the client address ("host:port") of the shard's
+// leader that an Unavailable answer names in its recovery detail
+// (warden.v1.NotLeader or RangeMoved), or "" when err names none: a
+// client that has that node among its endpoints sends its retry there.
+// Client does so itself; this is for callers with their own transport.
+func LeaderAddress(err error) string {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return ""
+	}
+	for _, d := range ce.Details() {
+		v, derr := d.Value()
+		if derr != nil {
+			continue
+		}
+		switch m := v.(type) {
+		case *wardenv1.NotLeader:
+			return m.GetLeaderAddress()
+		case *wardenv1.RangeMoved:
+			return m.GetLeaderAddress()
+		}
+	}
+	return ""
 }
 
 // Retryable reports whether err leaves a call's outcome unknown in a way

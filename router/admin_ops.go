@@ -211,7 +211,7 @@ func (s *AdminServer) setShardConfig(ctx context.Context, m *wardenv1.SetShardCo
 			return nil, err
 		}
 		if res.GetCode() != shardv1.Code_CODE_OK {
-			return nil, &resultError{res}
+			return nil, &resultError{res: res}
 		}
 		c := res.GetConfig()
 		out.Shards = append(out.Shards, &wardenv1.ShardConfigInfo{

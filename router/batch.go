@@ -216,7 +216,7 @@ func (s *LockServer) batchItem(op *wardenv1.BatchOp) (*shardv1.BatchItem, error)
 // outcome.
 func (s *LockServer) opDone(ctx context.Context, from connect.Peer, op *wardenv1.BatchOp, res *shardv1.Result, err error, start time.Time) *wardenv1.BatchOutcome {
 	if err == nil && res.GetCode() != shardv1.Code_CODE_OK {
-		err = &resultError{res}
+		err = &resultError{res: res}
 	}
 	if m := op.GetAcquire(); m != nil {
 		var msg *wardenv1.AcquireResponse

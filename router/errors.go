@@ -36,7 +36,12 @@ var (
 )
 
 // resultError is a shard result that refused the command.
-type resultError struct{ res *shardv1.Result }
+type resultError struct {
+	res *shardv1.Result
+	// moved, for a range that left the shard or is moving, is where the
+	// map placed the key when the router stopped retrying.
+	moved *wardenv1.RangeMoved
+}
 
 func (e *resultError) Error() string {
 	if e.res.GetField() != "" {
@@ -123,7 +128,8 @@ func unavailable(err error) bool {
 
 // toConnect turns err into the Connect error a client gets: the code of
 // classify, with the details that say what to do (the holder's token of a
-// conflict, the field of a bad input, the level of an exhausted quota).
+// conflict, the field of a bad input, the level of an exhausted quota,
+// where the shard is led from or where its range went).
 func toConnect(err error) error {
 	if err == nil {
 		return nil
@@ -132,6 +138,8 @@ func toConnect(err error) error {
 	var re *resultError
 	var fe *shard.FieldError
 	var ce *connect.Error
+	var rl *remoteLeader
+	var nl *noLeaderError
 	switch {
 	case c.code == connect.CodeInternal && !errors.As(err, &ce):
 		return internalError(err)
@@ -142,6 +150,10 @@ func toConnect(err error) error {
 	case errors.As(err, &fe):
 		return withDetail(connect.NewError(c.code, fe),
 			&wardenv1.FieldViolation{Field: fe.Field, Description: fe.Reason})
+	case errors.As(err, &rl):
+		return withDetail(connect.NewError(c.code, err), rl.notLeader())
+	case errors.As(err, &nl):
+		return withDetail(connect.NewError(c.code, err), &wardenv1.NotLeader{ShardId: nl.shardID})
 	}
 	return connect.NewError(c.code, err)
 }
@@ -164,6 +176,9 @@ func resultToConnect(err *resultError, code connect.Code) error {
 			return withDetail(e, quotaExhausted(q))
 		}
 		return withDetail(e, &wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
+	}
+	if err.moved != nil {
+		return withDetail(e, err.moved)
 	}
 	return e
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/lni/dragonboat/v4"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/warden-dev/warden/placement"
 
@@ -54,7 +56,7 @@ func TestProposeErrorCodes(t *testing.T) {
 // metrics count are read from the same entry, for the shard's refusals,
 // forwarded answers and the router's own errors alike.
 func TestClassifyOneModel(t *testing.T) {
-	refusal := func(c shardv1.Code) error { return &resultError{&shardv1.Result{Code: c, Reason: "r"}} }
+	refusal := func(c shardv1.Code) error { return &resultError{res: &shardv1.Result{Code: c, Reason: "r"}} }
 	for _, tc := range []struct {
 		err   error
 		code  connect.Code
@@ -92,6 +94,39 @@ func TestClassifyOneModel(t *testing.T) {
 	}
 }
 
+// The retryable answers carry what the caller needs to recover, as
+// CockroachDB's NotLeaseHolderError and RangeKeyMismatchError do: where
+// the shard is led from (only when that is known, not a replica merely
+// asked) and where a moved range went.
+func TestUnavailableCarriesRecoveryDetails(t *testing.T) {
+	node := &placementv1.Node{Id: 2, ListenAddr: "10.0.0.2:7070"}
+	moved := &wardenv1.RangeMoved{ShardId: 5, RangeStart: 1 << 63, Generation: 9, LeaderNodeId: 2, LeaderAddress: "10.0.0.2:7070"}
+	for _, tc := range []struct {
+		err  error
+		want proto.Message
+	}{
+		{&remoteLeader{shardID: 3, node: node, term: 7}, &wardenv1.NotLeader{ShardId: 3, LeaderNodeId: 2, LeaderAddress: "10.0.0.2:7070", Term: 7}},
+		{&remoteLeader{shardID: 3, node: node}, &wardenv1.NotLeader{ShardId: 3}},
+		{fmt.Errorf("leader: %w", &noLeaderError{4}), &wardenv1.NotLeader{ShardId: 4}},
+		{&resultError{res: &shardv1.Result{Code: shardv1.Code_CODE_WRONG_SHARD}, moved: moved}, moved},
+	} {
+		ce := new(connect.Error)
+		if !errors.As(toConnect(tc.err), &ce) || ce.Code() != connect.CodeUnavailable {
+			t.Fatalf("%v: %v, want unavailable", tc.err, toConnect(tc.err))
+		}
+		if len(ce.Details()) != 1 {
+			t.Fatalf("%v: %d details, want 1", tc.err, len(ce.Details()))
+		}
+		got, err := ce.Details()[0].Value()
+		if err != nil || !proto.Equal(got, tc.want) {
+			t.Errorf("%v: detail %v (%v), want %v", tc.err, got, err, tc.want)
+		}
+	}
+	if !errors.Is(&noLeaderError{4}, ErrNoLeader) {
+		t.Error("a noLeaderError is not ErrNoLeader")
+	}
+}
+
 // An internal error reaches the client as an id, never its text; the
 // node's log has the text under the same id.
 func TestInternalErrorSendsOnlyAnID(t *testing.T) {
@@ -100,7 +135,7 @@ func TestInternalErrorSendsOnlyAnID(t *testing.T) {
 	slog.SetDefault(slog.New(slog.NewTextHandler(&log, nil)))
 	for _, err := range []error{
 		errors.New("pebble: /var/lib/warden/sm/shard-1 is corrupt"),
-		&resultError{&shardv1.Result{Code: shardv1.Code_CODE_INTERNAL, Reason: "fencing token 7 would not exceed the last token 9"}},
+		&resultError{res: &shardv1.Result{Code: shardv1.Code_CODE_INTERNAL, Reason: "fencing token 7 would not exceed the last token 9"}},
 	} {
 		log.Reset()
 		got := toConnect(err)
@@ -170,6 +205,40 @@ func TestForwardRetriesWhatNoNodeAnswered(t *testing.T) {
 	if n := calls.Load(); n < 2 {
 		t.Fatalf("the plain server saw %d calls, want retries", n)
 	}
+}
+
+// A range that has not settled by the end of the move wait is answered
+// Unavailable with where the router's map now puts the key (a negative
+// move wait: no time to retry).
+func TestRetryMovedSaysWhereTheRangeWent(t *testing.T) {
+	r := ledFrom("http://10.0.0.2:7070", Config{MoveWait: -time.Second, Logger: slog.New(slog.DiscardHandler)})
+	_, err := r.retryMoved(context.Background(), "orders/42", func() (*shardv1.Result, error) {
+		return &shardv1.Result{Code: shardv1.Code_CODE_WRONG_SHARD, Reason: "the shard no longer owns the resource"}, nil
+	})
+	ce := new(connect.Error)
+	if !errors.As(toConnect(err), &ce) || ce.Code() != connect.CodeUnavailable || len(ce.Details()) != 1 {
+		t.Fatalf("%v: want unavailable with one detail", toConnect(err))
+	}
+	got, _ := ce.Details()[0].Value()
+	if want := (&wardenv1.RangeMoved{ShardId: 1}); !proto.Equal(got, want) {
+		t.Fatalf("detail %v, want %v", got, want)
+	}
+}
+
+// notLeaderOf is err's NotLeader detail, nil if it has none.
+func notLeaderOf(err error) *wardenv1.NotLeader {
+	ce := new(connect.Error)
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if nl, ok := v.(*wardenv1.NotLeader); ok {
+				return nl
+			}
+		}
+	}
+	return nil
 }
 
 // plain400 is a server that answers every request with Go's plain-text
@@ -255,6 +324,11 @@ func TestUnansweredForwardIsRecordedHere(t *testing.T) {
 		connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "00"}))
 	if connect.CodeOf(err) != connect.CodeUnavailable || strings.Contains(err.Error(), addr) || strings.Contains(err.Error(), "400") {
 		t.Fatalf("client got %v: want unavailable, naming neither %s nor the other server's answer", err, addr)
+	}
+	// The node asked is only a replica of the shard (this node hosts none
+	// and knows no leader): the detail names the shard, not a leader.
+	if d := notLeaderOf(err); d == nil || d.GetShardId() != 1 || d.GetLeaderAddress() != "" {
+		t.Fatalf("detail %v, want NotLeader of shard 1 with no leader", d)
 	}
 	if got := counted() - before; got != 1 || strings.Count(audit.String(), `"method":"Renew"`) != 1 {
 		t.Fatalf("counted %v, audited %q: want the call recorded here once", got, audit.String())

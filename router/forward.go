@@ -35,7 +35,7 @@ const (
 // safe: every RPC is idempotent under its request id or lease id.
 func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request[Req], key string,
 	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
-	var asked string // the address of the node asked last
+	var asked *remoteLeader // the node asked last
 	defer func() {
 		var ce *connect.Error
 		switch {
@@ -46,8 +46,10 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 			// No node answered for LeaderWait: recorded here, and the
 			// client is told to retry without the transport's details
 			// (addresses, another server's text), which the log keeps.
-			r.cfg.Logger.Warn("a forwarded call got no answer", "key", key, "addr", asked, "err", err)
-			err = connect.NewError(connect.CodeUnavailable, errors.New("the node that leads the key's shard did not answer; retry with the same ids"))
+			// The detail names the node asked (when it is known to lead): a
+			// client that reaches it directly may get through.
+			r.cfg.Logger.Warn("a forwarded call got no answer", "key", key, "addr", asked.node.GetListenAddr(), "err", err)
+			err = withDetail(connect.NewError(connect.CodeUnavailable, errors.New("the node that leads the key's shard did not answer; retry with the same ids")), asked.notLeader())
 		}
 	}()
 	hops := hopsOf(req.Header())
@@ -63,8 +65,8 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		fr := connect.NewRequest(req.Msg)
 		fr.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
 		metrics.forwards.Inc()
-		asked = rl.node.GetListenAddr()
-		resp, err := call(r.peers.get(asked))(ctx, fr)
+		asked = rl
+		resp, err := call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
 		if !client.Retryable(err) && !notAnswered(ctx, err) {
 			return resp, true, err
 		}

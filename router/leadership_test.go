@@ -106,7 +106,7 @@ func TestRetriesEndWithTheCallersDeadline(t *testing.T) {
 	// Within retryMoved's first pause (20 ms), before it refreshes the map.
 	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Millisecond)
 	defer cancel()
-	_, err = r.retryMoved(ctx, func() (*shardv1.Result, error) {
+	_, err = r.retryMoved(ctx, "k", func() (*shardv1.Result, error) {
 		return &shardv1.Result{Code: shardv1.Code_CODE_WRONG_SHARD, Reason: "moved"}, nil
 	})
 	if code := connect.CodeOf(toConnect(err)); code != connect.CodeDeadlineExceeded {

@@ -99,7 +99,7 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 			// finds its new shard (and audits and counts it).
 			out[i] = s.renewOne(ctx, req, rn)
 		case res.Items[j].GetCode() != shardv1.Code_CODE_OK:
-			out[i] = s.renewed(ctx, req.Peer(), rn, nil, &resultError{res.Items[j]})
+			out[i] = s.renewed(ctx, req.Peer(), rn, nil, &resultError{res: res.Items[j]})
 		default:
 			out[i] = s.renewed(ctx, req.Peer(), rn, res.Items[j], nil)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -260,11 +261,31 @@ func (r *Router) Stop() {
 type remoteLeader struct {
 	shardID uint64
 	node    *placementv1.Node
+	// term is the leader's Raft term when node is known to lead, 0 when
+	// node is only a replica to ask.
+	term uint64
 }
 
 func (e *remoteLeader) Error() string {
 	return fmt.Sprintf("router: shard %d is led from node %d (%s)", e.shardID, e.node.GetId(), e.node.GetListenAddr())
 }
+
+// notLeader is the recovery detail of an answer that could not reach
+// e's shard's leader: where it is led from, when that is known.
+func (e *remoteLeader) notLeader() *wardenv1.NotLeader {
+	d := &wardenv1.NotLeader{ShardId: e.shardID}
+	if e.term != 0 {
+		d.LeaderNodeId, d.LeaderAddress, d.Term = e.node.GetId(), e.node.GetListenAddr(), e.term
+	}
+	return d
+}
+
+// noLeaderError says that no replica the router knows of has a leader
+// for shardID; errors.Is(err, ErrNoLeader) holds.
+type noLeaderError struct{ shardID uint64 }
+
+func (e *noLeaderError) Error() string   { return fmt.Sprintf("%v %d", ErrNoLeader, e.shardID) }
+func (e *noLeaderError) Is(t error) bool { return t == ErrNoLeader }
 
 // leader finds the local node that leads shardID in its current term,
 // waiting up to LeaderWait for an election. It returns a *remoteLeader
@@ -301,7 +322,7 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 			}
 			if m := r.Map(); (!ok || id != t.replicaID) && shardID != placement.MetaShardID {
 				if node := m.ReplicaNode(shardID, id); node != nil && !r.isLocal(node.GetId()) {
-					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node}
+					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node, term: term}
 				}
 			}
 		}
@@ -323,7 +344,7 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 		}
 		now := time.Now()
 		if now.After(deadline) {
-			return nil, leaderTerm{}, fmt.Errorf("%w %d", ErrNoLeader, shardID)
+			return nil, leaderTerm{}, &noLeaderError{shardID}
 		}
 		if changes == nil {
 			changes = make([]<-chan struct{}, len(r.nodes))
@@ -386,7 +407,7 @@ func awaitAny(ctx context.Context, chans []<-chan struct{}, d time.Duration) err
 // NodeService. While the key's range is moving or the map is stale, it
 // refreshes the map and retries for up to MoveWait.
 func (r *Router) propose(ctx context.Context, key string, env *shardv1.Envelope) (*shardv1.Result, error) {
-	return r.retryMoved(ctx, func() (*shardv1.Result, error) {
+	return r.retryMoved(ctx, key, func() (*shardv1.Result, error) {
 		m := r.Map()
 		rg, err := m.ShardFor(key)
 		if err != nil {
@@ -397,11 +418,12 @@ func (r *Router) propose(ctx context.Context, key string, env *shardv1.Envelope)
 	})
 }
 
-// retryMoved runs f, which routes by the current map, until its result
-// is neither "wrong shard" nor "range moving", refreshing the map between
-// tries, for up to MoveWait. A result that refused the command is
-// returned with a *resultError.
-func (r *Router) retryMoved(ctx context.Context, f func() (*shardv1.Result, error)) (*shardv1.Result, error) {
+// retryMoved runs f, which routes key by the current map, until its
+// result is neither "wrong shard" nor "range moving", refreshing the map
+// between tries, for up to MoveWait. A result that refused the command
+// is returned with a *resultError, which says where the map puts key
+// when the range had not settled.
+func (r *Router) retryMoved(ctx context.Context, key string, f func() (*shardv1.Result, error)) (*shardv1.Result, error) {
 	deadline := time.Now().Add(r.cfg.MoveWait)
 	for {
 		res, err := f()
@@ -412,8 +434,11 @@ func (r *Router) retryMoved(ctx context.Context, f func() (*shardv1.Result, erro
 		if c == shardv1.Code_CODE_OK || c == shardv1.Code_CODE_QUEUED {
 			return res, nil
 		}
-		if !movedOn(c) || time.Now().After(deadline) {
-			return res, &resultError{res}
+		if !movedOn(c) {
+			return res, &resultError{res: res}
+		}
+		if time.Now().After(deadline) {
+			return res, &resultError{res: res, moved: r.rangeMoved(key)}
 		}
 		metrics.moveRetries.Inc()
 		select {
@@ -426,6 +451,22 @@ func (r *Router) retryMoved(ctx context.Context, f func() (*shardv1.Result, erro
 			r.cfg.Logger.Debug("refreshing the placement map", "err", err)
 		}
 	}
+}
+
+// rangeMoved says where the current map puts key's range and where that
+// shard is led from, as far as this node knows (nil: the map has no range
+// for key).
+func (r *Router) rangeMoved(key string) *wardenv1.RangeMoved {
+	m := r.Map()
+	rg, err := m.ShardFor(key)
+	if err != nil {
+		return nil
+	}
+	d := &wardenv1.RangeMoved{ShardId: rg.GetShardId(), RangeStart: rg.GetStart(), RangeEnd: rg.GetEnd(), Generation: m.Generation()}
+	if id := r.leaderNode(rg.GetShardId()); id != 0 {
+		d.LeaderNodeId, d.LeaderAddress = id, m.Node(id).GetListenAddr()
+	}
+	return d
 }
 
 // movedOn reports whether a shard refused a command with code c because
@@ -479,7 +520,7 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 // map) makes it refresh the map and retry, as propose does.
 func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shardv1.QueryResult, error) {
 	var out *shardv1.QueryResult
-	_, err := r.retryMoved(ctx, func() (*shardv1.Result, error) {
+	_, err := r.retryMoved(ctx, key, func() (*shardv1.Result, error) {
 		rg, err := r.Map().ShardFor(key)
 		if err != nil {
 			return nil, err

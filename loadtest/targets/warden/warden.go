@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -56,7 +57,10 @@ type Config struct {
 // Target drives a Warden cluster. Like a smart client, it sends each
 // request to the node that leads the key's shard, by a placement map it
 // refreshes every second (ListShards, ListNodes); a stale map costs one
-// forward by the node it reached.
+// forward by the node it reached. An unavailable answer that names the
+// shard's leader (a NotLeader or RangeMoved detail) reroutes the key's
+// range there at once. The refresh stays: a node forwards a call that a
+// stale route sent it, so a stale route is rarely answered unavailable.
 type Target struct {
 	cfg    Config
 	conns  []conn // ConnsPerEndpoint connections to each endpoint in turn
@@ -146,10 +150,8 @@ func (t *Target) loadRoutes(ctx context.Context) ([]route, error) {
 	}
 	endpointOf := map[uint64]int{}
 	for _, n := range nodes.GetNodes() {
-		for i, e := range t.cfg.Endpoints {
-			if strings.TrimPrefix(strings.TrimPrefix(e, "http://"), "https://") == n.GetListenAddr() {
-				endpointOf[n.GetId()] = i
-			}
+		if i, ok := t.endpointAt(n.GetListenAddr()); ok {
+			endpointOf[n.GetId()] = i
 		}
 	}
 	shards, err := t.shards(ctx)
@@ -163,6 +165,36 @@ func (t *Target) loadRoutes(ctx context.Context) ([]route, error) {
 		}
 	}
 	return rs, nil
+}
+
+// endpointAt returns the index of the endpoint at addr ("host:port").
+func (t *Target) endpointAt(addr string) (int, bool) {
+	if addr == "" {
+		return 0, false
+	}
+	for i, e := range t.cfg.Endpoints {
+		if strings.TrimPrefix(strings.TrimPrefix(e, "http://"), "https://") == addr {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// reroute sends key's range to endpoint e until the next refresh, as an
+// answer about key said that e leads it.
+func (t *Target) reroute(key string, e int) {
+	rs := t.routes.Load()
+	if rs == nil {
+		return
+	}
+	h := keyspace.Hash(key)
+	next := slices.Clone(*rs)
+	for i := range next {
+		if keyspace.Contains(next[i].start, next[i].end, h) {
+			next[i].endpoint = e
+		}
+	}
+	t.routes.CompareAndSwap(rs, &next)
 }
 
 // first picks the connection for a request on key: one to the node that
@@ -205,9 +237,10 @@ func codeErr(err error) error {
 	return harness.CodedError{Kind: kind, Err: err}
 }
 
-// call runs f on the connection for key, moving to another endpoint
-// with backoff while the answer is unavailable, until ctx ends. f must
-// be safe to repeat.
+// call runs f on the connection for key, moving with backoff while the
+// answer is unavailable, until ctx ends: to the endpoint the answer names
+// as the shard's leader (whom key's route then names too), else to
+// another. f must be safe to repeat.
 func (t *Target) call(ctx context.Context, key string, f func(conn) error) error {
 	c := t.first(key)
 	backoff := 20 * time.Millisecond
@@ -217,7 +250,10 @@ func (t *Target) call(ctx context.Context, key string, f func(conn) error) error
 			return err
 		}
 		next := t.conns[rand.IntN(len(t.conns))]
-		if len(t.cfg.Endpoints) > 1 {
+		if e, ok := t.endpointAt(client.LeaderAddress(err)); ok && e != c.endpoint {
+			t.reroute(key, e)
+			next = t.conns[e*t.cfg.ConnsPerEndpoint+rand.IntN(t.cfg.ConnsPerEndpoint)]
+		} else if len(t.cfg.Endpoints) > 1 {
 			for next.endpoint == c.endpoint {
 				next = t.conns[rand.IntN(len(t.conns))]
 			}

@@ -1086,6 +1086,179 @@ func (x *FieldViolation) GetDescription() string {
 	return ""
 }
 
+// NotLeader is a detail of an UNAVAILABLE answer from a node that could
+// not reach the leader of the call's shard: no replica it knows of has a
+// leader yet (an election), or the node that leads it did not answer.
+// A client that has the leader's node among its endpoints sends its
+// retry (with the same ids) there.
+type NotLeader struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ShardId uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	// LeaderNodeId is the node that hosts the leader as the answering node
+	// last knew it, 0 when it knows none.
+	LeaderNodeId uint64 `protobuf:"varint,2,opt,name=leader_node_id,json=leaderNodeId,proto3" json:"leader_node_id,omitempty"`
+	// LeaderAddress is that node's advertised client address ("host:port"),
+	// empty when unknown.
+	LeaderAddress string `protobuf:"bytes,3,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"`
+	// Term is the Raft term of that leadership, 0 when unknown.
+	Term          uint64 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotLeader) Reset() {
+	*x = NotLeader{}
+	mi := &file_warden_v1_lock_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotLeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotLeader) ProtoMessage() {}
+
+func (x *NotLeader) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
+func (*NotLeader) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *NotLeader) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *NotLeader) GetLeaderNodeId() uint64 {
+	if x != nil {
+		return x.LeaderNodeId
+	}
+	return 0
+}
+
+func (x *NotLeader) GetLeaderAddress() string {
+	if x != nil {
+		return x.LeaderAddress
+	}
+	return ""
+}
+
+func (x *NotLeader) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+// RangeMoved is a detail of an UNAVAILABLE answer for a resource whose
+// hash range left the shard the call reached, or is moving, and had not
+// settled in the node's move wait (a split or a move under way). It says
+// where the answering node's placement map, at generation, now puts the
+// resource; a retry (with the same ids) finds it there once the move is
+// done.
+type RangeMoved struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ShardId uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	// RangeStart and RangeEnd bound the shard's range [start, end) of the
+	// 64-bit xxhash space; end 0 means 2^64.
+	RangeStart uint64 `protobuf:"varint,2,opt,name=range_start,json=rangeStart,proto3" json:"range_start,omitempty"`
+	RangeEnd   uint64 `protobuf:"varint,3,opt,name=range_end,json=rangeEnd,proto3" json:"range_end,omitempty"`
+	// Generation is the placement map's generation.
+	Generation uint64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	// LeaderNodeId and LeaderAddress are where the shard is led from as the
+	// node knows it (0 and empty when unknown).
+	LeaderNodeId  uint64 `protobuf:"varint,5,opt,name=leader_node_id,json=leaderNodeId,proto3" json:"leader_node_id,omitempty"`
+	LeaderAddress string `protobuf:"bytes,6,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeMoved) Reset() {
+	*x = RangeMoved{}
+	mi := &file_warden_v1_lock_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeMoved) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeMoved) ProtoMessage() {}
+
+func (x *RangeMoved) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeMoved.ProtoReflect.Descriptor instead.
+func (*RangeMoved) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *RangeMoved) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *RangeMoved) GetRangeStart() uint64 {
+	if x != nil {
+		return x.RangeStart
+	}
+	return 0
+}
+
+func (x *RangeMoved) GetRangeEnd() uint64 {
+	if x != nil {
+		return x.RangeEnd
+	}
+	return 0
+}
+
+func (x *RangeMoved) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *RangeMoved) GetLeaderNodeId() uint64 {
+	if x != nil {
+		return x.LeaderNodeId
+	}
+	return 0
+}
+
+func (x *RangeMoved) GetLeaderAddress() string {
+	if x != nil {
+		return x.LeaderAddress
+	}
+	return ""
+}
+
 var File_warden_v1_lock_proto protoreflect.FileDescriptor
 
 const file_warden_v1_lock_proto_rawDesc = "" +
@@ -1155,7 +1328,23 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"H\n" +
 	"\x0eFieldViolation\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12 \n" +
-	"\vdescription\x18\x02 \x01(\tR\vdescription2\x9e\x03\n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\"\x87\x01\n" +
+	"\tNotLeader\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12$\n" +
+	"\x0eleader_node_id\x18\x02 \x01(\x04R\fleaderNodeId\x12%\n" +
+	"\x0eleader_address\x18\x03 \x01(\tR\rleaderAddress\x12\x12\n" +
+	"\x04term\x18\x04 \x01(\x04R\x04term\"\xd2\x01\n" +
+	"\n" +
+	"RangeMoved\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x1f\n" +
+	"\vrange_start\x18\x02 \x01(\x04R\n" +
+	"rangeStart\x12\x1b\n" +
+	"\trange_end\x18\x03 \x01(\x04R\brangeEnd\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x04R\n" +
+	"generation\x12$\n" +
+	"\x0eleader_node_id\x18\x05 \x01(\x04R\fleaderNodeId\x12%\n" +
+	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress2\x9e\x03\n" +
 	"\vLockService\x12@\n" +
 	"\aAcquire\x12\x19.warden.v1.AcquireRequest\x1a\x1a.warden.v1.AcquireResponse\x12:\n" +
 	"\x05Renew\x12\x17.warden.v1.RenewRequest\x1a\x18.warden.v1.RenewResponse\x12I\n" +
@@ -1177,7 +1366,7 @@ func file_warden_v1_lock_proto_rawDescGZIP() []byte {
 	return file_warden_v1_lock_proto_rawDescData
 }
 
-var file_warden_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_warden_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_warden_v1_lock_proto_goTypes = []any{
 	(*AcquireRequest)(nil),        // 0: warden.v1.AcquireRequest
 	(*AcquireResponse)(nil),       // 1: warden.v1.AcquireResponse
@@ -1196,28 +1385,30 @@ var file_warden_v1_lock_proto_goTypes = []any{
 	(*DescribeResponse)(nil),      // 14: warden.v1.DescribeResponse
 	(*LockHeld)(nil),              // 15: warden.v1.LockHeld
 	(*FieldViolation)(nil),        // 16: warden.v1.FieldViolation
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
-	(*anypb.Any)(nil),             // 19: google.protobuf.Any
+	(*NotLeader)(nil),             // 17: warden.v1.NotLeader
+	(*RangeMoved)(nil),            // 18: warden.v1.RangeMoved
+	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*anypb.Any)(nil),             // 21: google.protobuf.Any
 }
 var file_warden_v1_lock_proto_depIdxs = []int32{
-	17, // 0: warden.v1.AcquireRequest.lease_ttl:type_name -> google.protobuf.Duration
-	17, // 1: warden.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	18, // 2: warden.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	17, // 3: warden.v1.AcquireResponse.lease_ttl:type_name -> google.protobuf.Duration
-	18, // 4: warden.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 0: warden.v1.AcquireRequest.lease_ttl:type_name -> google.protobuf.Duration
+	19, // 1: warden.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	20, // 2: warden.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 3: warden.v1.AcquireResponse.lease_ttl:type_name -> google.protobuf.Duration
+	20, // 4: warden.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 5: warden.v1.RenewBatchRequest.renewals:type_name -> warden.v1.RenewRequest
 	6,  // 6: warden.v1.RenewBatchResponse.outcomes:type_name -> warden.v1.RenewOutcome
-	18, // 7: warden.v1.RenewOutcome.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 7: warden.v1.RenewOutcome.expires_at:type_name -> google.protobuf.Timestamp
 	8,  // 8: warden.v1.BatchRequest.ops:type_name -> warden.v1.BatchOp
 	0,  // 9: warden.v1.BatchOp.acquire:type_name -> warden.v1.AcquireRequest
 	11, // 10: warden.v1.BatchOp.release:type_name -> warden.v1.ReleaseRequest
 	10, // 11: warden.v1.BatchResponse.outcomes:type_name -> warden.v1.BatchOutcome
 	1,  // 12: warden.v1.BatchOutcome.acquire:type_name -> warden.v1.AcquireResponse
 	12, // 13: warden.v1.BatchOutcome.release:type_name -> warden.v1.ReleaseResponse
-	19, // 14: warden.v1.BatchOutcome.details:type_name -> google.protobuf.Any
-	18, // 15: warden.v1.DescribeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	18, // 16: warden.v1.LockHeld.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 14: warden.v1.BatchOutcome.details:type_name -> google.protobuf.Any
+	20, // 15: warden.v1.DescribeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 16: warden.v1.LockHeld.expires_at:type_name -> google.protobuf.Timestamp
 	0,  // 17: warden.v1.LockService.Acquire:input_type -> warden.v1.AcquireRequest
 	2,  // 18: warden.v1.LockService.Renew:input_type -> warden.v1.RenewRequest
 	4,  // 19: warden.v1.LockService.RenewBatch:input_type -> warden.v1.RenewBatchRequest
@@ -1256,7 +1447,7 @@ func file_warden_v1_lock_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_lock_proto_rawDesc), len(file_warden_v1_lock_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
