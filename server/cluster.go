@@ -180,8 +180,11 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 }
 
 // initial reports whether node id is one of the initial members.
-func (c *Cluster) initial(id uint64) bool {
-	return slices.ContainsFunc(c.cfg.Members, func(m Member) bool { return m.ID == id })
+func (c *Cluster) initial(id uint64) bool { return isMember(c.cfg.Members, id) }
+
+// isMember reports whether node id is one of members.
+func isMember(members []Member, id uint64) bool {
+	return slices.ContainsFunc(members, func(m Member) bool { return m.ID == id })
 }
 
 // probeIncarnation asks the other initial members, before an initial

@@ -58,10 +58,7 @@ func (m StartMode) initMode() placement.InitMode {
 // initial member without join addresses (it has no other way to reach
 // the placement group).
 func startMode(spec NodeSpec, cfg ClusterConfig) (StartMode, error) {
-	initial := false
-	for _, m := range cfg.Members {
-		initial = initial || m.ID == spec.ID
-	}
+	initial := isMember(cfg.Members, spec.ID)
 	if !initial && len(cfg.Join) == 0 {
 		return 0, fmt.Errorf("server: node %d is not an initial member and has no join addresses: it cannot reach the placement group", spec.ID)
 	}

@@ -47,7 +47,7 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: listen: %w", err)
 	}
-	s := &Server{ln: ln, failed: make(chan error, 2)}
+	s := &Server{ln: ln, failed: make(chan error, 1)}
 	if cfg.Dev != nil {
 		dev := *cfg.Dev
 		if dev.ListenAddr == "" {

@@ -108,17 +108,15 @@ func run(c cli) error {
 	}
 	slog.Info("wardend serving", "listen", srv.Addr(), "data_dir", c.DataDir, "dev", c.Dev, "start", modes, "members", srv.Cluster.Members())
 
+	var failed error // the HTTP server's, when it stopped by itself
 	select {
-	case err := <-srv.Failed():
-		sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownWait)
-		defer cancel()
-		return errors.Join(err, srv.Shutdown(sctx))
+	case failed = <-srv.Failed():
 	case <-ctx.Done():
+		slog.Info("wardend shutting down")
 	}
-	slog.Info("wardend shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownWait)
 	defer cancel()
-	return srv.Shutdown(sctx)
+	return errors.Join(failed, srv.Shutdown(sctx))
 }
 
 // clusterConfig builds a production node's config from the flags.
