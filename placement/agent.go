@@ -39,25 +39,20 @@ const metaTimeout = 5 * time.Second
 
 // Propose implements MetaClient.
 //
-// It stamps cmd with the version it needs (MetaVersionOf); a command of a
-// version above 1 is proposed only once every node registered a binary
-// that applies it, and is ErrMetaVersion before (retry after the rolling
-// upgrade).
+// It stamps cmd with the newest version every node registered a binary
+// applying (clusterMetaVersion, read first), so a rule changed in a
+// version decides only once every replica knows it; a command that needs
+// more is ErrMetaVersion (retry after the rolling upgrade).
 func (m localMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, metaTimeout)
 	defer cancel()
-	cmd, err := stampVersion(cmd)
+	st, err := m.Read(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if cmd.Version > 1 {
-		st, err := m.Read(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if !metaApplies(st, cmd.Version) {
-			return nil, fmt.Errorf("%w: version %d", ErrMetaVersion, cmd.Version)
-		}
+	cmd, err = stampVersion(cmd, clusterMetaVersion(st))
+	if err != nil {
+		return nil, err
 	}
 	b, err := proto.Marshal(cmd)
 	if err != nil {
@@ -161,10 +156,11 @@ func (a *Agent) Reconcile(m *Map) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	want := map[uint64]*placementv1.Replica{}
+	shards := map[uint64]*placementv1.Shard{}
 	for _, s := range m.State().GetShards() {
 		for _, r := range s.GetReplicas() {
 			if r.GetNodeId() == a.node.ID() {
-				want[s.GetId()] = r
+				want[s.GetId()], shards[s.GetId()] = r, s
 			}
 		}
 	}
@@ -177,7 +173,7 @@ func (a *Agent) Reconcile(m *Map) error {
 		if !r.GetJoin() {
 			members = m.Members(m.Shard(id))
 		}
-		if err := a.node.StartDataShard(id, r.GetReplicaId(), members, r.GetJoin(), r.GetNonVoting()); err != nil && !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
+		if err := a.node.StartDataShard(shards[id], members); err != nil && !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
 			errs = append(errs, err)
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
@@ -29,7 +30,10 @@ const EpochWindow = 32
 // (shard.CommandVersion): a new command kind, or a changed rule for an
 // existing one, takes the next version in metaKindVersions and raises
 // this; ApplyMeta keeps the old rule for older entries.
-const MetaCommandVersion uint32 = 1
+//
+// Version 2: BeginSplitCmd creates its target shard with
+// ordered_config_change (membership changes compare-and-set).
+const MetaCommandVersion uint32 = 2
 
 // metaKindVersions is the version each command kind needs, by its field
 // number in Command's oneof: the version in which it appeared. A kind
@@ -52,17 +56,22 @@ func MetaVersionOf(cmd *placementv1.Command) uint32 {
 // some placement replica's node applies (it is not proposed yet).
 var ErrMetaVersion = errors.New("placement: command version not applied by every replica")
 
-// stampVersion returns a copy of cmd carrying the version it needs: the
-// higher of the version it carries (a command passed on from a newer
-// node, whose kind this binary may not know) and MetaVersionOf's. A
-// command of no kind this binary knows but with fields it does not know
-// is a newer binary's, whose version it cannot tell: ErrMetaVersion.
-func stampVersion(cmd *placementv1.Command) (*placementv1.Command, error) {
+// stampVersion returns a copy of cmd to propose to a placement group
+// whose nodes all apply version cluster (clusterMetaVersion): stamped
+// with cluster, so the newest rule every replica knows decides it. It is
+// ErrMetaVersion if cmd needs more: the higher of the version it carries
+// (a command passed on from a newer node) and MetaVersionOf's. A command
+// of no kind this binary knows but with fields it does not know is a
+// newer binary's, whose version it cannot tell: ErrMetaVersion too.
+func stampVersion(cmd *placementv1.Command, cluster uint32) (*placementv1.Command, error) {
 	if newerKind(cmd) {
 		return nil, fmt.Errorf("%w: a command of a kind this binary does not know", ErrMetaVersion)
 	}
+	if need := max(cmd.GetVersion(), MetaVersionOf(cmd)); need > cluster {
+		return nil, fmt.Errorf("%w: the command needs version %d, every node applies %d", ErrMetaVersion, need, cluster)
+	}
 	out := proto.CloneOf(cmd)
-	out.Version = max(out.GetVersion(), MetaVersionOf(out))
+	out.Version = cluster
 	return out, nil
 }
 
@@ -72,17 +81,28 @@ func newerKind(cmd *placementv1.Command) bool {
 	return cmd.GetCommand() == nil && len(cmd.ProtoReflect().GetUnknown()) > 0
 }
 
-// metaApplies reports whether every node of st registered a binary that
-// applies version v (a node that registered none applies version 1).
-// Every node, not only the placement group's replicas, which the state
-// does not list: stricter, and as safe.
-func metaApplies(st *placementv1.State, v uint32) bool {
-	for _, n := range st.GetNodes() {
-		if max(n.GetMetaCommandVersion(), 1) < v {
-			return false
-		}
+// clusterMetaVersion is the placement command version to propose at: the
+// newest that this binary and every node of st apply (nodesMetaVersion).
+func clusterMetaVersion(st *placementv1.State) uint32 {
+	return min(MetaCommandVersion, nodesMetaVersion(st))
+}
+
+// nodesMetaVersion is the newest placement command version that every
+// node of st registered a binary applying (a node that registered none
+// applies version 1). Every node, not only the placement group's
+// replicas, which the state does not list: stricter, and as safe. Before
+// the bootstrap the state has no nodes, and the version is 1: the nodes
+// that will start the first shard's replicas have not said which binary
+// they run.
+func nodesMetaVersion(st *placementv1.State) uint32 {
+	if len(st.GetNodes()) == 0 {
+		return 1
 	}
-	return true
+	v := uint32(math.MaxUint32)
+	for _, n := range st.GetNodes() {
+		v = min(v, max(n.GetMetaCommandVersion(), 1))
+	}
+	return v
 }
 
 // ApplyMeta decides one placement command against st and returns the new
@@ -99,6 +119,14 @@ func ApplyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.St
 }
 
 func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Result, error) {
+	// The proposer read the versions before proposing; a node that
+	// registered an older binary since (a new node, a downgrade) would
+	// start the shard a newer rule creates by its older one. Refusing by
+	// the state the entry applies to closes that window on every replica
+	// alike. Version 1 entries never meet it: no rule changed for them.
+	if v := cmd.GetVersion(); v > 1 && v > nodesMetaVersion(st) {
+		return nil, fmt.Errorf("version: %d, but some node registered a binary that applies only up to %d", v, nodesMetaVersion(st))
+	}
 	ok := &placementv1.Result{}
 	switch c := cmd.GetCommand().(type) {
 	case *placementv1.Command_Bootstrap:
@@ -108,7 +136,7 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 	case *placementv1.Command_ReserveEpochs:
 		return reserveEpochs(st, c.ReserveEpochs)
 	case *placementv1.Command_BeginSplit:
-		return beginSplit(st, c.BeginSplit)
+		return beginSplit(st, c.BeginSplit, cmd.GetVersion())
 	case *placementv1.Command_AdvanceSplit:
 		return ok, advanceSplit(st, c.AdvanceSplit)
 	case *placementv1.Command_EndOperator:
@@ -213,7 +241,9 @@ func Middle(start, end uint64) uint64 {
 	return start + (end-start)/2 // end-start wraps to the size when end is 0
 }
 
-func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd) (*placementv1.Result, error) {
+// beginSplit applies c, proposed at placement command version v: from
+// version 2 the target shard's membership changes compare-and-set.
+func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd, v uint32) (*placementv1.Result, error) {
 	if len(st.GetOperators()) > 0 {
 		return nil, fmt.Errorf("operator %d is in progress; one operator runs at a time", st.GetOperators()[0].GetId())
 	}
@@ -236,7 +266,8 @@ func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd) (*placement
 	if c.GetEpoch() >= st.GetEpochLimit() {
 		return nil, fmt.Errorf("epoch: %d was not reserved (limit %d)", c.GetEpoch(), st.GetEpochLimit())
 	}
-	target := &placementv1.Shard{Id: st.NextShardId, Epoch: c.GetEpoch(), State: placementv1.ShardState_SHARD_STATE_PENDING, NextReplicaId: 1}
+	target := &placementv1.Shard{Id: st.NextShardId, Epoch: c.GetEpoch(), State: placementv1.ShardState_SHARD_STATE_PENDING, NextReplicaId: 1,
+		OrderedConfigChange: v >= 2}
 	zones := map[string]bool{}
 	for _, id := range c.GetNodes() {
 		n := nodeByID(st, id)

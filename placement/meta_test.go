@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
@@ -210,12 +211,72 @@ func TestMetaVersionGate(t *testing.T) {
 		t.Fatalf("versions %d and %d, want 2 for the move and 1 for the split", MetaVersionOf(move), MetaVersionOf(split))
 	}
 	st := &placementv1.State{Nodes: []*placementv1.Node{{Id: 1, MetaCommandVersion: 2}, {Id: 2, MetaCommandVersion: 2}, {Id: 3}}}
-	if !metaApplies(st, 1) || metaApplies(st, 2) {
-		t.Fatal("node 3, which registered no version, counts as version 1")
+	if v := clusterMetaVersion(st); v != 1 {
+		t.Fatalf("cluster version %d: node 3, which registered no version, counts as version 1", v)
+	}
+	if _, err := stampVersion(move, clusterMetaVersion(st)); !errors.Is(err, ErrMetaVersion) {
+		t.Fatalf("a version-2 kind proposed while node 3 applies 1: %v, want ErrMetaVersion", err)
 	}
 	st.Nodes[2].MetaCommandVersion = 2
-	if !metaApplies(st, 2) {
-		t.Fatal("every node applies version 2")
+	if v := clusterMetaVersion(st); v != 2 {
+		t.Fatalf("every node applies version 2, cluster version %d", v)
+	}
+	if got, err := stampVersion(split, clusterMetaVersion(st)); err != nil || got.GetVersion() != 2 {
+		t.Fatalf("a version-1 kind in a version-2 cluster stamped %d, %v: want 2, so its newest rule decides", got.GetVersion(), err)
+	}
+	st.Nodes[0].MetaCommandVersion = MetaCommandVersion + 5
+	for _, n := range st.Nodes[1:] {
+		n.MetaCommandVersion = MetaCommandVersion + 5
+	}
+	if v := clusterMetaVersion(st); v != MetaCommandVersion {
+		t.Fatalf("newer nodes: cluster version %d, want this binary's %d", v, MetaCommandVersion)
+	}
+	if v := clusterMetaVersion(&placementv1.State{}); v != 1 {
+		t.Fatalf("before the bootstrap: version %d, want 1 (no node has said what it runs)", v)
+	}
+}
+
+// A split proposed at version 2 creates a shard whose membership changes
+// compare-and-set; at version 1 (a node still runs the binary before),
+// the old rule creates it without, as the old binary's replicas do. A
+// version-2 entry applied to a state where some node registered an older
+// binary since the proposer looked is refused, on every replica alike.
+func TestSplitOrderedConfigChangeByVersion(t *testing.T) {
+	for _, tc := range []struct {
+		version, node3 uint32
+		ordered        bool
+		refused        bool
+	}{
+		{version: 1, node3: 1, ordered: false},
+		{version: 0, node3: 2, ordered: false}, // an entry from before versions
+		{version: 1, node3: 2, ordered: false},
+		{version: 2, node3: 2, ordered: true},
+		{version: 2, node3: 1, refused: true},
+	} {
+		st := bootstrapped(t).st
+		for _, n := range st.Nodes {
+			n.MetaCommandVersion = 2
+		}
+		st.Nodes[2].MetaCommandVersion = tc.node3
+		st.EpochLimit = 10
+		next, res := ApplyMeta(st, &placementv1.Command{Version: tc.version, Command: &placementv1.Command_BeginSplit{
+			BeginSplit: &placementv1.BeginSplitCmd{Source: FirstDataShard, Epoch: 2, Nodes: []uint64{1, 2, 3}}}})
+		if tc.refused {
+			if res.GetError() == "" || !strings.HasPrefix(res.GetError(), "version:") {
+				t.Fatalf("%+v: %q, want a refusal naming the version", tc, res.GetError())
+			}
+			continue
+		}
+		if res.GetError() != "" {
+			t.Fatalf("%+v: %s", tc, res.GetError())
+		}
+		target := shardByID(next, res.GetOperator().GetSplit().GetTarget())
+		if target.GetOrderedConfigChange() != tc.ordered {
+			t.Fatalf("%+v: ordered_config_change %v", tc, target.GetOrderedConfigChange())
+		}
+		if shardByID(next, FirstDataShard).GetOrderedConfigChange() {
+			t.Fatal("the bootstrap's shard is never ordered: its replicas started before any version was known")
+		}
 	}
 }
 
@@ -245,10 +306,13 @@ func FuzzMetaUpdate(f *testing.F) {
 // "unknown" while newer replicas apply it would diverge.
 func TestCommandsOfANewerBinary(t *testing.T) {
 	move := &placementv1.Command{Version: 2, Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{}}}
-	if got, err := stampVersion(move); err != nil || got.GetVersion() != 2 {
+	if got, err := stampVersion(move, 2); err != nil || got.GetVersion() != 2 {
 		t.Fatalf("a version-2 command stamped %v, %v: want 2 kept", got.GetVersion(), err)
 	}
-	if got, _ := stampVersion(&placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{}}}); got.GetVersion() != 1 {
+	if _, err := stampVersion(move, 1); !errors.Is(err, ErrMetaVersion) {
+		t.Fatalf("a version-2 command where every node applies 1: %v, want it never lowered but refused", err)
+	}
+	if got, _ := stampVersion(&placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{}}}, 1); got.GetVersion() != 1 {
 		t.Fatalf("stamped %d, want 1", got.GetVersion())
 	}
 	b, _ := proto.Marshal(&placementv1.Command{Version: 1})
@@ -258,7 +322,7 @@ func TestCommandsOfANewerBinary(t *testing.T) {
 	if err := proto.Unmarshal(b, newer); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stampVersion(newer); !errors.Is(err, ErrMetaVersion) {
+	if _, err := stampVersion(newer, MetaCommandVersion); !errors.Is(err, ErrMetaVersion) {
 		t.Fatalf("proposing a kind this binary does not know: %v, want ErrMetaVersion", err)
 	}
 	m := NewMetaStateMachine(MetaShardID, 1)

@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/dragonboat/v4/raftio"
 
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -115,25 +117,36 @@ func (n *Node) raftConfig(shardID, replicaID uint64) config.Config {
 	}
 }
 
-// StartDataShard starts this node's replica replicaID of a data shard.
-// members maps replica id → Raft address for a shard's first start; join
-// starts a replica added to a running group: empty, with no members,
-// waiting for the leader to send it the log; nonVoting starts it as a
-// non-voting member (until a move promotes it). A replica this NodeHost
-// has started before is restarted as Dragonboat requires, whatever the
-// arguments say: it recovers its membership from its own log, and the
-// members and join it was first started with are checked against what it
-// recorded then (today's map lists other members after a move, and a
-// joined replica is no longer joining).
-func (n *Node) StartDataShard(shardID, replicaID uint64, members map[uint64]string, join, nonVoting bool) error {
+// StartDataShard starts this node's replica of data shard s, as the map
+// describes it. members maps replica id → Raft address for a shard's
+// first start. A replica whose Join is set was added to a running group:
+// it starts empty, with no members, waiting for the leader to send it
+// the log; a NonVoting one starts as a non-voting member (until a move
+// promotes it). Every replica of a shard with ordered_config_change runs
+// with Dragonboat's OrderedConfigChange, on every start: Dragonboat does
+// not record it, and a replica without it would apply a change the
+// others refuse. A replica this NodeHost has started before is restarted
+// as Dragonboat requires, whatever the arguments say: it recovers its
+// membership from its own log, and the members and join it was first
+// started with are checked against what it recorded then (today's map
+// lists other members after a move, and a joined replica is no longer
+// joining).
+func (n *Node) StartDataShard(s *placementv1.Shard, members map[uint64]string) error {
+	i := slices.IndexFunc(s.GetReplicas(), func(r *placementv1.Replica) bool { return r.GetNodeId() == n.cfg.ID })
+	if i < 0 {
+		return fmt.Errorf("placement: node %d: start shard %d: no replica of it is placed here", n.cfg.ID, s.GetId())
+	}
+	r := s.GetReplicas()[i]
+	shardID, replicaID := s.GetId(), r.GetReplicaId()
 	sm := shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), n.cfg.Observer)
 	rc := n.raftConfig(shardID, replicaID)
-	rc.IsNonVoting = nonVoting
-	members, join = n.restartArgs(shardID, replicaID, members, join)
+	rc.IsNonVoting = r.GetNonVoting()
+	rc.OrderedConfigChange = s.GetOrderedConfigChange()
+	members, join := n.restartArgs(shardID, replicaID, members, r.GetJoin())
 	if err := n.nh.StartOnDiskReplica(members, join, sm, rc); err != nil {
 		return fmt.Errorf("placement: node %d: start shard %d: %w", n.cfg.ID, shardID, err)
 	}
-	slog.Debug("replica started", "node", n.cfg.ID, "zone", n.cfg.Zone, "shard", shardID, "replica", replicaID)
+	slog.Debug("replica started", "node", n.cfg.ID, "zone", n.cfg.Zone, "shard", shardID, "replica", replicaID, "ordered_config_change", rc.OrderedConfigChange)
 	return nil
 }
 

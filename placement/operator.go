@@ -23,7 +23,10 @@ type ShardClient interface {
 	Read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error)
 	// Membership reads (MEMBERSHIP_CHANGE_NONE) or changes the shard's
 	// Raft membership and returns it after the change.
-	Membership(ctx context.Context, shardID uint64, change placementv1.MembershipChange, replicaID uint64, addr string) (*placementv1.MembershipResponse, error)
+	// A change carries the config_change_id of the membership it was
+	// decided against; a shard with ordered_config_change refuses it if
+	// the membership changed since (Aborted).
+	Membership(ctx context.Context, req *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error)
 	// AppliedIndex returns how far node nodeID's replica of the shard has
 	// applied the log.
 	AppliedIndex(ctx context.Context, shardID, nodeID uint64) (uint64, error)
@@ -453,13 +456,21 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 		}
 		to := nodeByID(st, m.GetToNode())
 		log := o.logger().With("operator", opID, "shard", m.GetShard(), "from_node", m.GetFromNode(), "to_node", m.GetToNode())
-		mem, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE, 0, "")
+		mem, err := o.Shards.Membership(ctx, &placementv1.MembershipRequest{ShardId: m.GetShard(), Change: placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE})
 		if err != nil {
+			return err
+		}
+		// change makes one change decided against mem: compare-and-set
+		// on its config change id, so a change another driver (an old
+		// placement leader) made since is never overwritten by this one.
+		change := func(c placementv1.MembershipChange, replica uint64, addr string) error {
+			_, err := o.Shards.Membership(ctx, &placementv1.MembershipRequest{
+				ShardId: m.GetShard(), Change: c, ReplicaId: replica, Address: addr, ConfigChangeId: mem.GetConfigChangeId()})
 			return err
 		}
 		if m.GetRollingBack() {
 			if _, member := isMember(mem, m.GetToReplica()); member {
-				if _, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetToReplica(), ""); err != nil {
+				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetToReplica(), ""); err != nil {
 					return err
 				}
 			}
@@ -469,7 +480,7 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 		switch m.GetStep() {
 		case placementv1.MoveStep_MOVE_STEP_PLANNED:
 			if _, member := isMember(mem, m.GetToReplica()); !member {
-				if _, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
+				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
 					return err
 				}
 			}
@@ -485,7 +496,7 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 					log.Warn("replica move: the new replica did not catch up; rolling back", "err", err)
 					return o.rollback(ctx, opID)
 				}
-				if _, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
+				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
 					return err
 				}
 			}
@@ -494,7 +505,7 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 			}
 		case placementv1.MoveStep_MOVE_STEP_PROMOTED:
 			if _, member := isMember(mem, m.GetFromReplica()); member {
-				if _, err := o.Shards.Membership(ctx, m.GetShard(), placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
+				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
 					return err
 				}
 			}

@@ -40,12 +40,18 @@ func (m *memMeta) Read(context.Context) (*placementv1.State, error) {
 }
 
 // fakeShards records the range commands the operator sends and answers
-// OK; reads of shards in down fail.
+// OK; reads of shards in down fail. Its membership changes compare and
+// set as an ordered shard's do: each bumps ccid, and one naming another
+// id is refused.
 type fakeShards struct {
 	mu                sync.Mutex
 	log               []string
 	down              map[uint64]bool
 	voting, nonVoting map[uint64]string // shard 1's membership
+	ccid              uint64
+	// interfere, if set, runs before a membership change is decided,
+	// once: another driver's change landing between the read and it.
+	interfere func(f *fakeShards)
 }
 
 func (f *fakeShards) Propose(_ context.Context, shardID uint64, env *shardv1.Envelope) (*shardv1.Result, error) {
@@ -83,12 +89,28 @@ func (f *fakeShards) Read(_ context.Context, shardID uint64, q *shardv1.Query) (
 	return out, nil
 }
 
-func (f *fakeShards) Membership(_ context.Context, shardID uint64, change placementv1.MembershipChange, replica uint64, _ string) (*placementv1.MembershipResponse, error) {
+func (f *fakeShards) Membership(_ context.Context, req *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.voting == nil {
-		f.voting, f.nonVoting = map[uint64]string{1: "", 2: "", 3: ""}, map[uint64]string{}
+		f.voting, f.nonVoting, f.ccid = map[uint64]string{1: "", 2: "", 3: ""}, map[uint64]string{}, 3
 	}
+	change := req.GetChange()
+	if change != placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE {
+		if in := f.interfere; in != nil {
+			f.interfere = nil
+			in(f)
+		}
+		if req.GetConfigChangeId() != f.ccid {
+			f.log = append(f.log, fmt.Sprintf("refused %v %d at %d, now %d", change, req.GetReplicaId(), req.GetConfigChangeId(), f.ccid))
+			return nil, errors.New("rejected: stale config change id")
+		}
+	}
+	f.apply(req.GetShardId(), change, req.GetReplicaId())
+	return &placementv1.MembershipResponse{Voting: maps.Clone(f.voting), NonVoting: maps.Clone(f.nonVoting), ConfigChangeId: f.ccid}, nil
+}
+
+func (f *fakeShards) apply(shardID uint64, change placementv1.MembershipChange, replica uint64) {
 	switch change {
 	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING:
 		f.nonVoting[replica] = ""
@@ -100,9 +122,9 @@ func (f *fakeShards) Membership(_ context.Context, shardID uint64, change placem
 		delete(f.nonVoting, replica)
 	}
 	if change != placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE {
+		f.ccid++
 		f.log = append(f.log, fmt.Sprintf("shard %d: %v %d", shardID, change, replica))
 	}
-	return &placementv1.MembershipResponse{Voting: maps.Clone(f.voting), NonVoting: maps.Clone(f.nonVoting)}, nil
 }
 
 func (f *fakeShards) AppliedIndex(context.Context, uint64, uint64) (uint64, error) { return 0, nil }
@@ -202,7 +224,31 @@ func TestSplitRollsBack(t *testing.T) {
 // index is 0) adds the new replica as non-voting, promotes it, removes the
 // old one, in that order, and leaves the map with the new replica.
 func TestMoveOfIdleShard(t *testing.T) {
-	meta, shards := bootstrapped(t), &fakeShards{}
+	shards := &fakeShards{}
+	st := moveReplica(t, shards)
+	want := []string{
+		"shard 1: MEMBERSHIP_CHANGE_ADD_NON_VOTING 4",
+		"shard 1: MEMBERSHIP_CHANGE_ADD_VOTING 4",
+		"shard 1: MEMBERSHIP_CHANGE_REMOVE 1",
+	}
+	if fmt.Sprint(shards.log) != fmt.Sprint(want) {
+		t.Fatalf("membership changes %v, want %v", shards.log, want)
+	}
+	var nodes []uint64
+	for _, r := range shardByID(st, 1).GetReplicas() {
+		nodes = append(nodes, r.GetNodeId())
+	}
+	if fmt.Sprint(nodes) != "[2 3 4]" || len(st.GetOperators()) != 0 {
+		t.Fatalf("after the move: replicas on %v, operators %v", nodes, st.GetOperators())
+	}
+}
+
+// moveReplica registers node 4 (zone az1), moves shard 1's replica on
+// node 1 to it through shards, to the end, and returns the placement
+// state after.
+func moveReplica(t *testing.T, shards *fakeShards) *placementv1.State {
+	t.Helper()
+	meta := bootstrapped(t)
 	if _, err := meta.Propose(context.Background(), &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{
 		Node: &placementv1.Node{Id: 4, Zone: "az1", RaftAddr: "r4", ListenAddr: "l4"}}}}); err != nil {
 		t.Fatal(err)
@@ -217,20 +263,26 @@ func TestMoveOfIdleShard(t *testing.T) {
 	if last, err := o.Run(ctx, op.GetId()); err != nil || last.GetMove().GetRollingBack() {
 		t.Fatalf("run: %v %v", last, err)
 	}
+	st, _ := meta.Read(context.Background())
+	return st
+}
+
+// Every step of a move names the config change id of the membership it
+// read: when another driver's change lands between the read and the
+// step (an old placement leader adding the same replica), the step is
+// refused rather than made on a stale view, and the driver reads again
+// and finds the step done. Passing no id (or a stale one) would have
+// every step refused, and the move would never end.
+func TestMoveStepsCompareAndSet(t *testing.T) {
+	shards := &fakeShards{interfere: func(f *fakeShards) { f.apply(1, placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, 4) }}
+	moveReplica(t, shards)
 	want := []string{
-		"shard 1: MEMBERSHIP_CHANGE_ADD_NON_VOTING 4",
+		"shard 1: MEMBERSHIP_CHANGE_ADD_NON_VOTING 4", // the other driver's
+		"refused MEMBERSHIP_CHANGE_ADD_NON_VOTING 4 at 3, now 4",
 		"shard 1: MEMBERSHIP_CHANGE_ADD_VOTING 4",
 		"shard 1: MEMBERSHIP_CHANGE_REMOVE 1",
 	}
 	if fmt.Sprint(shards.log) != fmt.Sprint(want) {
 		t.Fatalf("membership changes %v, want %v", shards.log, want)
-	}
-	st, _ := meta.Read(context.Background())
-	var nodes []uint64
-	for _, r := range shardByID(st, 1).GetReplicas() {
-		nodes = append(nodes, r.GetNodeId())
-	}
-	if fmt.Sprint(nodes) != "[2 3 4]" || len(st.GetOperators()) != 0 {
-		t.Fatalf("after the move: replicas on %v, operators %v", nodes, st.GetOperators())
 	}
 }

@@ -109,7 +109,7 @@ func (c *cluster) stopReplica(i int) {
 func (c *cluster) startReplica(i int) {
 	c.t.Helper()
 	for range 100 { // a stop completes in the background
-		err := c.dev.Nodes[i].Node.StartDataShard(shardID, c.dev.Nodes[i].Node.ID(), c.dev.Members(), false, false)
+		err := c.dev.Nodes[i].Node.StartDataShard(c.dev.Router.Map().Shard(shardID), c.dev.Members())
 		if !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
 			if err != nil {
 				c.t.Fatal(err)

@@ -35,6 +35,12 @@ var (
 	errDropped = errors.New("dropped before proposing")
 )
 
+// ErrMembershipChanged: a membership change named a config change id
+// that is no longer the shard's (another change was applied since it was
+// read), and every replica refused it. Aborted: read the membership and
+// decide again.
+var ErrMembershipChanged = errors.New("router: the membership changed since it was read")
+
 // resultError is a shard result that refused the command.
 type resultError struct {
 	res *shardv1.Result
@@ -111,6 +117,8 @@ func classify(err error) class {
 		return class{connect.CodeDeadlineExceeded, "timeout"}
 	case errors.Is(err, ErrOutcomeUnknown):
 		return class{connect.CodeUnavailable, "unknown"}
+	case errors.Is(err, ErrMembershipChanged):
+		return class{connect.CodeAborted, "conflict"}
 	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrClockUnconfirmed):
 		return class{connect.CodeUnavailable, "unavailable"}
 	}

@@ -258,7 +258,7 @@ func TestLinearizableLeasesThroughSplitAndLeaderKill(t *testing.T) {
 		t.Fatalf("stop the leader's replica: %v", err)
 	}
 	time.Sleep(2 * time.Second)
-	for err := n.StartDataShard(newShard, replicaOn(c, newShard, n.ID()), nil, false, false); err != nil; err = n.StartDataShard(newShard, replicaOn(c, newShard, n.ID()), nil, false, false) {
+	for err := n.StartDataShard(c.dev.Router.Map().Shard(newShard), nil); err != nil; err = n.StartDataShard(c.dev.Router.Map().Shard(newShard), nil) {
 		if !errors.Is(err, dragonboat.ErrShardAlreadyExist) { // the stop completes in the background
 			t.Fatalf("restart it: %v", err)
 		}

@@ -17,37 +17,31 @@ import (
 // deadline; the caller's, if shorter, wins).
 const membershipTimeout = 10 * time.Second
 
-// membershipLocal reads or changes shardID's membership through local
-// node n's replica.
-func membershipLocal(ctx context.Context, n *LocalNode, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
-	defer cancel()
-	return n.raft.changeMembership(ctx, shardID, change, replica, addr)
-}
-
 // Membership implements placement.ShardClient: through the shard's
 // leader, on this node or another (Dragonboat accepts one membership
 // change at a time, from a voting replica).
-func (c shardClient) Membership(ctx context.Context, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
-	return c.r.membership(ctx, 0, shardID, change, replica, addr)
+func (c shardClient) Membership(ctx context.Context, req *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
+	return c.r.membership(ctx, 0, req)
 }
 
-// membership changes shardID's membership on its leader's node, having
+// membership changes the shard's membership on its leader's node, having
 // been forwarded hops times.
-func (r *Router) membership(ctx context.Context, hops int, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
-	n, _, err := r.leader(ctx, shardID)
+func (r *Router) membership(ctx context.Context, hops int, m *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
+	n, _, err := r.leader(ctx, m.GetShardId())
 	if err == nil {
-		return membershipLocal(ctx, n, shardID, change, replica, addr)
+		ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
+		defer cancel()
+		return n.raft.changeMembership(ctx, m)
 	}
 	var rl *remoteLeader
 	if !errors.As(err, &rl) || hops >= maxHops {
 		return nil, err
 	}
-	req := connect.NewRequest(&placementv1.MembershipRequest{ShardId: shardID, Change: change, ReplicaId: replica, Address: addr})
+	req := connect.NewRequest(m)
 	req.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
 	resp, err := r.peers.get(rl.node.GetListenAddr()).node.Membership(ctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("shard %d membership via node %d: %w", shardID, rl.node.GetId(), err)
+		return nil, fmt.Errorf("shard %d membership via node %d: %w", m.GetShardId(), rl.node.GetId(), err)
 	}
 	return resp.Msg, nil
 }
@@ -90,8 +84,7 @@ func (r *Router) appliedIndexLocal(shardID, nodeID uint64) (uint64, error) {
 
 // Membership implements NodeService.Membership.
 func (s *NodeServer) Membership(ctx context.Context, req *connect.Request[placementv1.MembershipRequest]) (*connect.Response[placementv1.MembershipResponse], error) {
-	m := req.Msg
-	out, err := s.r.membership(ctx, hopsOf(req.Header()), m.GetShardId(), m.GetChange(), m.GetReplicaId(), m.GetAddress())
+	out, err := s.r.membership(ctx, hopsOf(req.Header()), req.Msg)
 	if err != nil {
 		return nil, toConnect(err)
 	}

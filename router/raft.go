@@ -41,8 +41,9 @@ type raftHost interface {
 	snapshot(ctx context.Context, shardID uint64) (uint64, error)
 	// changeMembership makes one membership change (NONE only reads it)
 	// through the local replica, which must be a voting member, and
-	// returns the membership after it.
-	changeMembership(ctx context.Context, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error)
+	// returns the membership after it; ErrMembershipChanged when the
+	// shard compares config change ids and req's is not the current one.
+	changeMembership(ctx context.Context, req *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error)
 }
 
 // errNothingToSnapshot: the replica applied nothing since its last

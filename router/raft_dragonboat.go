@@ -63,18 +63,25 @@ func (h dragonboatHost) snapshot(ctx context.Context, shardID uint64) (uint64, e
 	return idx, err
 }
 
-func (h dragonboatHost) changeMembership(ctx context.Context, shardID uint64, change placementv1.MembershipChange, replica uint64, addr string) (*placementv1.MembershipResponse, error) {
+func (h dragonboatHost) changeMembership(ctx context.Context, req *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
+	shardID, change, replica, addr, ccid := req.GetShardId(), req.GetChange(), req.GetReplicaId(), req.GetAddress(), req.GetConfigChangeId()
 	var err error
 	switch change {
 	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE:
 	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING:
-		err = h.nh.SyncRequestAddNonVoting(ctx, shardID, replica, addr, 0)
+		err = h.nh.SyncRequestAddNonVoting(ctx, shardID, replica, addr, ccid)
 	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING:
-		err = h.nh.SyncRequestAddReplica(ctx, shardID, replica, addr, 0)
+		err = h.nh.SyncRequestAddReplica(ctx, shardID, replica, addr, ccid)
 	case placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE:
-		err = h.nh.SyncRequestDeleteReplica(ctx, shardID, replica, 0)
+		err = h.nh.SyncRequestDeleteReplica(ctx, shardID, replica, ccid)
 	default:
 		return nil, fmt.Errorf("change: %v is not a membership change", change)
+	}
+	if errors.Is(err, dragonboat.ErrRejected) {
+		// Every replica refused it at apply: on an ordered shard, a
+		// stale config change id (Dragonboat also rejects adding a
+		// removed replica id, which placement never hands out twice).
+		err = fmt.Errorf("%w: config change id %d: %v", ErrMembershipChanged, ccid, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shard %d: %v of replica %d: %w", shardID, change, replica, err)
@@ -83,7 +90,7 @@ func (h dragonboatHost) changeMembership(ctx context.Context, shardID uint64, ch
 	if err != nil {
 		return nil, fmt.Errorf("shard %d: membership: %w", shardID, err)
 	}
-	out := &placementv1.MembershipResponse{Voting: m.Nodes, NonVoting: m.NonVotings}
+	out := &placementv1.MembershipResponse{Voting: m.Nodes, NonVoting: m.NonVotings, ConfigChangeId: m.ConfigChangeID}
 	for id := range m.Removed {
 		out.Removed = append(out.Removed, id)
 	}

@@ -308,7 +308,7 @@ func (h *fakeHost) transferLeader(uint64, uint64) error { return nil }
 
 func (h *fakeHost) snapshot(context.Context, uint64) (uint64, error) { return 0, errNothingToSnapshot }
 
-func (h *fakeHost) changeMembership(context.Context, uint64, placementv1.MembershipChange, uint64, string) (*placementv1.MembershipResponse, error) {
+func (h *fakeHost) changeMembership(context.Context, *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
 	return nil, errors.New("fakeHost: no membership")
 }
 

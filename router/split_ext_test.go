@@ -217,7 +217,7 @@ func (c *cluster) crashLeaderOf(id uint64) (restart func()) {
 			}
 			return func() {
 				for range 100 { // a stop completes in the background
-					err := n.Node.StartDataShard(id, lid, nil, false, false)
+					err := n.Node.StartDataShard(c.dev.Router.Map().Shard(id), nil)
 					if !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
 						if err != nil {
 							c.t.Errorf("restart shard %d's replica %d: %v", id, lid, err)

@@ -86,9 +86,14 @@ type MembershipRequest struct {
 	Change    MembershipChange       `protobuf:"varint,2,opt,name=change,proto3,enum=warden.placement.v1.MembershipChange" json:"change,omitempty"`
 	ReplicaId uint64                 `protobuf:"varint,3,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
 	// Address is the replica's Raft address (for additions).
-	Address       string `protobuf:"bytes,4,opt,name=address,proto3" json:"address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Address string `protobuf:"bytes,4,opt,name=address,proto3" json:"address,omitempty"`
+	// ConfigChangeId is the membership's config_change_id the change was
+	// decided against (read by a MEMBERSHIP_CHANGE_NONE first). On a shard
+	// with ordered_config_change every replica refuses the change if the
+	// membership has changed since (Aborted); elsewhere it is ignored.
+	ConfigChangeId uint64 `protobuf:"varint,5,opt,name=config_change_id,json=configChangeId,proto3" json:"config_change_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *MembershipRequest) Reset() {
@@ -149,15 +154,25 @@ func (x *MembershipRequest) GetAddress() string {
 	return ""
 }
 
+func (x *MembershipRequest) GetConfigChangeId() uint64 {
+	if x != nil {
+		return x.ConfigChangeId
+	}
+	return 0
+}
+
 type MembershipResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Voting and NonVoting map replica id → Raft address, after the change.
 	Voting    map[uint64]string `protobuf:"bytes,1,rep,name=voting,proto3" json:"voting,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	NonVoting map[uint64]string `protobuf:"bytes,2,rep,name=non_voting,json=nonVoting,proto3" json:"non_voting,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Removed lists replica ids that left the group (never reusable).
-	Removed       []uint64 `protobuf:"varint,3,rep,packed,name=removed,proto3" json:"removed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Removed []uint64 `protobuf:"varint,3,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	// ConfigChangeId is the Raft index of the membership change last
+	// applied: what the next change's config_change_id names.
+	ConfigChangeId uint64 `protobuf:"varint,4,opt,name=config_change_id,json=configChangeId,proto3" json:"config_change_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *MembershipResponse) Reset() {
@@ -209,6 +224,13 @@ func (x *MembershipResponse) GetRemoved() []uint64 {
 		return x.Removed
 	}
 	return nil
+}
+
+func (x *MembershipResponse) GetConfigChangeId() uint64 {
+	if x != nil {
+		return x.ConfigChangeId
+	}
+	return 0
 }
 
 type AppliedIndexRequest struct {
@@ -755,18 +777,20 @@ var File_warden_placement_v1_node_proto protoreflect.FileDescriptor
 
 const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1ewarden/placement/v1/node.proto\x12\x13warden.placement.v1\x1a#warden/placement/v1/placement.proto\x1a\x1bwarden/shard/v1/shard.proto\"\xa6\x01\n" +
+	"\x1ewarden/placement/v1/node.proto\x12\x13warden.placement.v1\x1a#warden/placement/v1/placement.proto\x1a\x1bwarden/shard/v1/shard.proto\"\xd0\x01\n" +
 	"\x11MembershipRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12=\n" +
 	"\x06change\x18\x02 \x01(\x0e2%.warden.placement.v1.MembershipChangeR\x06change\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x03 \x01(\x04R\treplicaId\x12\x18\n" +
-	"\aaddress\x18\x04 \x01(\tR\aaddress\"\xcb\x02\n" +
+	"\aaddress\x18\x04 \x01(\tR\aaddress\x12(\n" +
+	"\x10config_change_id\x18\x05 \x01(\x04R\x0econfigChangeId\"\xf5\x02\n" +
 	"\x12MembershipResponse\x12K\n" +
 	"\x06voting\x18\x01 \x03(\v23.warden.placement.v1.MembershipResponse.VotingEntryR\x06voting\x12U\n" +
 	"\n" +
 	"non_voting\x18\x02 \x03(\v26.warden.placement.v1.MembershipResponse.NonVotingEntryR\tnonVoting\x12\x18\n" +
-	"\aremoved\x18\x03 \x03(\x04R\aremoved\x1a9\n" +
+	"\aremoved\x18\x03 \x03(\x04R\aremoved\x12(\n" +
+	"\x10config_change_id\x18\x04 \x01(\x04R\x0econfigChangeId\x1a9\n" +
 	"\vVotingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a<\n" +

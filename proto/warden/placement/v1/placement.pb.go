@@ -447,8 +447,18 @@ type Shard struct {
 	// NextReplicaId is never handed out twice in this shard (Dragonboat
 	// refuses a removed replica id).
 	NextReplicaId uint64 `protobuf:"varint,5,opt,name=next_replica_id,json=nextReplicaId,proto3" json:"next_replica_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// OrderedConfigChange: every replica of the shard runs with Dragonboat's
+	// OrderedConfigChange, so a membership change names the ConfigChangeID
+	// it was decided against and every replica refuses it, at apply, if the
+	// membership changed since (compare-and-set). Dragonboat reads the flag
+	// when a replica starts and checks it per replica, so it is a property
+	// of the shard, fixed at its creation: a shard with some replicas
+	// ordered and some not would diverge on a stale change. Shards created
+	// by placement command version 2 or later have it (DESIGN.md §4
+	// "Membership changes").
+	OrderedConfigChange bool `protobuf:"varint,6,opt,name=ordered_config_change,json=orderedConfigChange,proto3" json:"ordered_config_change,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Shard) Reset() {
@@ -514,6 +524,13 @@ func (x *Shard) GetNextReplicaId() uint64 {
 		return x.NextReplicaId
 	}
 	return 0
+}
+
+func (x *Shard) GetOrderedConfigChange() bool {
+	if x != nil {
+		return x.OrderedConfigChange
+	}
+	return false
 }
 
 // Replica is one member of a shard's Raft group.
@@ -1608,13 +1625,14 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"listenAddr\x12 \n" +
 	"\vincarnation\x18\x05 \x01(\tR\vincarnation\x12'\n" +
 	"\x0fcommand_version\x18\x06 \x01(\rR\x0ecommandVersion\x120\n" +
-	"\x14meta_command_version\x18\a \x01(\rR\x12metaCommandVersion\"\xc6\x01\n" +
+	"\x14meta_command_version\x18\a \x01(\rR\x12metaCommandVersion\"\xfa\x01\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x128\n" +
 	"\breplicas\x18\x03 \x03(\v2\x1c.warden.placement.v1.ReplicaR\breplicas\x125\n" +
 	"\x05state\x18\x04 \x01(\x0e2\x1f.warden.placement.v1.ShardStateR\x05state\x12&\n" +
-	"\x0fnext_replica_id\x18\x05 \x01(\x04R\rnextReplicaId\"t\n" +
+	"\x0fnext_replica_id\x18\x05 \x01(\x04R\rnextReplicaId\x122\n" +
+	"\x15ordered_config_change\x18\x06 \x01(\bR\x13orderedConfigChange\"t\n" +
 	"\aReplica\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\x04R\treplicaId\x12\x17\n" +
