@@ -88,18 +88,7 @@ func TestInteractions(t *testing.T) {
 				w.unsubscribe(subs[name])
 				return fmt.Sprintf("%d subscribed\n", subscribed(w))
 			case "apply":
-				res := &shardv1.Result{}
-				for _, a := range d.CmdArgs {
-					for _, v := range a.Vals {
-						ev := waiterEvent(t, v)
-						if a.Key == "granted" {
-							res.Granted = append(res.Granted, ev)
-						} else {
-							res.Dropped = append(res.Dropped, ev)
-						}
-					}
-				}
-				w.Observe(1, res)
+				w.Observe(1, appliedResult(t, d))
 				var out []string
 				for _, name := range sortedNames(subs) {
 					select {
@@ -163,17 +152,40 @@ func sortedNames(subs map[string]*subscription) []string {
 	return names
 }
 
-// waiterEvent parses RESOURCE/REQUEST/SEQ.
+// appliedResult is the applied result an apply command states: its
+// granted and dropped waiter events (granted=R/Q/SEQ[/A],...
+// dropped=R/Q/SEQ,...). A grant's lease id is lease-Q-SEQ.
+func appliedResult(t *testing.T, d *datadriven.TestData) *shardv1.Result {
+	res := &shardv1.Result{}
+	for _, a := range d.CmdArgs {
+		for _, v := range a.Vals {
+			ev := waiterEvent(t, v)
+			if a.Key == "granted" {
+				ev.Lease = &shardv1.LeaseInfo{LeaseId: []byte(fmt.Sprintf("lease-%s-%d", ev.GetRequestId(), ev.GetSeq()))}
+				res.Granted = append(res.Granted, ev)
+			} else {
+				res.Dropped = append(res.Dropped, ev)
+			}
+		}
+	}
+	return res
+}
+
+// waiterEvent parses RESOURCE/REQUEST/SEQ[/ATTEMPT].
 func waiterEvent(t *testing.T, v string) *shardv1.WaiterEvent {
 	parts := strings.Split(v, "/")
 	var seq uint64
-	if len(parts) != 3 {
-		t.Fatalf("event %q: want resource/request/seq", v)
+	if len(parts) != 3 && len(parts) != 4 {
+		t.Fatalf("event %q: want resource/request/seq[/attempt]", v)
 	}
 	if _, err := fmt.Sscan(parts[2], &seq); err != nil {
 		t.Fatalf("event %q: %v", v, err)
 	}
-	return &shardv1.WaiterEvent{Resource: parts[0], RequestId: parts[1], Seq: seq}
+	ev := &shardv1.WaiterEvent{Resource: parts[0], RequestId: parts[1], Seq: seq}
+	if len(parts) == 4 {
+		ev.AttemptId = []byte(parts[3])
+	}
+	return ev
 }
 
 func eventString(ev *shardv1.WaiterEvent) string {

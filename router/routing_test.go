@@ -13,12 +13,14 @@ import (
 	"testing/synctest"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/cockroachdb/datadriven"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -42,6 +44,23 @@ import (
 //	dropped node=N count=K             node N's host drops its next K proposals before proposing them
 //	propose key=K [name=X]             Router.propose of a Release for key K
 //	advance d=D                        lets D of virtual time pass
+//
+// Forwarding to node 3, whose answers are scripted (no HTTP):
+//
+//	peer answers=(A[*K],...)           node 3's next answers: ok, broken (the
+//	                                   connection broke: no wire error), garbled
+//	                                   (an answer not Connect's), or a Connect
+//	                                   code node 3 sent (unavailable, ...)
+//	forward key=K [hops=H]             forward of a Release for key K, as a
+//	                                   request that came with H hops
+//
+// A waiting Acquire's wait for its grant (awaitGrant), with the hand-offs
+// the local replicas apply scripted:
+//
+//	await name=X resource=R request=Q seq=S wait=D [attempt=A]
+//	                                   waits, in the background, for queue entry S
+//	applied granted=R/Q/S[/A],... dropped=R/Q/S,...  what a local replica applied
+//	cancel name=X                      the caller of await X gives up
 func TestRouting(t *testing.T) {
 	datadriven.Walk(t, "testdata/routing", func(t *testing.T, path string) {
 		synctest.Test(t, func(t *testing.T) {
@@ -62,6 +81,9 @@ type routingFixture struct {
 	bg    map[string]chan string
 	ctx   context.Context
 	stop  context.CancelFunc
+
+	answers []string                      // node 3's next answers to forwarded calls
+	cancels map[string]context.CancelFunc // of the awaits by name
 }
 
 func newRoutingFixture() *routingFixture {
@@ -74,7 +96,7 @@ func newRoutingFixture() *routingFixture {
 	for id := uint64(1); id <= 3; id++ {
 		st.Nodes = append(st.Nodes, &placementv1.Node{Id: id, ListenAddr: fmt.Sprintf("node-%d.invalid:1", id), CommandVersion: shard.CommandVersion})
 	}
-	f := &routingFixture{hosts: map[uint64]*fakeHost{}, meta: &fakeMeta{st: st}, bg: map[string]chan string{}}
+	f := &routingFixture{hosts: map[uint64]*fakeHost{}, meta: &fakeMeta{st: st}, bg: map[string]chan string{}, cancels: map[string]context.CancelFunc{}}
 	var nodes []LocalNode
 	for id := uint64(1); id <= 2; id++ {
 		h := &fakeHost{replica: id}
@@ -128,22 +150,12 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 		var codes []string
 		d.ScanArgs(t, "codes", &codes)
 		h.mu.Lock()
-		for _, c := range codes {
-			c, times, _ := strings.Cut(c, "*") // code*N: N of them
+		for _, c := range expand(t, d, codes) {
 			v, ok := shardv1.Code_value["CODE_"+strings.ToUpper(c)]
 			if !ok {
 				t.Fatalf("%s: no result code %q", d.Pos, c)
 			}
-			k := 1
-			if times != "" {
-				var err error
-				if k, err = strconv.Atoi(times); err != nil {
-					t.Fatalf("%s: codes: %v", d.Pos, err)
-				}
-			}
-			for range k {
-				h.results = append(h.results, shardv1.Code(v))
-			}
+			h.results = append(h.results, shardv1.Code(v))
 		}
 		h.mu.Unlock()
 		return "ok\n"
@@ -158,35 +170,59 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 		if d.Cmd == "propose" {
 			d.ScanArgs(t, "key", &key)
 		}
-		call := func() string {
-			start := time.Now()
-			var out string
+		return f.call(t, d, func() string {
 			if d.Cmd == "lookup" {
-				out = f.lookup()
-			} else {
-				out = f.propose(key)
+				return f.lookup()
 			}
-			return fmt.Sprintf("%s after %v\n", out, time.Since(start))
+			return f.propose(key)
+		})
+	case "peer":
+		d.ScanArgs(t, "answers", &f.answers)
+		f.answers = expand(t, d, f.answers)
+		return "ok\n"
+	case "forward":
+		var key string
+		var hops int
+		d.ScanArgs(t, "key", &key)
+		d.MaybeScanArgs(t, "hops", &hops)
+		return f.call(t, d, func() string { return f.forward(t, key, hops) })
+	case "await":
+		var name, resource, request, attempt, wait string
+		var seq uint64
+		d.ScanArgs(t, "name", &name)
+		d.ScanArgs(t, "resource", &resource)
+		d.ScanArgs(t, "request", &request)
+		d.ScanArgs(t, "seq", &seq)
+		d.ScanArgs(t, "wait", &wait)
+		d.MaybeScanArgs(t, "attempt", &attempt)
+		dd, err := time.ParseDuration(wait)
+		if err != nil {
+			t.Fatalf("%s: wait: %v", d.Pos, err)
 		}
-		if !d.HasArg("name") {
-			return call()
-		}
+		ctx, cancel := context.WithCancel(f.ctx)
+		f.cancels[name] = cancel
+		sub := f.r.waits.subscribe(resource, request)
+		deadline := time.Now().Add(dd).UnixNano()
+		return f.call(t, d, func() string {
+			defer f.r.waits.unsubscribe(sub)
+			cancels := f.cancelWaits()
+			lease, err := f.r.awaitGrant(ctx, sub, resource, request, []byte(attempt), seq, deadline)
+			out := fmt.Sprintf("%d cancels: ", f.cancelWaits()-cancels)
+			if err != nil {
+				return out + "error: " + err.Error()
+			}
+			return out + "granted " + string(lease.GetLeaseId())
+		})
+	case "applied":
+		f.r.waits.Observe(1, appliedResult(t, d))
+		synctest.Wait()
+		return "ok\n"
+	case "cancel":
 		var name string
 		d.ScanArgs(t, "name", &name)
-		ch := make(chan string, 1)
-		f.bg[name] = ch
-		go func() { ch <- call() }()
+		f.cancels[name]()
 		synctest.Wait()
-		select {
-		case out := <-ch:
-			f.bg[name] = nil
-			return "done at once: " + out
-		default:
-			ch2 := make(chan string, 1)
-			f.bg[name] = ch2
-			go func() { ch2 <- <-ch }()
-			return "waiting\n"
-		}
+		return "ok\n"
 	case "wait":
 		var name string
 		d.ScanArgs(t, "name", &name)
@@ -209,6 +245,115 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 	}
 	t.Fatalf("%s: unknown command %q", d.Pos, d.Cmd)
 	return ""
+}
+
+// call runs fn, timed in virtual time; with a name argument, in the
+// background, for a later wait to print its result.
+func (f *routingFixture) call(t *testing.T, d *datadriven.TestData, fn func() string) string {
+	timed := func() string {
+		start := time.Now()
+		out := fn()
+		return fmt.Sprintf("%s after %v\n", out, time.Since(start))
+	}
+	if !d.HasArg("name") {
+		return timed()
+	}
+	var name string
+	d.ScanArgs(t, "name", &name)
+	ch := make(chan string, 1)
+	go func() { ch <- timed() }()
+	synctest.Wait()
+	select {
+	case out := <-ch:
+		return "done at once: " + out
+	default:
+		f.bg[name] = ch
+		return "waiting\n"
+	}
+}
+
+// expand reads a script's list of values, where V*K stands for K of V.
+func expand(t *testing.T, d *datadriven.TestData, vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		v, times, _ := strings.Cut(v, "*")
+		k := 1
+		if times != "" {
+			var err error
+			if k, err = strconv.Atoi(times); err != nil {
+				t.Fatalf("%s: %q: %v", d.Pos, v, err)
+			}
+		}
+		for range k {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// forward runs the router's forward of a Release of key as a request
+// that came with hops hops, node 3 answering the script's answers in turn
+// (ok once they run out).
+func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
+	req := connect.NewRequest(&wardenv1.ReleaseRequest{})
+	if hops > 0 {
+		req.Header().Set(forwardedHeader, strconv.Itoa(hops))
+	}
+	calls := 0
+	call := func(*peer) func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+		return func(_ context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+			calls++
+			if got, want := fr.Header().Get(forwardedHeader), strconv.Itoa(hops+1); got != want {
+				t.Errorf("forwarded with %s %q, want %q", forwardedHeader, got, want)
+			}
+			a := "ok"
+			if len(f.answers) > 0 {
+				a, f.answers = f.answers[0], f.answers[1:]
+			}
+			switch a {
+			case "ok":
+				return connect.NewResponse(&wardenv1.ReleaseResponse{}), nil
+			case "broken":
+				return nil, connect.NewError(connect.CodeUnavailable, errors.New("connection reset by peer"))
+			case "garbled": // not Connect's answer: an HTTP 400 from something else on the address
+				return nil, connect.NewError(connect.CodeInternal, errors.New("protocol error: HTTP status 400 Bad Request"))
+			}
+			var code connect.Code
+			if err := code.UnmarshalText([]byte(a)); err != nil {
+				t.Fatalf("answer %q: %v", a, err)
+			}
+			return nil, connect.NewWireError(code, errors.New("node 3 says "+a))
+		}
+	}
+	_, ok, err := forward(f.ctx, f.r, req, key, call)
+	if !ok {
+		return fmt.Sprintf("served here (%d calls)", calls)
+	}
+	out := fmt.Sprintf("%d calls to node 3: ", calls)
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return out + "ok"
+	}
+	out += fmt.Sprintf("%v (wire %v): %s", ce.Code(), connect.IsWireError(ce), ce.Message())
+	for _, det := range ce.Details() {
+		if m, err := det.Value(); err == nil {
+			if nl, ok := m.(*wardenv1.NotLeader); ok {
+				out += fmt.Sprintf("; not leader: shard %d, node %d in term %d", nl.GetShardId(), nl.GetLeaderNodeId(), nl.GetTerm())
+			}
+		}
+	}
+	return out
+}
+
+// cancelWaits counts the CancelWait commands the local hosts proposed.
+func (f *routingFixture) cancelWaits() int {
+	n := 0
+	for _, h := range f.hosts {
+		h.mu.Lock()
+		n += h.cancels
+		h.mu.Unlock()
+	}
+	return n
 }
 
 func (f *routingFixture) lookup() string {
@@ -261,6 +406,7 @@ type fakeHost struct {
 	results []shardv1.Code
 	drop    int
 	n       int
+	cancels int // CancelWait commands proposed
 }
 
 func (h *fakeHost) proposals() int {
@@ -270,12 +416,16 @@ func (h *fakeHost) proposals() int {
 }
 
 func (h *fakeHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]byte, error) {
-	if _, err := shard.DecodeCommand(cmd); err != nil {
+	env, err := shard.DecodeCommand(cmd)
+	if err != nil {
 		return nil, err
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.n++
+	if env.GetCancelWait() != nil {
+		h.cancels++
+	}
 	if h.drop > 0 {
 		h.drop--
 		return nil, fmt.Errorf("%w (%w): system busy", ErrNoLeader, errDropped)

@@ -116,21 +116,25 @@ func devAddrs(dir string) ([]string, error) {
 }
 
 // FreeLoopbackAddr returns a 127.0.0.1 address whose port was free a
-// moment ago. It picks at random below the kernel's ephemeral range
+// moment ago (FreeAddrOn).
+func FreeLoopbackAddr() (string, error) { return FreeAddrOn("127.0.0.1") }
+
+// FreeAddrOn returns an address on the local IP host whose port was free
+// a moment ago. It picks at random below the kernel's ephemeral range
 // (ip_local_port_range): a port from that range, free now, can be taken
 // by any outgoing connection before the caller binds it.
-func FreeLoopbackAddr() (string, error) {
+func FreeAddrOn(host string) (string, error) {
 	low := ephemeralLow()
 	for range 100 {
 		port := 10_000 + rand.IntN(low-10_000)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 		if err != nil {
 			continue
 		}
 		l.Close()
 		return l.Addr().String(), nil
 	}
-	return "", errors.New("server: no free loopback port below the ephemeral range")
+	return "", fmt.Errorf("server: no free port on %s below the ephemeral range", host)
 }
 
 // ephemeralLow is the first port of the kernel's ephemeral range (Linux;

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -84,6 +85,34 @@ func startProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 	return c
 }
 
+// processHost is the loopback address this test process's nodes listen
+// on: 127.P.Q.1 from its process id, where Linux answers for all of
+// 127.0.0.0/8. A node restarted after a SIGKILL binds its old ports
+// again, and in the meantime a test in another package running beside
+// this one (they pick free ports on 127.0.0.1 at random) could take them;
+// on a host of its own nobody else binds. Where the address does not
+// answer (another kernel), 127.0.0.1.
+var processHost = sync.OnceValue(func() string {
+	pid := os.Getpid()
+	host := fmt.Sprintf("127.%d.%d.1", pid>>8&0xff, pid&0xff)
+	if l, err := net.Listen("tcp", net.JoinHostPort(host, "0")); err == nil {
+		l.Close()
+		return host
+	}
+	return "127.0.0.1"
+})
+
+// freeAddr returns an address on processHost whose port was free a moment
+// ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	a, err := server.FreeAddrOn(processHost())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 // newProcCluster lays out three nodes (addresses, data directories,
 // clients) without starting them; boot starts them.
 func newProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
@@ -97,11 +126,7 @@ func newProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 	}
 	var members []string
 	for i := range 3 {
-		raft, err1 := server.FreeLoopbackAddr()
-		listen, err2 := server.FreeLoopbackAddr()
-		if err1 != nil || err2 != nil {
-			t.Fatal(err1, err2)
-		}
+		raft, listen := freeAddr(t), freeAddr(t)
 		n := &node{id: uint64(i + 1), dir: filepath.Join(t.TempDir(), fmt.Sprintf("node-%d", i+1)), raft: raft, listen: listen, zone: fmt.Sprintf("az%d", i+1)}
 		n.locks = wardenv1connect.NewLockServiceClient(http.DefaultClient, "http://"+listen)
 		n.admin = wardenv1connect.NewAdminServiceClient(http.DefaultClient, "http://"+listen)
@@ -191,11 +216,7 @@ func knowsFlag(bin, flag string) bool {
 // addresses) and returns its index.
 func (c *procCluster) join(zone string) int {
 	c.t.Helper()
-	raft, err1 := server.FreeLoopbackAddr()
-	listen, err2 := server.FreeLoopbackAddr()
-	if err1 != nil || err2 != nil {
-		c.t.Fatal(err1, err2)
-	}
+	raft, listen := freeAddr(c.t), freeAddr(c.t)
 	i := len(c.nodes)
 	n := &node{id: uint64(i + 1), dir: filepath.Join(c.t.TempDir(), fmt.Sprintf("node-%d", i+1)), raft: raft, listen: listen, zone: zone}
 	n.locks = wardenv1connect.NewLockServiceClient(http.DefaultClient, "http://"+listen)

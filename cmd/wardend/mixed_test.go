@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
@@ -227,4 +229,118 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 		t.Fatalf("upgraded replicas diverged: applied %v, digests %v", idx, dig)
 	}
 	t.Logf("upgraded: replicas at index %d, digest %s…", idx[0], dig[0][:16])
+}
+
+// placementDigest reads the placement state from every node and returns
+// its SHA-256 once all of them agree. ReadMeta is served by the node's
+// own replica of the placement group (a linearizable read: the leader
+// confirms the index, the local replica answers from its state once it
+// has applied it), so equal answers are equal replica states. A command
+// committed between the reads makes them differ for a moment; replicas
+// that diverged differ for good, and the wait ends in a failure.
+func (c *procCluster) placementDigest() (string, *placementv1.State) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var sums []string
+		var st *placementv1.State
+		for _, n := range c.nodes {
+			var resp *connect.Response[placementv1.ReadMetaResponse]
+			err := retryUnavailable(func() (err error) {
+				ctx, cancel := rpcCtx()
+				defer cancel()
+				resp, err = n.node().ReadMeta(ctx, connect.NewRequest(&placementv1.ReadMetaRequest{}))
+				return err
+			})
+			if err != nil {
+				c.t.Fatalf("node %d ReadMeta: %v", n.id, err)
+			}
+			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp.Msg.GetState())
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			sums = append(sums, fmt.Sprintf("%x", sha256.Sum256(b)))
+			st = resp.Msg.GetState()
+		}
+		if sums[0] == sums[1] && sums[1] == sums[2] {
+			return sums[0], st
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("the placement replicas' states differ: %v", sums)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A rolling upgrade across placement command version 2 (a split's new
+// shard is created with ordered_config_change). Nodes 1 and 2 run this
+// binary, node 3 the one before the change: the placement leader stamps
+// the split version 1, every replica creates the new shard unordered,
+// and the three replicas' placement states are identical. Node 3 is then
+// upgraded in place; once it registers version 2, the next split's shard
+// is ordered, again on every replica. Had a new replica applied the
+// version-1 split by the new rule, or the leader stamped version 2
+// beside the old binary (which would refuse it), the states would differ
+// or the split would not finish.
+func TestClusterMixedPlacementAgree(t *testing.T) {
+	old := buildBefore(t, "placement/meta.go", "MetaCommandVersion uint32 = 2")
+	c := newProcCluster(t)
+	c.bins = map[int]string{2: old}
+	c.boot()
+	split := func(via int, shardID uint64) uint64 {
+		t.Helper()
+		var resp *connect.Response[wardenv1.SplitShardResponse]
+		err := retryUnavailable(func() (err error) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			resp, err = c.nodes[via].admin.SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: shardID}))
+			return err
+		})
+		if err != nil {
+			t.Fatalf("SplitShard(%d) via node %d: %v", shardID, via+1, err)
+		}
+		return resp.Msg.GetNewShardId()
+	}
+	shardOf := func(st *placementv1.State, id uint64) *placementv1.Shard {
+		t.Helper()
+		for _, s := range st.GetShards() {
+			if s.GetId() == id {
+				return s
+			}
+		}
+		t.Fatalf("shard %d is not in the placement state", id)
+		return nil
+	}
+
+	mixed := split(0, 1)
+	sum, st := c.placementDigest()
+	if s := shardOf(st, mixed); s.GetOrderedConfigChange() {
+		t.Fatalf("shard %d, split beside a version-1 binary, is ordered", mixed)
+	}
+	t.Logf("mixed binaries: placement generation %d, %d shards, digest %s…", st.GetGeneration(), len(st.GetShards()), sum[:16])
+
+	c.kill(2)
+	c.bins = nil // node 3 upgraded in place
+	c.start(2)
+	c.waitServing(2)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, st = c.placementDigest()
+		if i := slices.IndexFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 3 }); i >= 0 && st.GetNodes()[i].GetMetaCommandVersion() >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 3 did not register placement version 2 after its upgrade: %v", st.GetNodes())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	upgraded := split(1, mixed)
+	sum, st = c.placementDigest()
+	if s := shardOf(st, upgraded); !s.GetOrderedConfigChange() {
+		t.Fatalf("shard %d, split once every node runs version 2, is not ordered", upgraded)
+	}
+	if s := shardOf(st, mixed); s.GetOrderedConfigChange() {
+		t.Fatalf("shard %d changed its ordered_config_change after creation", mixed)
+	}
+	t.Logf("upgraded: placement generation %d, %d shards, digest %s…", st.GetGeneration(), len(st.GetShards()), sum[:16])
 }

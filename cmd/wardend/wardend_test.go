@@ -20,7 +20,6 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/server"
 )
 
 // These tests run the real wardend binary as a child process and send it
@@ -68,10 +67,7 @@ type devProc struct {
 
 func startServer(t *testing.T, dir string) *devProc {
 	t.Helper()
-	addr, err := server.FreeLoopbackAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
+	addr := freeAddr(t)
 	s := &devProc{t: t, dir: dir, addr: addr, exited: make(chan error, 1)}
 	s.cmd = exec.Command(binary, "--dev", "--data-dir", dir, "--listen", addr)
 	s.cmd.Stdout, s.cmd.Stderr = &s.log, &s.log
