@@ -298,7 +298,8 @@ func (c *cluster) transferLeader(to int) {
 // unavailable, and the service recovers when they return, with the
 // retried request getting exactly one lease.
 func TestMinorityAnswersUnavailable(t *testing.T) {
-	c := startCluster(t, server.DevConfig{Router: router.Config{ProposeTimeout: time.Second, LeaderWait: time.Second}})
+	// Each refused call waits out one of these bounds (12 calls).
+	c := startCluster(t, server.DevConfig{Router: router.Config{ProposeTimeout: 500 * time.Millisecond, LeaderWait: 500 * time.Millisecond}})
 	before := c.mustAcquire("r0", "q0", 0)
 	lead := c.leader()
 	a, b := (lead+1)%server.DevNodes, (lead+2)%server.DevNodes
