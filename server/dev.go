@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -101,12 +102,17 @@ func devAddrs(dir string) ([]string, error) {
 	case !errors.Is(err, os.ErrNotExist):
 		return nil, err
 	}
-	for range DevNodes {
+	for len(l.RaftAddrs) < DevNodes {
 		a, err := FreeLoopbackAddr()
 		if err != nil {
 			return nil, err
 		}
-		l.RaftAddrs = append(l.RaftAddrs, a)
+		// Each pick was free a moment ago, so two picks may be the same
+		// port (1 in about 7,600 dev starts): Dragonboat panics on a
+		// membership with a duplicated address.
+		if !slices.Contains(l.RaftAddrs, a) {
+			l.RaftAddrs = append(l.RaftAddrs, a)
+		}
 	}
 	b, _ = json.Marshal(l)
 	if err := os.WriteFile(path, b, 0o644); err != nil {
