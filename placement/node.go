@@ -46,7 +46,17 @@ type NodeConfig struct {
 	Listener raftio.IRaftEventListener
 	// Observer sees hand-offs to waiters as replicas apply them.
 	Observer shard.ApplyObserver
+	// RaftTLS, if set, makes the Raft transport mutual TLS.
+	RaftTLS *RaftTLS
 }
+
+// RaftTLS is the Raft transport's mutual TLS (Dragonboat's MutualTLS):
+// every connection, both ways, presents a certificate CAFile verifies.
+// Dragonboat checks only the CA, so CAFile must sign node certificates
+// alone; its dialer verifies the server's certificate against the host
+// of the peer's Raft address, which the certificate must name. The files
+// are read at start.
+type RaftTLS struct{ CAFile, CertFile, KeyFile string }
 
 // Election timing in RTTs: a leader is suspected after ElectionRTT × RTT
 // without a heartbeat (200 ms at the default RTT).
@@ -80,6 +90,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		RaftAddress:       cfg.RaftAddr,
 		RaftEventListener: cfg.Listener,
 		Expert:            config.ExpertConfig{LogDB: logdb},
+	}
+	if t := cfg.RaftTLS; t != nil {
+		nhc.MutualTLS, nhc.CAFile, nhc.CertFile, nhc.KeyFile = true, t.CAFile, t.CertFile, t.KeyFile
 	}
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {

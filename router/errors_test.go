@@ -264,7 +264,7 @@ func ledFrom(url string, cfg Config) *Router {
 		Ranges: []*shardv1.RangeDescriptor{{ShardId: 1}},
 		Shards: []*placementv1.Shard{{Id: 1, Replicas: []*placementv1.Replica{{ReplicaId: 1, NodeId: 2}}}},
 	})
-	r := New(nil, nil, m, nil, cfg, NewPeers(""))
+	r := New(nil, nil, m, nil, cfg, NewPeers("", nil))
 	r.peers.client = http.DefaultClient
 	return r
 }
@@ -344,7 +344,7 @@ func TestInternalErrorLoggedOnce(t *testing.T) {
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
 	defer slog.SetDefault(old)
-	r := New(nil, nil, placement.NewMap(&placementv1.State{}), nil, Config{Audit: slog.New(slog.DiscardHandler)}, NewPeers(""))
+	r := New(nil, nil, placement.NewMap(&placementv1.State{}), nil, Config{Audit: slog.New(slog.DiscardHandler)}, NewPeers("", nil))
 	next := connect.UnaryFunc(func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) {
 		return nil, errors.New("pebble: disk on fire")
 	})

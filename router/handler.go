@@ -39,15 +39,20 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), client...))
 	mux.Handle(wardenv1connect.NewQuotaServiceHandler(NewQuotaServer(r), client...))
 	mux.Handle(wardenv1connect.NewAdminServiceHandler(NewAdminServer(r), client...))
-	// Nodes forward whole pages of records when a range moves.
-	mux.Handle(placementv1connect.NewNodeServiceHandler(&NodeServer{r}, append(opts, connect.WithReadMaxBytes(maxNodeRequestBytes), requireSecret(r.cfg.ClusterSecret))...))
+	// Nodes forward whole pages of records when a range moves. The node
+	// API is served only where the nodes authenticate each other (guard);
+	// a dev cluster's nodes share one process and need none.
+	nodePath, nodeAPI := placementv1connect.NewNodeServiceHandler(&NodeServer{r}, append(opts, connect.WithReadMaxBytes(maxNodeRequestBytes))...)
+	if r.cfg.PeerTLS || r.cfg.ClusterSecret != "" {
+		mux.Handle(nodePath, nodeAPI)
+	}
 	services := []string{wardenv1connect.LockServiceName, wardenv1connect.QuotaServiceName, wardenv1connect.AdminServiceName}
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.Handle("/metrics", promhttp.Handler())
-	return mux
+	return guard(&r.cfg, nodePath, mux)
 }
 
 // maxRequestBytes bounds a client's request message, in bytes, and

@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/server"
 )
 
@@ -22,9 +24,18 @@ import (
 // stale change is applied, which is why the flag is the shard's, fixed
 // at its creation, and never one replica's.
 func TestMembershipCompareAndSet(t *testing.T) {
-	c := startCluster(t, server.DevConfig{})
+	// A dev cluster serves the node API only with a way to authenticate
+	// the nodes: here the cluster secret, which the test's calls carry.
+	const secret = "test-secret-0123456789"
+	c := startCluster(t, server.DevConfig{Router: router.Config{ClusterSecret: secret}})
 	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
-	nodes := placementv1connect.NewNodeServiceClient(c.srv.Client(), c.srv.URL)
+	nodes := placementv1connect.NewNodeServiceClient(c.srv.Client(), c.srv.URL, connect.WithInterceptors(
+		connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("Warden-Cluster-Secret", secret)
+				return next(ctx, req)
+			}
+		})))
 	split, err := admin.SplitShard(ctx(t), connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: shardID}))
 	if err != nil {
 		t.Fatalf("split: %v", err)

@@ -76,9 +76,19 @@ func (s *NodeServer) ReadMeta(ctx context.Context, _ *connect.Request[placementv
 	return connect.NewResponse(&placementv1.ReadMetaResponse{State: st}), nil
 }
 
-// hopsOf returns how many times a request was forwarded.
+// hopsOf returns how many times a request was forwarded. A value that
+// is not a count (negative, not a number) counts as maxHops: the request
+// is served where it is, never sent on. (The guard strips the header
+// from every caller that is not a node.)
 func hopsOf(h http.Header) int {
-	n, _ := strconv.Atoi(h.Get(forwardedHeader))
+	v := h.Get(forwardedHeader)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return maxHops
+	}
 	return n
 }
 

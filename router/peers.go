@@ -3,8 +3,10 @@ package router
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/tlsconfig"
 )
 
 // peer is another Warden node's Connect API.
@@ -22,28 +25,39 @@ type peer struct {
 	node  placementv1connect.NodeServiceClient
 }
 
-// Peers keeps one client per node address, over one HTTP/2 (h2c)
-// transport, so forwarded calls share connections. The composition root
-// (package server) makes it, and may use it before the router exists
-// (to ask the other nodes about a node before it starts, and to reach
-// the placement group of a joining node).
+// Peers keeps one client per node address, over one HTTP/2 transport
+// (over mutual TLS with the peer certificates, or cleartext h2c with the
+// cluster secret), so forwarded calls share connections. The composition
+// root (package server) makes it, and may use it before the router
+// exists (to ask the other nodes about a node before it starts, and to
+// reach the placement group of a joining node).
 type Peers struct {
 	client *http.Client
+	scheme string
 	secret string
 	mu     sync.Mutex
 	byAddr map[string]*peer
 }
 
-// secretHeader carries the cluster secret on node-to-node calls.
+// secretHeader carries the cluster secret on node-to-node calls of a
+// cluster without TLS.
 const secretHeader = "Warden-Cluster-Secret"
 
-// NewPeers returns the clients of the other nodes; secret (if set) goes
-// with every NodeService call.
-func NewPeers(secret string) *Peers {
-	t := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 5 * time.Minute}
+// NewPeers returns the clients of the other nodes. With tlsConfig (the
+// node's peer TLS config, tlsconfig.Store.PeerClientConfig) they call
+// over TLS and authenticate by the peer certificate; without it over
+// cleartext HTTP/2, and secret (if set) goes with every call.
+func NewPeers(secret string, tlsConfig *tls.Config) *Peers {
+	t := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 5 * time.Minute, TLSClientConfig: tlsConfig}
 	t.Protocols = new(http.Protocols)
-	t.Protocols.SetUnencryptedHTTP2(true)
-	return &Peers{client: &http.Client{Transport: t}, secret: secret, byAddr: map[string]*peer{}}
+	scheme := "http://"
+	if tlsConfig != nil {
+		scheme = "https://"
+		t.Protocols.SetHTTP2(true)
+	} else {
+		t.Protocols.SetUnencryptedHTTP2(true)
+	}
+	return &Peers{client: &http.Client{Transport: t}, scheme: scheme, secret: secret, byAddr: map[string]*peer{}}
 }
 
 // withSecret adds the cluster secret to outgoing calls.
@@ -58,17 +72,37 @@ func withSecret(secret string) connect.Option {
 	}))
 }
 
-// requireSecret refuses incoming calls without the cluster secret (when
-// one is set), in constant time.
-func requireSecret(secret string) connect.HandlerOption {
-	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			if secret != "" && subtle.ConstantTimeCompare([]byte(req.Header().Get(secretHeader)), []byte(secret)) != 1 {
-				return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("the node API needs the cluster secret"))
-			}
-			return next(ctx, req)
+// fromNode reports whether req came from another node of the cluster:
+// over a connection whose peer certificate the listener verified
+// (cfg.PeerTLS), or, on a cluster without TLS, with the cluster secret
+// (compared in constant time). With neither configured nothing is.
+func fromNode(cfg *Config, req *http.Request) bool {
+	if cfg.PeerTLS {
+		_, ok := tlsconfig.PeerNodeID(req.TLS)
+		return ok
+	}
+	return cfg.ClusterSecret != "" && subtle.ConstantTimeCompare([]byte(req.Header.Get(secretHeader)), []byte(cfg.ClusterSecret)) == 1
+}
+
+// guard is the HTTP layer's check of who calls, before any body is read:
+// the node API (nodePrefix) answers only other nodes, and the headers
+// that mean something inside the cluster (forwardedHeader, the cluster
+// secret) are stripped from every other caller's request.
+func guard(cfg *Config, nodePrefix string, next http.Handler) http.Handler {
+	refuse := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if fromNode(cfg, req) {
+			next.ServeHTTP(w, req)
+			return
 		}
-	}))
+		if strings.HasPrefix(req.URL.Path, nodePrefix) {
+			_ = refuse.Write(w, req, connect.NewError(connect.CodeUnauthenticated, errors.New("the node API answers only the cluster's nodes")))
+			return
+		}
+		req.Header.Del(forwardedHeader)
+		req.Header.Del(secretHeader)
+		next.ServeHTTP(w, req)
+	})
 }
 
 // get returns the clients of the node listening on addr (host:port).
@@ -78,12 +112,15 @@ func (p *Peers) get(addr string) *peer {
 	if c := p.byAddr[addr]; c != nil {
 		return c
 	}
-	base := "http://" + addr
+	base := p.scheme + addr
+	// The secret goes with forwarded client calls too: it is what tells
+	// the other node that their forwarding header is a node's.
+	auth := withSecret(p.secret)
 	c := &peer{
-		locks: wardenv1connect.NewLockServiceClient(p.client, base),
-		quota: wardenv1connect.NewQuotaServiceClient(p.client, base),
-		admin: wardenv1connect.NewAdminServiceClient(p.client, base),
-		node:  placementv1connect.NewNodeServiceClient(p.client, base, withSecret(p.secret)),
+		locks: wardenv1connect.NewLockServiceClient(p.client, base, auth),
+		quota: wardenv1connect.NewQuotaServiceClient(p.client, base, auth),
+		admin: wardenv1connect.NewAdminServiceClient(p.client, base, auth),
+		node:  placementv1connect.NewNodeServiceClient(p.client, base, auth),
 	}
 	p.byAddr[addr] = c
 	return c

@@ -78,10 +78,15 @@ type Config struct {
 	// ClockInterval is the period of the clock offset measurement
 	// (default 1 s).
 	ClockInterval time.Duration
-	// ClusterSecret, if set, is required of every call to the node-to-node
-	// API (NodeService), which can change shards directly, and sent with
-	// every call this node makes to it. Every node must have the same one.
+	// ClusterSecret authenticates the nodes to each other on a cluster
+	// without TLS (wardend --insecure): every call to the node-to-node
+	// API (NodeService), which can change shards directly, must carry it,
+	// and this node sends it with every call it makes to another node.
+	// Every node must have the same one. PeerTLS, if set, authenticates
+	// them by their peer certificates instead. With neither (a dev
+	// cluster, whose nodes share one process) the node API is not served.
 	ClusterSecret string
+	PeerTLS       bool
 	// ClockOffset is added to this node's wall clock. It exists to test
 	// clock skew; never set it in production.
 	ClockOffset time.Duration

@@ -103,7 +103,7 @@ func newRoutingFixture() *routingFixture {
 		f.hosts[id] = h
 		nodes = append(nodes, LocalNode{Leadership: NewLeadership(0), id: id, raft: h})
 	}
-	f.r = New(nodes, f.meta, placement.NewMap(st), NewWaitRegistry(), Config{Logger: slog.New(slog.DiscardHandler)}, NewPeers(""))
+	f.r = New(nodes, f.meta, placement.NewMap(st), NewWaitRegistry(), Config{Logger: slog.New(slog.DiscardHandler)}, NewPeers("", nil))
 	f.ctx, f.stop = context.WithCancel(context.Background())
 	return f
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"slices"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/shard"
+	"github.com/warden-dev/warden/tlsconfig"
 )
 
 // NodeSpec is a node to run in this process.
@@ -63,6 +65,22 @@ type ClusterConfig struct {
 	// MapInterval is the period of the placement map refresh, the node
 	// agents and the operator driver (default 200 ms).
 	MapInterval time.Duration
+	// TLS, if set, holds the node's TLS material. Its peer certificate
+	// authenticates this node to the others, on their node API and on
+	// Raft (Dragonboat's mutual TLS, which reads the files once at start:
+	// rotate Raft's certificates by a rolling restart); without peer
+	// material the nodes authenticate by Router.ClusterSecret.
+	TLS *tlsconfig.Store
+}
+
+// raftTLS is the Raft transport's mutual TLS from the peer material, or
+// nil.
+func raftTLS(s *tlsconfig.Store) *placement.RaftTLS {
+	if s == nil || !s.HasPeer() {
+		return nil
+	}
+	ca, cert, key := s.PeerFiles()
+	return &placement.RaftTLS{CAFile: ca, CertFile: cert, KeyFile: key}
 }
 
 // Cluster is the running part of a Warden cluster in this process.
@@ -111,7 +129,13 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	// first initial member, if it runs one, else through the join
 	// addresses (startMode made sure every node here has some).
 	metaAt := slices.IndexFunc(cfg.Nodes, func(s NodeSpec) bool { return c.initial(s.ID) })
-	p := router.NewPeers(cfg.Router.ClusterSecret)
+	var peerTLS *tls.Config
+	if cfg.TLS != nil {
+		peerTLS = cfg.TLS.PeerClientConfig()
+	}
+	cfg.Router.PeerTLS = peerTLS != nil
+	c.cfg.Router.PeerTLS = cfg.Router.PeerTLS
+	p := router.NewPeers(cfg.Router.ClusterSecret, peerTLS)
 	ids := make([]placement.Identity, len(cfg.Nodes))
 	for i, spec := range cfg.Nodes {
 		id, err := placement.OpenIdentity(spec.DataDir, spec.ID, c.Modes[i].initMode())
@@ -131,7 +155,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		n, err := placement.StartNode(placement.NodeConfig{
 			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, DataDir: spec.DataDir,
 			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
-			Listener: lead, Observer: c.observe,
+			Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS),
 		})
 		if err != nil {
 			c.closeNodes()

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -9,7 +10,11 @@ import (
 	_ "net/http/pprof" // served only on Config.PprofAddr
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/tlsconfig"
 )
 
 // Config is what a wardend process runs: a dev cluster or one production
@@ -27,7 +32,17 @@ type Config struct {
 	// PprofAddr, if set, serves Go's profiler (/debug/pprof/) on this
 	// address, for performance work; keep it on loopback.
 	PprofAddr string
+	// TLS, if set, serves Listen over TLS with its material (HTTP/2 by
+	// ALPN, and HTTP/1.1), the node API included: other nodes' calls
+	// present the peer certificate. Cluster.TLS is set to it. Without it
+	// a production node needs Cluster.Router.ClusterSecret (wardend
+	// --insecure), which authenticates the nodes instead.
+	TLS *tlsconfig.Store
 }
+
+// insecure is 1 on a node that serves without TLS outside a dev cluster
+// (wardend --insecure).
+var insecure = promauto.NewGauge(prometheus.GaugeOpts{Name: "warden_insecure", Help: "1 if this production node serves its APIs and Raft without TLS (wardend --insecure), else 0."})
 
 // Server is a running wardend: its cluster and its HTTP servers.
 type Server struct {
@@ -43,6 +58,19 @@ type Server struct {
 // StartCluster) advertising the address it listens on unless the config
 // names one, and serves the HTTP surface. Call Shutdown to stop it.
 func Start(cfg Config) (*Server, error) {
+	if cfg.Dev == nil {
+		cfg.Cluster.TLS = cfg.TLS
+		switch {
+		case cfg.TLS != nil && !cfg.TLS.HasPeer():
+			return nil, errors.New("server: TLS without peer material: the nodes could not authenticate each other (--peer-ca, --peer-cert, --peer-key)")
+		case cfg.TLS == nil && cfg.Cluster.Router.ClusterSecret == "":
+			return nil, errors.New("server: a node without TLS needs the cluster secret, which authenticates the nodes to each other")
+		}
+	}
+	insecure.Set(0)
+	if cfg.Dev == nil && cfg.TLS == nil {
+		insecure.Set(1)
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("server: listen: %w", err)
@@ -74,9 +102,13 @@ func Start(cfg Config) (*Server, error) {
 		// net/http/pprof registers its handlers on the default mux.
 		go func() { _ = http.Serve(s.pprof, http.DefaultServeMux) }()
 	}
-	s.http = newHTTPServer(router.NewHandler(s.Cluster.Router))
+	s.http = newHTTPServer(router.NewHandler(s.Cluster.Router), cfg.TLS != nil)
+	serve := ln
+	if cfg.TLS != nil {
+		serve = tls.NewListener(ln, cfg.TLS.ServerConfig())
+	}
 	go func() {
-		if err := s.http.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := s.http.Serve(serve); !errors.Is(err, http.ErrServerClosed) {
 			s.failed <- err
 		}
 	}()
@@ -84,8 +116,9 @@ func Start(cfg Config) (*Server, error) {
 }
 
 // newHTTPServer returns an HTTP server for h that speaks HTTP/1.1 and
-// cleartext HTTP/2 (h2c), as gRPC clients without TLS need.
-func newHTTPServer(h http.Handler) *http.Server {
+// HTTP/2: over TLS (negotiated by ALPN) when secure, else cleartext
+// (h2c), as gRPC clients without TLS need.
+func newHTTPServer(h http.Handler, secure bool) *http.Server {
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -97,7 +130,11 @@ func newHTTPServer(h http.Handler) *http.Server {
 	}
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
+	if secure {
+		srv.Protocols.SetHTTP2(true)
+	} else {
+		srv.Protocols.SetUnencryptedHTTP2(true)
+	}
 	return srv
 }
 

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -16,7 +15,7 @@ import (
 )
 
 func (g *globals) admin() wardenv1connect.AdminServiceClient {
-	return wardenv1connect.NewAdminServiceClient(http.DefaultClient, g.Addr)
+	return wardenv1connect.NewAdminServiceClient(g.http, g.Addr)
 }
 
 type nodesCmd struct{}

@@ -16,6 +16,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -40,7 +42,41 @@ type globals struct {
 	Addr    string        `default:"http://127.0.0.1:7070" env:"WARDEN_ADDR" help:"Base URL of a Warden node."`
 	JSON    bool          `name:"json" help:"Print responses as JSON."`
 	Timeout time.Duration `default:"10s" help:"Deadline of the RPC."`
+	CACert  string        `name:"cacert" env:"WARDEN_CACERT" placeholder:"PATH" help:"PEM CA bundle that verifies the node's certificate (an https --addr; default: the system's roots)."`
+	Cert    string        `env:"WARDEN_CERT" placeholder:"PATH" help:"PEM client certificate to present, with --key."`
+	Key     string        `env:"WARDEN_KEY" placeholder:"PATH" help:"PEM private key of --cert."`
 	out     io.Writer
+	http    *http.Client
+}
+
+// httpClient returns the HTTP client of the global flags: the default
+// one, or one with their TLS material.
+func (g *globals) httpClient() (*http.Client, error) {
+	if g.CACert == "" && g.Cert == "" && g.Key == "" {
+		return http.DefaultClient, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if g.CACert != "" {
+		b, err := os.ReadFile(g.CACert)
+		if err != nil {
+			return nil, fmt.Errorf("--cacert: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("--cacert %s holds no PEM certificate", g.CACert)
+		}
+	}
+	if g.Cert != "" || g.Key != "" {
+		if g.Cert == "" || g.Key == "" {
+			return nil, errors.New("--cert and --key go together")
+		}
+		pair, err := tls.LoadX509KeyPair(g.Cert, g.Key)
+		if err != nil {
+			return nil, fmt.Errorf("--cert %s with --key %s: %w", g.Cert, g.Key, err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}}, nil
 }
 
 type cli struct {
@@ -48,6 +84,7 @@ type cli struct {
 	Lock  lockCmd  `cmd:"" help:"Exclusive locks with leases and fencing tokens."`
 	Quota quotaCmd `cmd:"" help:"Reserve, commit and release capacity against hierarchical limits."`
 	Admin adminCmd `cmd:"" help:"Operator commands."`
+	TLS   tlsCmd   `cmd:"" name:"tls" help:"TLS material for tests and local clusters."`
 }
 
 type adminCmd struct {
@@ -70,7 +107,7 @@ type hotCmd struct {
 func (h *hotCmd) Run(g *globals) error {
 	ctx, cancel := g.ctx()
 	defer cancel()
-	resp, err := wardenv1connect.NewAdminServiceClient(http.DefaultClient, g.Addr).HotResources(ctx,
+	resp, err := g.admin().HotResources(ctx,
 		connect.NewRequest(&wardenv1.HotResourcesRequest{Limit: h.Limit}))
 	if err != nil {
 		return fmt.Errorf("hot-resources: %w", err)
@@ -136,11 +173,14 @@ func run(args []string, out io.Writer) error {
 		return err
 	}
 	c.out = out
+	if c.http, err = c.httpClient(); err != nil {
+		return err
+	}
 	return ctx.Run(&c.globals)
 }
 
 func (g *globals) client() wardenv1connect.LockServiceClient {
-	return wardenv1connect.NewLockServiceClient(http.DefaultClient, g.Addr)
+	return wardenv1connect.NewLockServiceClient(g.http, g.Addr)
 }
 
 func (g *globals) ctx() (context.Context, context.CancelFunc) {

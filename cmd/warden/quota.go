@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
-	"net/http"
 	"time"
 
 	"connectrpc.com/connect"
@@ -27,7 +26,7 @@ type quotaCmd struct {
 }
 
 func (g *globals) quota() wardenv1connect.QuotaServiceClient {
-	return wardenv1connect.NewQuotaServiceClient(http.DefaultClient, g.Addr)
+	return wardenv1connect.NewQuotaServiceClient(g.http, g.Addr)
 }
 
 func printLevel(w io.Writer, l *wardenv1.QuotaLevel) {

@@ -74,6 +74,8 @@ type procCluster struct {
 	// bins holds another wardend binary for node i (an older build, for
 	// mixed-version tests).
 	bins map[int]string
+	// secure: the nodes get TLS flags in extra, not --insecure.
+	secure bool
 }
 
 // startProcCluster starts three nodes; extra, if given, adds flags to
@@ -113,6 +115,24 @@ func freeAddr(t *testing.T) string {
 	return a
 }
 
+// freeAddrs returns two addresses for a new node, distinct from each
+// other and from the cluster's nodes' (each pick was free a moment ago,
+// so two picks may be the same port).
+func (c *procCluster) freeAddrs() (raft, listen string) {
+	taken := map[string]bool{}
+	for _, n := range c.nodes {
+		taken[n.raft], taken[n.listen] = true, true
+	}
+	var out []string
+	for len(out) < 2 {
+		if a := freeAddr(c.t); !taken[a] {
+			taken[a] = true
+			out = append(out, a)
+		}
+	}
+	return out[0], out[1]
+}
+
 // newProcCluster lays out three nodes (addresses, data directories,
 // clients) without starting them; boot starts them.
 func newProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
@@ -121,12 +141,13 @@ func newProcCluster(t *testing.T, extra ...map[int][]string) *procCluster {
 	if err := os.WriteFile(c.secret, []byte("test-secret-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if len(extra) > 0 {
+	c.extra = map[int][]string{}
+	if len(extra) > 0 && extra[0] != nil {
 		c.extra = extra[0]
 	}
 	var members []string
 	for i := range 3 {
-		raft, listen := freeAddr(t), freeAddr(t)
+		raft, listen := c.freeAddrs()
 		n := &node{id: uint64(i + 1), dir: filepath.Join(t.TempDir(), fmt.Sprintf("node-%d", i+1)), raft: raft, listen: listen, zone: fmt.Sprintf("az%d", i+1)}
 		n.locks = wardenv1connect.NewLockServiceClient(http.DefaultClient, "http://"+listen)
 		n.admin = wardenv1connect.NewAdminServiceClient(http.DefaultClient, "http://"+listen)
@@ -174,6 +195,9 @@ func (c *procCluster) start(i int) {
 	n.log, n.exited = &syncBuffer{}, make(chan error, 1)
 	args := []string{"--node-id", fmt.Sprint(n.id), "--zone", n.zone, "--raft-addr", n.raft, "--listen", n.listen, "--data-dir", n.dir,
 		"--cluster-secret-file", c.secret}
+	if !c.secure && knowsFlag(c.binOf(i), "--insecure") { // older builds served cleartext without it
+		args = append(args, "--insecure")
+	}
 	if n.id <= 3 {
 		args = append(args, "--initial-members", c.members)
 		if !n.started && knowsFlag(c.binOf(i), "--initial-cluster-state") {
@@ -216,7 +240,7 @@ func knowsFlag(bin, flag string) bool {
 // addresses) and returns its index.
 func (c *procCluster) join(zone string) int {
 	c.t.Helper()
-	raft, listen := freeAddr(c.t), freeAddr(c.t)
+	raft, listen := c.freeAddrs()
 	i := len(c.nodes)
 	n := &node{id: uint64(i + 1), dir: filepath.Join(c.t.TempDir(), fmt.Sprintf("node-%d", i+1)), raft: raft, listen: listen, zone: zone}
 	n.locks = wardenv1connect.NewLockServiceClient(http.DefaultClient, "http://"+listen)

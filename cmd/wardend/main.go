@@ -43,6 +43,7 @@ import (
 	"github.com/warden-dev/warden/placement"
 	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/server"
+	"github.com/warden-dev/warden/tlsconfig"
 )
 
 type cli struct {
@@ -53,7 +54,14 @@ type cli struct {
 	InitialMembers string        `name:"initial-members" help:"The cluster's first nodes, id=raftaddr=listenaddr,... (the same list on each of them)."`
 	Join           []string      `help:"Connect addresses of running nodes, for a node that is not an initial member."`
 	InitialState   string        `name:"initial-cluster-state" enum:"new,existing" default:"existing" help:"new: this initial member may initialise an empty --data-dir, as every initial member of a cluster being created does on its first start (only then). existing (the default): a node whose data directory holds no state refuses to start, since a member that lost its data must never vote again under its id."`
-	SecretFile     string        `name:"cluster-secret-file" placeholder:"PATH" help:"File holding the cluster secret, the same on every node: the node-to-node API requires it (recommended; without it that API is open to anyone who reaches --listen)."`
+	SecretFile     string        `name:"cluster-secret-file" placeholder:"PATH" help:"File holding the cluster secret, the same on every node (at least 16 characters). Required with --insecure, where it authenticates the nodes to each other in place of the peer certificates."`
+	TLSCert        string        `name:"tls-cert" placeholder:"PATH" group:"TLS" help:"PEM certificate (chain) the client API presents on --listen. With --tls-key, serves TLS (HTTP/2 by ALPN, and HTTP/1.1). Reloaded on SIGHUP and when the file changes."`
+	TLSKey         string        `name:"tls-key" placeholder:"PATH" group:"TLS" help:"PEM private key of --tls-cert."`
+	TLSClientCA    string        `name:"tls-client-ca" placeholder:"PATH" group:"TLS" help:"PEM CA bundle that verifies client certificates; without it the client API asks for none. Health probes and /metrics need none either way."`
+	PeerCA         string        `name:"peer-ca" placeholder:"PATH" group:"TLS" help:"PEM CA that signs the nodes' peer certificates, and only those (not the client CA): verifies the other nodes on the node API and on Raft."`
+	PeerCert       string        `name:"peer-cert" placeholder:"PATH" group:"TLS" help:"PEM peer certificate of this node: names its node id (DNS node-<id>.peer.warden) and the host of --raft-addr; for server and client use."`
+	PeerKey        string        `name:"peer-key" placeholder:"PATH" group:"TLS" help:"PEM private key of --peer-cert. Raft reads the peer files at start: rotate them with a rolling restart."`
+	Insecure       bool          `group:"TLS" help:"Serve every port in cleartext, with no TLS: the nodes authenticate each other by --cluster-secret-file alone, and anyone on the network can read and alter traffic. For tests and trusted networks; logged and exported as warden_insecure 1."`
 	ClockOffset    time.Duration `name:"debug-clock-offset" hidden:"" help:"Pretend this node's wall clock is off by this much (clock skew tests only)."`
 	DataDir        string        `default:"./data/dev" help:"Directory for Raft logs and state."`
 	Listen         string        `default:"127.0.0.1:7070" help:"Address to serve the Connect API on."`
@@ -70,6 +78,8 @@ func main() {
 	if !c.Dev {
 		_, err := c.clusterConfig()
 		k.FatalIfErrorf(err) // a usage error, before anything starts
+	} else if c.PeerCA != "" || c.PeerCert != "" || c.PeerKey != "" {
+		k.Fatalf("--dev serves no node API (its nodes share one process): the --peer flags do not apply")
 	}
 	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: c.LogLevel})))
 	if err := run(c); err != nil {
@@ -89,6 +99,18 @@ func run(c cli) error {
 	}
 	defer closeAudit()
 	cfg := server.Config{Listen: c.Listen, PprofAddr: c.PprofAddr}
+	if c.TLSCert != "" || c.TLSKey != "" {
+		files := tlsconfig.Files{ClientCert: c.TLSCert, ClientKey: c.TLSKey, ClientCA: c.TLSClientCA, PeerCA: c.PeerCA, PeerCert: c.PeerCert, PeerKey: c.PeerKey}
+		if cfg.TLS, err = tlsconfig.Load(files); err != nil {
+			return err
+		}
+		if err := cfg.TLS.Watch(ctx, func(err error) { slog.Error("reloading the TLS material; the old stays", "err", err) }); err != nil {
+			return err
+		}
+		go reloadOnHangup(ctx, cfg.TLS)
+	} else if !c.Dev {
+		slog.Warn("serving without TLS (--insecure): the nodes authenticate each other by the cluster secret alone, and anyone on the network can read and alter traffic")
+	}
 	if c.Dev {
 		cfg.Dev = &server.DevConfig{DataDir: c.DataDir, ListenAddr: c.Listen, Router: router.Config{Audit: audit}}
 	} else {
@@ -119,6 +141,25 @@ func run(c cli) error {
 	return errors.Join(failed, srv.Shutdown(sctx))
 }
 
+// reloadOnHangup reloads the TLS material on each SIGHUP until ctx ends.
+func reloadOnHangup(ctx context.Context, s *tlsconfig.Store) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if err := s.Reload(); err != nil {
+				slog.Error("reloading the TLS material on SIGHUP; the old stays", "err", err)
+			} else {
+				slog.Info("reloaded the TLS material on SIGHUP")
+			}
+		}
+	}
+}
+
 // clusterConfig builds a production node's config from the flags.
 func (c cli) clusterConfig() (server.ClusterConfig, error) {
 	switch {
@@ -144,6 +185,14 @@ func (c cli) clusterConfig() (server.ClusterConfig, error) {
 		Members:    members,
 		Join:       c.Join,
 		NewCluster: c.InitialState == "new",
+	}
+	switch tlsSet := c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" || c.PeerCA != "" || c.PeerCert != "" || c.PeerKey != ""; {
+	case c.Insecure && tlsSet:
+		return server.ClusterConfig{}, errors.New("--insecure and the TLS flags exclude each other")
+	case c.Insecure && c.SecretFile == "":
+		return server.ClusterConfig{}, errors.New("--insecure needs --cluster-secret-file: it is all that authenticates the nodes to each other")
+	case !c.Insecure && (c.TLSCert == "" || c.TLSKey == "" || c.PeerCA == "" || c.PeerCert == "" || c.PeerKey == ""):
+		return server.ClusterConfig{}, errors.New("a node serves TLS: --tls-cert, --tls-key, --peer-ca, --peer-cert and --peer-key are required (or --insecure, for cleartext with --cluster-secret-file)")
 	}
 	if c.SecretFile != "" {
 		b, err := os.ReadFile(c.SecretFile)

@@ -3,6 +3,7 @@
 # zones az1..az3, each with its own data directory, log and pid file.
 #
 #   deploy/local/cluster.sh start        start the nodes that are not running
+#   deploy/local/cluster.sh start --secure   the same, serving TLS (see below)
 #   deploy/local/cluster.sh stop         stop every node (SIGTERM, then SIGKILL)
 #   deploy/local/cluster.sh status       which nodes run, and the shards
 #   deploy/local/cluster.sh kill N       SIGKILL node N (a crash); start brings it back
@@ -13,6 +14,14 @@
 # WARDEND and WARDEN (the binaries, default ./bin/wardend and ./bin/warden),
 # WARDEN_PPROF_BASE (unset: no profiler; else node N serves /debug/pprof/
 # on 127.0.0.1:$((WARDEN_PPROF_BASE+N))).
+#
+# A plain start serves cleartext (wardend --insecure, the nodes sharing a
+# cluster secret). start --secure writes throwaway TLS material to
+# $WARDEN_CLUSTER_DIR/secure (warden tls local: ca.pem, the client CA that
+# signed the nodes' client-API certificates and client.pem/client-key.pem;
+# peer-ca.pem and the nodes' peer certificates) and serves TLS on the
+# same ports, https://127.0.0.1:$((WARDEN_LISTEN_BASE+N)); the secure
+# folder remembers the mode for later start, kill and status calls.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,6 +36,18 @@ listen() { echo "127.0.0.1:$((listen_base + $1))"; }
 raft() { echo "127.0.0.1:$((raft_base + $1))"; }
 pidfile() { echo "$dir/node-$1.pid"; }
 running() { [[ -f $(pidfile "$1") ]] && kill -0 "$(cat "$(pidfile "$1")")" 2>/dev/null; }
+secure=$dir/secure
+secured() { [[ -f $secure/ca.pem ]]; }
+# url N is node N's base URL; cli runs the warden CLI with the mode's
+# TLS flags.
+url() { if secured; then echo "https://$(listen "$1")"; else echo "http://$(listen "$1")"; fi; }
+cli() {
+	if secured; then
+		"$warden" --cacert "$secure/ca.pem" --cert "$secure/client.pem" --key "$secure/client-key.pem" "$@"
+	else
+		"$warden" "$@"
+	fi
+}
 
 members=""
 for n in "${nodes[@]}"; do
@@ -35,6 +56,13 @@ done
 
 start() {
 	mkdir -p "$dir"
+	if [[ ${1:-} == --secure ]] && ! secured; then
+		if [[ -n $(ls "$dir"/node-*.created 2>/dev/null) ]]; then
+			echo "$dir holds a cluster started without --secure; stop it and remove $dir first" >&2
+			exit 1
+		fi
+		"$warden" tls local --dir "$secure" --nodes "${#nodes[@]}" --host 127.0.0.1 >/dev/null
+	fi
 	# The node-to-node API requires a secret shared by the nodes.
 	if [[ ! -f $dir/cluster-secret ]]; then
 		(umask 077 && od -An -tx1 -N24 /dev/urandom | tr -d ' \n' >"$dir/cluster-secret")
@@ -55,16 +83,22 @@ start() {
 		if [[ -n ${WARDEN_PPROF_BASE:-} ]]; then
 			extra+=(--pprof-addr "127.0.0.1:$((WARDEN_PPROF_BASE + n))")
 		fi
+		if secured; then
+			extra+=(--tls-cert "$secure/node-$n.pem" --tls-key "$secure/node-$n-key.pem" --tls-client-ca "$secure/ca.pem"
+				--peer-ca "$secure/peer-ca.pem" --peer-cert "$secure/node-$n-peer.pem" --peer-key "$secure/node-$n-peer-key.pem")
+		else
+			extra+=(--cluster-secret-file "$dir/cluster-secret" --insecure)
+		fi
 		"$wardend" --node-id "$n" --zone "az$n" --raft-addr "$(raft "$n")" --listen "$(listen "$n")" \
-			--data-dir "$dir/node-$n" --initial-members "$members" --cluster-secret-file "$dir/cluster-secret" \
+			--data-dir "$dir/node-$n" --initial-members "$members" \
 			"${extra[@]}" >>"$dir/node-$n.log" 2>&1 &
 		echo $! >"$(pidfile "$n")"
-		echo "node $n: pid $!, Connect on $(listen "$n"), log $dir/node-$n.log"
+		echo "node $n: pid $!, Connect on $(url "$n"), log $dir/node-$n.log"
 	done
 	# The nodes bootstrap the placement group together; wait until each serves.
 	for n in "${nodes[@]}"; do
 		for _ in $(seq 1 300); do
-			if "$warden" --addr "http://$(listen "$n")" --timeout 1s admin nodes >/dev/null 2>&1; then
+			if cli --addr "$(url "$n")" --timeout 1s admin nodes >/dev/null 2>&1; then
 				continue 2
 			fi
 			if ! running "$n"; then
@@ -77,7 +111,11 @@ start() {
 		echo "node $n did not come up within 60 s; see $dir/node-$n.log" >&2
 		exit 1
 	done
-	echo "cluster up: ./bin/warden --addr http://$(listen 1) admin shards"
+	if secured; then
+		echo "cluster up: ./bin/warden --addr $(url 1) --cacert $secure/ca.pem --cert $secure/client.pem --key $secure/client-key.pem admin shards"
+	else
+		echo "cluster up: ./bin/warden --addr $(url 1) admin shards"
+	fi
 }
 
 stop() {
@@ -102,21 +140,21 @@ stop() {
 status() {
 	for n in "${nodes[@]}"; do
 		if running "$n"; then
-			echo "node $n: running (pid $(cat "$(pidfile "$n")")), Connect on $(listen "$n")"
+			echo "node $n: running (pid $(cat "$(pidfile "$n")")), Connect on $(url "$n")"
 		else
 			echo "node $n: stopped"
 		fi
 	done
 	for n in "${nodes[@]}"; do
 		if running "$n"; then
-			"$warden" --addr "http://$(listen "$n")" admin shards
+			cli --addr "$(url "$n")" admin shards
 			return
 		fi
 	done
 }
 
 case "${1:-}" in
-start) start ;;
+start) start "${2:-}" ;;
 stop) stop ;;
 status) status ;;
 kill)
@@ -130,7 +168,7 @@ kill)
 	echo "node $n killed"
 	;;
 *)
-	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
 	exit 2
 	;;
 esac

@@ -1,0 +1,91 @@
+package router
+
+import (
+	"crypto/tls"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
+)
+
+// readTracker is a request body that records whether anyone read it.
+type readTracker struct{ read bool }
+
+func (r *readTracker) Read([]byte) (int, error) { r.read = true; return 0, io.EOF }
+
+// The guard decides before any body is read: the node API answers only
+// nodes (by the cluster secret without TLS, by a verified peer
+// certificate with it, never with neither), and the headers that mean
+// something inside the cluster reach the handlers only from nodes.
+func TestGuard(t *testing.T) {
+	const secret = "test-secret-0123456789"
+	nodePath := "/" + placementv1connect.NodeServiceName + "/"
+	var seen http.Header
+	next := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { seen = req.Header.Clone() })
+	for _, tc := range []struct {
+		name    string
+		cfg     Config
+		path    string
+		headers map[string]string
+		tls     *tls.ConnectionState
+		served  bool   // reaches next
+		hops    string // Warden-Forwarded as next sees it
+	}{
+		{"insecure: node API without the secret", Config{ClusterSecret: secret}, nodePath + "Propose", nil, nil, false, ""},
+		{"insecure: node API with a wrong secret", Config{ClusterSecret: secret}, nodePath + "Propose", map[string]string{secretHeader: "guess"}, nil, false, ""},
+		{"insecure: node API with the secret", Config{ClusterSecret: secret}, nodePath + "Propose", map[string]string{secretHeader: secret, forwardedHeader: "1"}, nil, true, "1"},
+		{"insecure: a client's forwarding header", Config{ClusterSecret: secret}, "/warden.v1.LockService/Acquire", map[string]string{forwardedHeader: "2"}, nil, true, ""},
+		{"TLS: the secret is no peer certificate", Config{ClusterSecret: secret, PeerTLS: true}, nodePath + "Propose", map[string]string{secretHeader: secret}, nil, false, ""},
+		{"TLS: a client handshake", Config{PeerTLS: true}, nodePath + "Propose", nil, &tls.ConnectionState{ServerName: "node-1.example"}, false, ""},
+		{"TLS: a client's forwarding header", Config{PeerTLS: true}, "/warden.v1.LockService/Acquire", map[string]string{forwardedHeader: "-1"}, &tls.ConnectionState{}, true, ""},
+		{"dev: no node is authenticated", Config{}, nodePath + "Propose", nil, nil, false, ""},
+	} {
+		seen = nil
+		body := &readTracker{}
+		req := httptest.NewRequest(http.MethodPost, tc.path, body)
+		req.Header.Set("Content-Type", "application/proto")
+		for k, v := range tc.headers {
+			req.Header.Set(k, v)
+		}
+		req.TLS = tc.tls
+		w := httptest.NewRecorder()
+		guard(&tc.cfg, nodePath, next).ServeHTTP(w, req)
+		switch {
+		case tc.served && seen == nil:
+			t.Errorf("%s: not served (%d %s)", tc.name, w.Code, w.Body)
+		case !tc.served && seen != nil:
+			t.Errorf("%s: served", tc.name)
+		case !tc.served && (w.Code != http.StatusUnauthorized || body.read):
+			t.Errorf("%s: answered %d (body read: %v), want 401 unread", tc.name, w.Code, body.read)
+		case tc.served && seen.Get(forwardedHeader) != tc.hops:
+			t.Errorf("%s: the handler saw %s %q, want %q", tc.name, forwardedHeader, seen.Get(forwardedHeader), tc.hops)
+		case tc.served && seen.Get(secretHeader) != "" && !strings.HasPrefix(tc.path, nodePath):
+			t.Errorf("%s: the handler saw the secret header", tc.name)
+		}
+	}
+	// The refusal is a Connect error clients understand.
+	req := httptest.NewRequest(http.MethodPost, nodePath+"Propose", nil)
+	req.Header.Set("Content-Type", "application/proto")
+	w := httptest.NewRecorder()
+	guard(&Config{ClusterSecret: secret}, nodePath, next).ServeHTTP(w, req)
+	if !strings.Contains(w.Body.String(), `"code":"unauthenticated"`) {
+		t.Errorf("the refusal: %d %q, want a Connect unauthenticated error", w.Code, w.Body)
+	}
+}
+
+// A forwarding count that is not a count is the most hops: the request
+// is served where it is.
+func TestHopsOf(t *testing.T) {
+	for v, want := range map[string]int{"": 0, "1": 1, "2": 2, "-1": maxHops, "x": maxHops, "99": 99} {
+		h := http.Header{}
+		if v != "" {
+			h.Set(forwardedHeader, v)
+		}
+		if got := hopsOf(h); got != want {
+			t.Errorf("hopsOf(%q) = %d, want %d", v, got, want)
+		}
+	}
+}
