@@ -179,6 +179,9 @@ func (s *AdminServer) SetShardConfig(ctx context.Context, req *connect.Request[w
 }
 
 func (s *AdminServer) setShardConfig(ctx context.Context, m *wardenv1.SetShardConfigRequest) (*connect.Response[wardenv1.SetShardConfigResponse], error) {
+	if err := validateShardConfig(m); err != nil {
+		return nil, err
+	}
 	if err := s.r.RefreshMap(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/hex"
+	"fmt"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -71,4 +72,58 @@ func leaseRef(resource, leaseID string) ([]byte, error) {
 
 func validateResource(resource string) error {
 	return shard.CheckName("resource", resource, shard.MaxResourceBytes)
+}
+
+// The floors and ceilings of the safety-relevant shard settings, which no
+// SetShardConfig may pass (whoever calls it). Below them the rules of
+// docs/DESIGN.md §1 still hold in the state machine, but what they
+// promise a client does not: a skew bound under real clocks' drift lets
+// a lock be regranted while its holder's clock says it is still valid,
+// a short dedup window lets a retried request_id take a second lease, a
+// lease of milliseconds expires before its holder hears of it, and a
+// waiter limit in the billions lets one caller fill a shard's memory.
+const (
+	minClockSkewFloor   = 100 * time.Millisecond
+	dedupWindowFloor    = time.Minute
+	minLeaseTTLFloor    = time.Second
+	maxWaitersCeiling   = 100_000
+	maxWaitTimeoutFloor = time.Second
+)
+
+// validateShardConfig checks a SetShardConfig's settings against the
+// safety floors and ceilings; the shard checks the rest (their order,
+// its own bounds). It returns a *shard.FieldError naming the field and
+// the bound, or nil.
+func validateShardConfig(m *wardenv1.SetShardConfigRequest) error {
+	floors := []struct {
+		field string
+		d     *durationpb.Duration
+		floor time.Duration
+	}{
+		{"max_clock_skew", m.GetMaxClockSkew(), minClockSkewFloor},
+		{"min_lease_ttl", m.GetMinLeaseTtl(), minLeaseTTLFloor},
+		{"max_lease_ttl", m.GetMaxLeaseTtl(), minLeaseTTLFloor},
+		{"default_lease_ttl", m.GetDefaultLeaseTtl(), minLeaseTTLFloor},
+		{"dedup_window", m.GetDedupWindow(), dedupWindowFloor},
+		{"max_wait_timeout", m.GetMaxWaitTimeout(), maxWaitTimeoutFloor},
+	}
+	for _, f := range floors {
+		v, err := duration(f.field, f.d, 0)
+		if err != nil {
+			return err
+		}
+		if f.d != nil && v < f.floor {
+			return &shard.FieldError{Field: f.field, Reason: "must be at least " + f.floor.String() + " (a safety floor)"}
+		}
+	}
+	ceilings := []struct {
+		field string
+		v     *uint32
+	}{{"max_waiters_per_resource", m.MaxWaitersPerResource}, {"max_waiters_per_tenant", m.MaxWaitersPerTenant}}
+	for _, c := range ceilings {
+		if c.v != nil && *c.v > maxWaitersCeiling {
+			return &shard.FieldError{Field: c.field, Reason: fmt.Sprintf("must be at most %d (a safety ceiling)", maxWaitersCeiling)}
+		}
+	}
+	return nil
 }

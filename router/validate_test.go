@@ -2,7 +2,9 @@ package router
 
 import (
 	"errors"
+	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -47,4 +49,42 @@ func FuzzValidate(f *testing.F) {
 			t.Fatalf("accepted lease id %q", leaseID)
 		}
 	})
+}
+
+// The safety floors and ceilings of SetShardConfig: each setting an
+// attack tried (a zero skew bound, a zero dedup window, a 1 ms minimum
+// lease, billions of waiters) is refused naming the field and the bound;
+// the defaults and values at the bounds pass.
+func TestShardConfigSafetyBounds(t *testing.T) {
+	d := durationpb.New
+	u := func(v uint32) *uint32 { return &v }
+	for _, tc := range []struct {
+		m     *wardenv1.SetShardConfigRequest
+		field string // "" for accepted
+	}{
+		{&wardenv1.SetShardConfigRequest{MaxClockSkew: d(0)}, "max_clock_skew"},
+		{&wardenv1.SetShardConfigRequest{MaxClockSkew: d(99 * time.Millisecond)}, "max_clock_skew"},
+		{&wardenv1.SetShardConfigRequest{DedupWindow: d(0)}, "dedup_window"},
+		{&wardenv1.SetShardConfigRequest{MinLeaseTtl: d(time.Millisecond)}, "min_lease_ttl"},
+		{&wardenv1.SetShardConfigRequest{DefaultLeaseTtl: d(10 * time.Millisecond)}, "default_lease_ttl"},
+		{&wardenv1.SetShardConfigRequest{MaxLeaseTtl: d(time.Millisecond)}, "max_lease_ttl"},
+		{&wardenv1.SetShardConfigRequest{MaxWaitTimeout: d(time.Millisecond)}, "max_wait_timeout"},
+		{&wardenv1.SetShardConfigRequest{MaxWaitersPerResource: u(4_000_000_000)}, "max_waiters_per_resource"},
+		{&wardenv1.SetShardConfigRequest{MaxWaitersPerTenant: u(100_001)}, "max_waiters_per_tenant"},
+		{&wardenv1.SetShardConfigRequest{DedupWindow: d(-time.Minute)}, "dedup_window"},
+		{&wardenv1.SetShardConfigRequest{}, ""},
+		{&wardenv1.SetShardConfigRequest{MaxClockSkew: d(100 * time.Millisecond), DedupWindow: d(time.Minute), MinLeaseTtl: d(time.Second),
+			MaxWaitersPerResource: u(100_000), MaxWaitersPerTenant: u(0), MaxWaitTimeout: d(time.Second)}, ""},
+	} {
+		err := validateShardConfig(tc.m)
+		var fe *shard.FieldError
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%v: refused: %v", tc.m, err)
+		case tc.field != "" && (!errors.As(err, &fe) || fe.Field != tc.field):
+			t.Errorf("%v: %v, want a refusal naming %s", tc.m, err, tc.field)
+		case tc.field != "" && !strings.Contains(err.Error(), "safety") && !strings.Contains(err.Error(), "negative"):
+			t.Errorf("%v: %v does not name the bound", tc.m, err)
+		}
+	}
 }
