@@ -114,6 +114,11 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	if cfg.MapInterval == 0 {
 		cfg.MapInterval = 200 * time.Millisecond
 	}
+	var peerTLS *tls.Config
+	if cfg.TLS != nil {
+		peerTLS = cfg.TLS.PeerClientConfig()
+	}
+	cfg.Router.PeerTLS = peerTLS != nil
 	c := &Cluster{cfg: cfg, waits: router.NewWaitRegistry(), stop: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	// Every mode is decided before anything starts: a config that cannot
@@ -129,12 +134,6 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	// first initial member, if it runs one, else through the join
 	// addresses (startMode made sure every node here has some).
 	metaAt := slices.IndexFunc(cfg.Nodes, func(s NodeSpec) bool { return c.initial(s.ID) })
-	var peerTLS *tls.Config
-	if cfg.TLS != nil {
-		peerTLS = cfg.TLS.PeerClientConfig()
-	}
-	cfg.Router.PeerTLS = peerTLS != nil
-	c.cfg.Router.PeerTLS = cfg.Router.PeerTLS
 	p := router.NewPeers(cfg.Router.ClusterSecret, peerTLS)
 	ids := make([]placement.Identity, len(cfg.Nodes))
 	for i, spec := range cfg.Nodes {

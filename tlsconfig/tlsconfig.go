@@ -179,6 +179,31 @@ func pool(file, flag string) (*x509.CertPool, error) {
 	return p, nil
 }
 
+// ClientConfig is the TLS config of a client of the client API: the
+// nodes verified against caFile (the system's roots if empty), and the
+// certificate in certFile with its key in keyFile presented, if set. The
+// errors name the warden CLI's flags (--cacert, --cert, --key).
+func ClientConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	var err error
+	if caFile != "" {
+		if cfg.RootCAs, err = pool(caFile, "--cacert"); err != nil {
+			return nil, err
+		}
+	}
+	if certFile != "" || keyFile != "" {
+		if certFile == "" || keyFile == "" {
+			return nil, errors.New("tls: --cert and --key go together")
+		}
+		pair, err := keyPair(certFile, keyFile, "--cert", "--key")
+		if err != nil {
+			return nil, err
+		}
+		cfg.Certificates = []tls.Certificate{*pair}
+	}
+	return cfg, nil
+}
+
 // HasPeer reports whether the store holds peer material.
 func (s *Store) HasPeer() bool { return s.cur.Load().peer != nil }
 

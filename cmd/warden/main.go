@@ -16,8 +16,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -36,6 +34,7 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/tlsconfig"
 )
 
 type globals struct {
@@ -55,26 +54,9 @@ func (g *globals) httpClient() (*http.Client, error) {
 	if g.CACert == "" && g.Cert == "" && g.Key == "" {
 		return http.DefaultClient, nil
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if g.CACert != "" {
-		b, err := os.ReadFile(g.CACert)
-		if err != nil {
-			return nil, fmt.Errorf("--cacert: %w", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("--cacert %s holds no PEM certificate", g.CACert)
-		}
-	}
-	if g.Cert != "" || g.Key != "" {
-		if g.Cert == "" || g.Key == "" {
-			return nil, errors.New("--cert and --key go together")
-		}
-		pair, err := tls.LoadX509KeyPair(g.Cert, g.Key)
-		if err != nil {
-			return nil, fmt.Errorf("--cert %s with --key %s: %w", g.Cert, g.Key, err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
+	cfg, err := tlsconfig.ClientConfig(g.CACert, g.Cert, g.Key)
+	if err != nil {
+		return nil, err
 	}
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}}, nil
 }
