@@ -108,6 +108,33 @@ type Config struct {
 	// RetryBase and RetryMax bound the exponential backoff, with jitter,
 	// between retries of an unavailable service (default 50 ms and 2 s).
 	RetryBase, RetryMax time.Duration
+	// Token, if set, is the bearer token every call carries
+	// ("Authorization: Bearer …"), on a cluster with authentication on.
+	// Send it over https only: the cluster refuses credentials in clear.
+	Token string
+	// Credentials, if set, returns the bearer token for each call (a
+	// source that rotates or refreshes it); it wins over Token. An error
+	// fails the call.
+	Credentials func(ctx context.Context) (string, error)
+}
+
+// bearer is the interceptor that adds cfg's token to every call.
+func bearer(cfg Config) connect.Option {
+	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			token := cfg.Token
+			if cfg.Credentials != nil {
+				var err error
+				if token, err = cfg.Credentials(ctx); err != nil {
+					return nil, fmt.Errorf("warden: credentials: %w", err)
+				}
+			}
+			if token != "" {
+				req.Header().Set("Authorization", "Bearer "+token)
+			}
+			return next(ctx, req)
+		}
+	}))
 }
 
 // Client talks to a Warden cluster. It is safe for concurrent use.
@@ -168,10 +195,10 @@ func NewWithConfig(cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("warden: endpoint %q is not a base URL (\"http://host:port\")", e)
 		}
 		c.hosts = append(c.hosts, u.Host)
-		c.locks = append(c.locks, wardenv1connect.NewLockServiceClient(cfg.HTTPClient, e))
+		c.locks = append(c.locks, wardenv1connect.NewLockServiceClient(cfg.HTTPClient, e, bearer(cfg)))
 		c.renewers = append(c.renewers, NewRenewer(c.locks[len(c.locks)-1], DefaultLinger))
 		c.batchers = append(c.batchers, NewBatcher(c.locks[len(c.locks)-1], DefaultBatchCalls))
-		c.quotas = append(c.quotas, wardenv1connect.NewQuotaServiceClient(cfg.HTTPClient, e))
+		c.quotas = append(c.quotas, wardenv1connect.NewQuotaServiceClient(cfg.HTTPClient, e, bearer(cfg)))
 	}
 	return c, nil
 }

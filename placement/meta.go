@@ -33,12 +33,16 @@ const EpochWindow = 32
 //
 // Version 2: BeginSplitCmd creates its target shard with
 // ordered_config_change (membership changes compare-and-set).
-const MetaCommandVersion uint32 = 2
+//
+// Version 3: AuthCmd (the auth state, State.auth).
+const MetaCommandVersion uint32 = 3
 
 // metaKindVersions is the version each command kind needs, by its field
 // number in Command's oneof: the version in which it appeared. A kind
 // missing here needs version 1.
-var metaKindVersions = map[protoreflect.FieldNumber]uint32{}
+var metaKindVersions = map[protoreflect.FieldNumber]uint32{
+	9: 3, // auth
+}
 
 // MetaVersionOf returns the placement command version cmd needs.
 func MetaVersionOf(cmd *placementv1.Command) uint32 {
@@ -145,6 +149,8 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 		return beginMove(st, c.BeginMove)
 	case *placementv1.Command_AdvanceMove:
 		return ok, advanceMove(st, c.AdvanceMove)
+	case *placementv1.Command_Auth:
+		return ok, applyAuth(st, c.Auth)
 	}
 	return nil, errors.New("command: missing or unknown")
 }

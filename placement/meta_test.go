@@ -287,6 +287,7 @@ func FuzzMetaUpdate(f *testing.F) {
 		{Command: &placementv1.Command_Bootstrap{Bootstrap: &placementv1.BootstrapCmd{Nodes: []*placementv1.Node{{Id: 1, Zone: "a", RaftAddr: "r", ListenAddr: "l"}}}}},
 		{Version: 2, Command: &placementv1.Command_ReserveEpochs{ReserveEpochs: &placementv1.ReserveEpochsCmd{}}},
 		{Command: &placementv1.Command_BeginSplit{BeginSplit: &placementv1.BeginSplitCmd{}}},
+		{Version: 3, Command: &placementv1.Command_Auth{Auth: &placementv1.AuthCmd{Op: &placementv1.AuthCmd_PutRole{PutRole: &placementv1.Role{Name: "r", Grants: []*placementv1.Grant{{Permission: "lock"}}}}}}},
 	} {
 		b, _ := proto.Marshal(c)
 		f.Add(b)

@@ -11,18 +11,20 @@ import (
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
-// The audit log records every state-changing lock RPC as one JSON line
-// (DESIGN.md §6): method, resource, request id, a hash of the lease id
-// (the lease id itself is a bearer secret), fencing token, holder, caller
-// and outcome — never payloads.
+// The audit log records every state-changing RPC as one JSON line
+// (DESIGN.md §6). A lock call's: method, resource, request id, a hash of
+// the lease id (the lease id itself is a bearer secret), fencing token,
+// holder, caller (the address that sent it), principal (the
+// authenticated caller; for a forwarded call, the original one) and
+// outcome. A quota, admin or auth change's: method, key, its request,
+// principal and outcome. Never a lease id, a token or key material.
 
-// leaseHash identifies a lease in logs without revealing it: the first 8
-// bytes of SHA-256 of the lease id, in hex.
-func leaseHash(leaseID string) string {
-	if leaseID == "" {
-		return ""
-	}
-	h := sha256.Sum256([]byte(leaseID))
+// auditHash identifies a lease id or request id in logs without
+// revealing it: the first 8 bytes of its SHA-256, in hex. A request id in
+// clear would let a reader of the log replay the Acquire (with its
+// resource, holder and TTL) and get the lease id back.
+func auditHash(id string) string {
+	h := sha256.Sum256([]byte(id))
 	return hex.EncodeToString(h[:8])
 }
 
@@ -31,6 +33,9 @@ type auditEntry struct {
 	method, resource, requestID, leaseID, holder string
 	token                                        uint64
 	released                                     *bool // Release only
+	// request is a quota, admin or auth change's request (requestText),
+	// tokenID the id of the token CreateToken made.
+	request, tokenID string
 }
 
 // acquireEntry is the audit entry of Acquire m, answered resp (nil when
@@ -67,13 +72,14 @@ func (r *Router) audit(ctx context.Context, peer connect.Peer, e auditEntry, err
 		slog.String("method", e.method),
 		slog.String("resource", e.resource),
 		slog.String("caller", peer.Addr),
+		slog.String("principal", principalOf(ctx)),
 		slog.String("outcome", outcome(err)),
 	}
 	if e.requestID != "" {
-		attrs = append(attrs, slog.String("request_id", e.requestID))
+		attrs = append(attrs, slog.String("request_hash", auditHash(e.requestID)))
 	}
 	if e.leaseID != "" {
-		attrs = append(attrs, slog.String("lease_hash", leaseHash(e.leaseID)))
+		attrs = append(attrs, slog.String("lease_hash", auditHash(e.leaseID)))
 	}
 	if e.token != 0 {
 		attrs = append(attrs, slog.Uint64("fencing_token", e.token))
@@ -83,6 +89,12 @@ func (r *Router) audit(ctx context.Context, peer connect.Peer, e auditEntry, err
 	}
 	if e.holder != "" {
 		attrs = append(attrs, slog.String("holder", e.holder))
+	}
+	if e.request != "" {
+		attrs = append(attrs, slog.String("request", e.request))
+	}
+	if e.tokenID != "" {
+		attrs = append(attrs, slog.String("token_id", e.tokenID))
 	}
 	if err != nil {
 		attrs = append(attrs, slog.String("code", classify(err).code.String()))

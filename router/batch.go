@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/warden-dev/warden/auth"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/shard"
@@ -46,6 +47,10 @@ func (s *LockServer) Batch(ctx context.Context, req *connect.Request[wardenv1.Ba
 	for i, op := range ops {
 		if err := validateOp(i, op); err != nil {
 			out[i] = failedOp(err)
+			continue
+		}
+		if err := s.r.authorize(ctx, auth.Lock, "", opResource(op)); err != nil {
+			out[i] = s.opDone(ctx, req.Peer(), op, nil, err, time.Now()) // denied alone, and audited
 			continue
 		}
 		rg, err := m.ShardFor(opResource(op))

@@ -84,6 +84,8 @@ var codeLabels = map[connect.Code]string{
 	connect.CodeResourceExhausted:  "exhausted",
 	connect.CodeDeadlineExceeded:   "timeout",
 	connect.CodeCanceled:           "canceled",
+	connect.CodePermissionDenied:   "denied",
+	connect.CodeUnauthenticated:    "unauthenticated",
 }
 
 // classify is the one place where Warden's errors get their Connect code

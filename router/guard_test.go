@@ -7,7 +7,10 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/warden-dev/warden/auth"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 )
 
@@ -52,7 +55,7 @@ func TestGuard(t *testing.T) {
 		}
 		req.TLS = tc.tls
 		w := httptest.NewRecorder()
-		guard(&tc.cfg, nodePath, next).ServeHTTP(w, req)
+		guard(&tc.cfg, &authState{}, nodePath, next).ServeHTTP(w, req)
 		switch {
 		case tc.served && seen == nil:
 			t.Errorf("%s: not served (%d %s)", tc.name, w.Code, w.Body)
@@ -70,7 +73,7 @@ func TestGuard(t *testing.T) {
 	req := httptest.NewRequest(http.MethodPost, nodePath+"Propose", nil)
 	req.Header.Set("Content-Type", "application/proto")
 	w := httptest.NewRecorder()
-	guard(&Config{ClusterSecret: secret}, nodePath, next).ServeHTTP(w, req)
+	guard(&Config{ClusterSecret: secret}, &authState{}, nodePath, next).ServeHTTP(w, req)
 	if !strings.Contains(w.Body.String(), `"code":"unauthenticated"`) {
 		t.Errorf("the refusal: %d %q, want a Connect unauthenticated error", w.Code, w.Body)
 	}
@@ -86,6 +89,68 @@ func TestHopsOf(t *testing.T) {
 		}
 		if got := hopsOf(h); got != want {
 			t.Errorf("hopsOf(%q) = %d, want %d", v, got, want)
+		}
+	}
+}
+
+// With authentication on, guard authenticates each client call before
+// its body is read, and a principal header counts only from a node.
+func TestGuardAuthenticates(t *testing.T) {
+	const secret = "test-secret-0123456789"
+	token, _ := auth.NewToken()
+	rec, err := auth.TokenRecord(token, "admin", "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &placementv1.AuthState{Enabled: true, Revision: 1, Tokens: []*placementv1.Token{rec},
+		Roles:    []*placementv1.Role{{Name: "op", Grants: []*placementv1.Grant{{Permission: "admin"}}}},
+		Bindings: []*placementv1.Binding{{Principal: "admin", Role: "op"}}}
+	fresh := &authState{}
+	fresh.set(st, time.Now())
+	stale := &authState{}
+	stale.set(st, time.Now().Add(-2*authMaxStale))
+	unset := &authState{required: true}
+	unset.set(nil, time.Now())
+	overTLS := &tls.ConnectionState{}
+	const acquire = "/warden.v1.LockService/Acquire"
+	var principal string
+	next := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { principal = principalOf(req.Context()) + "|" })
+	for _, tc := range []struct {
+		name    string
+		a       *authState
+		path    string
+		headers map[string]string
+		tls     *tls.ConnectionState
+		want    string // the principal next saw, "" when not served
+		code    int
+	}{
+		{"a token", fresh, acquire, map[string]string{"Authorization": "Bearer " + token}, overTLS, "admin", 0},
+		{"no credentials", fresh, acquire, nil, overTLS, "", http.StatusUnauthorized},
+		{"a bad token", fresh, acquire, map[string]string{"Authorization": "Bearer wdn1.0123456789abcdef.x"}, overTLS, "", http.StatusUnauthorized},
+		{"not a bearer token", fresh, acquire, map[string]string{"Authorization": "Basic YTpi"}, overTLS, "", http.StatusUnauthorized},
+		{"a token in clear", fresh, acquire, map[string]string{"Authorization": "Bearer " + token}, nil, "", http.StatusUnauthorized},
+		{"a client's principal header", fresh, acquire, map[string]string{principalHeader: "admin"}, overTLS, "", http.StatusUnauthorized},
+		{"a node's principal header", fresh, acquire, map[string]string{principalHeader: "admin", secretHeader: secret}, nil, "admin", 0},
+		{"probes need nothing", fresh, "/metrics", nil, nil, "", 0},
+		{"a stale view", stale, acquire, map[string]string{"Authorization": "Bearer " + token}, overTLS, "", http.StatusServiceUnavailable},
+		{"auth not bootstrapped yet", unset, acquire, nil, overTLS, "", http.StatusServiceUnavailable},
+		{"auth off, anonymous", &authState{}, acquire, nil, nil, "", 0},
+	} {
+		principal = ""
+		body := &readTracker{}
+		req := httptest.NewRequest(http.MethodPost, tc.path, body)
+		req.Header.Set("Content-Type", "application/proto")
+		for k, v := range tc.headers {
+			req.Header.Set(k, v)
+		}
+		req.TLS = tc.tls
+		w := httptest.NewRecorder()
+		guard(&Config{ClusterSecret: secret}, tc.a, "/"+placementv1connect.NodeServiceName+"/", next).ServeHTTP(w, req)
+		switch {
+		case tc.code == 0 && principal != tc.want+"|":
+			t.Errorf("%s: next saw principal %q (served: %v; %d %s), want %q", tc.name, principal, principal != "", w.Code, w.Body, tc.want)
+		case tc.code != 0 && (principal != "" || w.Code != tc.code || body.read):
+			t.Errorf("%s: served %v, answered %d (body read %v), want %d unread", tc.name, principal != "", w.Code, body.read, tc.code)
 		}
 	}
 }

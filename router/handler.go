@@ -35,10 +35,11 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	// The client services' chain ends in the observer (interceptors.go),
 	// innermost, so the callers' interceptors see the Connect errors
 	// clients get.
-	client := append(slices.Clone(opts), connect.WithInterceptors(observer{r}))
+	client := append(slices.Clone(opts), connect.WithInterceptors(observer{r}, authorizer{r}))
 	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), client...))
 	mux.Handle(wardenv1connect.NewQuotaServiceHandler(NewQuotaServer(r), client...))
 	mux.Handle(wardenv1connect.NewAdminServiceHandler(NewAdminServer(r), client...))
+	mux.Handle(wardenv1connect.NewAuthServiceHandler(&AuthServer{r}, client...))
 	// Nodes forward whole pages of records when a range moves. The node
 	// API is served only where the nodes authenticate each other (guard);
 	// a dev cluster's nodes share one process and need none.
@@ -46,13 +47,13 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	if r.cfg.PeerTLS || r.cfg.ClusterSecret != "" {
 		mux.Handle(nodePath, nodeAPI)
 	}
-	services := []string{wardenv1connect.LockServiceName, wardenv1connect.QuotaServiceName, wardenv1connect.AdminServiceName}
+	services := []string{wardenv1connect.LockServiceName, wardenv1connect.QuotaServiceName, wardenv1connect.AdminServiceName, wardenv1connect.AuthServiceName}
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.Handle("/metrics", promhttp.Handler())
-	return guard(&r.cfg, nodePath, mux)
+	return guard(&r.cfg, &r.auth, nodePath, mux)
 }
 
 // maxRequestBytes bounds a client's request message, in bytes, and

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -62,7 +64,8 @@ func (o observer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			if err == nil {
 				out = resp.Any()
 			}
-			o.r.record(ctx, req.Peer(), methodOf(req.Spec().Procedure), start, auditOf(req.Any(), out), err)
+			method := methodOf(req.Spec().Procedure)
+			o.r.record(ctx, req.Peer(), method, start, auditOf(method, req.Spec().IdempotencyLevel, req.Any(), out), err)
 		}
 		return resp, toConnect(err)
 	}
@@ -87,10 +90,14 @@ func methodOf(procedure string) string {
 	return procedure[strings.LastIndexByte(procedure, '/')+1:]
 }
 
-// auditOf is the audit entry of a call with request message req and
-// response message resp (nil when it failed), or nil for a call that is
-// not audited as a whole.
-func auditOf(req, resp any) *auditEntry {
+// auditOf is the audit entry of a call of method with request message
+// req and response message resp (nil when it failed), or nil for a call
+// that is not audited as a whole: a read (idem says it has no side
+// effects), or a Batch or RenewBatch, whose ops are audited one by one.
+// A quota, admin or auth change is audited with its request, which holds
+// no secret (a token is in CreateToken's response, which only its id
+// leaves).
+func auditOf(method string, idem connect.IdempotencyLevel, req, resp any) *auditEntry {
 	switch m := req.(type) {
 	case *wardenv1.AcquireRequest:
 		r, _ := resp.(*wardenv1.AcquireResponse)
@@ -100,8 +107,39 @@ func auditOf(req, resp any) *auditEntry {
 	case *wardenv1.ReleaseRequest:
 		r, _ := resp.(*wardenv1.ReleaseResponse)
 		return releaseEntry(m, r)
+	case *wardenv1.BatchRequest, *wardenv1.RenewBatchRequest:
+		return nil
 	}
-	return nil
+	if idem == connect.IdempotencyNoSideEffects {
+		return nil
+	}
+	e := &auditEntry{method: method}
+	if k, ok := req.(interface{ GetKey() string }); ok {
+		e.resource = k.GetKey()
+	}
+	if m, ok := req.(proto.Message); ok {
+		e.request = requestText(m)
+	}
+	if r, ok := resp.(*wardenv1.CreateTokenResponse); ok {
+		e.tokenID = r.GetId()
+	}
+	return e
+}
+
+// maxAuditRequest bounds the request text of one audit record, in bytes.
+const maxAuditRequest = 1024
+
+// requestText is m as compact JSON for the audit log, cut at
+// maxAuditRequest bytes.
+func requestText(m proto.Message) string {
+	b, err := protojson.Marshal(m)
+	if err != nil {
+		return ""
+	}
+	if len(b) > maxAuditRequest {
+		return string(b[:maxAuditRequest]) + "…"
+	}
+	return string(b)
 }
 
 // record counts a call (or a batch's part) of method begun at start (its

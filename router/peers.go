@@ -60,12 +60,17 @@ func NewPeers(secret string, tlsConfig *tls.Config) *Peers {
 	return &Peers{client: &http.Client{Transport: t}, scheme: scheme, secret: secret, byAddr: map[string]*peer{}}
 }
 
-// withSecret adds the cluster secret to outgoing calls.
-func withSecret(secret string) connect.Option {
+// nodeCall adds to outgoing calls the cluster secret and the principal
+// of the client call being served (ctx's), which the other node honours
+// because the call comes from a node.
+func nodeCall(secret string) connect.Option {
 	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 			if secret != "" {
 				req.Header().Set(secretHeader, secret)
+			}
+			if p := principalOf(ctx); p != "" {
+				req.Header().Set(principalHeader, p)
 			}
 			return next(ctx, req)
 		}
@@ -85,13 +90,19 @@ func fromNode(cfg *Config, req *http.Request) bool {
 }
 
 // guard is the HTTP layer's check of who calls, before any body is read:
-// the node API (nodePrefix) answers only other nodes, and the headers
-// that mean something inside the cluster (forwardedHeader, the cluster
-// secret) are stripped from every other caller's request.
-func guard(cfg *Config, nodePrefix string, next http.Handler) http.Handler {
+// the node API (nodePrefix) answers only other nodes; the headers that
+// mean something inside the cluster (forwardedHeader, principalHeader,
+// the cluster secret) are stripped from every other caller's request;
+// and a client's call to a client service is authenticated by a (see
+// authState.authenticate), its principal put in the request's context.
+// A node's call carries its original caller's principal.
+func guard(cfg *Config, a *authState, nodePrefix string, next http.Handler) http.Handler {
 	refuse := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if fromNode(cfg, req) {
+			if p := req.Header.Get(principalHeader); p != "" {
+				req = req.WithContext(context.WithValue(req.Context(), principalKey{}, p))
+			}
 			next.ServeHTTP(w, req)
 			return
 		}
@@ -101,6 +112,17 @@ func guard(cfg *Config, nodePrefix string, next http.Handler) http.Handler {
 		}
 		req.Header.Del(forwardedHeader)
 		req.Header.Del(secretHeader)
+		req.Header.Del(principalHeader)
+		if clientPath(req.URL.Path) {
+			p, err := a.authenticate(req)
+			if err != nil {
+				_ = refuse.Write(w, req, err)
+				return
+			}
+			if p != "" {
+				req = req.WithContext(context.WithValue(req.Context(), principalKey{}, p))
+			}
+		}
 		next.ServeHTTP(w, req)
 	})
 }
@@ -115,7 +137,7 @@ func (p *Peers) get(addr string) *peer {
 	base := p.scheme + addr
 	// The secret goes with forwarded client calls too: it is what tells
 	// the other node that their forwarding header is a node's.
-	auth := withSecret(p.secret)
+	auth := nodeCall(p.secret)
 	c := &peer{
 		locks: wardenv1connect.NewLockServiceClient(p.client, base, auth),
 		quota: wardenv1connect.NewQuotaServiceClient(p.client, base, auth),

@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/auth"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/shard"
@@ -38,6 +39,10 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 			// Named as Renew names it, as the shard names what it refuses:
 			// the outcome's place says which renewal it is.
 			out[i] = s.renewed(ctx, req.Peer(), rn, nil, err)
+			continue
+		}
+		if err := s.r.authorize(ctx, auth.Lock, "", rn.GetResource()); err != nil {
+			out[i] = s.renewed(ctx, req.Peer(), rn, nil, err) // denied alone, and audited
 			continue
 		}
 		rg, err := m.ShardFor(rn.GetResource())

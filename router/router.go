@@ -87,6 +87,13 @@ type Config struct {
 	// cluster, whose nodes share one process) the node API is not served.
 	ClusterSecret string
 	PeerTLS       bool
+	// ClientTLS: the client API is served over TLS, which authentication
+	// needs (AuthService.SetEnabled refuses to turn it on without).
+	ClientTLS bool
+	// AuthRequired: until the cluster's auth state is set (revision 0),
+	// client calls are refused Unavailable, not served unauthenticated
+	// (a node given an auth bootstrap, which is yet to commit).
+	AuthRequired bool
 	// ClockOffset is added to this node's wall clock. It exists to test
 	// clock skew; never set it in production.
 	ClockOffset time.Duration
@@ -159,8 +166,10 @@ type Router struct {
 	// proposing admits at most cfg.MaxProposing proposals at once; the
 	// rest wait (newest first) without spinning.
 	proposing *admission
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	// auth is the newest auth view the node read with the map.
+	auth authState
+	stop chan struct{}
+	wg   sync.WaitGroup
 }
 
 // New returns a Router over the local nodes, whose replicas report their
@@ -179,6 +188,8 @@ func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *
 	}
 	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: p, waits: waits, clock: clockWatch{kick: make(chan struct{}, 1)}, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
 	r.maps.Store(m)
+	r.auth.required = cfg.AuthRequired
+	r.auth.set(m.State().GetAuth(), time.Now())
 	r.ops = &placement.Operators{Meta: meta, Shards: r.Shards(), Alloc: placement.NewAllocator(meta),
 		Logger: cfg.Logger, Live: r.live, OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
 	return r
@@ -201,11 +212,13 @@ func (r *Router) SetMap(m *placement.Map) {
 func (r *Router) RefreshMap(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
 	defer cancel()
+	begun := time.Now()
 	st, err := r.meta.Read(ctx)
 	if err != nil {
 		return err
 	}
 	r.SetMap(placement.NewMap(st))
+	r.auth.set(st.GetAuth(), begun)
 	return nil
 }
 

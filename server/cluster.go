@@ -71,6 +71,11 @@ type ClusterConfig struct {
 	// rotate Raft's certificates by a rolling restart); without peer
 	// material the nodes authenticate by Router.ClusterSecret.
 	TLS *tlsconfig.Store
+	// AuthBootstrap, if set, is the auth state to give a cluster that has
+	// none (wardend --auth-bootstrap, auth.LoadBootstrap). The node
+	// proposes it until some node's bootstrap commits, and until then
+	// refuses client calls rather than serve them unauthenticated.
+	AuthBootstrap *placementv1.AuthState
 }
 
 // raftTLS is the Raft transport's mutual TLS from the peer material, or
@@ -119,6 +124,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		peerTLS = cfg.TLS.PeerClientConfig()
 	}
 	cfg.Router.PeerTLS = peerTLS != nil
+	cfg.Router.AuthRequired = cfg.AuthBootstrap != nil
 	c := &Cluster{cfg: cfg, waits: router.NewWaitRegistry(), stop: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	// Every mode is decided before anything starts: a config that cannot
@@ -295,6 +301,14 @@ func (c *Cluster) loop() {
 		}
 		if err := c.reconcile(); err != nil {
 			log.Warn("node agent", "err", err)
+		}
+		if a := c.cfg.AuthBootstrap; a != nil && c.Router.Map().State().GetAuth().GetRevision() == 0 {
+			// Until every initial member has registered a binary that
+			// knows auth, the placement group refuses it (ErrMetaVersion);
+			// the next tick tries again.
+			if err := c.Router.BootstrapAuth(ctx, a); err != nil {
+				log.Debug("auth bootstrap", "err", err)
+			}
 		}
 		cancel()
 		if len(c.Router.Map().State().GetOperators()) > 0 && c.Router.LeadsPlacement() && c.driving.CompareAndSwap(false, true) {

@@ -63,6 +63,8 @@ func Start(cfg Config) (*Server, error) {
 		switch {
 		case cfg.TLS != nil && !cfg.TLS.HasPeer():
 			return nil, errors.New("server: TLS without peer material: the nodes could not authenticate each other (--peer-ca, --peer-cert, --peer-key)")
+		case cfg.TLS == nil && cfg.Cluster.AuthBootstrap != nil:
+			return nil, errors.New("server: authentication needs TLS on the client API, or tokens would travel in clear")
 		case cfg.TLS == nil && cfg.Cluster.Router.ClusterSecret == "":
 			return nil, errors.New("server: a node without TLS needs the cluster secret, which authenticates the nodes to each other")
 		}
@@ -78,12 +80,14 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{ln: ln, failed: make(chan error, 1)}
 	if cfg.Dev != nil {
 		dev := *cfg.Dev
+		dev.Router.ClientTLS = cfg.TLS != nil
 		if dev.ListenAddr == "" {
 			dev.ListenAddr = ln.Addr().String()
 		}
 		s.Cluster, err = StartDev(dev)
 	} else {
 		cc := cfg.Cluster
+		cc.Router.ClientTLS = cfg.TLS != nil
 		if cc.ListenAddr == "" {
 			cc.ListenAddr = ln.Addr().String()
 		}

@@ -23,6 +23,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -38,27 +39,56 @@ import (
 )
 
 type globals struct {
-	Addr    string        `default:"http://127.0.0.1:7070" env:"WARDEN_ADDR" help:"Base URL of a Warden node."`
-	JSON    bool          `name:"json" help:"Print responses as JSON."`
-	Timeout time.Duration `default:"10s" help:"Deadline of the RPC."`
-	CACert  string        `name:"cacert" env:"WARDEN_CACERT" placeholder:"PATH" help:"PEM CA bundle that verifies the node's certificate (an https --addr; default: the system's roots)."`
-	Cert    string        `env:"WARDEN_CERT" placeholder:"PATH" help:"PEM client certificate to present, with --key."`
-	Key     string        `env:"WARDEN_KEY" placeholder:"PATH" help:"PEM private key of --cert."`
-	out     io.Writer
-	http    *http.Client
+	Addr      string        `default:"http://127.0.0.1:7070" env:"WARDEN_ADDR" help:"Base URL of a Warden node."`
+	JSON      bool          `name:"json" help:"Print responses as JSON."`
+	Timeout   time.Duration `default:"10s" help:"Deadline of the RPC."`
+	CACert    string        `name:"cacert" env:"WARDEN_CACERT" placeholder:"PATH" help:"PEM CA bundle that verifies the node's certificate (an https --addr; default: the system's roots)."`
+	Cert      string        `env:"WARDEN_CERT" placeholder:"PATH" help:"PEM client certificate to present, with --key."`
+	Key       string        `env:"WARDEN_KEY" placeholder:"PATH" help:"PEM private key of --cert."`
+	Token     string        `env:"WARDEN_TOKEN" placeholder:"TOKEN" help:"Bearer token to authenticate with (prefer --token-file or WARDEN_TOKEN: a flag shows in ps)."`
+	TokenFile string        `name:"token-file" env:"WARDEN_TOKEN_FILE" placeholder:"PATH" help:"File holding the bearer token alone on one line."`
+	out       io.Writer
+	http      *http.Client
 }
 
 // httpClient returns the HTTP client of the global flags: the default
-// one, or one with their TLS material.
+// one, or one with their TLS material and bearer token.
 func (g *globals) httpClient() (*http.Client, error) {
-	if g.CACert == "" && g.Cert == "" && g.Key == "" {
-		return http.DefaultClient, nil
+	token := g.Token
+	if g.TokenFile != "" {
+		if token != "" {
+			return nil, errors.New("--token and --token-file exclude each other")
+		}
+		b, err := os.ReadFile(g.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
 	}
-	cfg, err := tlsconfig.ClientConfig(g.CACert, g.Cert, g.Key)
-	if err != nil {
-		return nil, err
+	var t http.RoundTripper = http.DefaultTransport
+	if g.CACert != "" || g.Cert != "" || g.Key != "" {
+		cfg, err := tlsconfig.ClientConfig(g.CACert, g.Cert, g.Key)
+		if err != nil {
+			return nil, err
+		}
+		t = &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
 	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}}, nil
+	if token != "" {
+		t = bearerTransport{token: token, next: t}
+	}
+	return &http.Client{Transport: t}, nil
+}
+
+// bearerTransport adds the bearer token to every request.
+type bearerTransport struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b bearerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(req)
 }
 
 type cli struct {
@@ -66,6 +96,7 @@ type cli struct {
 	Lock  lockCmd  `cmd:"" help:"Exclusive locks with leases and fencing tokens."`
 	Quota quotaCmd `cmd:"" help:"Reserve, commit and release capacity against hierarchical limits."`
 	Admin adminCmd `cmd:"" help:"Operator commands."`
+	Auth  authCmd  `cmd:"" help:"Authentication and roles: turn it on, roles and bindings, tokens."`
 	TLS   tlsCmd   `cmd:"" name:"tls" help:"TLS material for tests and local clusters."`
 }
 

@@ -35,11 +35,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/alecthomas/kong"
 
+	"github.com/warden-dev/warden/auth"
 	"github.com/warden-dev/warden/placement"
 	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/server"
@@ -61,6 +63,7 @@ type cli struct {
 	PeerCA         string        `name:"peer-ca" placeholder:"PATH" group:"TLS" help:"PEM CA that signs the nodes' peer certificates, and only those (not the client CA): verifies the other nodes on the node API and on Raft."`
 	PeerCert       string        `name:"peer-cert" placeholder:"PATH" group:"TLS" help:"PEM peer certificate of this node: names its node id (DNS node-<id>.peer.warden) and the host of --raft-addr; for server and client use."`
 	PeerKey        string        `name:"peer-key" placeholder:"PATH" group:"TLS" help:"PEM private key of --peer-cert. Raft reads the peer files at start: rotate them with a rolling restart."`
+	AuthBootstrap  string        `name:"auth-bootstrap" placeholder:"FILE" help:"Turn authentication on for a cluster that has no auth state yet, with the roles, bindings and tokens of FILE (JSON; docs/security.md). Give the same file to every initial member; the first to commit wins, and later starts ignore it. Needs TLS. Until it commits the node refuses client calls."`
 	Insecure       bool          `group:"TLS" help:"Serve every port in cleartext, with no TLS: the nodes authenticate each other by --cluster-secret-file alone, and anyone on the network can read and alter traffic. For tests and trusted networks; logged and exported as warden_insecure 1."`
 	ClockOffset    time.Duration `name:"debug-clock-offset" hidden:"" help:"Pretend this node's wall clock is off by this much (clock skew tests only)."`
 	DataDir        string        `default:"./data/dev" help:"Directory for Raft logs and state."`
@@ -68,7 +71,7 @@ type cli struct {
 	LogLevel       slog.Level    `default:"info" help:"Log level: debug, info, warn, error."`
 	RaftLogLevel   slog.Level    `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
 	ShutdownWait   time.Duration `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
-	AuditLog       string        `help:"Write the audit log (one JSON line per Acquire, Renew, Release) to this file, or - for stderr."`
+	AuditLog       string        `help:"Write the audit log (one JSON line per state-changing call, with its principal) to this file, or - for stderr. Reopened on SIGHUP, for rotation."`
 	PprofAddr      string        `name:"pprof-addr" placeholder:"HOST:PORT" help:"Serve Go's profiler (/debug/pprof/) on this address, for performance work; keep it on loopback. Off by default."`
 }
 
@@ -80,6 +83,8 @@ func main() {
 		k.FatalIfErrorf(err) // a usage error, before anything starts
 	} else if c.PeerCA != "" || c.PeerCert != "" || c.PeerKey != "" {
 		k.Fatalf("--dev serves no node API (its nodes share one process): the --peer flags do not apply")
+	} else if c.AuthBootstrap != "" {
+		k.Fatalf("--auth-bootstrap is for production nodes (with TLS); a dev cluster runs without authentication")
 	}
 	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: c.LogLevel})))
 	if err := run(c); err != nil {
@@ -93,11 +98,11 @@ func run(c cli) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	audit, closeAudit, err := openAudit(c.AuditLog)
+	audit, auditFile, err := openAudit(c.AuditLog)
 	if err != nil {
 		return err
 	}
-	defer closeAudit()
+	defer auditFile.Close()
 	cfg := server.Config{Listen: c.Listen, PprofAddr: c.PprofAddr}
 	if c.TLSCert != "" || c.TLSKey != "" {
 		files := tlsconfig.Files{ClientCert: c.TLSCert, ClientKey: c.TLSKey, ClientCA: c.TLSClientCA, PeerCA: c.PeerCA, PeerCert: c.PeerCert, PeerKey: c.PeerKey}
@@ -107,7 +112,6 @@ func run(c cli) error {
 		if err := cfg.TLS.Watch(ctx, func(err error) { slog.Error("reloading the TLS material; the old stays", "err", err) }); err != nil {
 			return err
 		}
-		go reloadOnHangup(ctx, cfg.TLS)
 	} else if !c.Dev {
 		slog.Warn("serving without TLS (--insecure): the nodes authenticate each other by the cluster secret alone, and anyone on the network can read and alter traffic")
 	}
@@ -120,6 +124,7 @@ func run(c cli) error {
 		cfg.Cluster.Router.Audit = audit
 		cfg.Cluster.Router.ClockOffset = c.ClockOffset
 	}
+	go reloadOnHangup(ctx, cfg.TLS, auditFile)
 	srv, err := server.Start(cfg)
 	if err != nil {
 		return err
@@ -141,8 +146,9 @@ func run(c cli) error {
 	return errors.Join(failed, srv.Shutdown(sctx))
 }
 
-// reloadOnHangup reloads the TLS material on each SIGHUP until ctx ends.
-func reloadOnHangup(ctx context.Context, s *tlsconfig.Store) {
+// reloadOnHangup, on each SIGHUP until ctx ends, reloads the TLS
+// material s (if any) and reopens the audit file (for rotation).
+func reloadOnHangup(ctx context.Context, s *tlsconfig.Store, audit *auditFile) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -151,11 +157,16 @@ func reloadOnHangup(ctx context.Context, s *tlsconfig.Store) {
 		case <-ctx.Done():
 			return
 		case <-hup:
+		}
+		if s != nil {
 			if err := s.Reload(); err != nil {
 				slog.Error("reloading the TLS material on SIGHUP; the old stays", "err", err)
 			} else {
 				slog.Info("reloaded the TLS material on SIGHUP")
 			}
+		}
+		if err := audit.Reopen(); err != nil {
+			slog.Error("reopening the audit log on SIGHUP; writing to the old file", "err", err)
 		}
 	}
 }
@@ -193,6 +204,14 @@ func (c cli) clusterConfig() (server.ClusterConfig, error) {
 		return server.ClusterConfig{}, errors.New("--insecure needs --cluster-secret-file: it is all that authenticates the nodes to each other")
 	case !c.Insecure && (c.TLSCert == "" || c.TLSKey == "" || c.PeerCA == "" || c.PeerCert == "" || c.PeerKey == ""):
 		return server.ClusterConfig{}, errors.New("a node serves TLS: --tls-cert, --tls-key, --peer-ca, --peer-cert and --peer-key are required (or --insecure, for cleartext with --cluster-secret-file)")
+	}
+	if c.AuthBootstrap != "" {
+		if c.Insecure {
+			return server.ClusterConfig{}, errors.New("--auth-bootstrap needs TLS (not --insecure): tokens must not travel in clear")
+		}
+		if cfg.AuthBootstrap, err = auth.LoadBootstrap(c.AuthBootstrap, time.Now().UnixMilli()); err != nil {
+			return server.ClusterConfig{}, fmt.Errorf("--auth-bootstrap: %w", err)
+		}
 	}
 	if c.SecretFile != "" {
 		b, err := os.ReadFile(c.SecretFile)
@@ -235,17 +254,62 @@ func parseMembers(v string) ([]server.Member, error) {
 }
 
 // openAudit opens the audit log: nil when path is empty, stderr for "-",
-// else the file, appended to.
-func openAudit(path string) (*slog.Logger, func(), error) {
+// else the file, appended to. The file (nil for the first two) is
+// reopened by Reopen.
+func openAudit(path string) (*slog.Logger, *auditFile, error) {
 	switch path {
 	case "":
-		return nil, func() {}, nil
+		return nil, nil, nil
 	case "-":
-		return slog.New(slog.NewJSONHandler(os.Stderr, nil)), func() {}, nil
+		return slog.New(slog.NewJSONHandler(os.Stderr, nil)), nil, nil
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o640)
+	a := &auditFile{path: path}
+	if err := a.Reopen(); err != nil {
+		return nil, nil, err
+	}
+	return slog.New(slog.NewJSONHandler(a, nil)), a, nil
+}
+
+// auditFile is the audit log's file, which Reopen swaps for the file now
+// at its path (after logrotate moved the old one away). Each record is
+// one Write.
+type auditFile struct {
+	path string
+	mu   sync.Mutex
+	f    *os.File
+}
+
+func (a *auditFile) Write(b []byte) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.f.Write(b)
+}
+
+// Reopen opens the file at the path (creating it) and closes the old one;
+// on error the old one stays. A nil auditFile does nothing.
+func (a *auditFile) Reopen() error {
+	if a == nil {
+		return nil
+	}
+	f, err := os.OpenFile(a.path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o640)
 	if err != nil {
-		return nil, nil, fmt.Errorf("audit log: %w", err)
+		return fmt.Errorf("audit log: %w", err)
 	}
-	return slog.New(slog.NewJSONHandler(f, nil)), func() { f.Close() }, nil
+	a.mu.Lock()
+	old := a.f
+	a.f = f
+	a.mu.Unlock()
+	if old != nil {
+		return old.Close()
+	}
+	return nil
+}
+
+// Close closes the file; a nil auditFile does nothing.
+func (a *auditFile) Close() {
+	if a != nil {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.f.Close()
+	}
 }

@@ -19,9 +19,14 @@
 # cluster secret). start --secure writes throwaway TLS material to
 # $WARDEN_CLUSTER_DIR/secure (warden tls local: ca.pem, the client CA that
 # signed the nodes' client-API certificates and client.pem/client-key.pem;
-# peer-ca.pem and the nodes' peer certificates) and serves TLS on the
-# same ports, https://127.0.0.1:$((WARDEN_LISTEN_BASE+N)); the secure
-# folder remembers the mode for later start, kill and status calls.
+# peer-ca.pem and the nodes' peer certificates), turns authentication on
+# (wardend --auth-bootstrap auth.json) with two bearer tokens, each alone
+# on one line: admin.token (role operator: everything) and orders.token
+# (role orders: lock under orders/, to which client.pem's principal
+# "client" is bound too), and serves TLS on the same ports,
+# https://127.0.0.1:$((WARDEN_LISTEN_BASE+N)); the secure folder
+# remembers the mode for later start, kill and status calls, which
+# authenticate with admin.token.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -43,7 +48,7 @@ secured() { [[ -f $secure/ca.pem ]]; }
 url() { if secured; then echo "https://$(listen "$1")"; else echo "http://$(listen "$1")"; fi; }
 cli() {
 	if secured; then
-		"$warden" --cacert "$secure/ca.pem" --cert "$secure/client.pem" --key "$secure/client-key.pem" "$@"
+		"$warden" --cacert "$secure/ca.pem" --token-file "$secure/admin.token" "$@"
 	else
 		"$warden" "$@"
 	fi
@@ -61,7 +66,28 @@ start() {
 			echo "$dir holds a cluster started without --secure; stop it and remove $dir first" >&2
 			exit 1
 		fi
-		"$warden" tls local --dir "$secure" --nodes "${#nodes[@]}" --host 127.0.0.1 >/dev/null
+		"$warden" tls local --dir "$secure.tmp" --nodes "${#nodes[@]}" --host 127.0.0.1 >/dev/null
+		"$warden" auth token generate --out "$secure.tmp/admin.token"
+		"$warden" auth token generate --out "$secure.tmp/orders.token"
+		cat >"$secure.tmp/auth.json" <<-'EOF'
+			{
+			  "roles": [
+			    {"name": "operator", "grants": [{"permission": "admin"}, {"permission": "read"}, {"permission": "lock"},
+			                                    {"permission": "quota.use"}, {"permission": "quota.admin"}]},
+			    {"name": "orders", "grants": [{"permission": "lock", "prefix": "orders/"}]}
+			  ],
+			  "bindings": [
+			    {"principal": "admin", "role": "operator"},
+			    {"principal": "orders", "role": "orders"},
+			    {"principal": "client", "role": "orders"}
+			  ],
+			  "tokens": [
+			    {"principal": "admin", "file": "admin.token", "description": "cluster.sh operator"},
+			    {"principal": "orders", "file": "orders.token", "description": "cluster.sh orders/ locks"}
+			  ]
+			}
+		EOF
+		mv "$secure.tmp" "$secure" # complete, or not there at all
 	fi
 	# The node-to-node API requires a secret shared by the nodes.
 	if [[ ! -f $dir/cluster-secret ]]; then
@@ -85,7 +111,8 @@ start() {
 		fi
 		if secured; then
 			extra+=(--tls-cert "$secure/node-$n.pem" --tls-key "$secure/node-$n-key.pem" --tls-client-ca "$secure/ca.pem"
-				--peer-ca "$secure/peer-ca.pem" --peer-cert "$secure/node-$n-peer.pem" --peer-key "$secure/node-$n-peer-key.pem")
+				--peer-ca "$secure/peer-ca.pem" --peer-cert "$secure/node-$n-peer.pem" --peer-key "$secure/node-$n-peer-key.pem"
+				--auth-bootstrap "$secure/auth.json")
 		else
 			extra+=(--cluster-secret-file "$dir/cluster-secret" --insecure)
 		fi
@@ -112,7 +139,7 @@ start() {
 		exit 1
 	done
 	if secured; then
-		echo "cluster up: ./bin/warden --addr $(url 1) --cacert $secure/ca.pem --cert $secure/client.pem --key $secure/client-key.pem admin shards"
+		echo "cluster up: ./bin/warden --addr $(url 1) --cacert $secure/ca.pem --token-file $secure/admin.token admin shards"
 	else
 		echo "cluster up: ./bin/warden --addr $(url 1) admin shards"
 	fi

@@ -227,7 +227,10 @@ type State struct {
 	Operators []*Operator `protobuf:"bytes,8,rep,name=operators,proto3" json:"operators,omitempty"`
 	// LastEpoch is the highest epoch ever given to a shard, even one an
 	// operator rolled back: no epoch is assigned twice.
-	LastEpoch     uint64 `protobuf:"varint,9,opt,name=last_epoch,json=lastEpoch,proto3" json:"last_epoch,omitempty"`
+	LastEpoch uint64 `protobuf:"varint,9,opt,name=last_epoch,json=lastEpoch,proto3" json:"last_epoch,omitempty"`
+	// Auth is the cluster's authentication and authorization state (roles,
+	// bindings, token hashes). Absent until an AuthCmd first applies.
+	Auth          *AuthState `protobuf:"bytes,10,opt,name=auth,proto3" json:"auth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -325,6 +328,334 @@ func (x *State) GetLastEpoch() uint64 {
 	return 0
 }
 
+func (x *State) GetAuth() *AuthState {
+	if x != nil {
+		return x.Auth
+	}
+	return nil
+}
+
+// AuthState is what every node decides authentication and authorization
+// by (package auth compiles it). Revision rises with every change, so a
+// node keeps the newest view it has read.
+type AuthState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Enabled: client calls need credentials and a role that allows them.
+	Enabled       bool       `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	Revision      uint64     `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	Roles         []*Role    `protobuf:"bytes,3,rep,name=roles,proto3" json:"roles,omitempty"`
+	Bindings      []*Binding `protobuf:"bytes,4,rep,name=bindings,proto3" json:"bindings,omitempty"`
+	Tokens        []*Token   `protobuf:"bytes,5,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthState) Reset() {
+	*x = AuthState{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthState) ProtoMessage() {}
+
+func (x *AuthState) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthState.ProtoReflect.Descriptor instead.
+func (*AuthState) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AuthState) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *AuthState) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *AuthState) GetRoles() []*Role {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+func (x *AuthState) GetBindings() []*Binding {
+	if x != nil {
+		return x.Bindings
+	}
+	return nil
+}
+
+func (x *AuthState) GetTokens() []*Token {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+// Role is a named set of grants.
+type Role struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Grants        []*Grant               `protobuf:"bytes,2,rep,name=grants,proto3" json:"grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Role) Reset() {
+	*x = Role{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Role) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Role) ProtoMessage() {}
+
+func (x *Role) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Role.ProtoReflect.Descriptor instead.
+func (*Role) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Role) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Role) GetGrants() []*Grant {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+// Grant allows permission (lock, quota.use, quota.admin, admin, read) on
+// the resources or quota keys that start with prefix ("" is every one;
+// admin takes no prefix).
+type Grant struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Permission    string                 `protobuf:"bytes,1,opt,name=permission,proto3" json:"permission,omitempty"`
+	Prefix        string                 `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Grant) Reset() {
+	*x = Grant{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Grant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Grant) ProtoMessage() {}
+
+func (x *Grant) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Grant.ProtoReflect.Descriptor instead.
+func (*Grant) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Grant) GetPermission() string {
+	if x != nil {
+		return x.Permission
+	}
+	return ""
+}
+
+func (x *Grant) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+// Binding gives principal (a certificate's URI SAN or CN, or a token's
+// principal) the grants of role.
+type Binding struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Principal     string                 `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	Role          string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Binding) Reset() {
+	*x = Binding{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Binding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Binding) ProtoMessage() {}
+
+func (x *Binding) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Binding.ProtoReflect.Descriptor instead.
+func (*Binding) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Binding) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *Binding) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+// Token is a bearer token, by its public id and the SHA-256 of the whole
+// token; the token itself is never stored.
+type Token struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Sha256    []byte                 `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Principal string                 `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	// CreatedUnixMs comes from the proposer's clock (Apply has none).
+	CreatedUnixMs int64  `protobuf:"varint,4,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	Description   string `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Token) Reset() {
+	*x = Token{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Token) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Token) ProtoMessage() {}
+
+func (x *Token) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Token.ProtoReflect.Descriptor instead.
+func (*Token) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Token) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Token) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
+func (x *Token) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *Token) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *Token) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
 // Node is a Warden process: one Dragonboat NodeHost in one zone.
 type Node struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -359,7 +690,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[1]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +702,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[1]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +715,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{1}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Node) GetId() uint64 {
@@ -463,7 +794,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[2]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +806,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[2]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +819,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{2}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Shard) GetId() uint64 {
@@ -553,7 +884,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[3]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +896,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[3]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +909,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{3}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Replica) GetReplicaId() uint64 {
@@ -624,7 +955,7 @@ type Operator struct {
 
 func (x *Operator) Reset() {
 	*x = Operator{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[4]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +967,7 @@ func (x *Operator) String() string {
 func (*Operator) ProtoMessage() {}
 
 func (x *Operator) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[4]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +980,7 @@ func (x *Operator) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operator.ProtoReflect.Descriptor instead.
 func (*Operator) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{4}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Operator) GetId() uint64 {
@@ -718,7 +1049,7 @@ type MoveOp struct {
 
 func (x *MoveOp) Reset() {
 	*x = MoveOp{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +1061,7 @@ func (x *MoveOp) String() string {
 func (*MoveOp) ProtoMessage() {}
 
 func (x *MoveOp) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +1074,7 @@ func (x *MoveOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveOp.ProtoReflect.Descriptor instead.
 func (*MoveOp) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{5}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MoveOp) GetShard() uint64 {
@@ -817,7 +1148,7 @@ type SplitOp struct {
 
 func (x *SplitOp) Reset() {
 	*x = SplitOp{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +1160,7 @@ func (x *SplitOp) String() string {
 func (*SplitOp) ProtoMessage() {}
 
 func (x *SplitOp) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +1173,7 @@ func (x *SplitOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SplitOp.ProtoReflect.Descriptor instead.
 func (*SplitOp) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{6}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SplitOp) GetSource() uint64 {
@@ -913,6 +1244,7 @@ type Command struct {
 	//	*Command_EndOperator
 	//	*Command_BeginMove
 	//	*Command_AdvanceMove
+	//	*Command_Auth
 	Command       isCommand_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -920,7 +1252,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -932,7 +1264,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -945,7 +1277,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{7}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -1034,6 +1366,15 @@ func (x *Command) GetAdvanceMove() *AdvanceMoveCmd {
 	return nil
 }
 
+func (x *Command) GetAuth() *AuthCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Command_Auth); ok {
+			return x.Auth
+		}
+	}
+	return nil
+}
+
 type isCommand_Command interface {
 	isCommand_Command()
 }
@@ -1070,6 +1411,10 @@ type Command_AdvanceMove struct {
 	AdvanceMove *AdvanceMoveCmd `protobuf:"bytes,8,opt,name=advance_move,json=advanceMove,proto3,oneof"`
 }
 
+type Command_Auth struct {
+	Auth *AuthCmd `protobuf:"bytes,9,opt,name=auth,proto3,oneof"`
+}
+
 func (*Command_Bootstrap) isCommand_Command() {}
 
 func (*Command_RegisterNode) isCommand_Command() {}
@@ -1086,6 +1431,196 @@ func (*Command_BeginMove) isCommand_Command() {}
 
 func (*Command_AdvanceMove) isCommand_Command() {}
 
+func (*Command_Auth) isCommand_Command() {}
+
+// AuthCmd changes the auth state (placement command version 3). Every
+// change raises AuthState.revision.
+type AuthCmd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Op:
+	//
+	//	*AuthCmd_Bootstrap
+	//	*AuthCmd_SetEnabled
+	//	*AuthCmd_PutRole
+	//	*AuthCmd_DeleteRole
+	//	*AuthCmd_Bind
+	//	*AuthCmd_Unbind
+	//	*AuthCmd_CreateToken
+	//	*AuthCmd_RevokeToken
+	Op            isAuthCmd_Op `protobuf_oneof:"op"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthCmd) Reset() {
+	*x = AuthCmd{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthCmd) ProtoMessage() {}
+
+func (x *AuthCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthCmd.ProtoReflect.Descriptor instead.
+func (*AuthCmd) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AuthCmd) GetOp() isAuthCmd_Op {
+	if x != nil {
+		return x.Op
+	}
+	return nil
+}
+
+func (x *AuthCmd) GetBootstrap() *AuthState {
+	if x != nil {
+		if x, ok := x.Op.(*AuthCmd_Bootstrap); ok {
+			return x.Bootstrap
+		}
+	}
+	return nil
+}
+
+func (x *AuthCmd) GetSetEnabled() bool {
+	if x != nil {
+		if x, ok := x.Op.(*AuthCmd_SetEnabled); ok {
+			return x.SetEnabled
+		}
+	}
+	return false
+}
+
+func (x *AuthCmd) GetPutRole() *Role {
+	if x != nil {
+		if x, ok := x.Op.(*AuthCmd_PutRole); ok {
+			return x.PutRole
+		}
+	}
+	return nil
+}
+
+func (x *AuthCmd) GetDeleteRole() string {
+	if x != nil {
+		if x, ok := x.Op.(*AuthCmd_DeleteRole); ok {
+			return x.DeleteRole
+		}
+	}
+	return ""
+}
+
+func (x *AuthCmd) GetBind() *Binding {
+	if x != nil {
+		if x, ok := x.Op.(*AuthCmd_Bind); ok {
+			return x.Bind
+		}
+	}
+	return nil
+}
+
+func (x *AuthCmd) GetUnbind() *Binding {
+	if x != nil {
+		if x, ok := x.Op.(*AuthCmd_Unbind); ok {
+			return x.Unbind
+		}
+	}
+	return nil
+}
+
+func (x *AuthCmd) GetCreateToken() *Token {
+	if x != nil {
+		if x, ok := x.Op.(*AuthCmd_CreateToken); ok {
+			return x.CreateToken
+		}
+	}
+	return nil
+}
+
+func (x *AuthCmd) GetRevokeToken() string {
+	if x != nil {
+		if x, ok := x.Op.(*AuthCmd_RevokeToken); ok {
+			return x.RevokeToken
+		}
+	}
+	return ""
+}
+
+type isAuthCmd_Op interface {
+	isAuthCmd_Op()
+}
+
+type AuthCmd_Bootstrap struct {
+	// Bootstrap sets the whole state; it applies only to a cluster whose
+	// auth state was never set (revision 0), so every initial member may
+	// propose the same one.
+	Bootstrap *AuthState `protobuf:"bytes,1,opt,name=bootstrap,proto3,oneof"`
+}
+
+type AuthCmd_SetEnabled struct {
+	// SetEnabled turns authentication on or off. Turning it on is refused
+	// when no binding grants admin (it would lock every operator out).
+	SetEnabled bool `protobuf:"varint,2,opt,name=set_enabled,json=setEnabled,proto3,oneof"`
+}
+
+type AuthCmd_PutRole struct {
+	// PutRole creates or replaces a role.
+	PutRole *Role `protobuf:"bytes,3,opt,name=put_role,json=putRole,proto3,oneof"`
+}
+
+type AuthCmd_DeleteRole struct {
+	// DeleteRole removes a role no binding names.
+	DeleteRole string `protobuf:"bytes,4,opt,name=delete_role,json=deleteRole,proto3,oneof"`
+}
+
+type AuthCmd_Bind struct {
+	Bind *Binding `protobuf:"bytes,5,opt,name=bind,proto3,oneof"`
+}
+
+type AuthCmd_Unbind struct {
+	Unbind *Binding `protobuf:"bytes,6,opt,name=unbind,proto3,oneof"`
+}
+
+type AuthCmd_CreateToken struct {
+	CreateToken *Token `protobuf:"bytes,7,opt,name=create_token,json=createToken,proto3,oneof"`
+}
+
+type AuthCmd_RevokeToken struct {
+	// RevokeToken removes the token with this id.
+	RevokeToken string `protobuf:"bytes,8,opt,name=revoke_token,json=revokeToken,proto3,oneof"`
+}
+
+func (*AuthCmd_Bootstrap) isAuthCmd_Op() {}
+
+func (*AuthCmd_SetEnabled) isAuthCmd_Op() {}
+
+func (*AuthCmd_PutRole) isAuthCmd_Op() {}
+
+func (*AuthCmd_DeleteRole) isAuthCmd_Op() {}
+
+func (*AuthCmd_Bind) isAuthCmd_Op() {}
+
+func (*AuthCmd_Unbind) isAuthCmd_Op() {}
+
+func (*AuthCmd_CreateToken) isAuthCmd_Op() {}
+
+func (*AuthCmd_RevokeToken) isAuthCmd_Op() {}
+
 // BeginMoveCmd starts moving shard's replica on from_node to to_node.
 // to_node must not host a replica of the shard, and the shard's replicas
 // must stay in distinct zones.
@@ -1100,7 +1635,7 @@ type BeginMoveCmd struct {
 
 func (x *BeginMoveCmd) Reset() {
 	*x = BeginMoveCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1647,7 @@ func (x *BeginMoveCmd) String() string {
 func (*BeginMoveCmd) ProtoMessage() {}
 
 func (x *BeginMoveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1660,7 @@ func (x *BeginMoveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginMoveCmd.ProtoReflect.Descriptor instead.
 func (*BeginMoveCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{8}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *BeginMoveCmd) GetShard() uint64 {
@@ -1162,7 +1697,7 @@ type AdvanceMoveCmd struct {
 
 func (x *AdvanceMoveCmd) Reset() {
 	*x = AdvanceMoveCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1709,7 @@ func (x *AdvanceMoveCmd) String() string {
 func (*AdvanceMoveCmd) ProtoMessage() {}
 
 func (x *AdvanceMoveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1722,7 @@ func (x *AdvanceMoveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceMoveCmd.ProtoReflect.Descriptor instead.
 func (*AdvanceMoveCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{9}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AdvanceMoveCmd) GetOperatorId() uint64 {
@@ -1216,7 +1751,7 @@ type BootstrapCmd struct {
 
 func (x *BootstrapCmd) Reset() {
 	*x = BootstrapCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1763,7 @@ func (x *BootstrapCmd) String() string {
 func (*BootstrapCmd) ProtoMessage() {}
 
 func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1776,7 @@ func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapCmd.ProtoReflect.Descriptor instead.
 func (*BootstrapCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{10}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BootstrapCmd) GetNodes() []*Node {
@@ -1261,7 +1796,7 @@ type RegisterNodeCmd struct {
 
 func (x *RegisterNodeCmd) Reset() {
 	*x = RegisterNodeCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1808,7 @@ func (x *RegisterNodeCmd) String() string {
 func (*RegisterNodeCmd) ProtoMessage() {}
 
 func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1821,7 @@ func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCmd.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{11}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RegisterNodeCmd) GetNode() *Node {
@@ -1308,7 +1843,7 @@ type ReserveEpochsCmd struct {
 
 func (x *ReserveEpochsCmd) Reset() {
 	*x = ReserveEpochsCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1320,7 +1855,7 @@ func (x *ReserveEpochsCmd) String() string {
 func (*ReserveEpochsCmd) ProtoMessage() {}
 
 func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1333,7 +1868,7 @@ func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveEpochsCmd.ProtoReflect.Descriptor instead.
 func (*ReserveEpochsCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{12}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReserveEpochsCmd) GetExpectedLimit() uint64 {
@@ -1365,7 +1900,7 @@ type BeginSplitCmd struct {
 
 func (x *BeginSplitCmd) Reset() {
 	*x = BeginSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1912,7 @@ func (x *BeginSplitCmd) String() string {
 func (*BeginSplitCmd) ProtoMessage() {}
 
 func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1925,7 @@ func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginSplitCmd.ProtoReflect.Descriptor instead.
 func (*BeginSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BeginSplitCmd) GetSource() uint64 {
@@ -1434,7 +1969,7 @@ type AdvanceSplitCmd struct {
 
 func (x *AdvanceSplitCmd) Reset() {
 	*x = AdvanceSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1981,7 @@ func (x *AdvanceSplitCmd) String() string {
 func (*AdvanceSplitCmd) ProtoMessage() {}
 
 func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1994,7 @@ func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceSplitCmd.ProtoReflect.Descriptor instead.
 func (*AdvanceSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{14}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AdvanceSplitCmd) GetOperatorId() uint64 {
@@ -1492,7 +2027,7 @@ type EndOperatorCmd struct {
 
 func (x *EndOperatorCmd) Reset() {
 	*x = EndOperatorCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +2039,7 @@ func (x *EndOperatorCmd) String() string {
 func (*EndOperatorCmd) ProtoMessage() {}
 
 func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +2052,7 @@ func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndOperatorCmd.ProtoReflect.Descriptor instead.
 func (*EndOperatorCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{15}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EndOperatorCmd) GetOperatorId() uint64 {
@@ -1549,7 +2084,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +2096,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +2109,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{16}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Result) GetError() string {
@@ -1602,7 +2137,7 @@ var File_warden_placement_v1_placement_proto protoreflect.FileDescriptor
 
 const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
-	"#warden/placement/v1/placement.proto\x12\x13warden.placement.v1\x1a\x1bwarden/shard/v1/shard.proto\"\x91\x03\n" +
+	"#warden/placement/v1/placement.proto\x12\x13warden.placement.v1\x1a\x1bwarden/shard/v1/shard.proto\"\xc5\x03\n" +
 	"\x05State\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -1616,7 +2151,32 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"epochLimit\x12;\n" +
 	"\toperators\x18\b \x03(\v2\x1d.warden.placement.v1.OperatorR\toperators\x12\x1d\n" +
 	"\n" +
-	"last_epoch\x18\t \x01(\x04R\tlastEpoch\"\xe5\x01\n" +
+	"last_epoch\x18\t \x01(\x04R\tlastEpoch\x122\n" +
+	"\x04auth\x18\n" +
+	" \x01(\v2\x1e.warden.placement.v1.AuthStateR\x04auth\"\xe0\x01\n" +
+	"\tAuthState\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12/\n" +
+	"\x05roles\x18\x03 \x03(\v2\x19.warden.placement.v1.RoleR\x05roles\x128\n" +
+	"\bbindings\x18\x04 \x03(\v2\x1c.warden.placement.v1.BindingR\bbindings\x122\n" +
+	"\x06tokens\x18\x05 \x03(\v2\x1a.warden.placement.v1.TokenR\x06tokens\"N\n" +
+	"\x04Role\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x122\n" +
+	"\x06grants\x18\x02 \x03(\v2\x1a.warden.placement.v1.GrantR\x06grants\"?\n" +
+	"\x05Grant\x12\x1e\n" +
+	"\n" +
+	"permission\x18\x01 \x01(\tR\n" +
+	"permission\x12\x16\n" +
+	"\x06prefix\x18\x02 \x01(\tR\x06prefix\";\n" +
+	"\aBinding\x12\x1c\n" +
+	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\"\x97\x01\n" +
+	"\x05Token\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06sha256\x18\x02 \x01(\fR\x06sha256\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x04 \x01(\x03R\rcreatedUnixMs\x12 \n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\"\xe5\x01\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
@@ -1663,7 +2223,7 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x06 \x01(\x04R\n" +
 	"generation\x12!\n" +
-	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xfa\x04\n" +
+	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xae\x05\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x14 \x01(\rR\aversion\x12A\n" +
 	"\tbootstrap\x18\x01 \x01(\v2!.warden.placement.v1.BootstrapCmdH\x00R\tbootstrap\x12K\n" +
@@ -1675,8 +2235,21 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\fend_operator\x18\x06 \x01(\v2#.warden.placement.v1.EndOperatorCmdH\x00R\vendOperator\x12B\n" +
 	"\n" +
 	"begin_move\x18\a \x01(\v2!.warden.placement.v1.BeginMoveCmdH\x00R\tbeginMove\x12H\n" +
-	"\fadvance_move\x18\b \x01(\v2#.warden.placement.v1.AdvanceMoveCmdH\x00R\vadvanceMoveB\t\n" +
-	"\acommand\"Z\n" +
+	"\fadvance_move\x18\b \x01(\v2#.warden.placement.v1.AdvanceMoveCmdH\x00R\vadvanceMove\x122\n" +
+	"\x04auth\x18\t \x01(\v2\x1c.warden.placement.v1.AuthCmdH\x00R\x04authB\t\n" +
+	"\acommand\"\x9f\x03\n" +
+	"\aAuthCmd\x12>\n" +
+	"\tbootstrap\x18\x01 \x01(\v2\x1e.warden.placement.v1.AuthStateH\x00R\tbootstrap\x12!\n" +
+	"\vset_enabled\x18\x02 \x01(\bH\x00R\n" +
+	"setEnabled\x126\n" +
+	"\bput_role\x18\x03 \x01(\v2\x19.warden.placement.v1.RoleH\x00R\aputRole\x12!\n" +
+	"\vdelete_role\x18\x04 \x01(\tH\x00R\n" +
+	"deleteRole\x122\n" +
+	"\x04bind\x18\x05 \x01(\v2\x1c.warden.placement.v1.BindingH\x00R\x04bind\x126\n" +
+	"\x06unbind\x18\x06 \x01(\v2\x1c.warden.placement.v1.BindingH\x00R\x06unbind\x12?\n" +
+	"\fcreate_token\x18\a \x01(\v2\x1a.warden.placement.v1.TokenH\x00R\vcreateToken\x12#\n" +
+	"\frevoke_token\x18\b \x01(\tH\x00R\vrevokeTokenB\x04\n" +
+	"\x02op\"Z\n" +
 	"\fBeginMoveCmd\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x04R\x05shard\x12\x1b\n" +
 	"\tfrom_node\x18\x02 \x01(\x04R\bfromNode\x12\x17\n" +
@@ -1741,59 +2314,76 @@ func file_warden_placement_v1_placement_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_placement_v1_placement_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_warden_placement_v1_placement_proto_goTypes = []any{
 	(ShardState)(0),            // 0: warden.placement.v1.ShardState
 	(MoveStep)(0),              // 1: warden.placement.v1.MoveStep
 	(SplitStep)(0),             // 2: warden.placement.v1.SplitStep
 	(*State)(nil),              // 3: warden.placement.v1.State
-	(*Node)(nil),               // 4: warden.placement.v1.Node
-	(*Shard)(nil),              // 5: warden.placement.v1.Shard
-	(*Replica)(nil),            // 6: warden.placement.v1.Replica
-	(*Operator)(nil),           // 7: warden.placement.v1.Operator
-	(*MoveOp)(nil),             // 8: warden.placement.v1.MoveOp
-	(*SplitOp)(nil),            // 9: warden.placement.v1.SplitOp
-	(*Command)(nil),            // 10: warden.placement.v1.Command
-	(*BeginMoveCmd)(nil),       // 11: warden.placement.v1.BeginMoveCmd
-	(*AdvanceMoveCmd)(nil),     // 12: warden.placement.v1.AdvanceMoveCmd
-	(*BootstrapCmd)(nil),       // 13: warden.placement.v1.BootstrapCmd
-	(*RegisterNodeCmd)(nil),    // 14: warden.placement.v1.RegisterNodeCmd
-	(*ReserveEpochsCmd)(nil),   // 15: warden.placement.v1.ReserveEpochsCmd
-	(*BeginSplitCmd)(nil),      // 16: warden.placement.v1.BeginSplitCmd
-	(*AdvanceSplitCmd)(nil),    // 17: warden.placement.v1.AdvanceSplitCmd
-	(*EndOperatorCmd)(nil),     // 18: warden.placement.v1.EndOperatorCmd
-	(*Result)(nil),             // 19: warden.placement.v1.Result
-	(*v1.RangeDescriptor)(nil), // 20: warden.shard.v1.RangeDescriptor
+	(*AuthState)(nil),          // 4: warden.placement.v1.AuthState
+	(*Role)(nil),               // 5: warden.placement.v1.Role
+	(*Grant)(nil),              // 6: warden.placement.v1.Grant
+	(*Binding)(nil),            // 7: warden.placement.v1.Binding
+	(*Token)(nil),              // 8: warden.placement.v1.Token
+	(*Node)(nil),               // 9: warden.placement.v1.Node
+	(*Shard)(nil),              // 10: warden.placement.v1.Shard
+	(*Replica)(nil),            // 11: warden.placement.v1.Replica
+	(*Operator)(nil),           // 12: warden.placement.v1.Operator
+	(*MoveOp)(nil),             // 13: warden.placement.v1.MoveOp
+	(*SplitOp)(nil),            // 14: warden.placement.v1.SplitOp
+	(*Command)(nil),            // 15: warden.placement.v1.Command
+	(*AuthCmd)(nil),            // 16: warden.placement.v1.AuthCmd
+	(*BeginMoveCmd)(nil),       // 17: warden.placement.v1.BeginMoveCmd
+	(*AdvanceMoveCmd)(nil),     // 18: warden.placement.v1.AdvanceMoveCmd
+	(*BootstrapCmd)(nil),       // 19: warden.placement.v1.BootstrapCmd
+	(*RegisterNodeCmd)(nil),    // 20: warden.placement.v1.RegisterNodeCmd
+	(*ReserveEpochsCmd)(nil),   // 21: warden.placement.v1.ReserveEpochsCmd
+	(*BeginSplitCmd)(nil),      // 22: warden.placement.v1.BeginSplitCmd
+	(*AdvanceSplitCmd)(nil),    // 23: warden.placement.v1.AdvanceSplitCmd
+	(*EndOperatorCmd)(nil),     // 24: warden.placement.v1.EndOperatorCmd
+	(*Result)(nil),             // 25: warden.placement.v1.Result
+	(*v1.RangeDescriptor)(nil), // 26: warden.shard.v1.RangeDescriptor
 }
 var file_warden_placement_v1_placement_proto_depIdxs = []int32{
-	20, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
-	5,  // 1: warden.placement.v1.State.shards:type_name -> warden.placement.v1.Shard
-	4,  // 2: warden.placement.v1.State.nodes:type_name -> warden.placement.v1.Node
-	7,  // 3: warden.placement.v1.State.operators:type_name -> warden.placement.v1.Operator
-	6,  // 4: warden.placement.v1.Shard.replicas:type_name -> warden.placement.v1.Replica
-	0,  // 5: warden.placement.v1.Shard.state:type_name -> warden.placement.v1.ShardState
-	9,  // 6: warden.placement.v1.Operator.split:type_name -> warden.placement.v1.SplitOp
-	8,  // 7: warden.placement.v1.Operator.move:type_name -> warden.placement.v1.MoveOp
-	1,  // 8: warden.placement.v1.MoveOp.step:type_name -> warden.placement.v1.MoveStep
-	2,  // 9: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
-	13, // 10: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
-	14, // 11: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
-	15, // 12: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
-	16, // 13: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
-	17, // 14: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
-	18, // 15: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
-	11, // 16: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
-	12, // 17: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
-	1,  // 18: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
-	4,  // 19: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
-	4,  // 20: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
-	2,  // 21: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
-	7,  // 22: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
-	23, // [23:23] is the sub-list for method output_type
-	23, // [23:23] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	26, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
+	10, // 1: warden.placement.v1.State.shards:type_name -> warden.placement.v1.Shard
+	9,  // 2: warden.placement.v1.State.nodes:type_name -> warden.placement.v1.Node
+	12, // 3: warden.placement.v1.State.operators:type_name -> warden.placement.v1.Operator
+	4,  // 4: warden.placement.v1.State.auth:type_name -> warden.placement.v1.AuthState
+	5,  // 5: warden.placement.v1.AuthState.roles:type_name -> warden.placement.v1.Role
+	7,  // 6: warden.placement.v1.AuthState.bindings:type_name -> warden.placement.v1.Binding
+	8,  // 7: warden.placement.v1.AuthState.tokens:type_name -> warden.placement.v1.Token
+	6,  // 8: warden.placement.v1.Role.grants:type_name -> warden.placement.v1.Grant
+	11, // 9: warden.placement.v1.Shard.replicas:type_name -> warden.placement.v1.Replica
+	0,  // 10: warden.placement.v1.Shard.state:type_name -> warden.placement.v1.ShardState
+	14, // 11: warden.placement.v1.Operator.split:type_name -> warden.placement.v1.SplitOp
+	13, // 12: warden.placement.v1.Operator.move:type_name -> warden.placement.v1.MoveOp
+	1,  // 13: warden.placement.v1.MoveOp.step:type_name -> warden.placement.v1.MoveStep
+	2,  // 14: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
+	19, // 15: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
+	20, // 16: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
+	21, // 17: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
+	22, // 18: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
+	23, // 19: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
+	24, // 20: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
+	17, // 21: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
+	18, // 22: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
+	16, // 23: warden.placement.v1.Command.auth:type_name -> warden.placement.v1.AuthCmd
+	4,  // 24: warden.placement.v1.AuthCmd.bootstrap:type_name -> warden.placement.v1.AuthState
+	5,  // 25: warden.placement.v1.AuthCmd.put_role:type_name -> warden.placement.v1.Role
+	7,  // 26: warden.placement.v1.AuthCmd.bind:type_name -> warden.placement.v1.Binding
+	7,  // 27: warden.placement.v1.AuthCmd.unbind:type_name -> warden.placement.v1.Binding
+	8,  // 28: warden.placement.v1.AuthCmd.create_token:type_name -> warden.placement.v1.Token
+	1,  // 29: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
+	9,  // 30: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
+	9,  // 31: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
+	2,  // 32: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
+	12, // 33: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
+	34, // [34:34] is the sub-list for method output_type
+	34, // [34:34] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_warden_placement_v1_placement_proto_init() }
@@ -1801,11 +2391,11 @@ func file_warden_placement_v1_placement_proto_init() {
 	if File_warden_placement_v1_placement_proto != nil {
 		return
 	}
-	file_warden_placement_v1_placement_proto_msgTypes[4].OneofWrappers = []any{
+	file_warden_placement_v1_placement_proto_msgTypes[9].OneofWrappers = []any{
 		(*Operator_Split)(nil),
 		(*Operator_Move)(nil),
 	}
-	file_warden_placement_v1_placement_proto_msgTypes[7].OneofWrappers = []any{
+	file_warden_placement_v1_placement_proto_msgTypes[12].OneofWrappers = []any{
 		(*Command_Bootstrap)(nil),
 		(*Command_RegisterNode)(nil),
 		(*Command_ReserveEpochs)(nil),
@@ -1814,6 +2404,17 @@ func file_warden_placement_v1_placement_proto_init() {
 		(*Command_EndOperator)(nil),
 		(*Command_BeginMove)(nil),
 		(*Command_AdvanceMove)(nil),
+		(*Command_Auth)(nil),
+	}
+	file_warden_placement_v1_placement_proto_msgTypes[13].OneofWrappers = []any{
+		(*AuthCmd_Bootstrap)(nil),
+		(*AuthCmd_SetEnabled)(nil),
+		(*AuthCmd_PutRole)(nil),
+		(*AuthCmd_DeleteRole)(nil),
+		(*AuthCmd_Bind)(nil),
+		(*AuthCmd_Unbind)(nil),
+		(*AuthCmd_CreateToken)(nil),
+		(*AuthCmd_RevokeToken)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1821,7 +2422,7 @@ func file_warden_placement_v1_placement_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_placement_v1_placement_proto_rawDesc), len(file_warden_placement_v1_placement_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   17,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

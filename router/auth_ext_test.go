@@ -1,0 +1,270 @@
+package router_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/server"
+	"github.com/warden-dev/warden/tlsconfig"
+)
+
+// authCluster is a dev cluster served over real TLS (client certificates
+// verified by a test CA), whose callers each hold their own credentials.
+type authCluster struct {
+	t     *testing.T
+	dev   *server.Dev
+	srv   *httptest.Server
+	ca    *tlsconfig.CA
+	plain *http.Client // TLS, no client certificate
+}
+
+func startAuthCluster(t *testing.T, audit *slog.Logger) *authCluster {
+	t.Helper()
+	dev, err := server.StartDev(server.DevConfig{DataDir: t.TempDir(), Router: router.Config{ClientTLS: true, Audit: audit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dev.Close)
+	ca, err := tlsconfig.NewCA("test client CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	srv := httptest.NewUnstartedServer(router.NewHandler(dev.Router))
+	srv.EnableHTTP2 = true
+	srv.TLS = &tls.Config{ClientAuth: tls.VerifyClientCertIfGiven, ClientCAs: pool}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return &authCluster{t: t, dev: dev, srv: srv, ca: ca, plain: srv.Client()}
+}
+
+// withCert is an HTTP client presenting a certificate for commonName.
+func (c *authCluster) withCert(commonName string) *http.Client {
+	c.t.Helper()
+	certPEM, keyPEM, err := c.ca.Issue(tlsconfig.CertSpec{CommonName: commonName, Client: true})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	tr := c.srv.Client().Transport.(*http.Transport).Clone()
+	tr.TLSClientConfig.Certificates = []tls.Certificate{cert}
+	return &http.Client{Transport: tr}
+}
+
+// bearer is a Connect option sending token.
+func bearer(token string) connect.ClientOption {
+	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set("Authorization", "Bearer "+token)
+			return next(ctx, req)
+		}
+	}))
+}
+
+type caller struct {
+	locks wardenv1connect.LockServiceClient
+	quota wardenv1connect.QuotaServiceClient
+	admin wardenv1connect.AdminServiceClient
+	auth  wardenv1connect.AuthServiceClient
+}
+
+func (c *authCluster) caller(h *http.Client, opts ...connect.ClientOption) caller {
+	u := c.srv.URL
+	return caller{wardenv1connect.NewLockServiceClient(h, u, opts...), wardenv1connect.NewQuotaServiceClient(h, u, opts...),
+		wardenv1connect.NewAdminServiceClient(h, u, opts...), wardenv1connect.NewAuthServiceClient(h, u, opts...)}
+}
+
+// wantDenied checks that err is PermissionDenied naming every one of
+// names (the permission and the resource).
+func wantDenied(t *testing.T, what string, err error, names ...string) {
+	t.Helper()
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("%s: %v, want permission_denied", what, err)
+	}
+	for _, n := range names {
+		if !strings.Contains(err.Error(), n) {
+			t.Errorf("%s: %q does not name %q", what, err, n)
+		}
+	}
+}
+
+func acquireReq(resource string) *connect.Request[wardenv1.AcquireRequest] {
+	return connect.NewRequest(&wardenv1.AcquireRequest{Resource: resource, RequestId: "r-" + resource, LeaseTtl: durationpb.New(10 * time.Second)})
+}
+
+// Each permission allows what it names and nothing else, a denial names
+// the permission and the resource, a Batch's and a RenewBatch's denied
+// ops fail alone, calls without credentials or with a bad or revoked
+// token are unauthenticated before anything is read, and the audit log
+// names the principal of every change but never a token.
+func TestAuthorization(t *testing.T) {
+	var audit syncBuffer
+	c := startAuthCluster(t, slog.New(slog.NewJSONHandler(&audit, nil)))
+	anon := c.caller(c.plain)
+	// Authentication off: the first operator sets it up, anonymously.
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	role := func(name string, grants ...string) *connect.Request[wardenv1.PutRoleRequest] {
+		r := &wardenv1.AuthRole{Name: name}
+		for _, g := range grants {
+			perm, prefix, _ := strings.Cut(g, ":")
+			r.Grants = append(r.Grants, &wardenv1.AuthGrant{Permission: perm, Prefix: prefix})
+		}
+		return connect.NewRequest(&wardenv1.PutRoleRequest{Role: r})
+	}
+	bind := func(principal, role string) {
+		t.Helper()
+		_, err := anon.auth.Bind(ctx(t), connect.NewRequest(&wardenv1.BindRequest{Binding: &wardenv1.AuthBinding{Principal: principal, Role: role}}))
+		must("bind "+principal, err)
+	}
+	_, err := anon.auth.PutRole(ctx(t), role("operator", "admin", "read", "lock", "quota.use", "quota.admin"))
+	must("put operator", err)
+	_, err = anon.auth.PutRole(ctx(t), role("orders", "lock:orders/", "quota.use:orders/"))
+	must("put orders", err)
+	_, err = anon.auth.PutRole(ctx(t), role("bad", "write"))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "role.grants[0].permission") {
+		t.Fatalf("a role with an unknown permission: %v", err)
+	}
+	bind("admin", "operator")
+	bind("orders", "orders")
+	bind("client", "orders")
+	tok := func(principal string) (token, id string) {
+		t.Helper()
+		resp, err := anon.auth.CreateToken(ctx(t), connect.NewRequest(&wardenv1.CreateTokenRequest{Principal: principal}))
+		must("create token", err)
+		return resp.Msg.GetToken(), resp.Msg.GetId()
+	}
+	adminToken, _ := tok("admin")
+	ordersToken, ordersID := tok("orders")
+	_, err = anon.auth.SetEnabled(ctx(t), connect.NewRequest(&wardenv1.SetEnabledRequest{Enabled: true}))
+	must("enable", err)
+
+	admin := c.caller(c.plain, bearer(adminToken))
+	orders := c.caller(c.plain, bearer(ordersToken))
+	client := c.caller(c.withCert("client"))
+	stranger := c.caller(c.withCert("stranger"))
+
+	// Authentication.
+	_, err = anon.locks.Acquire(ctx(t), acquireReq("orders/1"))
+	wantCode(t, err, connect.CodeUnauthenticated)
+	forged, _, _ := strings.Cut(ordersToken, ".")
+	_, err = c.caller(c.plain, bearer(forged+".0123456789abcdef."+strings.Repeat("A", 43))).locks.Acquire(ctx(t), acquireReq("orders/1"))
+	wantCode(t, err, connect.CodeUnauthenticated)
+	if strings.Contains(err.Error(), "orders") {
+		t.Errorf("a bad token's refusal says something of the principal: %v", err)
+	}
+
+	// lock on orders/.
+	resp, err := orders.locks.Acquire(ctx(t), acquireReq("orders/1"))
+	must("orders acquires orders/1", err)
+	lease := resp.Msg.GetLeaseId()
+	_, err = orders.locks.Acquire(ctx(t), acquireReq("payments/1"))
+	wantDenied(t, "orders acquires payments/1", err, `"orders"`, "lock", `"payments/1"`)
+	_, err = stranger.locks.Acquire(ctx(t), acquireReq("orders/2"))
+	wantDenied(t, "an unbound certificate", err, `"stranger"`, "lock")
+	_, err = client.locks.Acquire(ctx(t), acquireReq("orders/3"))
+	must("the client certificate acquires orders/3", err)
+	// A lease id is a capability only for a principal allowed the lock.
+	_, err = c.caller(c.withCert("stranger")).locks.Renew(ctx(t), connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/1", LeaseId: lease}))
+	wantDenied(t, "renew with another's lease id, unbound", err, "lock", `"orders/1"`)
+	_, err = client.locks.Renew(ctx(t), connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/1", LeaseId: lease}))
+	must("renew by a principal allowed the lock", err)
+
+	// Batch and RenewBatch: the denied op fails alone.
+	bresp, err := orders.locks.Batch(ctx(t), connect.NewRequest(&wardenv1.BatchRequest{Ops: []*wardenv1.BatchOp{acquireOp("orders/4", "b4"), acquireOp("payments/4", "b5")}}))
+	must("batch", err)
+	if out := bresp.Msg.GetOutcomes(); out[0].GetCode() != "" || out[1].GetCode() != connect.CodePermissionDenied.String() || !strings.Contains(out[1].GetMessage(), "payments/4") {
+		t.Fatalf("batch outcomes %v, want the first granted and the second denied naming payments/4", out)
+	}
+	rresp, err := orders.locks.RenewBatch(ctx(t), connect.NewRequest(&wardenv1.RenewBatchRequest{Renewals: []*wardenv1.RenewRequest{
+		{Resource: "orders/1", LeaseId: lease}, {Resource: "payments/1", LeaseId: lease}}}))
+	must("renew batch", err)
+	if out := rresp.Msg.GetOutcomes(); out[0].GetCode() != "" || out[1].GetCode() != connect.CodePermissionDenied.String() {
+		t.Fatalf("renew batch outcomes %v, want the first renewed and the second denied", out)
+	}
+
+	// quota.use, quota.admin, read and admin.
+	_, err = orders.quota.SetLimit(ctx(t), connect.NewRequest(&wardenv1.SetLimitRequest{Key: "orders/eu", Limit: 10}))
+	wantDenied(t, "orders sets a limit", err, "quota.admin", `"orders/eu"`)
+	_, err = admin.quota.SetLimit(ctx(t), connect.NewRequest(&wardenv1.SetLimitRequest{Key: "orders/eu", Limit: 10}))
+	must("admin sets a limit", err)
+	_, err = orders.quota.Reserve(ctx(t), connect.NewRequest(&wardenv1.ReserveRequest{Key: "orders/eu", Amount: 1, ReservationId: "res1", Ttl: durationpb.New(time.Minute)}))
+	must("orders reserves", err)
+	_, err = orders.quota.Reserve(ctx(t), connect.NewRequest(&wardenv1.ReserveRequest{Key: "ads/eu", Amount: 1, ReservationId: "res2", Ttl: durationpb.New(time.Minute)}))
+	wantDenied(t, "orders reserves ads/eu", err, "quota.use", `"ads/eu"`)
+	_, err = orders.admin.ListShards(ctx(t), connect.NewRequest(&wardenv1.ListShardsRequest{}))
+	wantDenied(t, "orders lists shards", err, "read")
+	_, err = admin.admin.ListShards(ctx(t), connect.NewRequest(&wardenv1.ListShardsRequest{}))
+	must("admin lists shards", err)
+	_, err = orders.admin.Snapshot(ctx(t), connect.NewRequest(&wardenv1.SnapshotRequest{}))
+	wantDenied(t, "orders snapshots", err, "admin")
+	_, err = orders.auth.CreateToken(ctx(t), connect.NewRequest(&wardenv1.CreateTokenRequest{Principal: "admin"}))
+	wantDenied(t, "orders mints an admin token", err, "admin")
+	_, err = admin.admin.SetShardConfig(ctx(t), connect.NewRequest(&wardenv1.SetShardConfigRequest{ShardId: 0, MaxClockSkew: durationpb.New(time.Millisecond)}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("admin passes the skew floor: %v", err)
+	}
+
+	// No change can lock every operator out.
+	_, err = admin.auth.Unbind(ctx(t), connect.NewRequest(&wardenv1.UnbindRequest{Binding: &wardenv1.AuthBinding{Principal: "admin", Role: "operator"}}))
+	wantCode(t, err, connect.CodeFailedPrecondition)
+
+	// A revoked token fails on the next call.
+	_, err = admin.auth.RevokeToken(ctx(t), connect.NewRequest(&wardenv1.RevokeTokenRequest{Id: ordersID}))
+	must("revoke", err)
+	_, err = orders.locks.Acquire(ctx(t), acquireReq("orders/5"))
+	wantCode(t, err, connect.CodeUnauthenticated)
+	st, err := admin.auth.GetAuth(ctx(t), connect.NewRequest(&wardenv1.GetAuthRequest{}))
+	must("get auth", err)
+	if len(st.Msg.GetTokens()) != 1 || st.Msg.GetTokens()[0].GetPrincipal() != "admin" || !st.Msg.GetEnabled() {
+		t.Errorf("auth state %v, want the admin token alone, enabled", st.Msg)
+	}
+
+	// The audit log: principals, denials, and no token.
+	out := audit.String()
+	for _, secret := range []string{adminToken, ordersToken, lease, "r-orders/1"} {
+		if strings.Contains(out, secret) {
+			t.Fatalf("the audit log holds %q", secret)
+		}
+	}
+	var sawDenied, sawTokenID, sawPrincipal bool
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("not a JSON line: %q", l)
+		}
+		switch {
+		case m["method"] == "Acquire" && m["resource"] == "payments/1" && m["outcome"] == "denied" && m["principal"] == "orders":
+			sawDenied = true
+		case m["method"] == "CreateToken" && m["token_id"] == ordersID:
+			sawTokenID = true
+		case m["method"] == "SetLimit" && m["principal"] == "admin" && m["resource"] == "orders/eu" && m["outcome"] == "ok":
+			sawPrincipal = true
+		}
+	}
+	if !sawDenied || !sawTokenID || !sawPrincipal {
+		t.Errorf("audit: denied acquire %v, token id %v, admin's SetLimit %v:\n%s", sawDenied, sawTokenID, sawPrincipal, out)
+	}
+}

@@ -1,0 +1,235 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/warden-dev/warden/auth"
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+)
+
+// Authentication and authorization (docs/security.md). The HTTP layer
+// (guard) authenticates every client call before its body is read: the
+// principal is a verified client certificate's (auth.PrincipalOf), or a
+// bearer token's, or, on a call another node forwarded over the
+// peer-authenticated link, the original caller's (principalHeader). The
+// authorizer interceptor, inside the observer so that denials are
+// counted and audited, then checks the call's permission on its resource
+// or key before anything is proposed; Batch and RenewBatch check each op
+// and deny it alone.
+//
+// Every node decides by the auth state of the placement group, which it
+// reads with the map (linearizably, every MapInterval). With
+// authentication on, a node whose last good read began more than
+// authMaxStale ago answers Unavailable instead of deciding by a view
+// that may miss a revocation: so a revoked token or binding stops
+// working on every node within authMaxStale plus one read.
+
+// principalHeader carries the principal of a forwarded call's original
+// caller; guard honours it only from another node.
+const principalHeader = "Warden-Principal"
+
+// authMaxStale bounds the age of the auth view a node decides by.
+const authMaxStale = 1500 * time.Millisecond
+
+// authView is a compiled auth state and when the read that returned it
+// began.
+type authView struct {
+	policy *auth.Policy
+	readAt time.Time
+}
+
+// authState holds the newest auth view a node has read.
+type authState struct {
+	p atomic.Pointer[authView]
+	// required: refuse calls while the auth state is unset
+	// (Config.AuthRequired).
+	required bool
+}
+
+// set records st, read by a read that began at readAt, unless a newer
+// revision is known already.
+func (a *authState) set(st *placementv1.AuthState, readAt time.Time) {
+	next := &authView{policy: auth.Compile(st), readAt: readAt}
+	for {
+		cur := a.p.Load()
+		if cur != nil {
+			if cur.policy.Revision() > next.policy.Revision() {
+				return
+			}
+			// A revision at least as new is at least as fresh as the read
+			// that found the older one.
+			if cur.readAt.After(next.readAt) {
+				next.readAt = cur.readAt
+			}
+		}
+		if a.p.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+// policy is the view to decide by: its policy, or an Unavailable error
+// when authentication is on and the view is too old.
+func (a *authState) policy() (*auth.Policy, error) {
+	var pol *auth.Policy // nil-safe: authentication off
+	v := a.p.Load()
+	if v != nil {
+		pol = v.policy
+	}
+	if a.required && pol.Revision() == 0 {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("authentication is being set up (the auth bootstrap has not committed yet); retry"))
+	}
+	if pol.Enabled() && time.Since(v.readAt) > authMaxStale {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("this node has not read the cluster's credentials recently; retry, or call another node"))
+	}
+	return pol, nil
+}
+
+type principalKey struct{}
+
+// principalOf is the authenticated principal of the call ctx serves (""
+// when none was given).
+func principalOf(ctx context.Context) string {
+	p, _ := ctx.Value(principalKey{}).(string)
+	return p
+}
+
+// clientPath reports whether path is one of the client services', which
+// authentication covers (not the probes, metrics or reflection).
+func clientPath(path string) bool {
+	return strings.HasPrefix(path, "/warden.v1.")
+}
+
+// authenticate returns the principal of a client's request req (not
+// another node's), and an error to answer it with, unread, when it does
+// not authenticate: with authentication on, a call without credentials,
+// over cleartext, or with a bad token. A token, the call's own
+// credential, wins over the connection's certificate (a service holding
+// a certificate may act with an operator's token).
+func (a *authState) authenticate(req *http.Request) (string, error) {
+	pol, err := a.policy()
+	if err != nil {
+		return "", err
+	}
+	if h := req.Header.Get("Authorization"); h != "" {
+		if pol.Enabled() && req.TLS == nil {
+			// A token sent in clear is as good as published.
+			return "", connect.NewError(connect.CodeUnauthenticated, errors.New("authentication is on and needs TLS; call over https"))
+		}
+		token, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok && pol.Enabled() {
+			return "", connect.NewError(connect.CodeUnauthenticated, errors.New(`the Authorization header must be "Bearer <token>"`))
+		}
+		principal, err := pol.Authenticate(strings.TrimSpace(token))
+		if err != nil && pol.Enabled() {
+			return "", connect.NewError(connect.CodeUnauthenticated, err)
+		}
+		return principal, nil
+	}
+	if req.TLS != nil && len(req.TLS.VerifiedChains) > 0 {
+		if principal := auth.PrincipalOf(req.TLS.VerifiedChains[0][0]); principal != "" {
+			return principal, nil
+		}
+	}
+	if pol.Enabled() {
+		return "", connect.NewError(connect.CodeUnauthenticated, errors.New("authentication is on: present a client certificate or a bearer token"))
+	}
+	return "", nil
+}
+
+// BootstrapAuth proposes st as the cluster's first auth state
+// (AuthCmd.bootstrap). It returns nil once some node's bootstrap has
+// committed, this one's or another's.
+func (r *Router) BootstrapAuth(ctx context.Context, st *placementv1.AuthState) error {
+	_, err := r.meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_Auth{Auth: &placementv1.AuthCmd{Op: &placementv1.AuthCmd_Bootstrap{Bootstrap: st}}}})
+	var refused *placement.RefusedError
+	if err != nil && !(errors.As(err, &refused) && refused.Reason == placement.ErrAuthBootstrapped.Error()) {
+		return err
+	}
+	return r.RefreshMap(ctx)
+}
+
+// authorize returns nil if the call ctx serves may use perm on resource
+// (alt, if set, is a permission that allows it too), else a
+// PermissionDenied error naming the permission and the resource.
+func (r *Router) authorize(ctx context.Context, perm, alt auth.Permission, resource string) error {
+	pol, err := r.auth.policy()
+	if err != nil {
+		return err
+	}
+	principal := principalOf(ctx)
+	if pol.Allows(principal, perm, resource) || alt != "" && pol.Allows(principal, alt, resource) {
+		return nil
+	}
+	what := fmt.Sprintf("%s on %q", perm, resource)
+	if perm == auth.Admin {
+		what = string(auth.Admin)
+	}
+	return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("principal %q lacks %s", principal, what))
+}
+
+// requirement is the permission a client call needs, on what (a
+// resource or quota key); alt, if set, allows it too. Batch and
+// RenewBatch need none as a whole: each op is checked. A message no case
+// names needs admin: a new RPC is closed until it is listed here.
+func requirement(msg any) (perm, alt auth.Permission, resource string, whole bool) {
+	type keyed interface{ GetKey() string }
+	switch m := msg.(type) {
+	case *wardenv1.AcquireRequest:
+		return auth.Lock, "", m.GetResource(), true
+	case *wardenv1.RenewRequest:
+		return auth.Lock, "", m.GetResource(), true
+	case *wardenv1.ReleaseRequest:
+		return auth.Lock, "", m.GetResource(), true
+	case *wardenv1.DescribeRequest:
+		return auth.Lock, auth.Read, m.GetResource(), true
+	case *wardenv1.BatchRequest, *wardenv1.RenewBatchRequest:
+		return "", "", "", false
+	case *wardenv1.ReserveRequest, *wardenv1.CommitRequest, *wardenv1.QuotaServiceReleaseRequest:
+		return auth.QuotaUse, "", m.(keyed).GetKey(), true
+	case *wardenv1.QueryRequest:
+		return auth.QuotaUse, auth.Read, m.GetKey(), true
+	case *wardenv1.ListReservationsRequest, *wardenv1.ListLedgerRequest:
+		return auth.Read, auth.QuotaAdmin, m.(keyed).GetKey(), true
+	case *wardenv1.SetLimitRequest, *wardenv1.ReportUsageRequest:
+		return auth.QuotaAdmin, "", m.(keyed).GetKey(), true
+	case *wardenv1.ListNodesRequest, *wardenv1.ListShardsRequest, *wardenv1.HotResourcesRequest:
+		return auth.Read, auth.Admin, "", true
+	}
+	return auth.Admin, "", "", true
+}
+
+// authorizer is the interceptor that checks each client call's
+// permission (requirement) before its handler runs.
+type authorizer struct{ r *Router }
+
+var _ connect.Interceptor = authorizer{}
+
+func (a authorizer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if perm, alt, resource, whole := requirement(req.Any()); whole {
+			if err := a.r.authorize(ctx, perm, alt, resource); err != nil {
+				return nil, err
+			}
+		}
+		return next(ctx, req)
+	}
+}
+
+func (authorizer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (authorizer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
