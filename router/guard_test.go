@@ -41,6 +41,7 @@ func TestGuard(t *testing.T) {
 		{"insecure: node API with a wrong secret", Config{ClusterSecret: secret}, nodePath + "Propose", map[string]string{secretHeader: "guess"}, nil, false, ""},
 		{"insecure: node API with the secret", Config{ClusterSecret: secret}, nodePath + "Propose", map[string]string{secretHeader: secret, forwardedHeader: "1"}, nil, true, "1"},
 		{"insecure: a client's forwarding header", Config{ClusterSecret: secret}, "/warden.v1.LockService/Acquire", map[string]string{forwardedHeader: "2"}, nil, true, ""},
+		{"insecure: a client's principal header", Config{ClusterSecret: secret}, "/warden.v1.LockService/Acquire", map[string]string{principalHeader: "admin"}, nil, true, ""},
 		{"TLS: the secret is no peer certificate", Config{ClusterSecret: secret, PeerTLS: true}, nodePath + "Propose", map[string]string{secretHeader: secret}, nil, false, ""},
 		{"TLS: a client handshake", Config{PeerTLS: true}, nodePath + "Propose", nil, &tls.ConnectionState{ServerName: "node-1.example"}, false, ""},
 		{"TLS: a client's forwarding header", Config{PeerTLS: true}, "/warden.v1.LockService/Acquire", map[string]string{forwardedHeader: "-1"}, &tls.ConnectionState{}, true, ""},
@@ -55,7 +56,7 @@ func TestGuard(t *testing.T) {
 		}
 		req.TLS = tc.tls
 		w := httptest.NewRecorder()
-		guard(&tc.cfg, &authState{}, nodePath, next).ServeHTTP(w, req)
+		guard(&tc.cfg, &authState{}, nil, nodePath, next).ServeHTTP(w, req)
 		switch {
 		case tc.served && seen == nil:
 			t.Errorf("%s: not served (%d %s)", tc.name, w.Code, w.Body)
@@ -67,13 +68,15 @@ func TestGuard(t *testing.T) {
 			t.Errorf("%s: the handler saw %s %q, want %q", tc.name, forwardedHeader, seen.Get(forwardedHeader), tc.hops)
 		case tc.served && seen.Get(secretHeader) != "" && !strings.HasPrefix(tc.path, nodePath):
 			t.Errorf("%s: the handler saw the secret header", tc.name)
+		case tc.served && seen.Get(principalHeader) != "" && tc.headers[secretHeader] != secret:
+			t.Errorf("%s: the handler saw a client's principal header", tc.name)
 		}
 	}
 	// The refusal is a Connect error clients understand.
 	req := httptest.NewRequest(http.MethodPost, nodePath+"Propose", nil)
 	req.Header.Set("Content-Type", "application/proto")
 	w := httptest.NewRecorder()
-	guard(&Config{ClusterSecret: secret}, &authState{}, nodePath, next).ServeHTTP(w, req)
+	guard(&Config{ClusterSecret: secret}, &authState{}, nil, nodePath, next).ServeHTTP(w, req)
 	if !strings.Contains(w.Body.String(), `"code":"unauthenticated"`) {
 		t.Errorf("the refusal: %d %q, want a Connect unauthenticated error", w.Code, w.Body)
 	}
@@ -145,7 +148,7 @@ func TestGuardAuthenticates(t *testing.T) {
 		}
 		req.TLS = tc.tls
 		w := httptest.NewRecorder()
-		guard(&Config{ClusterSecret: secret}, tc.a, "/"+placementv1connect.NodeServiceName+"/", next).ServeHTTP(w, req)
+		guard(&Config{ClusterSecret: secret}, tc.a, nil, "/"+placementv1connect.NodeServiceName+"/", next).ServeHTTP(w, req)
 		switch {
 		case tc.code == 0 && principal != tc.want+"|":
 			t.Errorf("%s: next saw principal %q (served: %v; %d %s), want %q", tc.name, principal, principal != "", w.Code, w.Body, tc.want)

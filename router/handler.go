@@ -1,8 +1,10 @@
 package router
 
 import (
+	"context"
 	"net/http"
 	"slices"
+	"time"
 
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
@@ -53,7 +55,18 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.Handle("/metrics", promhttp.Handler())
-	return guard(&r.cfg, &r.auth, nodePath, mux)
+	// A node that has just registered may call before this node's next
+	// map read: read it once more before refusing. Only holders of a peer
+	// certificate get here.
+	known := func(id uint64) bool {
+		if r.Map().Node(id) != nil {
+			return true
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return r.RefreshMap(ctx) == nil && r.Map().Node(id) != nil
+	}
+	return guard(&r.cfg, &r.auth, known, nodePath, mux)
 }
 
 // maxRequestBytes bounds a client's request message, in bytes, and

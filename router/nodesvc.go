@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -59,6 +60,9 @@ func (s *NodeServer) Read(ctx context.Context, req *connect.Request[placementv1.
 // ProposeMeta implements NodeService.ProposeMeta; a refused command is a
 // Result with Error set, not an RPC error.
 func (s *NodeServer) ProposeMeta(ctx context.Context, req *connect.Request[placementv1.ProposeMetaRequest]) (*connect.Response[placementv1.ProposeMetaResponse], error) {
+	if id, joining := ctx.Value(joiningKey{}).(uint64); joining && req.Msg.GetCommand().GetRegisterNode().GetNode().GetId() != id {
+		return nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %d is not in the cluster's map: it may only register itself", id))
+	}
 	res, err := s.r.meta.Propose(ctx, req.Msg.GetCommand())
 	var refused *placement.RefusedError
 	if err != nil && !errors.As(err, &refused) {

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -96,10 +97,24 @@ func fromNode(cfg *Config, req *http.Request) bool {
 // and a client's call to a client service is authenticated by a (see
 // authState.authenticate), its principal put in the request's context.
 // A node's call carries its original caller's principal.
-func guard(cfg *Config, a *authState, nodePrefix string, next http.Handler) http.Handler {
+//
+// Under TLS a node must also be one the map knows (known, when set,
+// says): a peer certificate for any other id (a node about to join) may
+// read the placement state and register itself, nothing else.
+func guard(cfg *Config, a *authState, known func(id uint64) bool, nodePrefix string, next http.Handler) http.Handler {
 	refuse := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if fromNode(cfg, req) {
+			if id, ok := tlsconfig.PeerNodeID(req.TLS); ok && known != nil && !known(id) {
+				switch req.URL.Path {
+				case nodePrefix + "ReadMeta", nodePrefix + "Clock":
+				case nodePrefix + "ProposeMeta":
+					req = req.WithContext(context.WithValue(req.Context(), joiningKey{}, id))
+				default:
+					_ = refuse.Write(w, req, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %d is not in the cluster's map: it may only register", id)))
+					return
+				}
+			}
 			if p := req.Header.Get(principalHeader); p != "" {
 				req = req.WithContext(context.WithValue(req.Context(), principalKey{}, p))
 			}
@@ -126,6 +141,10 @@ func guard(cfg *Config, a *authState, nodePrefix string, next http.Handler) http
 		next.ServeHTTP(w, req)
 	})
 }
+
+// joiningKey marks, in a call's context, the id of a node the map does
+// not know yet (see guard).
+type joiningKey struct{}
 
 // get returns the clients of the node listening on addr (host:port).
 func (p *Peers) get(addr string) *peer {

@@ -199,11 +199,7 @@ func TestClusterTLS(t *testing.T) {
 	// certificate: refused in the handshake.
 	foreignPEM, foreignKey := p.issue(t, other, "foreign-node", tlsconfig.CertSpec{CommonName: "node 4", Names: []string{tlsconfig.NodeName(4), "127.0.0.1"}, Server: true, Client: true})
 	for name, cert := range map[string]tls.Certificate{"client CA": clientCert, "foreign CA": pair(t, foreignPEM, foreignKey)} {
-		peerRoots := x509.NewCertPool()
-		peerRoots.AppendCertsFromPEM(p.peerCA.PEM)
-		hc := httpsClient(peerRoots, &cert, tlsconfig.PeerServerName)
-		hc.Transport.(*http.Transport).TLSClientConfig.InsecureSkipVerify = true // the server is not what is tested
-		nodeAPI := placementv1connect.NewNodeServiceClient(hc, "https://"+c.nodes[0].listen)
+		nodeAPI := placementv1connect.NewNodeServiceClient(peerClient(p, cert), "https://"+c.nodes[0].listen)
 		if _, err := nodeAPI.ReadMeta(context.Background(), connect.NewRequest(&placementv1.ReadMetaRequest{})); err == nil {
 			t.Errorf("NodeService on a peer handshake with a %s certificate was served", name)
 		}
@@ -211,6 +207,35 @@ func TestClusterTLS(t *testing.T) {
 		if err := raftHandshake(c.nodes[0].raft, cert); err == nil || !strings.Contains(err.Error(), "remote error: tls:") {
 			t.Errorf("the Raft port took a %s certificate: %v, want the server's TLS alert", name, err)
 		}
+	}
+	// A peer certificate of a node the map does not know (one about to
+	// join) may read the placement state and register itself, and
+	// nothing else.
+	unknownPEM, unknownKey := p.issue(t, p.peerCA, "node-9-peer", tlsconfig.CertSpec{CommonName: "node 9", Names: []string{tlsconfig.NodeName(9), "127.0.0.1"}, Server: true, Client: true})
+	unknown := placementv1connect.NewNodeServiceClient(peerClient(p, pair(t, unknownPEM, unknownKey)), "https://"+c.nodes[0].listen)
+	if _, err := unknown.ReadMeta(context.Background(), connect.NewRequest(&placementv1.ReadMetaRequest{})); err != nil {
+		t.Fatalf("ReadMeta by a node about to join: %v", err)
+	}
+	if _, err := unknown.Read(context.Background(), connect.NewRequest(&placementv1.ReadRequest{ShardId: 1})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("NodeService.Read by a node the map does not know: %v, want permission_denied", err)
+	}
+	other5 := &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{Node: &placementv1.Node{Id: 5, Zone: "az1"}}}}
+	if _, err := unknown.ProposeMeta(context.Background(), connect.NewRequest(&placementv1.ProposeMetaRequest{Command: other5})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("a node about to join registering another id: %v, want permission_denied", err)
+	}
+	// A real fourth node joins over TLS (registering itself, then known),
+	// and a call through it is forwarded to the leader.
+	raft4, listen4 := c.freeAddrs()
+	four := &node{id: 4, dir: filepath.Join(t.TempDir(), "node-4"), raft: raft4, listen: listen4, zone: "az1"}
+	hc4 := httpsClient(p.roots, nil, "")
+	four.locks = wardenv1connect.NewLockServiceClient(hc4, "https://"+listen4)
+	four.admin = wardenv1connect.NewAdminServiceClient(hc4, "https://"+listen4)
+	c.nodes = append(c.nodes, four)
+	c.extra[3] = p.flags(t, four)
+	c.start(3)
+	c.waitServing(3)
+	if _, err := four.acquire("tls/via-4", "j1", time.Minute, 0); err != nil {
+		t.Fatalf("Acquire through the node that joined over TLS: %v", err)
 	}
 	// Premise: it takes node 2's peer certificate (the connection stays
 	// open, waiting for Raft's messages).
@@ -275,6 +300,16 @@ func TestClusterTLS(t *testing.T) {
 			t.Fatalf("renewing lease %d after the rotation: %v", i, err)
 		}
 	}
+}
+
+// peerClient is an HTTP client making a node's (peer) handshake with
+// cert.
+func peerClient(p *clusterPKI, cert tls.Certificate) *http.Client {
+	peerRoots := x509.NewCertPool()
+	peerRoots.AppendCertsFromPEM(p.peerCA.PEM)
+	hc := httpsClient(peerRoots, &cert, tlsconfig.PeerServerName)
+	hc.Transport.(*http.Transport).TLSClientConfig.InsecureSkipVerify = true // the server is not what is tested
+	return hc
 }
 
 // raftHandshake makes a TLS connection to a Raft port with cert and
