@@ -192,6 +192,18 @@ func TestAuthorization(t *testing.T) {
 	_, err = client.locks.Renew(ctx(t), connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/1", LeaseId: lease}))
 	must("renew by a principal allowed the lock", err)
 
+	// A request id answers only to the principal that made it: another
+	// one, even one allowed the lock, does not get the lease id back.
+	again, err := orders.locks.Acquire(ctx(t), acquireReq("orders/1"))
+	if err != nil || again.Msg.GetLeaseId() != lease {
+		t.Fatalf("orders replays its own request: %v, %v", again, err)
+	}
+	_, err = admin.locks.Acquire(ctx(t), acquireReq("orders/1"))
+	wantDenied(t, "admin replays orders' request", err, "request_id")
+	if strings.Contains(err.Error(), lease) {
+		t.Fatal("the refusal holds the lease id")
+	}
+
 	// Batch and RenewBatch: the denied op fails alone.
 	bresp, err := orders.locks.Batch(ctx(t), connect.NewRequest(&wardenv1.BatchRequest{Ops: []*wardenv1.BatchOp{acquireOp("orders/4", "b4"), acquireOp("payments/4", "b5")}}))
 	must("batch", err)

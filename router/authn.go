@@ -159,6 +159,17 @@ func (r *Router) BootstrapAuth(ctx context.Context, st *placementv1.AuthState) e
 	return r.RefreshMap(ctx)
 }
 
+// replayPrincipal is the principal an Acquire's dedup record keeps, so
+// that only it may replay the request (shard.VersionPrincipal): ctx's
+// authenticated principal with authentication on, else none (everyone
+// may do everything then, replays included).
+func (r *Router) replayPrincipal(ctx context.Context) string {
+	if pol, err := r.auth.policy(); err == nil && pol.Enabled() {
+		return principalOf(ctx)
+	}
+	return ""
+}
+
 // authorize returns nil if the call ctx serves may use perm on resource
 // (alt, if set, is a permission that allows it too), else a
 // PermissionDenied error naming the permission and the resource.

@@ -101,7 +101,7 @@ func (s *LockServer) batchGroup(ctx context.Context, req *connect.Request[warden
 	cmd := env.GetBatch()
 	var sent []int // indexes into ops of cmd's items
 	for _, i := range idx {
-		item, err := s.batchItem(ops[i])
+		item, err := s.batchItem(ctx, ops[i])
 		if err != nil {
 			out[i] = s.runOp(ctx, req, ops[i]) // refused as its own call refuses it
 			continue
@@ -201,9 +201,9 @@ func spreadForwarded[O any](idx []int, out []O, err error, got func() []O, faile
 
 // batchItem validates op as its own call would and returns its BatchCmd
 // item.
-func (s *LockServer) batchItem(op *wardenv1.BatchOp) (*shardv1.BatchItem, error) {
+func (s *LockServer) batchItem(ctx context.Context, op *wardenv1.BatchOp) (*shardv1.BatchItem, error) {
 	if m := op.GetAcquire(); m != nil {
-		cmd, err := s.acquireCmd(m)
+		cmd, err := s.acquireCmd(ctx, m)
 		if err != nil {
 			return nil, err
 		}

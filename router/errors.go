@@ -73,6 +73,7 @@ var resultClasses = map[shardv1.Code]class{
 	shardv1.Code_CODE_WRONG_SHARD:         {connect.CodeUnavailable, "unavailable"},
 	shardv1.Code_CODE_UNAVAILABLE:         {connect.CodeUnavailable, "unavailable"},
 	shardv1.Code_CODE_RESOURCE_EXHAUSTED:  {connect.CodeResourceExhausted, "exhausted"},
+	shardv1.Code_CODE_PERMISSION_DENIED:   {connect.CodePermissionDenied, "denied"},
 }
 
 // codeLabels labels a forwarded call's answer by its Connect code.

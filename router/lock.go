@@ -69,7 +69,7 @@ func waitLeft(m *wardenv1.AcquireRequest, start time.Time) *wardenv1.AcquireRequ
 }
 
 func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*connect.Response[wardenv1.AcquireResponse], error) {
-	cmd, err := s.acquireCmd(m)
+	cmd, err := s.acquireCmd(ctx, m)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +134,7 @@ func (s *LockServer) giveUpQueued(m *wardenv1.AcquireRequest, attempt []byte) er
 
 // acquireCmd validates m and returns its shard command, with a fresh
 // lease id, and counts the resource's acquire for the hot-key report.
-func (s *LockServer) acquireCmd(m *wardenv1.AcquireRequest) (*shardv1.AcquireCmd, error) {
+func (s *LockServer) acquireCmd(ctx context.Context, m *wardenv1.AcquireRequest) (*shardv1.AcquireCmd, error) {
 	if err := validateAcquire(m); err != nil {
 		return nil, err
 	}
@@ -153,6 +153,7 @@ func (s *LockServer) acquireCmd(m *wardenv1.AcquireRequest) (*shardv1.AcquireCmd
 		Tenant:           m.GetTenant(),
 		LeaseId:          leaseID,
 		WaitTimeoutNanos: int64(m.GetWaitTimeout().AsDuration()),
+		Principal:        s.r.replayPrincipal(ctx),
 	}, nil
 }
 

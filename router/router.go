@@ -505,6 +505,12 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 		return nil, err
 	}
 	shared := r.sharedVersion(shardID)
+	if shared < shard.VersionPrincipal {
+		// Until every replica checks who replays a request, none does:
+		// the old rule for all (an Acquire's principal is all that needs
+		// the new version).
+		env = shard.StripPrincipals(env)
+	}
 	need := shard.VersionOf(env)
 	if need > shared {
 		// A replica of an older binary would stop on it (and again on

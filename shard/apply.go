@@ -3,6 +3,8 @@ package shard
 import (
 	"fmt"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
@@ -35,10 +37,17 @@ const (
 	// forward: max(env.now, last)), which may lead real time by up to
 	// half of it, so leases would become grantable early in real time.
 	VersionSkewRaiseOnly = 7
+	// VersionPrincipal adds AcquireCmd.principal: the dedup record keeps
+	// the principal of the Acquire that made it, and a replay of its
+	// request_id by another principal is refused (CODE_PERMISSION_DENIED).
+	// An older binary would ignore the field and hand the lease to the
+	// replay: a command carrying it needs this version, and the router
+	// drops it (StripPrincipals) while some replica applies less.
+	VersionPrincipal = 8
 )
 
 // CommandVersion is the newest envelope version this binary applies.
-const CommandVersion = VersionSkewRaiseOnly
+const CommandVersion = VersionPrincipal
 
 // MaxRenewBatch is the most renewals one RenewBatchCmd (and one RenewBatch
 // RPC) carries.
@@ -52,6 +61,8 @@ const MaxBatch = 1000
 // binary that applies it.
 func VersionOf(env *shardv1.Envelope) uint32 {
 	switch {
+	case hasPrincipal(env):
+		return VersionPrincipal
 	case env.GetNewEpoch() != nil:
 		return VersionNewEpoch
 	case env.GetReportUsage() != nil && env.GetReportUsage().ObservedSeq != nil:
@@ -62,6 +73,39 @@ func VersionOf(env *shardv1.Envelope) uint32 {
 		return VersionRenewBatch
 	}
 	return 1
+}
+
+// hasPrincipal reports whether an Acquire of env (alone or in a batch)
+// carries a principal.
+func hasPrincipal(env *shardv1.Envelope) bool {
+	if env.GetAcquire().GetPrincipal() != "" {
+		return true
+	}
+	for _, it := range env.GetBatch().GetItems() {
+		if it.GetAcquire().GetPrincipal() != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// StripPrincipals returns env without the principals of its Acquires (a
+// copy when it had any): what the router proposes while some replica of
+// the shard applies a version before VersionPrincipal, which decides a
+// replay by the old rule (any caller that knows the request gets its
+// lease back).
+func StripPrincipals(env *shardv1.Envelope) *shardv1.Envelope {
+	if !hasPrincipal(env) {
+		return env
+	}
+	out := proto.CloneOf(env)
+	out.GetAcquire().Principal = ""
+	for _, it := range out.GetBatch().GetItems() {
+		if a := it.GetAcquire(); a != nil {
+			a.Principal = ""
+		}
+	}
+	return out
 }
 
 // InRange reports whether hash h falls in the descriptor's [start, end)

@@ -65,7 +65,15 @@ func (a *applier) acquire(c *shardv1.AcquireCmd) (*shardv1.Result, error) {
 	}
 	if d != nil {
 		// A retry (DESIGN.md §1 rules 5 and 8). wait_timeout is not a
-		// parameter: a retry may carry the time it has left.
+		// parameter: a retry may carry the time it has left. From
+		// VersionPrincipal, only the principal that made the request may
+		// replay it, checked first so a refusal says nothing of the
+		// request's parameters. An Acquire without a principal
+		// (authentication off) is not checked: every caller may do
+		// everything then.
+		if a.version >= VersionPrincipal && c.GetPrincipal() != "" && d.GetPrincipal() != c.GetPrincipal() {
+			return &shardv1.Result{Code: shardv1.Code_CODE_PERMISSION_DENIED, Field: "request_id", Reason: "was used by another principal"}, nil
+		}
 		if d.GetLeaseTtlNanos() != ttl || d.GetHolder() != c.GetHolder() {
 			return invalid("request_id", "was used before with a different lease_ttl or holder"), nil
 		}
@@ -105,7 +113,7 @@ func (a *applier) acquire(c *shardv1.AcquireCmd) (*shardv1.Result, error) {
 	if refused != nil {
 		return refused, nil
 	}
-	d = requestRecord(c.GetResource(), c.GetRequestId(), c.GetLeaseId(), ttl, c.GetHolder(), c.GetLeaseId())
+	d = a.requestRecord(c, ttl)
 	d.FencingToken = l.GetFencingToken()
 	a.setDedup(d)
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Lease: leaseInfo(l, true)}, nil
@@ -174,7 +182,7 @@ func (a *applier) enqueue(lock *shardv1.LockRecord, c *shardv1.AcquireCmd, ttl i
 		Tenant:           c.GetTenant(),
 		DeadlineUnixNano: deadline,
 	}})
-	d := requestRecord(c.GetResource(), c.GetRequestId(), c.GetLeaseId(), ttl, c.GetHolder(), c.GetLeaseId())
+	d := a.requestRecord(c, ttl)
 	d.WaiterSeq, d.WaitDeadlineUnixNano = l.GetLastWaiterSeq(), deadline
 	a.setDedup(d)
 	if err := a.addTenantWaiters(c.GetTenant(), 1); err != nil {
@@ -211,8 +219,11 @@ func (a *applier) grantNext(lock *shardv1.LockRecord) (*shardv1.LockRecord, erro
 		if refused != nil {
 			return nil, fmt.Errorf("shard: granting to waiter %q of %q: %s", w.GetRequestId(), w.GetResource(), refused.GetReason())
 		}
-		d := requestRecord(w.GetResource(), w.GetRequestId(), w.GetLeaseId(), w.GetLeaseTtlNanos(), w.GetHolder(), queued.GetAttemptId())
+		d := newDedup(w.GetResource(), w.GetRequestId(), w.GetLeaseId(), w.GetLeaseTtlNanos(), w.GetHolder(), queued.GetAttemptId())
 		d.FencingToken = l.GetFencingToken()
+		if a.version >= VersionPrincipal {
+			d.Principal = queued.GetPrincipal() // the waiter's, who may replay it
+		}
 		a.setDedup(d)
 		a.granted = append(a.granted, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Seq: w.GetSeq(), Lease: leaseInfo(l, true),
 			AttemptId: queued.GetAttemptId()})
@@ -495,9 +506,19 @@ func (a *applier) forget(c *shardv1.ForgetCmd) (*shardv1.Result, error) {
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: n}, nil
 }
 
-// requestRecord is the dedup record of an Acquire request: the parameters
-// a retry must repeat, the lease id it gets, and its latest attempt.
-func requestRecord(resource, requestID string, leaseID []byte, ttl int64, holder string, attempt []byte) *shardv1.DedupRecord {
+// requestRecord is the dedup record of Acquire c, granted or queued with
+// lease TTL ttl; from VersionPrincipal it keeps c's principal.
+func (a *applier) requestRecord(c *shardv1.AcquireCmd, ttl int64) *shardv1.DedupRecord {
+	d := newDedup(c.GetResource(), c.GetRequestId(), c.GetLeaseId(), ttl, c.GetHolder(), c.GetLeaseId())
+	if a.version >= VersionPrincipal {
+		d.Principal = c.GetPrincipal()
+	}
+	return d
+}
+
+// newDedup is the dedup record of an Acquire request: the parameters a
+// retry must repeat, the lease id it gets, and its latest attempt.
+func newDedup(resource, requestID string, leaseID []byte, ttl int64, holder string, attempt []byte) *shardv1.DedupRecord {
 	return &shardv1.DedupRecord{
 		Resource:      resource,
 		RequestId:     requestID,

@@ -132,6 +132,7 @@ func (s *script) step(f []string) string {
 			env.GetAcquire().WaitTimeoutNanos = s.dur(v)
 		}
 		env.GetAcquire().Tenant = o["tenant"]
+		env.GetAcquire().Principal = o["principal"]
 		res := s.rep.propose(s.now, env)
 		if res.GetCode() == shardv1.Code_CODE_OK {
 			s.expires[leaseName(res.GetLease().GetLeaseId())] = res.GetLease().GetExpiresAtUnixNano()

@@ -55,21 +55,25 @@ const (
 	// CODE_RESOURCE_EXHAUSTED: the resource's or the tenant's wait queue is
 	// full; Result.field names which bound.
 	Code_CODE_RESOURCE_EXHAUSTED Code = 9
+	// CODE_PERMISSION_DENIED: an Acquire replayed a request_id that another
+	// principal's Acquire used (envelope version 8).
+	Code_CODE_PERMISSION_DENIED Code = 10
 )
 
 // Enum value maps for Code.
 var (
 	Code_name = map[int32]string{
-		0: "CODE_UNSPECIFIED",
-		1: "CODE_OK",
-		2: "CODE_CONFLICT",
-		3: "CODE_FAILED_PRECONDITION",
-		4: "CODE_INVALID_ARGUMENT",
-		5: "CODE_WRONG_SHARD",
-		6: "CODE_UNAVAILABLE",
-		7: "CODE_INTERNAL",
-		8: "CODE_QUEUED",
-		9: "CODE_RESOURCE_EXHAUSTED",
+		0:  "CODE_UNSPECIFIED",
+		1:  "CODE_OK",
+		2:  "CODE_CONFLICT",
+		3:  "CODE_FAILED_PRECONDITION",
+		4:  "CODE_INVALID_ARGUMENT",
+		5:  "CODE_WRONG_SHARD",
+		6:  "CODE_UNAVAILABLE",
+		7:  "CODE_INTERNAL",
+		8:  "CODE_QUEUED",
+		9:  "CODE_RESOURCE_EXHAUSTED",
+		10: "CODE_PERMISSION_DENIED",
 	}
 	Code_value = map[string]int32{
 		"CODE_UNSPECIFIED":         0,
@@ -82,6 +86,7 @@ var (
 		"CODE_INTERNAL":            7,
 		"CODE_QUEUED":              8,
 		"CODE_RESOURCE_EXHAUSTED":  9,
+		"CODE_PERMISSION_DENIED":   10,
 	}
 )
 
@@ -638,8 +643,13 @@ type AcquireCmd struct {
 	// WaitTimeoutNanos > 0 queues the request behind the current holder for
 	// at most this long; 0 fails fast with CODE_CONFLICT.
 	WaitTimeoutNanos int64 `protobuf:"varint,7,opt,name=wait_timeout_nanos,json=waitTimeoutNanos,proto3" json:"wait_timeout_nanos,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Principal is the authenticated caller (envelope version 8; empty with
+	// authentication off). The request's dedup record keeps it, and a
+	// replay of the request_id by another principal is refused: a
+	// request_id must not be a way to learn someone else's lease id.
+	Principal     string `protobuf:"bytes,8,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AcquireCmd) Reset() {
@@ -719,6 +729,13 @@ func (x *AcquireCmd) GetWaitTimeoutNanos() int64 {
 		return x.WaitTimeoutNanos
 	}
 	return 0
+}
+
+func (x *AcquireCmd) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
 }
 
 // CancelWaitCmd abandons an Acquire whose caller stopped waiting
@@ -4131,7 +4148,10 @@ type DedupRecord struct {
 	WaiterSeq            uint64 `protobuf:"varint,8,opt,name=waiter_seq,json=waiterSeq,proto3" json:"waiter_seq,omitempty"`
 	WaitDeadlineUnixNano int64  `protobuf:"varint,9,opt,name=wait_deadline_unix_nano,json=waitDeadlineUnixNano,proto3" json:"wait_deadline_unix_nano,omitempty"`
 	// AttemptId is the lease id carried by the request's latest attempt.
-	AttemptId     []byte `protobuf:"bytes,10,opt,name=attempt_id,json=attemptId,proto3" json:"attempt_id,omitempty"`
+	AttemptId []byte `protobuf:"bytes,10,opt,name=attempt_id,json=attemptId,proto3" json:"attempt_id,omitempty"`
+	// Principal is the principal of the Acquire that made the record
+	// (envelope version 8 on; empty before, or with authentication off).
+	Principal     string `protobuf:"bytes,11,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4234,6 +4254,13 @@ func (x *DedupRecord) GetAttemptId() []byte {
 		return x.AttemptId
 	}
 	return nil
+}
+
+func (x *DedupRecord) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
 }
 
 // Query is a read of a replica's state (Dragonboat Lookup).
@@ -5343,7 +5370,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"renewBatch\x121\n" +
 	"\x05batch\x18\x1f \x01(\v2\x19.warden.shard.v1.BatchCmdH\x00R\x05batch\x12;\n" +
 	"\tnew_epoch\x18  \x01(\v2\x1c.warden.shard.v1.NewEpochCmdH\x00R\bnewEpochB\t\n" +
-	"\acommand\"\xe8\x01\n" +
+	"\acommand\"\x86\x02\n" +
 	"\n" +
 	"AcquireCmd\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
@@ -5353,7 +5380,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x16\n" +
 	"\x06tenant\x18\x05 \x01(\tR\x06tenant\x12\x19\n" +
 	"\blease_id\x18\x06 \x01(\fR\aleaseId\x12,\n" +
-	"\x12wait_timeout_nanos\x18\a \x01(\x03R\x10waitTimeoutNanos\"i\n" +
+	"\x12wait_timeout_nanos\x18\a \x01(\x03R\x10waitTimeoutNanos\x12\x1c\n" +
+	"\tprincipal\x18\b \x01(\tR\tprincipal\"i\n" +
 	"\rCancelWaitCmd\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -5649,7 +5677,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x0flease_ttl_nanos\x18\x05 \x01(\x03R\rleaseTtlNanos\x12\x16\n" +
 	"\x06holder\x18\x06 \x01(\tR\x06holder\x12\x16\n" +
 	"\x06tenant\x18\a \x01(\tR\x06tenant\x12,\n" +
-	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\"\xea\x02\n" +
+	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\"\x88\x03\n" +
 	"\vDedupRecord\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -5664,7 +5692,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x17wait_deadline_unix_nano\x18\t \x01(\x03R\x14waitDeadlineUnixNano\x12\x1d\n" +
 	"\n" +
 	"attempt_id\x18\n" +
-	" \x01(\fR\tattemptId\"\xe2\x06\n" +
+	" \x01(\fR\tattemptId\x12\x1c\n" +
+	"\tprincipal\x18\v \x01(\tR\tprincipal\"\xe2\x06\n" +
 	"\x05Query\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12<\n" +
 	"\bdescribe\x18\n" +
@@ -5740,7 +5769,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\vcheckpoints\x18\x11 \x03(\v2!.warden.shard.v1.LedgerCheckpointR\vcheckpoints\x122\n" +
 	"\x05dedup\x18\x12 \x01(\v2\x1c.warden.shard.v1.DedupRecordR\x05dedup\x12\x1d\n" +
 	"\n" +
-	"ledger_seq\x18\x13 \x01(\x04R\tledgerSeq*\xe2\x01\n" +
+	"ledger_seq\x18\x13 \x01(\x04R\tledgerSeq*\xfe\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x11\n" +
@@ -5751,7 +5780,9 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x10CODE_UNAVAILABLE\x10\x06\x12\x11\n" +
 	"\rCODE_INTERNAL\x10\a\x12\x0f\n" +
 	"\vCODE_QUEUED\x10\b\x12\x1b\n" +
-	"\x17CODE_RESOURCE_EXHAUSTED\x10\t*\xb1\x01\n" +
+	"\x17CODE_RESOURCE_EXHAUSTED\x10\t\x12\x1a\n" +
+	"\x16CODE_PERMISSION_DENIED\x10\n" +
+	"*\xb1\x01\n" +
 	"\x10ReservationState\x12!\n" +
 	"\x1dRESERVATION_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RESERVATION_STATE_OPEN\x10\x01\x12\x1f\n" +
