@@ -62,6 +62,11 @@ type node struct {
 	exited       chan error
 	locks        wardenv1connect.LockServiceClient
 	admin        wardenv1connect.AdminServiceClient
+	// nodeAPI, if set, is how node() reaches a TLS cluster's node API
+	// (with a peer certificate); without it, cleartext with the secret.
+	nodeAPI placementv1connect.NodeServiceClient
+	// web, if set, reads a TLS node's /metrics; without it, cleartext.
+	web *http.Client
 }
 
 type procCluster struct {
@@ -344,6 +349,9 @@ func (n *node) shards() (*wardenv1.ListShardsResponse, error) {
 
 // node returns the node's NodeService client, with the cluster secret.
 func (n *node) node() placementv1connect.NodeServiceClient {
+	if n.nodeAPI != nil {
+		return n.nodeAPI
+	}
 	return placementv1connect.NewNodeServiceClient(http.DefaultClient, "http://"+n.listen, connect.WithInterceptors(
 		connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
@@ -492,7 +500,11 @@ func (c *procCluster) waitClockReadings() {
 // metric reads one sample of the node's /metrics, with ok unset when
 // the node does not export it.
 func (n *node) metric(sample string) (v float64, ok bool) {
-	resp, err := http.Get("http://" + n.listen + "/metrics")
+	get := func() (*http.Response, error) { return http.Get("http://" + n.listen + "/metrics") }
+	if n.web != nil {
+		get = func() (*http.Response, error) { return n.web.Get("https://" + n.listen + "/metrics") }
+	}
+	resp, err := get()
 	if err != nil {
 		return 0, false
 	}

@@ -17,9 +17,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/shard"
+	"github.com/warden-dev/warden/tlsconfig"
 )
 
 // buildBefore builds wardend as it was just before the commit that added
@@ -343,4 +346,105 @@ func TestClusterMixedPlacementAgree(t *testing.T) {
 		t.Fatalf("shard %d changed its ordered_config_change after creation", mixed)
 	}
 	t.Logf("upgraded: placement generation %d, %d shards, digest %s…", st.GetGeneration(), len(st.GetShards()), sum[:16])
+}
+
+// A rolling upgrade across envelope version 8 (a request id replays only
+// to the principal that made it), on a TLS cluster with authentication.
+// Nodes 1 and 2 run this binary, node 3 the one before: the routers
+// propose the old version without principals, so another principal's
+// replay gets the lease back (the old rule) on every replica alike, and
+// the three replicas hold identical state. Node 3 upgraded in place, a
+// new request replays to its own principal and is refused to another,
+// and the replicas agree again. Had the new rule applied to the old
+// entries, or principals been proposed beside the old binary, the
+// digests would differ.
+func TestClusterMixedReplayPrincipal(t *testing.T) {
+	old := buildBefore(t, "shard/apply.go", "VersionPrincipal = 8")
+	p := newClusterPKI(t)
+	file, adminToken, ordersToken := authBootstrap(t, p)
+	c := newProcCluster(t)
+	c.secure = true
+	c.bins = map[int]string{2: old}
+	testerPEM, testerKey := p.issue(t, p.peerCA, "tester-peer", tlsconfig.CertSpec{CommonName: "tester", Names: []string{tlsconfig.NodeName(1)}, Client: true, Server: true})
+	tester := pair(t, testerPEM, testerKey)
+	orders := make([]wardenv1connect.LockServiceClient, len(c.nodes))
+	for i, n := range c.nodes {
+		c.extra[i] = append(p.flags(t, n), "--auth-bootstrap", file)
+		hc := httpsClient(p.roots, nil, "")
+		n.locks = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, withToken(adminToken))
+		n.admin = wardenv1connect.NewAdminServiceClient(hc, "https://"+n.listen, withToken(adminToken))
+		n.nodeAPI = placementv1connect.NewNodeServiceClient(peerClient(p, tester), "https://"+n.listen)
+		n.web = hc
+		orders[i] = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, withToken(ordersToken))
+	}
+	c.boot()
+	c.waitClockReadings()
+	acquire := func(cl wardenv1connect.LockServiceClient, resource, reqID string) (*wardenv1.AcquireResponse, error) {
+		var resp *connect.Response[wardenv1.AcquireResponse]
+		err := retryUnavailable(func() (err error) {
+			ctx, cancel := rpcCtx()
+			defer cancel()
+			resp, err = cl.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: resource, RequestId: reqID, LeaseTtl: durationpb.New(10 * time.Minute)}))
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg, nil
+	}
+	// A new binary leads the shard, so it is a new router that proposes
+	// beside the old replica (a leader on node 3 would decide by its own
+	// old code alone).
+	deadline := time.Now().Add(30 * time.Second)
+	for c.leaderIndex("orders/mixed") != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("node 1 did not take the shard's leadership")
+		}
+		ctx, cancel := rpcCtx()
+		_, _ = c.nodes[0].admin.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: 1, NodeId: 1}))
+		cancel()
+		time.Sleep(200 * time.Millisecond)
+	}
+	mine, err := acquire(orders[0], "orders/mixed", "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old rule: the admin's replay of orders' request gets its lease.
+	theirs, err := acquire(c.nodes[1].locks, "orders/mixed", "m1")
+	if err != nil || theirs.GetLeaseId() != mine.GetLeaseId() {
+		t.Fatalf("another principal's replay beside an old replica: %v, %v; want the old rule's replay", theirs, err)
+	}
+	idxs, digs := c.digests(1)
+	if idx, dig := idxs[1], digs[1]; dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
+		t.Fatalf("mixed binaries diverged: applied %v, digests %v", idx, dig)
+	}
+
+	c.bins = nil // node 3 upgraded in place
+	for i := range c.nodes {
+		c.start(i)
+	}
+	for i := range c.nodes {
+		c.waitServing(i)
+	}
+	c.waitClockReadings()
+	mine, err = acquire(orders[0], "orders/upgraded", "u1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := acquire(orders[2], "orders/upgraded", "u1"); err != nil || again.GetLeaseId() != mine.GetLeaseId() {
+		t.Fatalf("orders replays its own request after the upgrade: %v, %v", again, err)
+	}
+	if _, err := acquire(c.nodes[1].locks, "orders/upgraded", "u1"); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("another principal's replay once every replica applies version 8: %v, want permission_denied", err)
+	}
+	// The request made under the old rule recorded no principal: no one
+	// replays it now.
+	if _, err := acquire(orders[0], "orders/mixed", "m1"); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("replaying a request recorded before version 8: %v, want permission_denied", err)
+	}
+	idxs, digs = c.digests(1)
+	if idx, dig := idxs[1], digs[1]; dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
+		t.Fatalf("upgraded replicas diverged: applied %v, digests %v", idx, dig)
+	}
+	t.Logf("upgraded: replicas at index %d, digest %s…", idxs[1][0], digs[1][0][:16])
 }
