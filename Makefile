@@ -10,7 +10,7 @@ PKGS    := ./...
 # `go test ./...` skips them.
 MODULES := client proto loadtest
 
-.PHONY: all generate check-generate build run cluster cluster-stop test soak fuzz bench loadtest loadtest-compare lint clean
+.PHONY: all generate check-generate build run cluster cluster-stop test soak fuzz bench loadtest loadtest-secure loadtest-compare lint clean
 
 all: build
 
@@ -74,6 +74,11 @@ bench:
 ## snapshot and log compaction forced at 35 s, restart at 50 s; writes loadtest/out/report.{json,md} and chart.png
 loadtest:
 	./loadtest/run.sh
+
+## loadtest-secure: the same over TLS with authentication on (cluster.sh start --secure, the admin token);
+## writes loadtest/out-secure/
+loadtest-secure:
+	LOADTEST_SECURE=1 LOADTEST_OUT=$(CURDIR)/loadtest/out-secure ./loadtest/run.sh
 
 ## loadtest-compare: find-max of the reference profile on Warden, etcd (two recipes) and ZooKeeper, one after
 ## the other; writes loadtest/out/compare.md with the ratios

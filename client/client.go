@@ -118,16 +118,17 @@ type Config struct {
 	Credentials func(ctx context.Context) (string, error)
 }
 
-// bearer is the interceptor that adds cfg's token to every call.
-func bearer(cfg Config) connect.Option {
+// WithCredentials is a Connect client option that sends, with every
+// call, the bearer token source returns ("Authorization: Bearer …"; none
+// when it returns ""). An error of source fails the call. Client uses it
+// for Config.Token and Config.Credentials; it is exported for callers
+// that make their own Connect clients (the admin API, a load generator).
+func WithCredentials(source func(ctx context.Context) (string, error)) connect.ClientOption {
 	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			token := cfg.Token
-			if cfg.Credentials != nil {
-				var err error
-				if token, err = cfg.Credentials(ctx); err != nil {
-					return nil, fmt.Errorf("warden: credentials: %w", err)
-				}
+			token, err := source(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("warden: credentials: %w", err)
 			}
 			if token != "" {
 				req.Header().Set("Authorization", "Bearer "+token)
@@ -135,6 +136,19 @@ func bearer(cfg Config) connect.Option {
 			return next(ctx, req)
 		}
 	}))
+}
+
+// WithToken is WithCredentials of a fixed token.
+func WithToken(token string) connect.ClientOption {
+	return WithCredentials(func(context.Context) (string, error) { return token, nil })
+}
+
+// bearer is the credentials option of cfg.
+func bearer(cfg Config) connect.ClientOption {
+	if cfg.Credentials != nil {
+		return WithCredentials(cfg.Credentials)
+	}
+	return WithToken(cfg.Token)
 }
 
 // Client talks to a Warden cluster. It is safe for concurrent use.

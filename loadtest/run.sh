@@ -10,7 +10,10 @@
 # LOADTEST_FAULTS (default "kill@30s snapshot@35s restart@50s"; set and
 # empty: none),
 # LOADTEST_ARGS (more warden-load flags, for example --find-max),
-# WARDEN_LISTEN_BASE (27070) and WARDEN_RAFT_BASE (27100) for the ports.
+# WARDEN_LISTEN_BASE (27070) and WARDEN_RAFT_BASE (27100) for the ports,
+# LOADTEST_SECURE (set: the cluster serves TLS with authentication on,
+# cluster.sh start --secure, and the harness calls over https with the
+# admin token; make loadtest-secure).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -28,9 +31,17 @@ go build -o "$root/bin/" ./cmd/...
 
 rm -rf "$WARDEN_CLUSTER_DIR"
 trap 'deploy/local/cluster.sh stop >/dev/null 2>&1 || true' EXIT
-deploy/local/cluster.sh start
+scheme=http
+secure_args=()
+if [[ -n ${LOADTEST_SECURE:-} ]]; then
+	deploy/local/cluster.sh start --secure
+	scheme=https
+	secure_args=(--cacert "$WARDEN_CLUSTER_DIR/secure/ca.pem" --token-file "$WARDEN_CLUSTER_DIR/secure/admin.token")
+else
+	deploy/local/cluster.sh start
+fi
 endpoints=""
-for n in 1 2 3; do endpoints+="${endpoints:+,}http://127.0.0.1:$((WARDEN_LISTEN_BASE + n))"; done
+for n in 1 2 3; do endpoints+="${endpoints:+,}$scheme://127.0.0.1:$((WARDEN_LISTEN_BASE + n))"; done
 
 fault_args=()
 for f in $faults; do fault_args+=(--fault "$f"); done
@@ -40,4 +51,4 @@ for f in $faults; do fault_args+=(--fault "$f"); done
 # says met or NOT met).
 timeout 30m ./bin/warden-load run --target warden --endpoints "$endpoints" \
 	--profile reference --scale "$scale" --duration "$duration" "${fault_args[@]}" \
-	--cluster-script "$root/deploy/local/cluster.sh" --out "$out" ${LOADTEST_ARGS:-}
+	--cluster-script "$root/deploy/local/cluster.sh" --out "$out" "${secure_args[@]}" ${LOADTEST_ARGS:-}

@@ -1,7 +1,6 @@
 package router_test
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -15,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/client"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
@@ -67,16 +67,6 @@ func (c *authCluster) withCert(commonName string) *http.Client {
 	tr := c.srv.Client().Transport.(*http.Transport).Clone()
 	tr.TLSClientConfig.Certificates = []tls.Certificate{cert}
 	return &http.Client{Transport: tr}
-}
-
-// bearer is a Connect option sending token.
-func bearer(token string) connect.ClientOption {
-	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+token)
-			return next(ctx, req)
-		}
-	}))
 }
 
 type caller struct {
@@ -161,16 +151,16 @@ func TestAuthorization(t *testing.T) {
 	_, err = anon.auth.SetEnabled(ctx(t), connect.NewRequest(&wardenv1.SetEnabledRequest{Enabled: true}))
 	must("enable", err)
 
-	admin := c.caller(c.plain, bearer(adminToken))
-	orders := c.caller(c.plain, bearer(ordersToken))
-	client := c.caller(c.withCert("client"))
+	admin := c.caller(c.plain, client.WithToken(adminToken))
+	orders := c.caller(c.plain, client.WithToken(ordersToken))
+	certified := c.caller(c.withCert("client"))
 	stranger := c.caller(c.withCert("stranger"))
 
 	// Authentication.
 	_, err = anon.locks.Acquire(ctx(t), acquireReq("orders/1"))
 	wantCode(t, err, connect.CodeUnauthenticated)
 	forged, _, _ := strings.Cut(ordersToken, ".")
-	_, err = c.caller(c.plain, bearer(forged+".0123456789abcdef."+strings.Repeat("A", 43))).locks.Acquire(ctx(t), acquireReq("orders/1"))
+	_, err = c.caller(c.plain, client.WithToken(forged+".0123456789abcdef."+strings.Repeat("A", 43))).locks.Acquire(ctx(t), acquireReq("orders/1"))
 	wantCode(t, err, connect.CodeUnauthenticated)
 	if strings.Contains(err.Error(), "orders") {
 		t.Errorf("a bad token's refusal says something of the principal: %v", err)
@@ -184,12 +174,12 @@ func TestAuthorization(t *testing.T) {
 	wantDenied(t, "orders acquires payments/1", err, `"orders"`, "lock", `"payments/1"`)
 	_, err = stranger.locks.Acquire(ctx(t), acquireReq("orders/2"))
 	wantDenied(t, "an unbound certificate", err, `"stranger"`, "lock")
-	_, err = client.locks.Acquire(ctx(t), acquireReq("orders/3"))
+	_, err = certified.locks.Acquire(ctx(t), acquireReq("orders/3"))
 	must("the client certificate acquires orders/3", err)
 	// A lease id is a capability only for a principal allowed the lock.
 	_, err = c.caller(c.withCert("stranger")).locks.Renew(ctx(t), connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/1", LeaseId: lease}))
 	wantDenied(t, "renew with another's lease id, unbound", err, "lock", `"orders/1"`)
-	_, err = client.locks.Renew(ctx(t), connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/1", LeaseId: lease}))
+	_, err = certified.locks.Renew(ctx(t), connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/1", LeaseId: lease}))
 	must("renew by a principal allowed the lock", err)
 
 	// A request id answers only to the principal that made it: another

@@ -15,20 +15,11 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/warden-dev/warden/auth"
+	"github.com/warden-dev/warden/client"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/tlsconfig"
 )
-
-// withToken is a Connect option that sends a bearer token.
-func withToken(token string) connect.ClientOption {
-	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			req.Header().Set("Authorization", "Bearer "+token)
-			return next(ctx, req)
-		}
-	}))
-}
 
 // authBootstrap writes, in p's folder, an admin token, an orders token
 // and the bootstrap file that binds them (and the principal "client") as
@@ -82,9 +73,9 @@ func TestClusterAuth(t *testing.T) {
 		audits[i] = filepath.Join(p.dir, fmt.Sprintf("audit-%d.log", i+1))
 		c.extra[i] = append(p.flags(t, n), "--auth-bootstrap", file, "--audit-log", audits[i])
 		hc := httpsClient(p.roots, nil, "")
-		n.locks = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, withToken(adminToken))
-		n.admin = wardenv1connect.NewAdminServiceClient(hc, "https://"+n.listen, withToken(adminToken))
-		orders[i] = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, withToken(ordersToken))
+		n.locks = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, client.WithToken(adminToken))
+		n.admin = wardenv1connect.NewAdminServiceClient(hc, "https://"+n.listen, client.WithToken(adminToken))
+		orders[i] = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, client.WithToken(ordersToken))
 	}
 	c.boot()
 
@@ -157,7 +148,7 @@ func TestClusterAuth(t *testing.T) {
 	// the token works on each of them first.
 	hc := httpsClient(p.roots, nil, "")
 	describe := func(i int) error {
-		cl := wardenv1connect.NewLockServiceClient(hc, "https://"+c.nodes[i].listen, withToken(temp))
+		cl := wardenv1connect.NewLockServiceClient(hc, "https://"+c.nodes[i].listen, client.WithToken(temp))
 		ctx, cancel := rpcCtx()
 		defer cancel()
 		_, err := cl.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "orders/fwd"}))
@@ -198,7 +189,7 @@ func TestClusterAuth(t *testing.T) {
 	// for a shard leader and answer that there is none). Premise: served
 	// before.
 	hot := func() error {
-		cl := wardenv1connect.NewAdminServiceClient(hc, "https://"+c.nodes[0].listen, withToken(adminToken))
+		cl := wardenv1connect.NewAdminServiceClient(hc, "https://"+c.nodes[0].listen, client.WithToken(adminToken))
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_, err := cl.HotResources(ctx, connect.NewRequest(&wardenv1.HotResourcesRequest{Limit: 1}))

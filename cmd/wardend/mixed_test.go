@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/client"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
@@ -371,11 +372,11 @@ func TestClusterMixedReplayPrincipal(t *testing.T) {
 	for i, n := range c.nodes {
 		c.extra[i] = append(p.flags(t, n), "--auth-bootstrap", file)
 		hc := httpsClient(p.roots, nil, "")
-		n.locks = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, withToken(adminToken))
-		n.admin = wardenv1connect.NewAdminServiceClient(hc, "https://"+n.listen, withToken(adminToken))
+		n.locks = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, client.WithToken(adminToken))
+		n.admin = wardenv1connect.NewAdminServiceClient(hc, "https://"+n.listen, client.WithToken(adminToken))
 		n.nodeAPI = placementv1connect.NewNodeServiceClient(peerClient(p, tester), "https://"+n.listen)
 		n.web = hc
-		orders[i] = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, withToken(ordersToken))
+		orders[i] = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, client.WithToken(ordersToken))
 	}
 	c.boot()
 	c.waitClockReadings()

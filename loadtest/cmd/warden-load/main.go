@@ -26,6 +26,7 @@ import (
 	"github.com/warden-dev/warden/loadtest/targets/etcd"
 	"github.com/warden-dev/warden/loadtest/targets/warden"
 	"github.com/warden-dev/warden/loadtest/targets/zk"
+	"github.com/warden-dev/warden/tlsconfig"
 )
 
 type runCmd struct {
@@ -50,6 +51,8 @@ type runCmd struct {
 	SingleCalls      bool          `name:"single-calls" help:"Warden target: one Acquire or Release call per operation instead of sharing Batch calls."`
 	CPUProfile       string        `name:"cpuprofile" placeholder:"FILE" help:"Write the load generator's own CPU profile (pprof) to FILE."`
 	ClusterScript    string        `help:"Script that kills and starts the target's nodes (deploy/local/cluster.sh, loadtest/peers/etcd.sh, loadtest/peers/zk.sh)."`
+	CACert           string        `name:"cacert" placeholder:"PATH" help:"Warden target: PEM CA that verifies the nodes (https endpoints; a cluster.sh --secure cluster's secure/ca.pem)."`
+	TokenFile        string        `name:"token-file" placeholder:"PATH" help:"Warden target: file holding the bearer token to call with."`
 }
 
 type compareCmd struct {
@@ -163,7 +166,21 @@ func (c *runCmd) target() (harness.Target, error) {
 	case "zk":
 		return zk.New(ctx, zk.Config{Servers: c.Endpoints, Script: c.ClusterScript})
 	}
-	return warden.New(warden.Config{Endpoints: c.Endpoints, ConnsPerEndpoint: c.Conns, SingleRenewals: c.SingleRenew, RenewLinger: c.RenewLinger, SingleCalls: c.SingleCalls, ClusterScript: c.ClusterScript})
+	cfg := warden.Config{Endpoints: c.Endpoints, ConnsPerEndpoint: c.Conns, SingleRenewals: c.SingleRenew, RenewLinger: c.RenewLinger, SingleCalls: c.SingleCalls, ClusterScript: c.ClusterScript}
+	if c.CACert != "" {
+		var err error
+		if cfg.TLS, err = tlsconfig.ClientConfig(c.CACert, "", ""); err != nil {
+			return nil, err
+		}
+	}
+	if c.TokenFile != "" {
+		b, err := os.ReadFile(c.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+		cfg.Token = strings.TrimSpace(string(b))
+	}
+	return warden.New(cfg)
 }
 
 func (c *compareCmd) Run() error {

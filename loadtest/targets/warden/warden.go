@@ -6,6 +6,7 @@ package warden
 import (
 	"context"
 	crand "crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -52,6 +53,12 @@ type Config struct {
 	// (WARDEN_CLUSTER_DIR, ports).
 	ClusterScript string
 	ClusterEnv    []string
+	// TLS, if set, is the client TLS config of https endpoints (a secure
+	// cluster: cluster.sh start --secure); without it the target speaks
+	// cleartext HTTP/2.
+	TLS *tls.Config
+	// Token, if set, is the bearer token every call carries.
+	Token string
 }
 
 // Target drives a Warden cluster. Like a smart client, it sends each
@@ -100,11 +107,16 @@ func New(cfg Config) (*Target, error) {
 	for i, e := range cfg.Endpoints {
 		var renewer *client.Renewer
 		var batcher *client.Batcher
+		auth := client.WithToken(cfg.Token)
 		for range cfg.ConnsPerEndpoint {
-			tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 16}
-			tr.Protocols.SetUnencryptedHTTP2(true)
+			tr := &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 16, TLSClientConfig: cfg.TLS}
+			if cfg.TLS != nil {
+				tr.Protocols.SetHTTP2(true)
+			} else {
+				tr.Protocols.SetUnencryptedHTTP2(true)
+			}
 			hc := &http.Client{Transport: tr}
-			lock := wardenv1connect.NewLockServiceClient(hc, e)
+			lock := wardenv1connect.NewLockServiceClient(hc, e, auth)
 			if renewer == nil {
 				renewer = client.NewRenewer(lock, cfg.RenewLinger)
 				batcher = client.NewBatcher(lock, client.DefaultBatchCalls)
@@ -112,12 +124,16 @@ func New(cfg Config) (*Target, error) {
 			t.conns = append(t.conns, conn{
 				endpoint: i,
 				lock:     lock,
-				quota:    wardenv1connect.NewQuotaServiceClient(hc, e),
+				quota:    wardenv1connect.NewQuotaServiceClient(hc, e, auth),
 				renewer:  renewer,
 				batcher:  batcher,
 			})
 		}
-		t.admins = append(t.admins, wardenv1connect.NewAdminServiceClient(http.DefaultClient, e))
+		admin := http.DefaultClient
+		if cfg.TLS != nil {
+			admin = &http.Client{Transport: &http.Transport{TLSClientConfig: cfg.TLS, ForceAttemptHTTP2: true}}
+		}
+		t.admins = append(t.admins, wardenv1connect.NewAdminServiceClient(admin, e, auth))
 	}
 	go t.refreshRoutes()
 	return t, nil
