@@ -65,10 +65,12 @@ fuzz:
 	$(GO) test ./auth -run '^$$' -fuzz '^FuzzParseBootstrap$$' -fuzztime $(FUZZTIME)
 
 ## bench: acquire+release throughput and latency (1 and 64 clients) and waiter hand-off latency on a dev cluster,
-## then, on a three-process cluster, acquire+release before and after a split and reserve+commit
+## then, on a three-process cluster, acquire+release before and after a split and reserve+commit, in cleartext
+## and again with TLS and authentication on
 bench:
 	$(GO) test ./router -run '^$$' -bench 'AcquireRelease|HandOff' -benchtime 5s -count 3 -timeout 30m
 	WARDEN_BENCH=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
+	WARDEN_BENCH=1 WARDEN_BENCH_SECURE=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
 
 ## loadtest: the reference profile for 60 s on a three-process cluster, one replica SIGKILLed at 30 s,
 ## snapshot and log compaction forced at 35 s, restart at 50 s; writes loadtest/out/report.{json,md} and chart.png

@@ -38,8 +38,42 @@ import (
 // caller; guard honours it only from another node.
 const principalHeader = "Warden-Principal"
 
-// authMaxStale bounds the age of the auth view a node decides by.
-const authMaxStale = 1500 * time.Millisecond
+// authMaxStale bounds the age of the auth view a node decides by. With
+// authentication on, watchAuth reads the auth state every authRefresh,
+// each read bounded by authReadTimeout: a read sent to a placement leader
+// that just died gives up, and the next one reaches the new leader (an
+// election takes about 200 ms), long before the view is too old. (The
+// map's own reads wait up to 5 s and were the only ones at first: a
+// leader's SIGKILL under load left a node refusing for seconds.)
+const (
+	authMaxStale    = 1500 * time.Millisecond
+	authRefresh     = 250 * time.Millisecond
+	authReadTimeout = 750 * time.Millisecond
+)
+
+// watchAuth keeps the auth view fresh while authentication is on (or
+// required), until Stop.
+func (r *Router) watchAuth() {
+	tick := time.NewTicker(authRefresh)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-tick.C:
+		}
+		if v := r.auth.p.Load(); !r.auth.required && (v == nil || !v.policy.Enabled()) {
+			continue // the map's reads bring a change that turns it on
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), authReadTimeout)
+		begun := time.Now()
+		st, err := r.meta.Read(ctx)
+		cancel()
+		if err == nil {
+			r.auth.set(st.GetAuth(), begun)
+		}
+	}
+}
 
 // authView is a compiled auth state and when the read that returned it
 // began.

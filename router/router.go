@@ -266,6 +266,7 @@ func (r *Router) Start() {
 		go r.runTimers(&r.nodes[i])
 	}
 	r.wg.Go(r.watchClock)
+	r.wg.Go(r.watchAuth)
 }
 
 // Stop ends the timers and waits for them.

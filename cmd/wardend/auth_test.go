@@ -16,6 +16,7 @@ import (
 
 	"github.com/warden-dev/warden/auth"
 	"github.com/warden-dev/warden/client"
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/tlsconfig"
@@ -32,12 +33,47 @@ func authBootstrap(t *testing.T, p *clusterPKI) (file, adminToken, ordersToken s
 	p.write(t, "admin.token", []byte(adminToken+"\n"))
 	p.write(t, "orders.token", []byte(ordersToken+"\n"))
 	file = p.write(t, "auth.json", []byte(`{
-	  "roles": [{"name": "operator", "grants": [{"permission": "admin"}, {"permission": "read"}, {"permission": "lock"}]},
+	  "roles": [{"name": "operator", "grants": [{"permission": "admin"}, {"permission": "read"}, {"permission": "lock"},
+	                                            {"permission": "quota.use"}, {"permission": "quota.admin"}]},
 	            {"name": "orders", "grants": [{"permission": "lock", "prefix": "orders/"}]}],
 	  "bindings": [{"principal": "admin", "role": "operator"}, {"principal": "orders", "role": "orders"},
 	               {"principal": "client", "role": "orders"}],
 	  "tokens": [{"principal": "admin", "file": "admin.token"}, {"principal": "orders", "file": "orders.token"}]}`))
 	return file, adminToken, ordersToken
+}
+
+// secureCluster is a three-node cluster (not started) that serves TLS,
+// mutual TLS between nodes, and authentication from authBootstrap's
+// file. Each node's clients (locks, admin, quota, the node API with a
+// peer certificate, /metrics) call as the admin; orders[i] is node i's
+// LockService as the orders token.
+type secureCluster struct {
+	*procCluster
+	pki                     *clusterPKI
+	adminToken, ordersToken string
+	orders                  []wardenv1connect.LockServiceClient
+}
+
+func newSecureCluster(t *testing.T) *secureCluster {
+	t.Helper()
+	p := newClusterPKI(t)
+	file, adminToken, ordersToken := authBootstrap(t, p)
+	s := &secureCluster{procCluster: newProcCluster(t), pki: p, adminToken: adminToken, ordersToken: ordersToken}
+	s.secure = true
+	testerPEM, testerKey := p.issue(t, p.peerCA, "tester-peer", tlsconfig.CertSpec{CommonName: "tester", Names: []string{tlsconfig.NodeName(1)}, Client: true, Server: true})
+	tester := pair(t, testerPEM, testerKey)
+	for i, n := range s.nodes {
+		s.extra[i] = append(p.flags(t, n), "--auth-bootstrap", file)
+		hc := httpsClient(p.roots, nil, "")
+		url, admin := "https://"+n.listen, client.WithToken(adminToken)
+		n.locks = wardenv1connect.NewLockServiceClient(hc, url, admin)
+		n.admin = wardenv1connect.NewAdminServiceClient(hc, url, admin)
+		n.quotaAPI = wardenv1connect.NewQuotaServiceClient(hc, url, admin)
+		n.nodeAPI = placementv1connect.NewNodeServiceClient(peerClient(p, tester), url)
+		n.web = hc
+		s.orders = append(s.orders, wardenv1connect.NewLockServiceClient(hc, url, client.WithToken(ordersToken)))
+	}
+	return s
 }
 
 // auditLines returns the JSON lines of an audit file that match.
@@ -63,19 +99,12 @@ func auditLines(t *testing.T, path string, match func(map[string]any) bool) []ma
 // credentials for longer than the bound refuses rather than decide by an
 // old view; and SIGHUP reopens the audit log.
 func TestClusterAuth(t *testing.T) {
-	p := newClusterPKI(t)
-	file, adminToken, ordersToken := authBootstrap(t, p)
-	c := newProcCluster(t)
-	c.secure = true
+	c := newSecureCluster(t)
+	p, adminToken, ordersToken, orders := c.pki, c.adminToken, c.ordersToken, c.orders
 	audits := make([]string, len(c.nodes))
-	orders := make([]wardenv1connect.LockServiceClient, len(c.nodes))
-	for i, n := range c.nodes {
+	for i := range c.nodes {
 		audits[i] = filepath.Join(p.dir, fmt.Sprintf("audit-%d.log", i+1))
-		c.extra[i] = append(p.flags(t, n), "--auth-bootstrap", file, "--audit-log", audits[i])
-		hc := httpsClient(p.roots, nil, "")
-		n.locks = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, client.WithToken(adminToken))
-		n.admin = wardenv1connect.NewAdminServiceClient(hc, "https://"+n.listen, client.WithToken(adminToken))
-		orders[i] = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, client.WithToken(ordersToken))
+		c.extra[i] = append(c.extra[i], "--audit-log", audits[i])
 	}
 	c.boot()
 
@@ -182,6 +211,33 @@ func TestClusterAuth(t *testing.T) {
 		}
 		t.Logf("node %d refused the revoked token %v after the revocation", i+1, time.Since(revoked).Round(time.Millisecond))
 	}
+
+	// The placement leader's SIGKILL does not age the survivors' views
+	// past the bound: for 3 s after it, no call is refused for stale
+	// credentials (the new leader answers the next short read).
+	ctx, cancel = rpcCtx()
+	ln, err := c.nodes[0].admin.ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+	cancel()
+	if err != nil || ln.Msg.GetPlacementLeaderId() == 0 {
+		t.Fatalf("the placement leader: %v, %v", ln, err)
+	}
+	dead := int(ln.Msg.GetPlacementLeaderId() - 1)
+	c.kill(dead)
+	for killed := time.Now(); time.Since(killed) < 3*time.Second; time.Sleep(20 * time.Millisecond) {
+		for i := range c.nodes {
+			if i == dead {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := c.nodes[i].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "orders/fwd"}))
+			cancel()
+			if err != nil && strings.Contains(err.Error(), "credentials") {
+				t.Fatalf("node %d %v after the placement leader's SIGKILL: %v", i+1, time.Since(killed).Round(time.Millisecond), err)
+			}
+		}
+	}
+	c.start(dead)
+	c.waitServing(dead)
 
 	// A node cut off from the placement group's quorum stops deciding by
 	// its old view once it is older than the bound: its refusal, before

@@ -67,6 +67,8 @@ type node struct {
 	nodeAPI placementv1connect.NodeServiceClient
 	// web, if set, reads a TLS node's /metrics; without it, cleartext.
 	web *http.Client
+	// quotaAPI, if set, is quota()'s client (a TLS cluster's).
+	quotaAPI wardenv1connect.QuotaServiceClient
 }
 
 type procCluster struct {

@@ -16,14 +16,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/warden-dev/warden/client"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
-	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/shard"
-	"github.com/warden-dev/warden/tlsconfig"
 )
 
 // buildBefore builds wardend as it was just before the commit that added
@@ -361,23 +358,9 @@ func TestClusterMixedPlacementAgree(t *testing.T) {
 // digests would differ.
 func TestClusterMixedReplayPrincipal(t *testing.T) {
 	old := buildBefore(t, "shard/apply.go", "VersionPrincipal = 8")
-	p := newClusterPKI(t)
-	file, adminToken, ordersToken := authBootstrap(t, p)
-	c := newProcCluster(t)
-	c.secure = true
+	c := newSecureCluster(t)
 	c.bins = map[int]string{2: old}
-	testerPEM, testerKey := p.issue(t, p.peerCA, "tester-peer", tlsconfig.CertSpec{CommonName: "tester", Names: []string{tlsconfig.NodeName(1)}, Client: true, Server: true})
-	tester := pair(t, testerPEM, testerKey)
-	orders := make([]wardenv1connect.LockServiceClient, len(c.nodes))
-	for i, n := range c.nodes {
-		c.extra[i] = append(p.flags(t, n), "--auth-bootstrap", file)
-		hc := httpsClient(p.roots, nil, "")
-		n.locks = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, client.WithToken(adminToken))
-		n.admin = wardenv1connect.NewAdminServiceClient(hc, "https://"+n.listen, client.WithToken(adminToken))
-		n.nodeAPI = placementv1connect.NewNodeServiceClient(peerClient(p, tester), "https://"+n.listen)
-		n.web = hc
-		orders[i] = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen, client.WithToken(ordersToken))
-	}
+	orders := c.orders
 	c.boot()
 	c.waitClockReadings()
 	acquire := func(cl wardenv1connect.LockServiceClient, resource, reqID string) (*wardenv1.AcquireResponse, error) {

@@ -22,6 +22,9 @@ import (
 )
 
 func (n *node) quota() wardenv1connect.QuotaServiceClient {
+	if n.quotaAPI != nil {
+		return n.quotaAPI
+	}
 	return wardenv1connect.NewQuotaServiceClient(http.DefaultClient, "http://"+n.listen)
 }
 

@@ -19,12 +19,20 @@ import (
 // cluster with one data shard, reserve+commit pairs on a three-level
 // quota tree, then acquire+release again after splitting the shard. It
 // runs only under make bench (WARDEN_BENCH=1): timing is a measurement,
-// never an assertion.
+// never an assertion. With WARDEN_BENCH_SECURE=1 the cluster serves TLS
+// with authentication on, and the clients call as the admin token (the
+// cost of TLS and authentication beside the plain run).
 func TestClusterThroughput(t *testing.T) {
 	if os.Getenv("WARDEN_BENCH") == "" {
 		t.Skip("a measurement: run with make bench (WARDEN_BENCH=1)")
 	}
-	c := startProcCluster(t)
+	var c *procCluster
+	if os.Getenv("WARDEN_BENCH_SECURE") != "" {
+		c = newSecureCluster(t).procCluster
+		c.boot()
+	} else {
+		c = startProcCluster(t)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	// op runs one acquire+release pair, or one reserve+commit pair.

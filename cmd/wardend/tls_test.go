@@ -237,6 +237,33 @@ func TestClusterTLS(t *testing.T) {
 	if _, err := four.acquire("tls/via-4", "j1", time.Minute, 0); err != nil {
 		t.Fatalf("Acquire through the node that joined over TLS: %v", err)
 	}
+	// A fifth node whose certificates come from a foreign CA tries to
+	// join: its peer handshakes are refused (node 1 logs them), and it
+	// never enters the map.
+	raft5, listen5 := c.freeAddrs()
+	five := &node{id: 5, dir: filepath.Join(t.TempDir(), "node-5"), raft: raft5, listen: listen5, zone: "az2"}
+	c.nodes = append(c.nodes, five)
+	c.extra[4] = newClusterPKI(t).flags(t, five)
+	c.start(4)
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(c.nodes[0].log.String(), "unknown authority"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("node 1 logged no refused handshake of the foreign node:\n%s", lastLines(c.nodes[0].log.String(), 20))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	lctx, lcancel := rpcCtx()
+	nodes, err := c.nodes[0].admin.ListNodes(lctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+	lcancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range nodes.Msg.GetNodes() {
+		if nd.GetId() == 5 {
+			t.Fatal("the node with a foreign CA's certificates is in the map")
+		}
+	}
+	c.kill(4)
+	c.nodes = c.nodes[:4]
 	// Premise: it takes node 2's peer certificate (the connection stays
 	// open, waiting for Raft's messages).
 	if err := raftHandshake(c.nodes[0].raft, pair(t, filepath.Join(p.dir, "node-2-peer.pem"), filepath.Join(p.dir, "node-2-peer-key.pem"))); !errors.Is(err, os.ErrDeadlineExceeded) {
