@@ -271,20 +271,32 @@ func TestClusterAuth(t *testing.T) {
 	}
 	t.Logf("node 1 refused to decide by its old auth view %v after the quorum went", time.Since(stopped).Round(time.Millisecond))
 
-	// SIGHUP reopens the audit log: moved away, it is written anew.
-	if err := os.Rename(audits[lead], audits[lead]+".1"); err != nil {
-		t.Fatal(err)
+	// SIGHUP reopens the audit log: moved away, it is written anew. (The
+	// kill above may have moved the shard's leadership, and the leader
+	// writes the line: every node's file is moved.)
+	for i, n := range c.nodes {
+		if err := os.Rename(audits[i], audits[i]+".1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := c.nodes[lead].cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
+	written := func() bool {
+		for _, a := range audits {
+			if len(auditLines(t, a, func(m map[string]any) bool { return m["resource"] == "orders/after-hup" })) > 0 {
+				return true
+			}
+		}
+		return false
 	}
 	deadline := time.Now().Add(15 * time.Second)
-	for n := 0; len(auditLines(t, audits[lead], func(m map[string]any) bool { return m["resource"] == "orders/after-hup" })) == 0; n++ {
+	for n := 0; !written(); n++ {
 		if time.Now().After(deadline) {
-			t.Fatal("no audit line in the reopened file after SIGHUP")
+			t.Fatal("no audit line in a reopened file after SIGHUP")
 		}
 		ctx, cancel := rpcCtx()
-		_, _ = c.nodes[lead].locks.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "orders/after-hup", RequestId: fmt.Sprint("h", n)}))
+		_, _ = c.nodes[0].locks.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "orders/after-hup", RequestId: fmt.Sprint("h", n)}))
 		cancel()
 		time.Sleep(100 * time.Millisecond)
 	}
