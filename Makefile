@@ -9,6 +9,9 @@ PKGS    := ./...
 # public API it shares with the server, and the load harness. A root
 # `go test ./...` skips them.
 MODULES := client proto loadtest
+# VERSION is what wardend --version and ListNodes show: the nearest tag
+# and the commit (git describe), "dev" outside a git checkout.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 .PHONY: all generate check-generate build run cluster cluster-stop test soak fuzz bench loadtest loadtest-secure loadtest-compare lint clean
 
@@ -25,7 +28,7 @@ check-generate: generate
 
 ## build: build wardend and warden into bin/
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/...
 
 ## run: a whole dev cluster in one process (three Raft nodes, zones az1..az3)
 run: build

@@ -27,8 +27,11 @@ type NodeConfig struct {
 	ID uint64
 	// Zone is the availability zone; a shard's replicas go to distinct zones.
 	Zone string
-	// RaftAddr is the host:port of the NodeHost's Raft transport.
-	RaftAddr string
+	// RaftAddr is the host:port of the NodeHost's Raft transport, as the
+	// other nodes reach it (advertised). RaftListenAddr, if set, is the
+	// address it binds instead (0.0.0.0:7100 behind a NAT or a pod IP).
+	RaftAddr       string
+	RaftListenAddr string
 	// DataDir holds the NodeHost's log (LogDB) and the state machines.
 	DataDir string
 	// RTT is the expected round trip between nodes; elections and
@@ -88,6 +91,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		WALDir:            filepath.Join(cfg.DataDir, "wal"),
 		RTTMillisecond:    uint64(cfg.RTT / time.Millisecond),
 		RaftAddress:       cfg.RaftAddr,
+		ListenAddress:     cfg.RaftListenAddr,
 		RaftEventListener: cfg.Listener,
 		Expert:            config.ExpertConfig{LogDB: logdb},
 	}

@@ -21,8 +21,11 @@ import (
 type NodeSpec struct {
 	ID       uint64
 	Zone     string
-	RaftAddr string // host:port of its Raft transport
-	DataDir  string
+	RaftAddr string // host:port of its Raft transport, as the others reach it
+	// RaftListenAddr, if set, is the address the Raft transport binds
+	// (wardend --raft-addr when --raft-advertise-addr is given).
+	RaftListenAddr string
+	DataDir        string
 }
 
 // Member is one of a cluster's initial members, which host the placement
@@ -71,6 +74,9 @@ type ClusterConfig struct {
 	// rotate Raft's certificates by a rolling restart); without peer
 	// material the nodes authenticate by Router.ClusterSecret.
 	TLS *tlsconfig.Store
+	// BuildVersion is the binary's version (wardend --version), which the
+	// node registers in the placement map for ListNodes.
+	BuildVersion string
 	// AuthBootstrap, if set, is the auth state to give a cluster that has
 	// none (wardend --auth-bootstrap, auth.LoadBootstrap). The node
 	// proposes it until some node's bootstrap commits, and until then
@@ -158,7 +164,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		}
 		lead := router.NewLeadership(cfg.Router.ClockOffset)
 		n, err := placement.StartNode(placement.NodeConfig{
-			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, DataDir: spec.DataDir,
+			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, RaftListenAddr: spec.RaftListenAddr, DataDir: spec.DataDir,
 			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
 			Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS),
 		})
@@ -190,7 +196,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	var st *placementv1.State
 	for i, spec := range cfg.Nodes {
 		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: cfg.ListenAddr, Incarnation: ids[i].Incarnation, CommandVersion: shard.CommandVersion,
-			MetaCommandVersion: placement.MetaCommandVersion}
+			MetaCommandVersion: placement.MetaCommandVersion, BuildVersion: cfg.BuildVersion}
 		var err error
 		if st, err = placement.Bootstrap(ctx, meta, initial, self, ids[i]); err != nil {
 			c.closeNodes()

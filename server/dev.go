@@ -37,6 +37,8 @@ type DevConfig struct {
 	// Observer, if set, also sees every hand-off each replica applies
 	// (tests and the load harness use it to watch grants to waiters).
 	Observer shard.ApplyObserver
+	// BuildVersion is the binary's version, registered by every node.
+	BuildVersion string
 }
 
 // DevNodes is the number of nodes of a dev cluster.
@@ -59,7 +61,7 @@ func StartDev(cfg DevConfig) (*Dev, error) {
 		cfg.ListenAddr = "127.0.0.1:7070"
 	}
 	cc := ClusterConfig{ListenAddr: cfg.ListenAddr, RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries,
-		CompactionOverhead: cfg.CompactionOverhead, Router: cfg.Router, Observer: cfg.Observer}
+		CompactionOverhead: cfg.CompactionOverhead, Router: cfg.Router, Observer: cfg.Observer, BuildVersion: cfg.BuildVersion}
 	var fresh, kept []string
 	for i, a := range addrs {
 		id := uint64(i + 1)

@@ -32,6 +32,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,35 +50,47 @@ import (
 )
 
 type cli struct {
-	Dev            bool          `help:"Run a whole three-node cluster in this process (the embedded setup make run uses). Without it, run one production node (--node-id and the flags below)."`
-	NodeID         uint64        `name:"node-id" placeholder:"ID" help:"This node's id (production mode), unique in the cluster, never reused."`
-	Zone           string        `help:"This node's availability zone; a shard's replicas go to distinct zones."`
-	RaftAddr       string        `name:"raft-addr" help:"host:port of this node's Raft transport."`
-	InitialMembers string        `name:"initial-members" help:"The cluster's first nodes, id=raftaddr=listenaddr,... (the same list on each of them)."`
-	Join           []string      `help:"Connect addresses of running nodes, for a node that is not an initial member."`
-	InitialState   string        `name:"initial-cluster-state" enum:"new,existing" default:"existing" help:"new: this initial member may initialise an empty --data-dir, as every initial member of a cluster being created does on its first start (only then). existing (the default): a node whose data directory holds no state refuses to start, since a member that lost its data must never vote again under its id."`
-	SecretFile     string        `name:"cluster-secret-file" placeholder:"PATH" help:"File holding the cluster secret, the same on every node (at least 16 characters). Required with --insecure, where it authenticates the nodes to each other in place of the peer certificates."`
-	TLSCert        string        `name:"tls-cert" placeholder:"PATH" group:"TLS" help:"PEM certificate (chain) the client API presents on --listen. With --tls-key, serves TLS (HTTP/2 by ALPN, and HTTP/1.1). Reloaded on SIGHUP and when the file changes."`
-	TLSKey         string        `name:"tls-key" placeholder:"PATH" group:"TLS" help:"PEM private key of --tls-cert."`
-	TLSClientCA    string        `name:"tls-client-ca" placeholder:"PATH" group:"TLS" help:"PEM CA bundle that verifies client certificates; without it the client API asks for none. Health probes and /metrics need none either way."`
-	PeerCA         string        `name:"peer-ca" placeholder:"PATH" group:"TLS" help:"PEM CA that signs the nodes' peer certificates, and only those (not the client CA): verifies the other nodes on the node API and on Raft."`
-	PeerCert       string        `name:"peer-cert" placeholder:"PATH" group:"TLS" help:"PEM peer certificate of this node: names its node id (DNS node-<id>.peer.warden) and the host of --raft-addr; for server and client use."`
-	PeerKey        string        `name:"peer-key" placeholder:"PATH" group:"TLS" help:"PEM private key of --peer-cert. Raft reads the peer files at start: rotate them with a rolling restart."`
-	AuthBootstrap  string        `name:"auth-bootstrap" placeholder:"FILE" help:"Turn authentication on for a cluster that has no auth state yet, with the roles, bindings and tokens of FILE (JSON; docs/security.md). Give the same file to every initial member; the first to commit wins, and later starts ignore it. Needs TLS. Until it commits the node refuses client calls."`
-	Insecure       bool          `group:"TLS" help:"Serve every port in cleartext, with no TLS: the nodes authenticate each other by --cluster-secret-file alone, and anyone on the network can read and alter traffic. For tests and trusted networks; logged and exported as warden_insecure 1."`
-	ClockOffset    time.Duration `name:"debug-clock-offset" hidden:"" help:"Pretend this node's wall clock is off by this much (clock skew tests only)."`
-	DataDir        string        `default:"./data/dev" help:"Directory for Raft logs and state."`
-	Listen         string        `default:"127.0.0.1:7070" help:"Address to serve the Connect API on."`
-	LogLevel       slog.Level    `default:"info" help:"Log level: debug, info, warn, error."`
-	RaftLogLevel   slog.Level    `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
-	ShutdownWait   time.Duration `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
-	AuditLog       string        `help:"Write the audit log (one JSON line per state-changing call, with its principal) to this file, or - for stderr. Reopened on SIGHUP, for rotation."`
-	PprofAddr      string        `name:"pprof-addr" placeholder:"HOST:PORT" help:"Serve Go's profiler (/debug/pprof/) on this address, for performance work; keep it on loopback. Off by default."`
+	Config         kong.ConfigFlag  `placeholder:"FILE" help:"Read flags from FILE (YAML: flag names without the dashes as keys, docs/operations.md). Command-line flags and WARDEN_… variables override it."`
+	Version        kong.VersionFlag `env:"-" help:"Print the version and exit."`
+	Dev            bool             `help:"Run a whole three-node cluster in this process (the embedded setup make run uses). Without it, run one production node (--node-id and the flags below)."`
+	NodeID         uint64           `name:"node-id" placeholder:"ID" help:"This node's id (production mode), unique in the cluster, never reused."`
+	Zone           string           `help:"This node's availability zone; a shard's replicas go to distinct zones."`
+	RaftAddr       string           `name:"raft-addr" help:"host:port the Raft transport binds (and advertises, unless --raft-advertise-addr)."`
+	RaftAdvertise  string           `name:"raft-advertise-addr" placeholder:"HOST:PORT" help:"host:port the other nodes reach this node's Raft transport at, when it differs from --raft-addr (a 0.0.0.0 bind, NAT). Peer certificates name its host."`
+	Advertise      string           `name:"advertise-addr" placeholder:"HOST:PORT" help:"host:port the other nodes and clients reach this node's Connect API at, when it differs from --listen (a 0.0.0.0 bind, NAT)."`
+	InitialMembers string           `name:"initial-members" help:"The cluster's first nodes, id=raftaddr=listenaddr,... (the same list on each of them)."`
+	Join           []string         `help:"Connect addresses of running nodes, for a node that is not an initial member."`
+	InitialState   string           `name:"initial-cluster-state" enum:"new,existing" default:"existing" help:"new: this initial member may initialise an empty --data-dir, as every initial member of a cluster being created does on its first start (only then). existing (the default): a node whose data directory holds no state refuses to start, since a member that lost its data must never vote again under its id."`
+	SecretFile     string           `name:"cluster-secret-file" placeholder:"PATH" help:"File holding the cluster secret, the same on every node (at least 16 characters). Required with --insecure, where it authenticates the nodes to each other in place of the peer certificates."`
+	TLSCert        string           `name:"tls-cert" placeholder:"PATH" group:"TLS" help:"PEM certificate (chain) the client API presents on --listen. With --tls-key, serves TLS (HTTP/2 by ALPN, and HTTP/1.1). Reloaded on SIGHUP and when the file changes."`
+	TLSKey         string           `name:"tls-key" placeholder:"PATH" group:"TLS" help:"PEM private key of --tls-cert."`
+	TLSClientCA    string           `name:"tls-client-ca" placeholder:"PATH" group:"TLS" help:"PEM CA bundle that verifies client certificates; without it the client API asks for none. Health probes and /metrics need none either way."`
+	PeerCA         string           `name:"peer-ca" placeholder:"PATH" group:"TLS" help:"PEM CA that signs the nodes' peer certificates, and only those (not the client CA): verifies the other nodes on the node API and on Raft."`
+	PeerCert       string           `name:"peer-cert" placeholder:"PATH" group:"TLS" help:"PEM peer certificate of this node: names its node id (DNS node-<id>.peer.warden) and the host of --raft-addr; for server and client use."`
+	PeerKey        string           `name:"peer-key" placeholder:"PATH" group:"TLS" help:"PEM private key of --peer-cert. Raft reads the peer files at start: rotate them with a rolling restart."`
+	AuthBootstrap  string           `name:"auth-bootstrap" placeholder:"FILE" help:"Turn authentication on for a cluster that has no auth state yet, with the roles, bindings and tokens of FILE (JSON; docs/security.md). Give the same file to every initial member; the first to commit wins, and later starts ignore it. Needs TLS. Until it commits the node refuses client calls."`
+	Insecure       bool             `group:"TLS" env:"-" help:"Serve every port in cleartext, with no TLS: the nodes authenticate each other by --cluster-secret-file alone, and anyone on the network can read and alter traffic. For tests and trusted networks; logged and exported as warden_insecure 1."`
+	ClockOffset    time.Duration    `name:"debug-clock-offset" hidden:"" env:"-" help:"Pretend this node's wall clock is off by this much (clock skew tests only)."`
+	DataDir        string           `placeholder:"DIR" help:"Directory for Raft logs and state: required for a production node; --dev defaults to ./data/dev."`
+	Listen         string           `default:"127.0.0.1:7070" help:"Address to serve the Connect API on."`
+	LogLevel       slog.Level       `default:"info" help:"Log level: debug, info, warn, error."`
+	RaftLogLevel   slog.Level       `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
+	ShutdownWait   time.Duration    `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
+	AuditLog       string           `help:"Write the audit log (one JSON line per state-changing call, with its principal) to this file, or - for stderr. Reopened on SIGHUP, for rotation."`
+	PprofAddr      string           `name:"pprof-addr" placeholder:"HOST:PORT" help:"Serve Go's profiler (/debug/pprof/) on this address, for performance work; keep it on loopback. Off by default."`
 }
 
 func main() {
 	var c cli
-	k := kong.Parse(&c, kong.Description("Warden: exclusive locks with leases and fencing tokens, replicated by Raft."))
+	k, err := parser(&c)
+	if err != nil {
+		panic(err) // the flag definitions are wrong: a programming error
+	}
+	_, err = k.Parse(os.Args[1:])
+	k.FatalIfErrorf(err)
+	if c.Dev && c.DataDir == "" {
+		c.DataDir = "./data/dev"
+	}
 	if !c.Dev {
 		_, err := c.clusterConfig()
 		k.FatalIfErrorf(err) // a usage error, before anything starts
@@ -116,7 +129,7 @@ func run(c cli) error {
 		slog.Warn("serving without TLS (--insecure): the nodes authenticate each other by the cluster secret alone, and anyone on the network can read and alter traffic")
 	}
 	if c.Dev {
-		cfg.Dev = &server.DevConfig{DataDir: c.DataDir, ListenAddr: c.Listen, Router: router.Config{Audit: audit}}
+		cfg.Dev = &server.DevConfig{DataDir: c.DataDir, ListenAddr: c.Listen, Router: router.Config{Audit: audit}, BuildVersion: buildVersion()}
 	} else {
 		if cfg.Cluster, err = c.clusterConfig(); err != nil {
 			return err
@@ -144,6 +157,15 @@ func run(c cli) error {
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownWait)
 	defer cancel()
 	return errors.Join(failed, srv.Shutdown(sctx))
+}
+
+// parser is wardend's command line: the flags of cli, each also read
+// from a WARDEN_… environment variable (but --insecure and the debug
+// flags) and from --config's file, the command line winning over the
+// environment and the environment over the file.
+func parser(c *cli) (*kong.Kong, error) {
+	return kong.New(c, kong.Name("wardend"), kong.Description("Warden: exclusive locks with leases and fencing tokens, replicated by Raft."),
+		kong.DefaultEnvars("WARDEN"), kong.Configuration(yamlConfig), kong.Vars{"version": "wardend " + buildVersion() + " " + runtime.Version()})
 }
 
 // reloadOnHangup, on each SIGHUP until ctx ends, reloads the TLS
@@ -180,6 +202,8 @@ func (c cli) clusterConfig() (server.ClusterConfig, error) {
 		return server.ClusterConfig{}, errors.New("--zone is required")
 	case c.RaftAddr == "":
 		return server.ClusterConfig{}, errors.New("--raft-addr is required")
+	case c.DataDir == "":
+		return server.ClusterConfig{}, errors.New("--data-dir is required (a production node keeps its Raft log there)")
 	case c.InitialMembers == "" && len(c.Join) == 0:
 		return server.ClusterConfig{}, errors.New("--initial-members or --join is required")
 	}
@@ -190,12 +214,21 @@ func (c cli) clusterConfig() (server.ClusterConfig, error) {
 	if c.InitialState == "new" && !slices.ContainsFunc(members, func(m server.Member) bool { return m.ID == c.NodeID }) {
 		return server.ClusterConfig{}, fmt.Errorf("--initial-cluster-state new: node %d is not in --initial-members; a node that joins a running cluster starts with --join alone", c.NodeID)
 	}
+	listen, err := advertised("--advertise-addr", c.Advertise, "--listen", c.Listen)
+	if err != nil {
+		return server.ClusterConfig{}, err
+	}
+	raft, err := advertised("--raft-advertise-addr", c.RaftAdvertise, "--raft-addr", c.RaftAddr)
+	if err != nil {
+		return server.ClusterConfig{}, err
+	}
 	cfg := server.ClusterConfig{
-		Nodes:      []server.NodeSpec{{ID: c.NodeID, Zone: c.Zone, RaftAddr: c.RaftAddr, DataDir: c.DataDir}},
-		ListenAddr: c.Listen,
-		Members:    members,
-		Join:       c.Join,
-		NewCluster: c.InitialState == "new",
+		Nodes:        []server.NodeSpec{{ID: c.NodeID, Zone: c.Zone, RaftAddr: raft, RaftListenAddr: c.RaftAddr, DataDir: c.DataDir}},
+		ListenAddr:   listen,
+		Members:      members,
+		Join:         c.Join,
+		NewCluster:   c.InitialState == "new",
+		BuildVersion: buildVersion(),
 	}
 	switch tlsSet := c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" || c.PeerCA != "" || c.PeerCert != "" || c.PeerKey != ""; {
 	case c.Insecure && tlsSet:
@@ -223,6 +256,27 @@ func (c cli) clusterConfig() (server.ClusterConfig, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// advertised is the address the other nodes reach a bound address at:
+// adv (the flag named advFlag) if set, else bind (bindFlag's). An address
+// without a host, or with an unspecified one (0.0.0.0, ::), binds every
+// interface and cannot be advertised.
+func advertised(advFlag, adv, bindFlag, bind string) (string, error) {
+	if adv == "" {
+		if host, _, err := net.SplitHostPort(bind); err == nil && (host == "" || net.ParseIP(host).IsUnspecified()) {
+			return "", fmt.Errorf("%s %s binds every interface: give %s, the address the other nodes reach", bindFlag, bind, advFlag)
+		}
+		return bind, nil
+	}
+	host, port, err := net.SplitHostPort(adv)
+	if err != nil || port == "" || port == "0" {
+		return "", fmt.Errorf("%s %q: want host:port with a port", advFlag, adv)
+	}
+	if host == "" || net.ParseIP(host).IsUnspecified() {
+		return "", fmt.Errorf("%s %q: the other nodes cannot reach an unspecified host", advFlag, adv)
+	}
+	return adv, nil
 }
 
 // parseMembers parses --initial-members: id=raftaddr=listenaddr,...

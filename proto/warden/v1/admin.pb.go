@@ -275,11 +275,14 @@ func (x *ListNodesResponse) GetPlacementLeaderId() uint64 {
 
 // NodeInfo is one Warden node.
 type NodeInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Zone          string                 `protobuf:"bytes,2,opt,name=zone,proto3" json:"zone,omitempty"`
-	RaftAddr      string                 `protobuf:"bytes,3,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
-	ListenAddr    string                 `protobuf:"bytes,4,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Zone       string                 `protobuf:"bytes,2,opt,name=zone,proto3" json:"zone,omitempty"`
+	RaftAddr   string                 `protobuf:"bytes,3,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	ListenAddr string                 `protobuf:"bytes,4,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
+	// Version is the node's wardend version as it registered it at its
+	// last start ("" for a binary that predates it).
+	Version       string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -338,6 +341,13 @@ func (x *NodeInfo) GetRaftAddr() string {
 func (x *NodeInfo) GetListenAddr() string {
 	if x != nil {
 		return x.ListenAddr
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetVersion() string {
+	if x != nil {
+		return x.Version
 	}
 	return ""
 }
@@ -1606,13 +1616,14 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x10ListNodesRequest\"n\n" +
 	"\x11ListNodesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.warden.v1.NodeInfoR\x05nodes\x12.\n" +
-	"\x13placement_leader_id\x18\x02 \x01(\x04R\x11placementLeaderId\"l\n" +
+	"\x13placement_leader_id\x18\x02 \x01(\x04R\x11placementLeaderId\"\x86\x01\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
 	"\traft_addr\x18\x03 \x01(\tR\braftAddr\x12\x1f\n" +
 	"\vlisten_addr\x18\x04 \x01(\tR\n" +
-	"listenAddr\"\x13\n" +
+	"listenAddr\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\"\x13\n" +
 	"\x11ListShardsRequest\"b\n" +
 	"\x12ListShardsResponse\x12\x1e\n" +
 	"\n" +

@@ -684,8 +684,11 @@ type Node struct {
 	// node's binary applies, registered at each start (0: a binary that
 	// predates placement command versions, which applies version 1).
 	MetaCommandVersion uint32 `protobuf:"varint,7,opt,name=meta_command_version,json=metaCommandVersion,proto3" json:"meta_command_version,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// BuildVersion is the node's wardend version at its last start
+	// (wardend --version), for operators; Apply never decides by it.
+	BuildVersion  string `protobuf:"bytes,8,opt,name=build_version,json=buildVersion,proto3" json:"build_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -765,6 +768,13 @@ func (x *Node) GetMetaCommandVersion() uint32 {
 		return x.MetaCommandVersion
 	}
 	return 0
+}
+
+func (x *Node) GetBuildVersion() string {
+	if x != nil {
+		return x.BuildVersion
+	}
+	return ""
 }
 
 // Shard is a data shard's Raft group.
@@ -2176,7 +2186,7 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\x06sha256\x18\x02 \x01(\fR\x06sha256\x12\x1c\n" +
 	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12&\n" +
 	"\x0fcreated_unix_ms\x18\x04 \x01(\x03R\rcreatedUnixMs\x12 \n" +
-	"\vdescription\x18\x05 \x01(\tR\vdescription\"\xe5\x01\n" +
+	"\vdescription\x18\x05 \x01(\tR\vdescription\"\x8a\x02\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
@@ -2185,7 +2195,8 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"listenAddr\x12 \n" +
 	"\vincarnation\x18\x05 \x01(\tR\vincarnation\x12'\n" +
 	"\x0fcommand_version\x18\x06 \x01(\rR\x0ecommandVersion\x120\n" +
-	"\x14meta_command_version\x18\a \x01(\rR\x12metaCommandVersion\"\xfa\x01\n" +
+	"\x14meta_command_version\x18\a \x01(\rR\x12metaCommandVersion\x12#\n" +
+	"\rbuild_version\x18\b \x01(\tR\fbuildVersion\"\xfa\x01\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x128\n" +
