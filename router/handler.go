@@ -50,7 +50,9 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 		mux.Handle(nodePath, nodeAPI)
 	}
 	services := []string{wardenv1connect.LockServiceName, wardenv1connect.QuotaServiceName, wardenv1connect.AdminServiceName, wardenv1connect.AuthServiceName}
-	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
+	mux.Handle(grpchealth.NewHandler(healthChecker{r, services}))
+	mux.HandleFunc("/healthz", healthz)
+	mux.HandleFunc("/readyz", r.readyz)
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))

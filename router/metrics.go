@@ -23,10 +23,12 @@ var metrics = struct {
 	quotaDrift    *prometheus.GaugeVec
 	reclaimLag    prometheus.Gauge
 }{
+	// By pool (a key's root segment), not by key: one series per key
+	// would grow without bound with the tenants and projects under a pool.
 	quotaDrift: promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "warden_quota_drift",
-		Help: "Observed minus committed usage of a quota key at its last ReportUsage.",
-	}, []string{"key"}),
+		Help: "Observed minus committed usage at the pool's last ReportUsage (of any key under the pool).",
+	}, []string{"pool"}),
 	reclaimLag: promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "warden_quota_reclaim_lag_seconds",
 		Help: "How long past its ttl the oldest expired reservation waited for the reclaimer, at the leader's last pass (0 when none was waiting).",

@@ -279,7 +279,7 @@ func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[ward
 		if err != nil {
 			return nil, err
 		}
-		metrics.quotaDrift.WithLabelValues(m.GetKey()).Set(float64(res.GetQuota().GetDrift()))
+		metrics.quotaDrift.WithLabelValues(keyspace.Pool(m.GetKey())).Set(float64(res.GetQuota().GetDrift()))
 		q := res.GetQuota().GetRecord()
 		return &wardenv1.ReportUsageResponse{Drift: res.GetQuota().GetDrift(), Level: level(q, q.GetReserved(), 0, max(0, q.GetLimit()-q.GetCommitted()-q.GetReserved()))}, nil
 	})

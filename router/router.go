@@ -168,8 +168,10 @@ type Router struct {
 	proposing *admission
 	// auth is the newest auth view the node read with the map.
 	auth authState
-	stop chan struct{}
-	wg   sync.WaitGroup
+	// ready caches the last readiness answer (health.go).
+	ready readiness
+	stop  chan struct{}
+	wg    sync.WaitGroup
 }
 
 // New returns a Router over the local nodes, whose replicas report their
@@ -267,10 +269,12 @@ func (r *Router) Start() {
 	}
 	r.wg.Go(r.watchClock)
 	r.wg.Go(r.watchAuth)
+	replicas.add(r)
 }
 
 // Stop ends the timers and waits for them.
 func (r *Router) Stop() {
+	replicas.remove(r)
 	close(r.stop)
 	r.wg.Wait()
 }

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	_ "net/http/pprof" // served only on Config.PprofAddr
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,6 +44,23 @@ type Config struct {
 
 // insecure is 1 on a node that serves without TLS outside a dev cluster
 // (wardend --insecure).
+// buildInfo is 1 for the version this process serves, labelled with it,
+// the VCS revision (when the build recorded it) and the Go version.
+var buildInfo = promauto.NewGaugeVec(prometheus.GaugeOpts{Name: "warden_build_info",
+	Help: "1, labelled with the wardend version, its VCS revision and the Go version."}, []string{"version", "revision", "go"})
+
+// revision is the VCS revision the binary was built from, or "unknown".
+func revision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return "unknown"
+}
+
 var insecure = promauto.NewGauge(prometheus.GaugeOpts{Name: "warden_insecure", Help: "1 if this production node serves its APIs and Raft without TLS (wardend --insecure), else 0."})
 
 // Server is a running wardend: its cluster and its HTTP servers.
@@ -69,6 +88,11 @@ func Start(cfg Config) (*Server, error) {
 			return nil, errors.New("server: a node without TLS needs the cluster secret, which authenticates the nodes to each other")
 		}
 	}
+	version := cfg.Cluster.BuildVersion
+	if cfg.Dev != nil {
+		version = cfg.Dev.BuildVersion
+	}
+	buildInfo.WithLabelValues(version, revision(), runtime.Version()).Set(1)
 	insecure.Set(0)
 	if cfg.Dev == nil && cfg.TLS == nil {
 		insecure.Set(1)
