@@ -74,7 +74,9 @@ func (s *AdminServer) ListNodes(ctx context.Context, _ *connect.Request[wardenv1
 	err := s.r.RefreshMap(ctx)
 	out := &wardenv1.ListNodesResponse{}
 	for _, n := range s.r.Map().State().GetNodes() {
-		out.Nodes = append(out.Nodes, &wardenv1.NodeInfo{Id: n.GetId(), Zone: n.GetZone(), RaftAddr: n.GetRaftAddr(), ListenAddr: n.GetListenAddr(), Version: n.GetBuildVersion()})
+		info := &wardenv1.NodeInfo{Id: n.GetId(), Zone: n.GetZone(), RaftAddr: n.GetRaftAddr(), ListenAddr: n.GetListenAddr(), Version: n.GetBuildVersion()}
+		info.Up, info.LastHeard = s.r.heardFrom(n.GetId())
+		out.Nodes = append(out.Nodes, info)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)

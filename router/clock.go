@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
@@ -308,6 +309,22 @@ func (r *Router) peerVersion(id uint64) uint32 {
 		return v
 	}
 	return max(r.Map().Node(id).GetCommandVersion(), 1)
+}
+
+// heardFrom reports whether node id is up (local, or it answered its last
+// clock reading) and when this node last heard from it (nil: never).
+func (r *Router) heardFrom(id uint64) (bool, *timestamppb.Timestamp) {
+	if r.isLocal(id) {
+		return true, timestamppb.Now()
+	}
+	r.clock.mu.Lock()
+	defer r.clock.mu.Unlock()
+	at, heard := r.clock.readAt[id]
+	if !heard {
+		return false, nil
+	}
+	// readAt is monotonic time: its wall reading is when the round began.
+	return !r.clock.down[id], timestamppb.New(at)
 }
 
 // live reports whether node id answered its last clock reading (a node

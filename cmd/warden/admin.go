@@ -29,13 +29,20 @@ func (*nodesCmd) Run(g *globals) error {
 		return fmt.Errorf("nodes: %w", err)
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
-		fmt.Fprintf(w, "%-4s %-8s %-22s %s\n", "ID", "ZONE", "RAFT", "LISTEN")
+		fmt.Fprintf(w, "%-4s %-8s %-5s %-10s %-22s %-22s %s\n", "ID", "ZONE", "STATE", "HEARD", "RAFT", "LISTEN", "VERSION")
 		for _, n := range resp.Msg.GetNodes() {
 			role := ""
 			if n.GetId() == resp.Msg.GetPlacementLeaderId() {
 				role = "  (placement leader)"
 			}
-			fmt.Fprintf(w, "%-4d %-8s %-22s %s%s\n", n.GetId(), n.GetZone(), n.GetRaftAddr(), n.GetListenAddr(), role)
+			state, heard := "down", "never"
+			if n.GetUp() {
+				state = "up"
+			}
+			if n.GetLastHeard() != nil {
+				heard = time.Since(n.GetLastHeard().AsTime()).Round(time.Second).String() + " ago"
+			}
+			fmt.Fprintf(w, "%-4d %-8s %-5s %-10s %-22s %-22s %s%s\n", n.GetId(), n.GetZone(), state, heard, n.GetRaftAddr(), n.GetListenAddr(), n.GetVersion(), role)
 		}
 	})
 }

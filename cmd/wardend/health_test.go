@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -119,4 +120,28 @@ func TestReadiness(t *testing.T) {
 		t.Errorf("/readyz took %v to turn ready after SIGCONT, want within 2 s", ready)
 	}
 	t.Logf("/readyz turned not ready %v after SIGSTOP of two nodes, ready %v after SIGCONT", notReady.Round(time.Millisecond), ready.Round(time.Millisecond))
+
+	// Liveness in ListNodes and warden admin nodes: node 3 SIGKILLed is
+	// down, the others up and heard from.
+	c.kill(2)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, err := exec.Command(cliBinary, "--addr", "http://"+n.listen, "--json", "admin", "nodes").CombinedOutput()
+		var resp struct {
+			Nodes []struct {
+				ID        string `json:"id"`
+				Up        bool   `json:"up"`
+				LastHeard string `json:"last_heard"`
+			} `json:"nodes"`
+		}
+		if err == nil && json.Unmarshal(out, &resp) == nil && len(resp.Nodes) == 3 &&
+			resp.Nodes[0].Up && resp.Nodes[1].Up && !resp.Nodes[2].Up && resp.Nodes[1].LastHeard != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warden admin nodes 15 s after node 3's SIGKILL: %v\n%s", err, out)
+		}
+	}
+	if out, err := exec.Command(cliBinary, "--addr", "http://"+n.listen, "admin", "nodes").CombinedOutput(); err != nil || !strings.Contains(string(out), " down ") {
+		t.Fatalf("warden admin nodes: %v\n%s", err, out)
+	}
 }

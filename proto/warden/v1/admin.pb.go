@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -282,7 +283,14 @@ type NodeInfo struct {
 	ListenAddr string                 `protobuf:"bytes,4,opt,name=listen_addr,json=listenAddr,proto3" json:"listen_addr,omitempty"`
 	// Version is the node's wardend version as it registered it at its
 	// last start ("" for a binary that predates it).
-	Version       string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	Version string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	// Up: the answering node runs it, or heard from it at its last clock
+	// reading (every second). A node never heard from since the answering
+	// node started is down.
+	Up bool `protobuf:"varint,6,opt,name=up,proto3" json:"up,omitempty"`
+	// LastHeard is when the answering node last heard from it (its own
+	// time for itself); unset when never.
+	LastHeard     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_heard,json=lastHeard,proto3" json:"last_heard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -350,6 +358,20 @@ func (x *NodeInfo) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *NodeInfo) GetUp() bool {
+	if x != nil {
+		return x.Up
+	}
+	return false
+}
+
+func (x *NodeInfo) GetLastHeard() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastHeard
+	}
+	return nil
 }
 
 type ListShardsRequest struct {
@@ -1602,7 +1624,7 @@ var File_warden_v1_admin_proto protoreflect.FileDescriptor
 
 const file_warden_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15warden/v1/admin.proto\x12\twarden.v1\x1a\x1egoogle/protobuf/duration.proto\"+\n" +
+	"\x15warden/v1/admin.proto\x12\twarden.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n" +
 	"\x13HotResourcesRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\x8d\x01\n" +
 	"\x14HotResourcesResponse\x125\n" +
@@ -1616,14 +1638,17 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x10ListNodesRequest\"n\n" +
 	"\x11ListNodesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.warden.v1.NodeInfoR\x05nodes\x12.\n" +
-	"\x13placement_leader_id\x18\x02 \x01(\x04R\x11placementLeaderId\"\x86\x01\n" +
+	"\x13placement_leader_id\x18\x02 \x01(\x04R\x11placementLeaderId\"\xd1\x01\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
 	"\traft_addr\x18\x03 \x01(\tR\braftAddr\x12\x1f\n" +
 	"\vlisten_addr\x18\x04 \x01(\tR\n" +
 	"listenAddr\x12\x18\n" +
-	"\aversion\x18\x05 \x01(\tR\aversion\"\x13\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\x12\x0e\n" +
+	"\x02up\x18\x06 \x01(\bR\x02up\x129\n" +
+	"\n" +
+	"last_heard\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tlastHeard\"\x13\n" +
 	"\x11ListShardsRequest\"b\n" +
 	"\x12ListShardsResponse\x12\x1e\n" +
 	"\n" +
@@ -1780,58 +1805,60 @@ var file_warden_v1_admin_proto_goTypes = []any{
 	(*RebalanceRequest)(nil),       // 22: warden.v1.RebalanceRequest
 	(*RebalanceResponse)(nil),      // 23: warden.v1.RebalanceResponse
 	(*RebalanceAction)(nil),        // 24: warden.v1.RebalanceAction
-	(*durationpb.Duration)(nil),    // 25: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 26: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
 	2,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
 	2,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
 	5,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
-	8,  // 3: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
-	9,  // 4: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
-	16, // 5: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
-	25, // 6: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
-	25, // 7: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
-	25, // 8: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
-	25, // 9: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
-	25, // 10: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
-	25, // 11: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
-	25, // 12: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
-	25, // 13: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
-	25, // 14: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
-	19, // 15: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	25, // 16: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	25, // 17: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	25, // 18: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	25, // 19: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	25, // 20: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	25, // 21: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
-	25, // 22: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
-	25, // 23: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
-	25, // 24: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
-	24, // 25: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
-	3,  // 26: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
-	6,  // 27: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
-	10, // 28: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	20, // 29: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
-	22, // 30: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
-	12, // 31: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	14, // 32: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	17, // 33: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	0,  // 34: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	4,  // 35: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	7,  // 36: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	11, // 37: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	21, // 38: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
-	23, // 39: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
-	13, // 40: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	15, // 41: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	18, // 42: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	1,  // 43: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	35, // [35:44] is the sub-list for method output_type
-	26, // [26:35] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	25, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
+	8,  // 4: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
+	9,  // 5: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
+	16, // 6: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
+	26, // 7: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	26, // 8: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	26, // 9: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	26, // 10: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	26, // 11: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	26, // 12: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	26, // 13: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
+	26, // 14: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
+	26, // 15: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
+	19, // 16: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
+	26, // 17: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	26, // 18: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	26, // 19: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	26, // 20: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	26, // 21: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	26, // 22: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	26, // 23: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
+	26, // 24: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
+	26, // 25: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
+	24, // 26: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
+	3,  // 27: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	6,  // 28: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	10, // 29: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	20, // 30: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	22, // 31: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
+	12, // 32: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	14, // 33: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	17, // 34: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	0,  // 35: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	4,  // 36: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	7,  // 37: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	11, // 38: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	21, // 39: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	23, // 40: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
+	13, // 41: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	15, // 42: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	18, // 43: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	1,  // 44: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	36, // [36:45] is the sub-list for method output_type
+	27, // [27:36] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
