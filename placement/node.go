@@ -3,10 +3,12 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/lni/dragonboat/v4"
@@ -119,6 +121,35 @@ func (n *Node) ID() uint64 { return n.cfg.ID }
 
 // Zone returns the node's availability zone.
 func (n *Node) Zone() string { return n.cfg.Zone }
+
+// DiskUsage is the bytes the node's Raft log (its NodeHost and WAL
+// directories) and its state machines' stores take on disk now, walking
+// the files (a read error leaves the file out).
+func (n *Node) DiskUsage() (raftLog, stateMachines int64) {
+	size := func(dir string) int64 {
+		var total int64
+		_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if info, err := d.Info(); err == nil {
+					total += info.Size()
+				}
+			}
+			return nil
+		})
+		return total
+	}
+	return size(filepath.Join(n.cfg.DataDir, "nodehost")) + size(filepath.Join(n.cfg.DataDir, "wal")), size(filepath.Join(n.cfg.DataDir, "sm"))
+}
+
+// DiskSpace is the size and the free bytes (for an unprivileged user) of
+// the filesystem holding the node's data directory.
+func (n *Node) DiskSpace() (size, free uint64, err error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(n.cfg.DataDir, &st); err != nil {
+		return 0, 0, err
+	}
+	return st.Blocks * uint64(st.Bsize), st.Bavail * uint64(st.Bsize), nil
+}
 
 // raftConfig is the Raft configuration of every replica on the node.
 func (n *Node) raftConfig(shardID, replicaID uint64) config.Config {

@@ -7,21 +7,23 @@ import (
 
 // metrics of the router, registered with Prometheus's default registry.
 var metrics = struct {
-	rpcDuration   *prometheus.HistogramVec
-	rpcOutcomes   *prometheus.CounterVec
-	proposal      prometheus.Histogram
-	batchOps      prometheus.Histogram
-	leaderChanges prometheus.Counter
-	expirations   prometheus.Counter
-	waitDuration  prometheus.Histogram
-	activeLocks   *prometheus.GaugeVec
-	waiters       *prometheus.GaugeVec
-	moveRetries   prometheus.Counter
-	forwards      prometheus.Counter
-	splitFence    prometheus.Histogram
-	clockOffset   *prometheus.GaugeVec
-	quotaDrift    *prometheus.GaugeVec
-	reclaimLag    prometheus.Gauge
+	rpcDuration *prometheus.HistogramVec
+	rpcOutcomes *prometheus.CounterVec
+	proposal    prometheus.Histogram
+	// proposalsFailed counts failed proposals by outcome label.
+	proposalsFailed *prometheus.CounterVec
+	batchOps        prometheus.Histogram
+	leaderChanges   prometheus.Counter
+	expirations     prometheus.Counter
+	waitDuration    prometheus.Histogram
+	activeLocks     *prometheus.GaugeVec
+	waiters         *prometheus.GaugeVec
+	moveRetries     prometheus.Counter
+	forwards        prometheus.Counter
+	splitFence      prometheus.Histogram
+	clockOffset     *prometheus.GaugeVec
+	quotaDrift      *prometheus.GaugeVec
+	reclaimLag      prometheus.Gauge
 }{
 	// By pool (a key's root segment), not by key: one series per key
 	// would grow without bound with the tenants and projects under a pool.
@@ -60,6 +62,10 @@ var metrics = struct {
 		Name: "warden_rpc_outcomes_total",
 		Help: "Warden RPCs by method and outcome (ok, conflict, timeout, stale, invalid, exhausted, unknown, unavailable, canceled, error).",
 	}, []string{"method", "outcome"}),
+	proposalsFailed: promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "warden_proposals_failed_total",
+		Help: "Proposals to a local leader that failed, by outcome (unavailable: dropped or no leader; unknown: the outcome was not learned; timeout, canceled, error).",
+	}, []string{"outcome"}),
 	proposal: promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "warden_proposal_duration_seconds",
 		Help:    "Time from proposing a command to learning its committed result, in seconds.",
@@ -91,4 +97,13 @@ var metrics = struct {
 		Name: "warden_waiters",
 		Help: "Acquire requests queued for a lock, as the shard's leader last applied.",
 	}, []string{"shard"}),
+}
+
+// Every outcome a failed proposal can have is exported from the start,
+// at 0, so that rates and alerts over them see a series before the first
+// failure.
+func init() {
+	for _, o := range []string{"unavailable", "unknown", "timeout", "canceled", "error"} {
+		metrics.proposalsFailed.WithLabelValues(o)
+	}
 }

@@ -30,6 +30,12 @@ var (
 		"The Raft term this node's replica of the shard knows.", []string{"shard", "node"}, nil)
 	appliedDesc = prometheus.NewDesc("warden_shard_applied_index",
 		"The last Raft log index this node's replica of a data shard applied.", []string{"shard", "node"}, nil)
+	diskUsedDesc = prometheus.NewDesc("warden_disk_used_bytes",
+		"Bytes a node's data take on disk, by kind: raft_log (Dragonboat's NodeHost and WAL) or state_machine (the replicas' Pebble stores).", []string{"node", "kind"}, nil)
+	diskSizeDesc = prometheus.NewDesc("warden_disk_size_bytes",
+		"Size of the filesystem holding a node's data directory.", []string{"node"}, nil)
+	diskFreeDesc = prometheus.NewDesc("warden_disk_free_bytes",
+		"Bytes free (to an unprivileged user) on the filesystem holding a node's data directory.", []string{"node"}, nil)
 )
 
 // replicaCollector collects the replica metrics of the routers running
@@ -56,7 +62,7 @@ func (c *replicaCollector) remove(r *Router) {
 }
 
 func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{hasLeaderDesc, isLeaderDesc, termDesc, appliedDesc} {
+	for _, d := range []*prometheus.Desc{hasLeaderDesc, isLeaderDesc, termDesc, appliedDesc, diskUsedDesc, diskSizeDesc, diskFreeDesc} {
 		ch <- d
 	}
 }
@@ -83,6 +89,15 @@ func (r *Router) collectReplicas(ch chan<- prometheus.Metric) {
 		n := &r.nodes[i]
 		node := strconv.FormatUint(n.id, 10)
 		raftStateOf(n, placement.MetaShardID, n.id, "placement", node, gauge) // meta replica id = node id
+		if n.Node != nil {
+			raftLog, sm := n.Node.DiskUsage()
+			ch <- prometheus.MustNewConstMetric(diskUsedDesc, prometheus.GaugeValue, float64(raftLog), node, "raft_log")
+			ch <- prometheus.MustNewConstMetric(diskUsedDesc, prometheus.GaugeValue, float64(sm), node, "state_machine")
+			if size, free, err := n.Node.DiskSpace(); err == nil {
+				ch <- prometheus.MustNewConstMetric(diskSizeDesc, prometheus.GaugeValue, float64(size), node)
+				ch <- prometheus.MustNewConstMetric(diskFreeDesc, prometheus.GaugeValue, float64(free), node)
+			}
+		}
 		for _, id := range m.DataShards() {
 			reps := m.Shard(id).GetReplicas()
 			at := slices.IndexFunc(reps, func(rep *placementv1.Replica) bool { return rep.GetNodeId() == n.id })

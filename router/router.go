@@ -534,6 +534,7 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 	start := time.Now()
 	out, err := n.raft.propose(ctx, shardID, cmd)
 	if err != nil {
+		metrics.proposalsFailed.WithLabelValues(outcome(err)).Inc()
 		return nil, err
 	}
 	metrics.proposal.Observe(time.Since(start).Seconds())

@@ -79,6 +79,11 @@ func TestReadiness(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	for _, sample := range []string{`warden_disk_used_bytes{kind="raft_log",node="1"}`, `warden_disk_used_bytes{kind="state_machine",node="1"}`, `warden_disk_free_bytes{node="1"}`} {
+		if v, ok := n.metric(sample); !ok || v <= 0 {
+			t.Errorf("%s = %v (exported: %v), want above 0", sample, v, ok)
+		}
+	}
 	if leaders != 1 {
 		t.Errorf("warden_shard_is_leader of shard 1 sums to %v over the nodes, want 1", leaders)
 	}
