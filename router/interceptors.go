@@ -149,7 +149,7 @@ func requestText(m proto.Message) string {
 // writes its audit entry e, if any, as from peer.
 func (r *Router) record(ctx context.Context, peer connect.Peer, method string, start time.Time, e *auditEntry, err error) {
 	if !start.IsZero() {
-		metrics.rpcDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
+		metrics.rpcDuration.WithLabelValues(method, outcome(err)).Observe(time.Since(start).Seconds())
 	}
 	metrics.rpcOutcomes.WithLabelValues(method, outcome(err)).Inc()
 	if e != nil {

@@ -55,9 +55,9 @@ var metrics = struct {
 	}),
 	rpcDuration: promauto.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "warden_rpc_duration_seconds",
-		Help:    "Latency of Warden RPCs, in seconds, by method.",
+		Help:    "Latency of Warden RPCs, in seconds, by method and outcome (the labels of warden_rpc_outcomes_total).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-	}, []string{"method"}),
+	}, []string{"method", "outcome"}),
 	rpcOutcomes: promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "warden_rpc_outcomes_total",
 		Help: "Warden RPCs by method and outcome (ok, conflict, timeout, stale, invalid, exhausted, unknown, unavailable, canceled, error).",
