@@ -158,3 +158,27 @@ func TestClusterAdvertisedAddresses(t *testing.T) {
 		}
 	}
 }
+
+// Whatever a config file holds, parsing refuses it or accepts it; it
+// never panics, and never sets --insecure.
+func FuzzConfigFile(f *testing.F) {
+	f.Add("node-id: 1\nzone: az1\njoin: [a:1, b:2]\n")
+	f.Add("insecure: true\n")
+	f.Add("shutdown-wait: [1, {a: b}]\n")
+	f.Add("- a\n- b\n")
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, body string) {
+		p := filepath.Join(dir, "fuzz.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var c cli
+		k, err := parser(&c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := k.Parse([]string{"--config", p}); err == nil && c.Insecure {
+			t.Fatalf("a config file set --insecure: %q", body)
+		}
+	})
+}
