@@ -50,7 +50,7 @@ import (
 )
 
 type cli struct {
-	Config         kong.ConfigFlag  `placeholder:"FILE" help:"Read flags from FILE (YAML: flag names without the dashes as keys, docs/operations.md). Command-line flags and WARDEN_… variables override it."`
+	Config         kong.ConfigFlag  `placeholder:"FILE" env:"-" help:"Read flags from FILE (YAML: flag names without the dashes as keys, docs/operations.md). Command-line flags and WARDEN_… variables override it."`
 	Version        kong.VersionFlag `env:"-" help:"Print the version and exit."`
 	Dev            bool             `help:"Run a whole three-node cluster in this process (the embedded setup make run uses). Without it, run one production node (--node-id and the flags below)."`
 	NodeID         uint64           `name:"node-id" placeholder:"ID" help:"This node's id (production mode), unique in the cluster, never reused."`
