@@ -233,6 +233,12 @@ func TestAuthorization(t *testing.T) {
 	_, err = admin.auth.Unbind(ctx(t), connect.NewRequest(&wardenv1.UnbindRequest{Binding: &wardenv1.AuthBinding{Principal: "admin", Role: "operator"}}))
 	wantCode(t, err, connect.CodeFailedPrecondition)
 
+	// An unknown token id: not found, in the caller's terms.
+	_, err = admin.auth.RevokeToken(ctx(t), connect.NewRequest(&wardenv1.RevokeTokenRequest{Id: "0123456789abcdef"}))
+	if connect.CodeOf(err) != connect.CodeNotFound || strings.Contains(err.Error(), "placement") {
+		t.Errorf("revoking an unknown token: %v, want not_found without the placement group's prefix", err)
+	}
+
 	// A revoked token fails on the next call.
 	_, err = admin.auth.RevokeToken(ctx(t), connect.NewRequest(&wardenv1.RevokeTokenRequest{Id: ordersID}))
 	must("revoke", err)

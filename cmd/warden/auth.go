@@ -190,9 +190,17 @@ func (c *authTokenCreateCmd) Run(g *globals) error {
 	if err != nil {
 		return fmt.Errorf("auth token create: %w", err)
 	}
+	id := resp.Msg.GetId()
 	if c.Out != "" {
-		return writeToken(c.Out, resp.Msg.GetToken())
+		if err := writeToken(c.Out, resp.Msg.GetToken()); err != nil {
+			return err
+		}
+		return g.print(resp.Msg, func(w io.Writer) {
+			fmt.Fprintf(w, "token %s written to %s (revoke with: warden auth token revoke %s)\n", id, c.Out, id)
+		})
 	}
+	// The token alone on stdout, for a script; its id for the operator.
+	fmt.Fprintf(os.Stderr, "token id %s (revoke with: warden auth token revoke %s); the token is shown only now\n", id, id)
 	return g.print(resp.Msg, func(w io.Writer) { fmt.Fprintln(w, resp.Msg.GetToken()) })
 }
 

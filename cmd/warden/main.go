@@ -16,6 +16,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -311,6 +312,16 @@ func when(ts *timestamppb.Timestamp) string {
 // describeErr adds a Connect error's details to its message.
 func describeErr(err error) string {
 	msg := err.Error()
+	var unknownCA x509.UnknownAuthorityError
+	var badName x509.HostnameError
+	switch {
+	case errors.As(err, &unknownCA):
+		// connect answers a failed handshake unavailable, which reads as
+		// "retry": it is a setup error.
+		return msg + " (the node's certificate is not signed by a CA this client trusts: pass --cacert or WARDEN_CACERT)"
+	case errors.As(err, &badName):
+		return msg + " (the node's certificate does not name the host of --addr)"
+	}
 	var ce *connect.Error
 	if !errors.As(err, &ce) {
 		return msg
