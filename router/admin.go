@@ -117,6 +117,16 @@ func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[warde
 		if info.LeaderNodeId == 0 && req.Header().Get(forwardedHeader) == "" {
 			info.LeaderNodeId = s.r.leaderOf(ctx, sh.GetId())
 		}
+		for _, rep := range info.Replicas {
+			switch up, _ := s.r.heardFrom(rep.NodeId); {
+			case rep.NodeId == info.LeaderNodeId:
+				rep.State = "leader"
+			case !up:
+				rep.State = "down"
+			default:
+				rep.State = "follower"
+			}
+		}
 		out.Shards = append(out.Shards, info)
 	}
 	return connect.NewResponse(out), nil

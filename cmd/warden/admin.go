@@ -59,7 +59,7 @@ func (*shardsCmd) Run(g *globals) error {
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "placement generation %d\n", resp.Msg.GetGeneration())
-		fmt.Fprintf(w, "%-5s %-7s %-40s %-6s %-7s %-6s %-7s %s\n", "SHARD", "STATE", "HASH RANGE", "EPOCH", "LEADER", "LOCKS", "WAITERS", "REPLICAS (replica@node/zone)")
+		fmt.Fprintf(w, "%-5s %-7s %-40s %-6s %-7s %-6s %-7s %s\n", "SHARD", "STATE", "HASH RANGE", "EPOCH", "LEADER", "LOCKS", "WAITERS", "REPLICAS (replica@node/zone:state)")
 		for _, s := range resp.Msg.GetShards() {
 			rng := "-"
 			if s.GetState() == "active" {
@@ -71,7 +71,7 @@ func (*shardsCmd) Run(g *globals) error {
 			}
 			var reps []string
 			for _, r := range s.GetReplicas() {
-				reps = append(reps, fmt.Sprintf("%d@%d/%s", r.GetReplicaId(), r.GetNodeId(), r.GetZone()))
+				reps = append(reps, fmt.Sprintf("%d@%d/%s:%s", r.GetReplicaId(), r.GetNodeId(), r.GetZone(), r.GetState()))
 			}
 			fmt.Fprintf(w, "%-5d %-7s %-40s %-6d %-7s %-6d %-7d %s\n", s.GetId(), s.GetState(), rng, s.GetEpoch(),
 				leader(s.GetLeaderNodeId()), s.GetHeldLocks(), s.GetQueuedWaiters(), strings.Join(reps, " "))

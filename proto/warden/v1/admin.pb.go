@@ -579,10 +579,13 @@ func (x *ShardInfo) GetQueuedWaiters() uint64 {
 
 // ReplicaInfo is one replica of a shard.
 type ReplicaInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ReplicaId     uint64                 `protobuf:"varint,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
-	NodeId        uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Zone          string                 `protobuf:"bytes,3,opt,name=zone,proto3" json:"zone,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ReplicaId uint64                 `protobuf:"varint,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	NodeId    uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Zone      string                 `protobuf:"bytes,3,opt,name=zone,proto3" json:"zone,omitempty"`
+	// State, as the answering node sees it: "leader", "follower", or
+	// "down" (its node did not answer the last clock reading).
+	State         string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,6 +637,13 @@ func (x *ReplicaInfo) GetNodeId() uint64 {
 func (x *ReplicaInfo) GetZone() string {
 	if x != nil {
 		return x.Zone
+	}
+	return ""
+}
+
+func (x *ReplicaInfo) GetState() string {
+	if x != nil {
+		return x.State
 	}
 	return ""
 }
@@ -1666,12 +1676,13 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x0eleader_node_id\x18\a \x01(\x04R\fleaderNodeId\x12\x1d\n" +
 	"\n" +
 	"held_locks\x18\b \x01(\x04R\theldLocks\x12%\n" +
-	"\x0equeued_waiters\x18\t \x01(\x04R\rqueuedWaiters\"Y\n" +
+	"\x0equeued_waiters\x18\t \x01(\x04R\rqueuedWaiters\"o\n" +
 	"\vReplicaInfo\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\x04R\treplicaId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x12\n" +
-	"\x04zone\x18\x03 \x01(\tR\x04zone\"I\n" +
+	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\"I\n" +
 	"\x11SplitShardRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x19\n" +
 	"\bsplit_at\x18\x02 \x01(\x04R\asplitAt\"q\n" +
