@@ -3,6 +3,7 @@ package placement
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/dragonboat/v4/raftio"
+	sm "github.com/lni/dragonboat/v4/statemachine"
 
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/shard"
@@ -53,6 +55,12 @@ type NodeConfig struct {
 	Observer shard.ApplyObserver
 	// RaftTLS, if set, makes the Raft transport mutual TLS.
 	RaftTLS *RaftTLS
+	// OnSnapshot, if set, is told how long each data-shard replica took
+	// to write a snapshot (kind "save") or to load one (kind "recover").
+	// Dragonboat has an on-disk state machine save one only to send it to
+	// a replica that needs it (its local snapshots record the index
+	// alone), so these time a replica's catching up.
+	OnSnapshot func(kind string, d time.Duration)
 }
 
 // RaftTLS is the Raft transport's mutual TLS (Dragonboat's MutualTLS):
@@ -151,6 +159,41 @@ func (n *Node) DiskSpace() (size, free uint64, err error) {
 	return st.Blocks * uint64(st.Bsize), st.Bavail * uint64(st.Bsize), nil
 }
 
+// timedSnapshots wraps the state machines create makes so that observe
+// (if set) hears how long each snapshot's save and recovery took.
+func timedSnapshots(create sm.CreateOnDiskStateMachineFunc, observe func(string, time.Duration)) sm.CreateOnDiskStateMachineFunc {
+	if observe == nil {
+		return create
+	}
+	return func(shardID, replicaID uint64) sm.IOnDiskStateMachine {
+		return timedSM{create(shardID, replicaID), observe}
+	}
+}
+
+// timedSM is a state machine whose snapshot calls are timed.
+type timedSM struct {
+	sm.IOnDiskStateMachine
+	observe func(string, time.Duration)
+}
+
+func (t timedSM) SaveSnapshot(ctx any, w io.Writer, stopc <-chan struct{}) error {
+	start := time.Now()
+	err := t.IOnDiskStateMachine.SaveSnapshot(ctx, w, stopc)
+	if err == nil {
+		t.observe("save", time.Since(start))
+	}
+	return err
+}
+
+func (t timedSM) RecoverFromSnapshot(r io.Reader, stopc <-chan struct{}) error {
+	start := time.Now()
+	err := t.IOnDiskStateMachine.RecoverFromSnapshot(r, stopc)
+	if err == nil {
+		t.observe("recover", time.Since(start))
+	}
+	return err
+}
+
 // raftConfig is the Raft configuration of every replica on the node.
 func (n *Node) raftConfig(shardID, replicaID uint64) config.Config {
 	return config.Config{
@@ -186,12 +229,12 @@ func (n *Node) StartDataShard(s *placementv1.Shard, members map[uint64]string) e
 	}
 	r := s.GetReplicas()[i]
 	shardID, replicaID := s.GetId(), r.GetReplicaId()
-	sm := shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), n.cfg.Observer)
+	create := timedSnapshots(shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), n.cfg.Observer), n.cfg.OnSnapshot)
 	rc := n.raftConfig(shardID, replicaID)
 	rc.IsNonVoting = r.GetNonVoting()
 	rc.OrderedConfigChange = s.GetOrderedConfigChange()
 	members, join := n.restartArgs(shardID, replicaID, members, r.GetJoin())
-	if err := n.nh.StartOnDiskReplica(members, join, sm, rc); err != nil {
+	if err := n.nh.StartOnDiskReplica(members, join, create, rc); err != nil {
 		return fmt.Errorf("placement: node %d: start shard %d: %w", n.cfg.ID, shardID, err)
 	}
 	slog.Debug("replica started", "node", n.cfg.ID, "zone", n.cfg.Zone, "shard", shardID, "replica", replicaID, "ordered_config_change", rc.OrderedConfigChange)

@@ -1,6 +1,8 @@
 package router
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
@@ -12,6 +14,7 @@ var metrics = struct {
 	proposal    prometheus.Histogram
 	// proposalsFailed counts failed proposals by outcome label.
 	proposalsFailed *prometheus.CounterVec
+	snapshots       *prometheus.HistogramVec
 	batchOps        prometheus.Histogram
 	leaderChanges   prometheus.Counter
 	expirations     prometheus.Counter
@@ -66,6 +69,11 @@ var metrics = struct {
 		Name: "warden_proposals_failed_total",
 		Help: "Proposals to a local leader that failed, by outcome (unavailable: dropped or no leader; unknown: the outcome was not learned; timeout, canceled, error).",
 	}, []string{"outcome"}),
+	snapshots: promauto.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "warden_snapshot_duration_seconds",
+		Help:    "Time a data-shard replica took to write a snapshot for a replica that needs one (kind save: a new or lagging replica; Dragonboat's own snapshots of an on-disk state machine write none) or to load one (kind recover), in seconds.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+	}, []string{"kind"}),
 	proposal: promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "warden_proposal_duration_seconds",
 		Help:    "Time from proposing a command to learning its committed result, in seconds.",
@@ -106,4 +114,14 @@ func init() {
 	for _, o := range []string{"unavailable", "unknown", "timeout", "canceled", "error"} {
 		metrics.proposalsFailed.WithLabelValues(o)
 	}
+	for _, k := range []string{"save", "recover"} {
+		metrics.snapshots.WithLabelValues(k)
+	}
+}
+
+// ObserveSnapshot records how long a data-shard replica took to write
+// (kind "save") or load ("recover") a snapshot; the composition root
+// passes it to each node (placement.NodeConfig.OnSnapshot).
+func ObserveSnapshot(kind string, d time.Duration) {
+	metrics.snapshots.WithLabelValues(kind).Observe(d.Seconds())
 }
