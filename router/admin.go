@@ -167,18 +167,20 @@ func (r *Router) operatorPeer(h http.Header) *peer {
 	return nil
 }
 
-// refusedToConnect maps a placement refusal to a Connect error. Refusals
-// of a request field start with the field's name, which the error's
-// FieldViolation detail carries.
-func refusedToConnect(refused *placement.RefusedError) error {
+// refusedToConnect maps a placement refusal to a Connect error whose
+// message is shown (the refusal itself, or its reason alone for a change
+// the caller does not think of as placement: auth). Refusals of a request
+// field start with the field's name, which the error's FieldViolation
+// detail carries.
+func refusedToConnect(refused *placement.RefusedError, shown error) error {
 	field, reason, _ := strings.Cut(refused.Reason, ": ")
 	switch {
 	case strings.Contains(refused.Reason, "does not exist"), strings.Contains(refused.Reason, "owns no range"):
-		return connect.NewError(connect.CodeNotFound, refused)
+		return connect.NewError(connect.CodeNotFound, shown)
 	case field == "split_at", field == "to_node_id", field == "from_node_id":
-		return withDetail(connect.NewError(connect.CodeInvalidArgument, refused), &wardenv1.FieldViolation{Field: field, Description: reason})
+		return withDetail(connect.NewError(connect.CodeInvalidArgument, shown), &wardenv1.FieldViolation{Field: field, Description: reason})
 	}
-	return connect.NewError(connect.CodeFailedPrecondition, refused)
+	return connect.NewError(connect.CodeFailedPrecondition, shown)
 }
 
 // runOperator records an operator with begin and drives it to its end,
@@ -188,7 +190,7 @@ func (s *AdminServer) runOperator(ctx context.Context, begin func() (*placementv
 	op, err = begin()
 	var refused *placement.RefusedError
 	if errors.As(err, &refused) {
-		return nil, nil, refusedToConnect(refused)
+		return nil, nil, refusedToConnect(refused, refused)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", ErrNoLeader, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -105,13 +104,9 @@ func change[Resp any](ctx context.Context, r *Router, op *placementv1.AuthCmd, o
 	var refused *placement.RefusedError
 	switch {
 	case errors.As(err, &refused):
-		// The placement group's reason, without its "placement:" prefix:
-		// the caller changed auth, not placement.
-		code := connect.CodeFailedPrecondition
-		if strings.Contains(refused.Reason, "does not exist") {
-			code = connect.CodeNotFound
-		}
-		return nil, connect.NewError(code, errors.New(refused.Reason))
+		// The reason without the "placement:" prefix: the caller changed
+		// auth, not placement.
+		return nil, refusedToConnect(refused, errors.New(refused.Reason))
 	case errors.Is(err, placement.ErrMetaVersion):
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: every node must run a binary that knows auth first", err))
 	case err != nil:

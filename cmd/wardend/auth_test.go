@@ -22,13 +22,12 @@ import (
 	"github.com/warden-dev/warden/tlsconfig"
 )
 
-// authBootstrap writes, in p's folder, an admin token, an orders token
+// authBootstrap writes, in p's folder, adminToken, a new orders token
 // and the bootstrap file that binds them (and the principal "client") as
 // deploy/local/cluster.sh --secure does, and returns the file and the
-// tokens.
-func authBootstrap(t *testing.T, p *clusterPKI) (file, adminToken, ordersToken string) {
+// orders token.
+func authBootstrap(t *testing.T, p *clusterPKI, adminToken string) (file, ordersToken string) {
 	t.Helper()
-	adminToken, _ = auth.NewToken()
 	ordersToken, _ = auth.NewToken()
 	p.write(t, "admin.token", []byte(adminToken+"\n"))
 	p.write(t, "orders.token", []byte(ordersToken+"\n"))
@@ -39,7 +38,7 @@ func authBootstrap(t *testing.T, p *clusterPKI) (file, adminToken, ordersToken s
 	  "bindings": [{"principal": "admin", "role": "operator"}, {"principal": "orders", "role": "orders"},
 	               {"principal": "client", "role": "orders"}],
 	  "tokens": [{"principal": "admin", "file": "admin.token"}, {"principal": "orders", "file": "orders.token"}]}`))
-	return file, adminToken, ordersToken
+	return file, ordersToken
 }
 
 // secureCluster is a three-node cluster (not started) that serves TLS,
@@ -56,22 +55,17 @@ type secureCluster struct {
 
 func newSecureCluster(t *testing.T) *secureCluster {
 	t.Helper()
-	p := newClusterPKI(t)
-	file, adminToken, ordersToken := authBootstrap(t, p)
-	s := &secureCluster{procCluster: newProcCluster(t), pki: p, adminToken: adminToken, ordersToken: ordersToken}
-	s.secure = true
+	adminToken, _ := auth.NewToken()
+	c, p := newTLSCluster(t, client.WithToken(adminToken))
+	file, ordersToken := authBootstrap(t, p, adminToken)
+	s := &secureCluster{procCluster: c, pki: p, adminToken: adminToken, ordersToken: ordersToken}
 	testerPEM, testerKey := p.issue(t, p.peerCA, "tester-peer", tlsconfig.CertSpec{CommonName: "tester", Names: []string{tlsconfig.NodeName(1)}, Client: true, Server: true})
 	tester := pair(t, testerPEM, testerKey)
 	for i, n := range s.nodes {
-		s.extra[i] = append(p.flags(t, n), "--auth-bootstrap", file)
-		hc := httpsClient(p.roots, nil, "")
-		url, admin := "https://"+n.listen, client.WithToken(adminToken)
-		n.locks = wardenv1connect.NewLockServiceClient(hc, url, admin)
-		n.admin = wardenv1connect.NewAdminServiceClient(hc, url, admin)
-		n.quotaAPI = wardenv1connect.NewQuotaServiceClient(hc, url, admin)
+		s.extra[i] = append(s.extra[i], "--auth-bootstrap", file)
+		url := "https://" + n.listen
 		n.nodeAPI = placementv1connect.NewNodeServiceClient(peerClient(p, tester), url)
-		n.web = hc
-		s.orders = append(s.orders, wardenv1connect.NewLockServiceClient(hc, url, client.WithToken(ordersToken)))
+		s.orders = append(s.orders, wardenv1connect.NewLockServiceClient(n.web, url, client.WithToken(ordersToken)))
 	}
 	return s
 }

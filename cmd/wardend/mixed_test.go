@@ -194,12 +194,7 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 	if err := skew(c.nodes[1], 600*time.Millisecond); err != nil {
 		t.Fatalf("lowering max_clock_skew beside an old replica (the old rule): %v", err)
 	}
-	idxs, digs := c.digests(1)
-	idx, dig := idxs[1], digs[1]
-	if dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
-		t.Fatalf("mixed binaries diverged: applied %v, digests %v", idx, dig)
-	}
-	t.Logf("mixed binaries: replicas at index %d, digest %s…", idx[0], dig[0][:16])
+	c.agree("mixed binaries")
 
 	c.bins = nil // node 3 upgraded in place
 	for i := range c.nodes {
@@ -224,12 +219,20 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 	if err := skew(c.nodes[1], 700*time.Millisecond); err != nil {
 		t.Fatalf("raising max_clock_skew after the upgrade: %v", err)
 	}
-	idxs, digs = c.digests(1)
-	idx, dig = idxs[1], digs[1]
+	c.agree("upgraded")
+}
+
+// agree stops the cluster (digests) and fails the test unless the three
+// replicas of shard 1 applied the same index and hold the same state;
+// what names the stage in the failure and the log.
+func (c *procCluster) agree(what string) {
+	c.t.Helper()
+	idxs, digs := c.digests(1)
+	idx, dig := idxs[1], digs[1]
 	if dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
-		t.Fatalf("upgraded replicas diverged: applied %v, digests %v", idx, dig)
+		c.t.Fatalf("%s: the replicas diverged: applied %v, digests %v", what, idx, dig)
 	}
-	t.Logf("upgraded: replicas at index %d, digest %s…", idx[0], dig[0][:16])
+	c.t.Logf("%s: replicas at index %d, digest %s…", what, idx[0], dig[0][:16])
 }
 
 // placementDigest reads the placement state from every node and returns
@@ -398,10 +401,7 @@ func TestClusterMixedReplayPrincipal(t *testing.T) {
 	if err != nil || theirs.GetLeaseId() != mine.GetLeaseId() {
 		t.Fatalf("another principal's replay beside an old replica: %v, %v; want the old rule's replay", theirs, err)
 	}
-	idxs, digs := c.digests(1)
-	if idx, dig := idxs[1], digs[1]; dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
-		t.Fatalf("mixed binaries diverged: applied %v, digests %v", idx, dig)
-	}
+	c.agree("mixed binaries")
 
 	c.bins = nil // node 3 upgraded in place
 	for i := range c.nodes {
@@ -426,9 +426,5 @@ func TestClusterMixedReplayPrincipal(t *testing.T) {
 	if _, err := acquire(orders[0], "orders/mixed", "m1"); connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("replaying a request recorded before version 8: %v, want permission_denied", err)
 	}
-	idxs, digs = c.digests(1)
-	if idx, dig := idxs[1], digs[1]; dig[0] != dig[1] || dig[1] != dig[2] || idx[0] != idx[1] || idx[1] != idx[2] {
-		t.Fatalf("upgraded replicas diverged: applied %v, digests %v", idx, dig)
-	}
-	t.Logf("upgraded: replicas at index %d, digest %s…", idxs[1][0], digs[1][0][:16])
+	c.agree("upgraded")
 }

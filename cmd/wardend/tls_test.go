@@ -97,6 +97,27 @@ func (p *clusterPKI) flags(t *testing.T, n *node) []string {
 		"--peer-ca", filepath.Join(p.dir, "peer-ca.pem"), "--peer-cert", peerCert, "--peer-key", peerKey}
 }
 
+// newTLSCluster is a three-node cluster (not started) whose nodes serve
+// TLS on the client API and mutual TLS between them, with certificates
+// from a fresh PKI; each node's clients call over https, options opts
+// added (a bearer token, say).
+func newTLSCluster(t *testing.T, opts ...connect.ClientOption) (*procCluster, *clusterPKI) {
+	t.Helper()
+	p := newClusterPKI(t)
+	c := newProcCluster(t)
+	c.secure = true
+	for i, n := range c.nodes {
+		c.extra[i] = p.flags(t, n)
+		hc := httpsClient(p.roots, nil, "")
+		url := "https://" + n.listen
+		n.locks = wardenv1connect.NewLockServiceClient(hc, url, opts...)
+		n.admin = wardenv1connect.NewAdminServiceClient(hc, url, opts...)
+		n.quotaAPI = wardenv1connect.NewQuotaServiceClient(hc, url, opts...)
+		n.web = hc
+	}
+	return c, p
+}
+
 // httpsClient is an HTTP/2 client over TLS trusting roots, presenting
 // cert if it is set.
 func httpsClient(roots *x509.CertPool, cert *tls.Certificate, serverName string) *http.Client {
@@ -118,15 +139,7 @@ func httpsClient(roots *x509.CertPool, cert *tls.Certificate, serverName string)
 // ignored; /metrics needs no client certificate; a rewritten client-API
 // certificate is served after SIGHUP, with leases from before intact.
 func TestClusterTLS(t *testing.T) {
-	p := newClusterPKI(t)
-	c := newProcCluster(t)
-	c.secure = true
-	for i, n := range c.nodes {
-		c.extra[i] = p.flags(t, n)
-		hc := httpsClient(p.roots, nil, "")
-		n.locks = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen)
-		n.admin = wardenv1connect.NewAdminServiceClient(hc, "https://"+n.listen)
-	}
+	c, p := newTLSCluster(t)
 	c.boot()
 
 	// Acquires through every node: two of them do not lead the shard and
@@ -393,15 +406,7 @@ func raftSerial(t *testing.T, addr string, cert tls.Certificate) string {
 // then presents the new one, the cluster keeps its quorum throughout,
 // and a lease taken before renews after the last restart.
 func TestRaftCertRotation(t *testing.T) {
-	p := newClusterPKI(t)
-	c := newProcCluster(t)
-	c.secure = true
-	for i, n := range c.nodes {
-		c.extra[i] = p.flags(t, n)
-		hc := httpsClient(p.roots, nil, "")
-		n.locks = wardenv1connect.NewLockServiceClient(hc, "https://"+n.listen)
-		n.admin = wardenv1connect.NewAdminServiceClient(hc, "https://"+n.listen)
-	}
+	c, p := newTLSCluster(t)
 	c.boot()
 	held, err := c.nodes[0].acquire("rotate/held", "r1", 10*time.Minute, 0)
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -100,16 +99,6 @@ var multiNodeOnly = []string{"warden_clock_offset_seconds"}
 
 var metricName = regexp.MustCompile(`\b(warden_[a-z0-9_]+|up)\b`)
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // A real Prometheus scrapes a dev cluster that served some traffic; every
 // alert and dashboard expression evaluates without error, every metric
 // they name is one Warden exports, and the rules load healthy.
@@ -128,7 +117,10 @@ func TestExpressionsAgainstPrometheus(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	web := freePort(t)
+	web, err := server.FreeAddrOn("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(prom, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+web, "--log.level=warn")
 	var log strings.Builder
