@@ -259,6 +259,12 @@ func WriteFileDurably(dir, name string, data []byte) error {
 	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		return err
 	}
+	return SyncDir(dir)
+}
+
+// SyncDir makes the entries of directory dir (files created, renamed or
+// removed in it) durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
@@ -358,13 +364,10 @@ func EncodeCommand(env *shardv1.Envelope) ([]byte, error) {
 	return proto.Marshal(env)
 }
 
-// Lookup implements sm.IOnDiskStateMachine. The query is a *shardv1.Query;
-// the answer a *shardv1.QueryResult.
+// Lookup implements sm.IOnDiskStateMachine. The query is a *shardv1.Query,
+// answered by a *shardv1.QueryResult, or an ExportQuery, answered by an
+// *ExportedSnapshot.
 func (s *StateMachine) Lookup(q any) (any, error) {
-	query, ok := q.(*shardv1.Query)
-	if !ok {
-		return nil, fmt.Errorf("shard: lookup of %T", q)
-	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.mu.db == nil {
@@ -372,6 +375,13 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 	}
 	snap := s.mu.db.NewSnapshot()
 	defer snap.Close()
+	if e, ok := q.(ExportQuery); ok {
+		return export(snap, s.shardID, e.Path)
+	}
+	query, ok := q.(*shardv1.Query)
+	if !ok {
+		return nil, fmt.Errorf("shard: lookup of %T", q)
+	}
 	r := &records{g: snap, initial: initialMeta(s.shardID)}
 	meta, err := r.Meta()
 	if err != nil {
@@ -470,11 +480,18 @@ const snapshotMagic = "warden-shard-snapshot-v1\n"
 func (s *StateMachine) SaveSnapshot(ctx any, w io.Writer, stopc <-chan struct{}) error {
 	snap := ctx.(*pebble.Snapshot)
 	defer snap.Close()
+	_, err := writeStream(snap, w, stopc)
+	return err
+}
+
+// writeStream writes every key of g to w in the snapshot stream format
+// and returns how many pairs it wrote.
+func writeStream(g getter, w io.Writer, stopc <-chan struct{}) (uint64, error) {
 	bw := bufio.NewWriterSize(w, 256<<10)
 	if _, err := bw.WriteString(snapshotMagic); err != nil {
-		return err
+		return 0, err
 	}
-	it := snap.NewIter(nil)
+	it := g.NewIter(nil)
 	var n uint64
 	var buf []byte
 	for it.First(); it.Valid(); it.Next() {
@@ -482,7 +499,7 @@ func (s *StateMachine) SaveSnapshot(ctx any, w io.Writer, stopc <-chan struct{})
 			select {
 			case <-stopc:
 				it.Close()
-				return sm.ErrSnapshotStopped
+				return n, sm.ErrSnapshotStopped
 			default:
 			}
 		}
@@ -492,19 +509,19 @@ func (s *StateMachine) SaveSnapshot(ctx any, w io.Writer, stopc <-chan struct{})
 		buf = append(buf, it.Value()...)
 		if _, err := bw.Write(buf); err != nil {
 			it.Close()
-			return err
+			return n, err
 		}
 		n++
 	}
 	if err := it.Close(); err != nil {
-		return err
+		return n, err
 	}
 	buf = binary.AppendUvarint(buf[:0], 0)
 	buf = binary.BigEndian.AppendUint64(buf, n)
 	if _, err := bw.Write(buf); err != nil {
-		return err
+		return n, err
 	}
-	return bw.Flush()
+	return n, bw.Flush()
 }
 
 // RecoverFromSnapshot implements sm.IOnDiskStateMachine: it loads the
