@@ -123,20 +123,58 @@ type Config struct {
 // when it returns ""). An error of source fails the call. Client uses it
 // for Config.Token and Config.Credentials; it is exported for callers
 // that make their own Connect clients (the admin API, a load generator).
+// Streaming calls (AdminService.Backup) carry it too.
 func WithCredentials(source func(ctx context.Context) (string, error)) connect.ClientOption {
-	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			token, err := source(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("warden: credentials: %w", err)
-			}
-			if token != "" {
-				req.Header().Set("Authorization", "Bearer "+token)
-			}
-			return next(ctx, req)
-		}
-	}))
+	return connect.WithInterceptors(credentials{source})
 }
+
+// credentials is WithCredentials' interceptor.
+type credentials struct {
+	source func(ctx context.Context) (string, error)
+}
+
+func (c credentials) set(ctx context.Context, h http.Header) error {
+	token, err := c.source(ctx)
+	if err != nil {
+		return fmt.Errorf("warden: credentials: %w", err)
+	}
+	if token != "" {
+		h.Set("Authorization", "Bearer "+token)
+	}
+	return nil
+}
+
+func (c credentials) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if err := c.set(ctx, req.Header()); err != nil {
+			return nil, err
+		}
+		return next(ctx, req)
+	}
+}
+
+func (c credentials) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		if err := c.set(ctx, conn.RequestHeader()); err != nil {
+			return failedConn{conn, err}
+		}
+		return conn
+	}
+}
+
+func (credentials) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// failedConn is a streaming call that fails with err before it sends.
+type failedConn struct {
+	connect.StreamingClientConn
+	err error
+}
+
+func (f failedConn) Send(any) error    { return f.err }
+func (f failedConn) Receive(any) error { return f.err }
 
 // WithToken is WithCredentials of a fixed token.
 func WithToken(token string) connect.ClientOption {

@@ -83,17 +83,18 @@ func (m localMeta) Read(ctx context.Context) (*placementv1.State, error) {
 	return out.(*placementv1.State), nil
 }
 
-// Bootstrap creates the first map from the initial members, unless it
-// exists, checks that the placement group knows this node by the
+// Bootstrap creates the first map with create (a BootstrapCmd from the
+// initial members, or a RestoreCmd; nil for a node that creates none),
+// unless it exists, checks that the placement group knows this node by the
 // incarnation of its data directory (CheckIncarnation), and registers
 // this node (with its zone and incarnation) in it. It returns the
 // placement state read after the registration, to route by. It retries
 // until the placement group has a quorum or ctx ends (a first election
 // may take longer than one read waits); a refused command or a failed
 // incarnation check ends it at once.
-func Bootstrap(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node, id Identity) (*placementv1.State, error) {
+func Bootstrap(ctx context.Context, meta MetaClient, create *placementv1.Command, self *placementv1.Node, id Identity) (*placementv1.State, error) {
 	for {
-		st, err := bootstrapOnce(ctx, meta, members, self, id)
+		st, err := bootstrapOnce(ctx, meta, create, self, id)
 		if err == nil {
 			return st, nil
 		}
@@ -110,11 +111,14 @@ func Bootstrap(ctx context.Context, meta MetaClient, members []*placementv1.Node
 	}
 }
 
-func bootstrapOnce(ctx context.Context, meta MetaClient, members []*placementv1.Node, self *placementv1.Node, id Identity) (*placementv1.State, error) {
+func bootstrapOnce(ctx context.Context, meta MetaClient, create *placementv1.Command, self *placementv1.Node, id Identity) (*placementv1.State, error) {
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if len(members) > 0 {
-		_, err := meta.Propose(pctx, &placementv1.Command{Command: &placementv1.Command_Bootstrap{Bootstrap: &placementv1.BootstrapCmd{Nodes: members}}})
+	if create != nil {
+		// Every initial member proposes the same first state; a bootstrap
+		// after another's is refused harmlessly (a restore after the same
+		// restore is a no-op; after anything else, it fails the start).
+		_, err := meta.Propose(pctx, create)
 		var refused *RefusedError
 		if err != nil && !(errors.As(err, &refused) && refused.Reason == ErrBootstrapped.Error()) {
 			return nil, err
@@ -199,4 +203,10 @@ func (a *Agent) Hosts(shardID uint64) bool {
 	defer a.mu.Unlock()
 	_, ok := a.running[shardID]
 	return ok
+}
+
+// BootstrapCommand is the placement command that creates a new cluster's
+// first map over the initial members.
+func BootstrapCommand(members []*placementv1.Node) *placementv1.Command {
+	return &placementv1.Command{Command: &placementv1.Command_Bootstrap{Bootstrap: &placementv1.BootstrapCmd{Nodes: members}}}
 }

@@ -57,7 +57,7 @@ func TestEpochsIncreaseAcrossLeaderKills(t *testing.T) {
 	for id, a := range members {
 		initial = append(initial, &placementv1.Node{Id: id, Zone: fmt.Sprintf("az%d", id), RaftAddr: a, ListenAddr: a})
 	}
-	if _, err := Bootstrap(ctx, nodes[1].Meta(), initial, initial[0], Identity{NodeID: initial[0].GetId()}); err != nil {
+	if _, err := Bootstrap(ctx, nodes[1].Meta(), BootstrapCommand(initial), initial[0], Identity{NodeID: initial[0].GetId()}); err != nil {
 		t.Fatal(err)
 	}
 	leader := func() uint64 {

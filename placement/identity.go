@@ -51,6 +51,11 @@ const (
 	// InitJoin initialises an empty directory for a node that joins a
 	// running cluster under a node id never used in it (wardend --join).
 	InitJoin
+	// InitRestore accepts a directory that wardend restore wrote (an
+	// identity and a pending restore, no Raft log yet) for its first
+	// start; a directory without a pending restore is refused as with
+	// InitRefuse.
+	InitRestore
 )
 
 // ErrNoState is the error of OpenIdentity for a data directory that holds
@@ -86,6 +91,11 @@ func OpenIdentity(dir string, nodeID uint64, mode InitMode) (Identity, error) {
 		}
 		if id.NodeID != nodeID {
 			return Identity{}, fmt.Errorf("placement: data directory %s belongs to node %d, not --node-id %d", dir, id.NodeID, nodeID)
+		}
+		if !raftState && mode == InitRestore {
+			if pending, err := PendingRestore(dir); err != nil || pending != nil {
+				return id, err
+			}
 		}
 		if !raftState {
 			return Identity{}, fmt.Errorf("placement: data directory %s is node %d's (incarnation %s) but its Raft log is gone: "+

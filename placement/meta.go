@@ -35,13 +35,16 @@ const EpochWindow = 32
 // ordered_config_change (membership changes compare-and-set).
 //
 // Version 3: AuthCmd (the auth state, State.auth).
-const MetaCommandVersion uint32 = 3
+//
+// Version 4: RestoreCmd (a cluster restored from a backup).
+const MetaCommandVersion uint32 = 4
 
 // metaKindVersions is the version each command kind needs, by its field
 // number in Command's oneof: the version in which it appeared. A kind
 // missing here needs version 1.
 var metaKindVersions = map[protoreflect.FieldNumber]uint32{
-	9: 3, // auth
+	9:  3, // auth
+	10: 4, // restore
 }
 
 // MetaVersionOf returns the placement command version cmd needs.
@@ -70,6 +73,14 @@ var ErrMetaVersion = errors.New("placement: command version not applied by every
 func stampVersion(cmd *placementv1.Command, cluster uint32) (*placementv1.Command, error) {
 	if newerKind(cmd) {
 		return nil, fmt.Errorf("%w: a command of a kind this binary does not know", ErrMetaVersion)
+	}
+	if _, ok := cmd.GetCommand().(*placementv1.Command_Restore); ok {
+		// A restore creates the state, before any node has registered the
+		// binary it runs (cluster is 1 then). A replica whose binary does
+		// not know the version stops at it (metaSM.Update) rather than
+		// apply something else, and on a state that exists a restore
+		// changes nothing: it is proposed at this binary's version.
+		cluster = MetaCommandVersion
 	}
 	if need := max(cmd.GetVersion(), MetaVersionOf(cmd)); need > cluster {
 		return nil, fmt.Errorf("%w: the command needs version %d, every node applies %d", ErrMetaVersion, need, cluster)
@@ -128,7 +139,8 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 	// start the shard a newer rule creates by its older one. Refusing by
 	// the state the entry applies to closes that window on every replica
 	// alike. Version 1 entries never meet it: no rule changed for them.
-	if v := cmd.GetVersion(); v > 1 && v > nodesMetaVersion(st) {
+	_, restore := cmd.GetCommand().(*placementv1.Command_Restore)
+	if v := cmd.GetVersion(); v > 1 && v > nodesMetaVersion(st) && !restore { // a restore: stampVersion
 		return nil, fmt.Errorf("version: %d, but some node registered a binary that applies only up to %d", v, nodesMetaVersion(st))
 	}
 	ok := &placementv1.Result{}
@@ -151,6 +163,8 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 		return ok, advanceMove(st, c.AdvanceMove)
 	case *placementv1.Command_Auth:
 		return ok, applyAuth(st, c.Auth)
+	case *placementv1.Command_Restore:
+		return ok, applyRestore(st, c.Restore)
 	}
 	return nil, errors.New("command: missing or unknown")
 }

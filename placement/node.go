@@ -112,7 +112,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
 	}
-	return &Node{cfg: cfg, nh: nh}, nil
+	n := &Node{cfg: cfg, nh: nh}
+	if err := os.RemoveAll(n.ExportDir()); err != nil { // a backup's leftovers
+		nh.Close()
+		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
+	}
+	return n, nil
 }
 
 // NodeHost returns the node's Dragonboat NodeHost. The router reaches
@@ -123,6 +128,10 @@ func (n *Node) NodeHost() *dragonboat.NodeHost { return n.nh }
 // Meta returns the placement client of the node's own replica of the
 // placement group, which must be running (StartMeta).
 func (n *Node) Meta() MetaClient { return localMeta{nh: n.nh} }
+
+// ExportDir is where the node writes the shard exports a backup streams
+// (removed as each is sent, and at every start).
+func (n *Node) ExportDir() string { return filepath.Join(n.cfg.DataDir, "export") }
 
 // ID returns the node's id.
 func (n *Node) ID() uint64 { return n.cfg.ID }

@@ -91,7 +91,7 @@ func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[warde
 		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}
 	m := s.r.Map()
-	out := &wardenv1.ListShardsResponse{Generation: m.Generation()}
+	out := &wardenv1.ListShardsResponse{Generation: m.Generation(), EpochLimit: m.State().GetEpochLimit()}
 	for _, sh := range m.State().GetShards() {
 		info := &wardenv1.ShardInfo{Id: sh.GetId(), Epoch: sh.GetEpoch(), State: "active"}
 		if sh.GetState() == placementv1.ShardState_SHARD_STATE_PENDING {

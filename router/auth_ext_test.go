@@ -222,6 +222,30 @@ func TestAuthorization(t *testing.T) {
 	must("admin lists shards", err)
 	_, err = orders.admin.Snapshot(ctx(t), connect.NewRequest(&wardenv1.SnapshotRequest{}))
 	wantDenied(t, "orders snapshots", err, "admin")
+	// A backup holds every lease id: admin alone may take one.
+	backup := func(who caller) (chunks int, err error) {
+		stream, err := who.admin.Backup(ctx(t), connect.NewRequest(&wardenv1.BackupRequest{}))
+		if err != nil {
+			return 0, err
+		}
+		defer stream.Close()
+		for stream.Receive() {
+			chunks++
+		}
+		return chunks, stream.Err()
+	}
+	n, err := backup(orders)
+	wantDenied(t, "orders takes a backup", err, `"orders"`, "admin")
+	if n != 0 {
+		t.Fatalf("a denied backup sent %d messages", n)
+	}
+	_, err = backup(anon)
+	wantCode(t, err, connect.CodeUnauthenticated)
+	n, err = backup(admin)
+	must("admin takes a backup", err)
+	if n < 4 {
+		t.Fatalf("admin's backup sent %d messages", n)
+	}
 	_, err = orders.auth.CreateToken(ctx(t), connect.NewRequest(&wardenv1.CreateTokenRequest{Principal: "admin"}))
 	wantDenied(t, "orders mints an admin token", err, "admin")
 	_, err = admin.admin.SetShardConfig(ctx(t), connect.NewRequest(&wardenv1.SetShardConfigRequest{ShardId: 0, MaxClockSkew: durationpb.New(time.Millisecond)}))

@@ -275,6 +275,13 @@ func (authorizer) WrapStreamingClient(next connect.StreamingClientFunc) connect.
 	return next
 }
 
-func (authorizer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
+// WrapStreamingHandler: a streaming RPC (AdminService.Backup, whose
+// stream holds every lease id) needs the admin permission.
+func (a authorizer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		if err := a.r.authorize(ctx, auth.Admin, "", ""); err != nil {
+			return err
+		}
+		return next(ctx, conn)
+	}
 }

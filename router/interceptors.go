@@ -77,13 +77,26 @@ func (o observer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	}
 }
 
-// The client services have no streaming RPCs.
 func (observer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return next
 }
 
-func (observer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
+// WrapStreamingHandler records the client services' one streaming RPC,
+// AdminService.Backup, as a whole: its duration and outcome, and an
+// audit line (it takes no request worth recording).
+func (o observer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		ctx, _ = withCallState(ctx)
+		start := time.Now()
+		err := next(ctx, conn)
+		method := methodOf(conn.Spec().Procedure)
+		var e *auditEntry
+		if o.r.cfg.Audit != nil {
+			e = &auditEntry{method: method}
+		}
+		o.r.record(ctx, conn.Peer(), method, start, e, err)
+		return toConnect(err)
+	}
 }
 
 // methodOf is a procedure's name in metrics and the audit log: its

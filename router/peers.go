@@ -65,17 +65,38 @@ func NewPeers(secret string, tlsConfig *tls.Config) *Peers {
 // of the client call being served (ctx's), which the other node honours
 // because the call comes from a node.
 func nodeCall(secret string) connect.Option {
-	return connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
-		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			if secret != "" {
-				req.Header().Set(secretHeader, secret)
-			}
-			if p := principalOf(ctx); p != "" {
-				req.Header().Set(principalHeader, p)
-			}
-			return next(ctx, req)
-		}
-	}))
+	return connect.WithInterceptors(nodeCaller{secret})
+}
+
+// nodeCaller is nodeCall's interceptor, for unary and streaming calls.
+type nodeCaller struct{ secret string }
+
+func (n nodeCaller) headers(ctx context.Context, h http.Header) {
+	if n.secret != "" {
+		h.Set(secretHeader, n.secret)
+	}
+	if p := principalOf(ctx); p != "" {
+		h.Set(principalHeader, p)
+	}
+}
+
+func (n nodeCaller) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		n.headers(ctx, req.Header())
+		return next(ctx, req)
+	}
+}
+
+func (n nodeCaller) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		n.headers(ctx, conn.RequestHeader())
+		return conn
+	}
+}
+
+func (nodeCaller) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
 
 // fromNode reports whether req came from another node of the cluster:

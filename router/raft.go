@@ -6,6 +6,7 @@ import (
 
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // raftHost is everything the router asks of a node's Raft host: the
@@ -35,6 +36,10 @@ type raftHost interface {
 	// transferLeader asks the local replica's group to elect replica
 	// target; errDropped when the replica is not ready for it.
 	transferLeader(shardID, target uint64) error
+	// export writes the local replica's whole state, as of a linearizable
+	// read, to a new file (shard.ExportQuery) and returns what it wrote
+	// and the file's path; the caller removes the file.
+	export(ctx context.Context, shardID uint64) (*shard.ExportedSnapshot, string, error)
 	// snapshot snapshots the local replica and compacts its log behind
 	// it, returning the snapshot's index; errNothingToSnapshot when no
 	// entry was applied since the last one.

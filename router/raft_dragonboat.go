@@ -2,8 +2,11 @@ package router
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/raftio"
@@ -11,13 +14,33 @@ import (
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // dragonboatHost is the raftHost of a Dragonboat NodeHost.
-type dragonboatHost struct{ nh *dragonboat.NodeHost }
+type dragonboatHost struct {
+	nh *dragonboat.NodeHost
+	// exportDir is where export writes its files (placement.Node.ExportDir).
+	exportDir string
+}
 
 // hostOf is the router's seam to node n's Raft host.
-func hostOf(n *placement.Node) raftHost { return dragonboatHost{n.NodeHost()} }
+func hostOf(n *placement.Node) raftHost { return dragonboatHost{n.NodeHost(), n.ExportDir()} }
+
+func (h dragonboatHost) export(ctx context.Context, shardID uint64) (*shard.ExportedSnapshot, string, error) {
+	if err := os.MkdirAll(h.exportDir, 0o700); err != nil {
+		return nil, "", err
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	path := filepath.Join(h.exportDir, fmt.Sprintf("shard-%d-%x.snap", shardID, b))
+	out, err := h.nh.SyncRead(ctx, shardID, shard.ExportQuery{Path: path})
+	if err != nil {
+		os.Remove(path)
+		return nil, "", proposeError(err)
+	}
+	return out.(*shard.ExportedSnapshot), path, nil
+}
 
 func (h dragonboatHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]byte, error) {
 	out, err := h.nh.SyncPropose(ctx, h.nh.GetNoOPSession(shardID), cmd)

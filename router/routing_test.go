@@ -458,6 +458,10 @@ func (h *fakeHost) transferLeader(uint64, uint64) error { return nil }
 
 func (h *fakeHost) snapshot(context.Context, uint64) (uint64, error) { return 0, errNothingToSnapshot }
 
+func (h *fakeHost) export(context.Context, uint64) (*shard.ExportedSnapshot, string, error) {
+	return nil, "", errors.New("the fake host exports nothing")
+}
+
 func (h *fakeHost) changeMembership(context.Context, *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
 	return nil, errors.New("fakeHost: no membership")
 }

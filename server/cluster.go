@@ -197,8 +197,14 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	for i, spec := range cfg.Nodes {
 		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: cfg.ListenAddr, Incarnation: ids[i].Incarnation, CommandVersion: shard.CommandVersion,
 			MetaCommandVersion: placement.MetaCommandVersion, BuildVersion: cfg.BuildVersion}
-		var err error
-		if st, err = placement.Bootstrap(ctx, meta, initial, self, ids[i]); err != nil {
+		create, err := c.firstState(spec, c.Modes[i], initial)
+		if err == nil {
+			st, err = placement.Bootstrap(ctx, meta, create, self, ids[i])
+		}
+		if err == nil && c.Modes[i] == ModeRestore {
+			err = placement.FinishRestore(spec.DataDir)
+		}
+		if err != nil {
 			c.closeNodes()
 			return nil, err
 		}
@@ -212,6 +218,25 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 	c.wg.Add(1)
 	go c.loop()
 	return c, nil
+}
+
+// firstState is the placement command node spec, starting in mode, may
+// create the placement state with: a restored node's RestoreCmd, with
+// the addresses of the initial members; the bootstrap of a new map over
+// them for any other initial member (it changes nothing once a map
+// exists); none for a node that joins.
+func (c *Cluster) firstState(spec NodeSpec, mode StartMode, initial []*placementv1.Node) (*placementv1.Command, error) {
+	if mode != ModeRestore {
+		if len(initial) == 0 {
+			return nil, nil
+		}
+		return placement.BootstrapCommand(initial), nil
+	}
+	pending, err := placement.PendingRestore(spec.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	return placement.RestoreCommand(pending.GetState(), initial)
 }
 
 // initial reports whether node id is one of the initial members.

@@ -24,6 +24,12 @@ const (
 	// node starts from it (whatever NewCluster says, as etcd ignores
 	// --initial-cluster-state once a WAL exists).
 	ModeRestart
+	// ModeRestore: the data directory was written by wardend restore and
+	// its first start has not completed: the node, an initial member,
+	// creates the placement group's state from the backup's (a RestoreCmd)
+	// rather than bootstrap a new map, and starts the replicas whose
+	// records the restore wrote.
+	ModeRestore
 )
 
 func (m StartMode) String() string {
@@ -34,6 +40,8 @@ func (m StartMode) String() string {
 		return "join"
 	case ModeRestart:
 		return "restart"
+	case ModeRestore:
+		return "restore"
 	}
 	return fmt.Sprintf("StartMode(%d)", int(m))
 }
@@ -47,6 +55,8 @@ func (m StartMode) initMode() placement.InitMode {
 		return placement.InitNewCluster
 	case ModeJoin:
 		return placement.InitJoin
+	case ModeRestore:
+		return placement.InitRestore
 	}
 	return placement.InitRefuse
 }
@@ -62,7 +72,15 @@ func startMode(spec NodeSpec, cfg ClusterConfig) (StartMode, error) {
 	if !initial && len(cfg.Join) == 0 {
 		return 0, fmt.Errorf("server: node %d is not an initial member and has no join addresses: it cannot reach the placement group", spec.ID)
 	}
+	pending, err := placement.PendingRestore(spec.DataDir)
 	switch {
+	case err != nil:
+		return 0, err
+	case pending != nil && !initial:
+		return 0, fmt.Errorf("server: node %d was restored from a backup but is not an initial member: "+
+			"a restored cluster starts with every node of the backup in --initial-members", spec.ID)
+	case pending != nil:
+		return ModeRestore, nil
 	case placement.HasState(spec.DataDir):
 		return ModeRestart, nil
 	case !initial:
@@ -71,6 +89,6 @@ func startMode(spec NodeSpec, cfg ClusterConfig) (StartMode, error) {
 		return ModeNewCluster, nil
 	}
 	// OpenIdentity's refusal of an empty directory says why and what to do.
-	_, err := placement.OpenIdentity(spec.DataDir, spec.ID, placement.InitRefuse)
+	_, err = placement.OpenIdentity(spec.DataDir, spec.ID, placement.InitRefuse)
 	return 0, err
 }

@@ -58,7 +58,7 @@ func (*shardsCmd) Run(g *globals) error {
 		return fmt.Errorf("shards: %w", err)
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
-		fmt.Fprintf(w, "placement generation %d\n", resp.Msg.GetGeneration())
+		fmt.Fprintf(w, "placement generation %d, epoch limit %d\n", resp.Msg.GetGeneration(), resp.Msg.GetEpochLimit())
 		fmt.Fprintf(w, "%-5s %-7s %-40s %-6s %-7s %-6s %-7s %s\n", "SHARD", "STATE", "HASH RANGE", "EPOCH", "LEADER", "LOCKS", "WAITERS", "REPLICAS (replica@node/zone:state)")
 		for _, s := range resp.Msg.GetShards() {
 			rng := "-"

@@ -28,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -78,6 +79,15 @@ type cli struct {
 	ShutdownWait   time.Duration    `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
 	AuditLog       string           `help:"Write the audit log (one JSON line per state-changing call, with its principal) to this file, or - for stderr. Reopened on SIGHUP, for rotation."`
 	PprofAddr      string           `name:"pprof-addr" placeholder:"HOST:PORT" help:"Serve Go's profiler (/debug/pprof/) on this address, for performance work; keep it on loopback. Off by default."`
+
+	Serve   struct{}   `cmd:"" default:"withargs" help:"Run the node, or with --dev the whole dev cluster (the default command)."`
+	Restore restoreCmd `cmd:"" help:"Write an empty --data-dir from a backup (warden admin backup --out), for this node's first start in the restored cluster; takes the node's usual flags (--node-id, --zone, --data-dir, or --dev). Every node of the backup restores its own directory from the same backup, then all start with --initial-members naming them."`
+}
+
+// restoreCmd is wardend restore's own flags.
+type restoreCmd struct {
+	From     string `required:"" placeholder:"DIR" help:"The backup directory (warden admin backup --out DIR)."`
+	MinEpoch uint64 `name:"min-epoch" placeholder:"EPOCH" help:"The lowest fencing-token epoch the restored shards may take: the old cluster's epoch limit (warden admin shards shows it), if it can still be read; never below the backup's. Default: the backup's epoch limit plus 65,536 (placement.RestoreEpochGap). Give every node the same value."`
 }
 
 func main() {
@@ -86,10 +96,14 @@ func main() {
 	if err != nil {
 		panic(err) // the flag definitions are wrong: a programming error
 	}
-	_, err = k.Parse(os.Args[1:])
+	kctx, err := k.Parse(os.Args[1:])
 	k.FatalIfErrorf(err)
 	if c.Dev && c.DataDir == "" {
 		c.DataDir = "./data/dev"
+	}
+	if kctx.Command() == "restore" {
+		k.FatalIfErrorf(restore(c, os.Stdout))
+		return
 	}
 	if !c.Dev {
 		_, err := c.clusterConfig()
@@ -366,4 +380,36 @@ func (a *auditFile) Close() {
 		defer a.mu.Unlock()
 		a.f.Close()
 	}
+}
+
+// restore runs wardend restore: it checks the backup whole, then writes
+// the node's (or the dev cluster's) data directory and says how to start.
+func restore(c cli, out io.Writer) error {
+	b, err := server.OpenBackup(c.Restore.From)
+	if err != nil {
+		return err
+	}
+	if c.Dev {
+		res, err := server.RestoreDev(b, c.DataDir, c.Restore.MinEpoch)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "restored backup %s (taken %s) into %s: restore %s, shard epochs %v\nstart it with: wardend --dev --data-dir %s\n",
+			b.Manifest.GetBackupId(), b.Manifest.GetCreatedAt().AsTime().Format(time.RFC3339), c.DataDir, res[0].RestoreID, res[0].Epochs, c.DataDir)
+		return nil
+	}
+	switch {
+	case c.NodeID == 0:
+		return errors.New("restore: --node-id is required (or --dev)")
+	case c.DataDir == "":
+		return errors.New("restore: --data-dir is required")
+	}
+	res, err := server.RestoreNode(b, c.NodeID, c.Zone, c.DataDir, c.Restore.MinEpoch)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "restored node %d of backup %s (taken %s) into %s: %d replicas, restore %s, shard epochs %v\n"+
+		"restore every other node of the backup the same way, then start each with its usual flags and --initial-members naming them all\n",
+		c.NodeID, b.Manifest.GetBackupId(), b.Manifest.GetCreatedAt().AsTime().Format(time.RFC3339), c.DataDir, res.Replicas, res.RestoreID, res.Epochs)
+	return nil
 }

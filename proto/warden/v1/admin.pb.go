@@ -413,8 +413,12 @@ func (*ListShardsRequest) Descriptor() ([]byte, []int) {
 type ListShardsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Generation is the placement map's generation.
-	Generation    uint64       `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
-	Shards        []*ShardInfo `protobuf:"bytes,2,rep,name=shards,proto3" json:"shards,omitempty"`
+	Generation uint64       `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Shards     []*ShardInfo `protobuf:"bytes,2,rep,name=shards,proto3" json:"shards,omitempty"`
+	// EpochLimit is the epoch allocator's window: no shard has an epoch at
+	// or above it. A restore from an older backup takes epochs from it
+	// (wardend restore --min-epoch) while this cluster can be read.
+	EpochLimit    uint64 `protobuf:"varint,3,opt,name=epoch_limit,json=epochLimit,proto3" json:"epoch_limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -461,6 +465,13 @@ func (x *ListShardsResponse) GetShards() []*ShardInfo {
 		return x.Shards
 	}
 	return nil
+}
+
+func (x *ListShardsResponse) GetEpochLimit() uint64 {
+	if x != nil {
+		return x.EpochLimit
+	}
+	return 0
 }
 
 // ShardInfo is one data shard.
@@ -902,6 +913,547 @@ func (x *SnapshotRequest) GetShardId() uint64 {
 	return 0
 }
 
+type BackupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupRequest) Reset() {
+	*x = BackupRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupRequest) ProtoMessage() {}
+
+func (x *BackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
+func (*BackupRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+// BackupResponse is a part of a backup stream: for each file, a file, its
+// data chunks in order and an end; after the last file, the manifest.
+type BackupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*BackupResponse_File
+	//	*BackupResponse_Data
+	//	*BackupResponse_End
+	//	*BackupResponse_Manifest
+	Part          isBackupResponse_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupResponse) Reset() {
+	*x = BackupResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupResponse) ProtoMessage() {}
+
+func (x *BackupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupResponse.ProtoReflect.Descriptor instead.
+func (*BackupResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *BackupResponse) GetPart() isBackupResponse_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *BackupResponse) GetFile() *BackupFileStart {
+	if x != nil {
+		if x, ok := x.Part.(*BackupResponse_File); ok {
+			return x.File
+		}
+	}
+	return nil
+}
+
+func (x *BackupResponse) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*BackupResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *BackupResponse) GetEnd() *BackupFile {
+	if x != nil {
+		if x, ok := x.Part.(*BackupResponse_End); ok {
+			return x.End
+		}
+	}
+	return nil
+}
+
+func (x *BackupResponse) GetManifest() *BackupManifest {
+	if x != nil {
+		if x, ok := x.Part.(*BackupResponse_Manifest); ok {
+			return x.Manifest
+		}
+	}
+	return nil
+}
+
+type isBackupResponse_Part interface {
+	isBackupResponse_Part()
+}
+
+type BackupResponse_File struct {
+	File *BackupFileStart `protobuf:"bytes,1,opt,name=file,proto3,oneof"`
+}
+
+type BackupResponse_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type BackupResponse_End struct {
+	End *BackupFile `protobuf:"bytes,3,opt,name=end,proto3,oneof"`
+}
+
+type BackupResponse_Manifest struct {
+	Manifest *BackupManifest `protobuf:"bytes,4,opt,name=manifest,proto3,oneof"`
+}
+
+func (*BackupResponse_File) isBackupResponse_Part() {}
+
+func (*BackupResponse_Data) isBackupResponse_Part() {}
+
+func (*BackupResponse_End) isBackupResponse_Part() {}
+
+func (*BackupResponse_Manifest) isBackupResponse_Part() {}
+
+type BackupFileStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name is the file's name in the backup directory: shard-<id>.snap or
+	// placement.pb.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupFileStart) Reset() {
+	*x = BackupFileStart{}
+	mi := &file_warden_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupFileStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupFileStart) ProtoMessage() {}
+
+func (x *BackupFileStart) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupFileStart.ProtoReflect.Descriptor instead.
+func (*BackupFileStart) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *BackupFileStart) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// BackupFile is a file of a backup, by name, size in bytes and SHA-256.
+type BackupFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Size          int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Sha256        []byte                 `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupFile) Reset() {
+	*x = BackupFile{}
+	mi := &file_warden_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupFile) ProtoMessage() {}
+
+func (x *BackupFile) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupFile.ProtoReflect.Descriptor instead.
+func (*BackupFile) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *BackupFile) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BackupFile) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *BackupFile) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
+// BackupManifest describes a backup (manifest.json, in protojson): what
+// `wardend restore` checks and restores from.
+type BackupManifest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// BackupId is drawn at random for each backup; a restore's id derives
+	// from it.
+	BackupId  string                 `protobuf:"bytes,1,opt,name=backup_id,json=backupId,proto3" json:"backup_id,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// WardenVersion is the version of the binary that served the backup.
+	WardenVersion string `protobuf:"bytes,3,opt,name=warden_version,json=wardenVersion,proto3" json:"warden_version,omitempty"`
+	// Generation is the placement map's generation the shards were read at.
+	Generation uint64 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	// EpochLimit is the epoch allocator's persisted window: no epoch at or
+	// above it had been assigned when the backup was taken. LastEpoch is
+	// the highest assigned.
+	EpochLimit uint64         `protobuf:"varint,5,opt,name=epoch_limit,json=epochLimit,proto3" json:"epoch_limit,omitempty"`
+	LastEpoch  uint64         `protobuf:"varint,6,opt,name=last_epoch,json=lastEpoch,proto3" json:"last_epoch,omitempty"`
+	Nodes      []*BackupNode  `protobuf:"bytes,7,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Shards     []*BackupShard `protobuf:"bytes,8,rep,name=shards,proto3" json:"shards,omitempty"`
+	// Placement is the placement state's file (a placement.v1.State).
+	Placement     *BackupFile `protobuf:"bytes,9,opt,name=placement,proto3" json:"placement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupManifest) Reset() {
+	*x = BackupManifest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupManifest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupManifest) ProtoMessage() {}
+
+func (x *BackupManifest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupManifest.ProtoReflect.Descriptor instead.
+func (*BackupManifest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *BackupManifest) GetBackupId() string {
+	if x != nil {
+		return x.BackupId
+	}
+	return ""
+}
+
+func (x *BackupManifest) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *BackupManifest) GetWardenVersion() string {
+	if x != nil {
+		return x.WardenVersion
+	}
+	return ""
+}
+
+func (x *BackupManifest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *BackupManifest) GetEpochLimit() uint64 {
+	if x != nil {
+		return x.EpochLimit
+	}
+	return 0
+}
+
+func (x *BackupManifest) GetLastEpoch() uint64 {
+	if x != nil {
+		return x.LastEpoch
+	}
+	return 0
+}
+
+func (x *BackupManifest) GetNodes() []*BackupNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *BackupManifest) GetShards() []*BackupShard {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *BackupManifest) GetPlacement() *BackupFile {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+type BackupNode struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Zone          string                 `protobuf:"bytes,2,opt,name=zone,proto3" json:"zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupNode) Reset() {
+	*x = BackupNode{}
+	mi := &file_warden_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupNode) ProtoMessage() {}
+
+func (x *BackupNode) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupNode.ProtoReflect.Descriptor instead.
+func (*BackupNode) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *BackupNode) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *BackupNode) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+// BackupShard is one data shard's file: its records as of applied_index
+// on replica node_id, with the epoch and revision in them.
+type BackupShard struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	ShardId uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	// Start and End bound the shard's hash range [start, end) (end 0:
+	// 2^64).
+	Start         uint64      `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint64      `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
+	Epoch         uint64      `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Revision      uint64      `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	AppliedIndex  uint64      `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	NodeId        uint64      `protobuf:"varint,7,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Records       uint64      `protobuf:"varint,8,opt,name=records,proto3" json:"records,omitempty"`
+	File          *BackupFile `protobuf:"bytes,9,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupShard) Reset() {
+	*x = BackupShard{}
+	mi := &file_warden_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupShard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupShard) ProtoMessage() {}
+
+func (x *BackupShard) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupShard.ProtoReflect.Descriptor instead.
+func (*BackupShard) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *BackupShard) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *BackupShard) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *BackupShard) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+func (x *BackupShard) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *BackupShard) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *BackupShard) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *BackupShard) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *BackupShard) GetRecords() uint64 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
+func (x *BackupShard) GetFile() *BackupFile {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
 type SnapshotResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Snapshots     []*ReplicaSnapshot     `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
@@ -911,7 +1463,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	mi := &file_warden_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1475,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	mi := &file_warden_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1488,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SnapshotResponse) GetSnapshots() []*ReplicaSnapshot {
@@ -962,7 +1514,7 @@ type ReplicaSnapshot struct {
 
 func (x *ReplicaSnapshot) Reset() {
 	*x = ReplicaSnapshot{}
-	mi := &file_warden_v1_admin_proto_msgTypes[16]
+	mi := &file_warden_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1526,7 @@ func (x *ReplicaSnapshot) String() string {
 func (*ReplicaSnapshot) ProtoMessage() {}
 
 func (x *ReplicaSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[16]
+	mi := &file_warden_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1539,7 @@ func (x *ReplicaSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaSnapshot.ProtoReflect.Descriptor instead.
 func (*ReplicaSnapshot) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReplicaSnapshot) GetShardId() uint64 {
@@ -1046,7 +1598,7 @@ type SetShardConfigRequest struct {
 
 func (x *SetShardConfigRequest) Reset() {
 	*x = SetShardConfigRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[17]
+	mi := &file_warden_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1610,7 @@ func (x *SetShardConfigRequest) String() string {
 func (*SetShardConfigRequest) ProtoMessage() {}
 
 func (x *SetShardConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[17]
+	mi := &file_warden_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1623,7 @@ func (x *SetShardConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetShardConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetShardConfigRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetShardConfigRequest) GetShardId() uint64 {
@@ -1174,7 +1726,7 @@ type SetShardConfigResponse struct {
 
 func (x *SetShardConfigResponse) Reset() {
 	*x = SetShardConfigResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[18]
+	mi := &file_warden_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1738,7 @@ func (x *SetShardConfigResponse) String() string {
 func (*SetShardConfigResponse) ProtoMessage() {}
 
 func (x *SetShardConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[18]
+	mi := &file_warden_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1751,7 @@ func (x *SetShardConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetShardConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetShardConfigResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SetShardConfigResponse) GetShards() []*ShardConfigInfo {
@@ -1231,7 +1783,7 @@ type ShardConfigInfo struct {
 
 func (x *ShardConfigInfo) Reset() {
 	*x = ShardConfigInfo{}
-	mi := &file_warden_v1_admin_proto_msgTypes[19]
+	mi := &file_warden_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1795,7 @@ func (x *ShardConfigInfo) String() string {
 func (*ShardConfigInfo) ProtoMessage() {}
 
 func (x *ShardConfigInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[19]
+	mi := &file_warden_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1808,7 @@ func (x *ShardConfigInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardConfigInfo.ProtoReflect.Descriptor instead.
 func (*ShardConfigInfo) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ShardConfigInfo) GetShardId() uint64 {
@@ -1361,7 +1913,7 @@ type MoveReplicaRequest struct {
 
 func (x *MoveReplicaRequest) Reset() {
 	*x = MoveReplicaRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[20]
+	mi := &file_warden_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1925,7 @@ func (x *MoveReplicaRequest) String() string {
 func (*MoveReplicaRequest) ProtoMessage() {}
 
 func (x *MoveReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[20]
+	mi := &file_warden_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1938,7 @@ func (x *MoveReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveReplicaRequest.ProtoReflect.Descriptor instead.
 func (*MoveReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MoveReplicaRequest) GetShardId() uint64 {
@@ -1420,7 +1972,7 @@ type MoveReplicaResponse struct {
 
 func (x *MoveReplicaResponse) Reset() {
 	*x = MoveReplicaResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[21]
+	mi := &file_warden_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1984,7 @@ func (x *MoveReplicaResponse) String() string {
 func (*MoveReplicaResponse) ProtoMessage() {}
 
 func (x *MoveReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[21]
+	mi := &file_warden_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1997,7 @@ func (x *MoveReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveReplicaResponse.ProtoReflect.Descriptor instead.
 func (*MoveReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MoveReplicaResponse) GetReplicaId() uint64 {
@@ -1465,7 +2017,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[22]
+	mi := &file_warden_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +2029,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[22]
+	mi := &file_warden_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +2042,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RebalanceRequest) GetDryRun() bool {
@@ -1509,7 +2061,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[23]
+	mi := &file_warden_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +2073,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[23]
+	mi := &file_warden_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +2086,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RebalanceResponse) GetActions() []*RebalanceAction {
@@ -1560,7 +2112,7 @@ type RebalanceAction struct {
 
 func (x *RebalanceAction) Reset() {
 	*x = RebalanceAction{}
-	mi := &file_warden_v1_admin_proto_msgTypes[24]
+	mi := &file_warden_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +2124,7 @@ func (x *RebalanceAction) String() string {
 func (*RebalanceAction) ProtoMessage() {}
 
 func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[24]
+	mi := &file_warden_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +2137,7 @@ func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceAction.ProtoReflect.Descriptor instead.
 func (*RebalanceAction) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RebalanceAction) GetKind() string {
@@ -1659,12 +2211,14 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x02up\x18\x06 \x01(\bR\x02up\x129\n" +
 	"\n" +
 	"last_heard\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tlastHeard\"\x13\n" +
-	"\x11ListShardsRequest\"b\n" +
+	"\x11ListShardsRequest\"\x83\x01\n" +
 	"\x12ListShardsResponse\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\x12,\n" +
-	"\x06shards\x18\x02 \x03(\v2\x14.warden.v1.ShardInfoR\x06shards\"\xa5\x02\n" +
+	"\x06shards\x18\x02 \x03(\v2\x14.warden.v1.ShardInfoR\x06shards\x12\x1f\n" +
+	"\vepoch_limit\x18\x03 \x01(\x04R\n" +
+	"epochLimit\"\xa5\x02\n" +
 	"\tShardInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1f\n" +
 	"\vrange_start\x18\x02 \x01(\x04R\n" +
@@ -1699,7 +2253,50 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x16TransferLeaderResponse\x12$\n" +
 	"\x0eleader_node_id\x18\x01 \x01(\x04R\fleaderNodeId\",\n" +
 	"\x0fSnapshotRequest\x12\x19\n" +
-	"\bshard_id\x18\x01 \x01(\x04R\ashardId\"L\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\"\x0f\n" +
+	"\rBackupRequest\"\xc4\x01\n" +
+	"\x0eBackupResponse\x120\n" +
+	"\x04file\x18\x01 \x01(\v2\x1a.warden.v1.BackupFileStartH\x00R\x04file\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12)\n" +
+	"\x03end\x18\x03 \x01(\v2\x15.warden.v1.BackupFileH\x00R\x03end\x127\n" +
+	"\bmanifest\x18\x04 \x01(\v2\x19.warden.v1.BackupManifestH\x00R\bmanifestB\x06\n" +
+	"\x04part\"%\n" +
+	"\x0fBackupFileStart\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"L\n" +
+	"\n" +
+	"BackupFile\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\fR\x06sha256\"\x81\x03\n" +
+	"\x0eBackupManifest\x12\x1b\n" +
+	"\tbackup_id\x18\x01 \x01(\tR\bbackupId\x129\n" +
+	"\n" +
+	"created_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12%\n" +
+	"\x0ewarden_version\x18\x03 \x01(\tR\rwardenVersion\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x04R\n" +
+	"generation\x12\x1f\n" +
+	"\vepoch_limit\x18\x05 \x01(\x04R\n" +
+	"epochLimit\x12\x1d\n" +
+	"\n" +
+	"last_epoch\x18\x06 \x01(\x04R\tlastEpoch\x12+\n" +
+	"\x05nodes\x18\a \x03(\v2\x15.warden.v1.BackupNodeR\x05nodes\x12.\n" +
+	"\x06shards\x18\b \x03(\v2\x16.warden.v1.BackupShardR\x06shards\x123\n" +
+	"\tplacement\x18\t \x01(\v2\x15.warden.v1.BackupFileR\tplacement\"0\n" +
+	"\n" +
+	"BackupNode\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04zone\x18\x02 \x01(\tR\x04zone\"\x85\x02\n" +
+	"\vBackupShard\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\x03 \x01(\x04R\x03end\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\x12#\n" +
+	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x12\x17\n" +
+	"\anode_id\x18\a \x01(\x04R\x06nodeId\x12\x18\n" +
+	"\arecords\x18\b \x01(\x04R\arecords\x12)\n" +
+	"\x04file\x18\t \x01(\v2\x15.warden.v1.BackupFileR\x04file\"L\n" +
 	"\x10SnapshotResponse\x128\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x1a.warden.v1.ReplicaSnapshotR\tsnapshots\"q\n" +
 	"\x0fReplicaSnapshot\x12\x19\n" +
@@ -1763,7 +2360,7 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"to_node_id\x18\x04 \x01(\x04R\btoNodeId\x12\x12\n" +
 	"\x04done\x18\x05 \x01(\bR\x04done\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error2\xe9\x05\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error2\xaa\x06\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
@@ -1772,7 +2369,8 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\x12L\n" +
 	"\vMoveReplica\x12\x1d.warden.v1.MoveReplicaRequest\x1a\x1e.warden.v1.MoveReplicaResponse\x12K\n" +
 	"\tRebalance\x12\x1b.warden.v1.RebalanceRequest\x1a\x1c.warden.v1.RebalanceResponse\"\x03\x90\x02\x02\x12Z\n" +
-	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12H\n" +
+	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12?\n" +
+	"\x06Backup\x12\x18.warden.v1.BackupRequest\x1a\x19.warden.v1.BackupResponse0\x01\x12H\n" +
 	"\bSnapshot\x12\x1a.warden.v1.SnapshotRequest\x1a\x1b.warden.v1.SnapshotResponse\"\x03\x90\x02\x02\x12Z\n" +
 	"\x0eSetShardConfig\x12 .warden.v1.SetShardConfigRequest\x1a!.warden.v1.SetShardConfigResponse\"\x03\x90\x02\x02\x12T\n" +
 	"\fHotResources\x12\x1e.warden.v1.HotResourcesRequest\x1a\x1f.warden.v1.HotResourcesResponse\"\x03\x90\x02\x01B7Z5github.com/warden-dev/warden/proto/warden/v1;wardenv1b\x06proto3"
@@ -1789,7 +2387,7 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 	return file_warden_v1_admin_proto_rawDescData
 }
 
-var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_warden_v1_admin_proto_goTypes = []any{
 	(*HotResourcesRequest)(nil),    // 0: warden.v1.HotResourcesRequest
 	(*HotResourcesResponse)(nil),   // 1: warden.v1.HotResourcesResponse
@@ -1806,70 +2404,87 @@ var file_warden_v1_admin_proto_goTypes = []any{
 	(*TransferLeaderRequest)(nil),  // 12: warden.v1.TransferLeaderRequest
 	(*TransferLeaderResponse)(nil), // 13: warden.v1.TransferLeaderResponse
 	(*SnapshotRequest)(nil),        // 14: warden.v1.SnapshotRequest
-	(*SnapshotResponse)(nil),       // 15: warden.v1.SnapshotResponse
-	(*ReplicaSnapshot)(nil),        // 16: warden.v1.ReplicaSnapshot
-	(*SetShardConfigRequest)(nil),  // 17: warden.v1.SetShardConfigRequest
-	(*SetShardConfigResponse)(nil), // 18: warden.v1.SetShardConfigResponse
-	(*ShardConfigInfo)(nil),        // 19: warden.v1.ShardConfigInfo
-	(*MoveReplicaRequest)(nil),     // 20: warden.v1.MoveReplicaRequest
-	(*MoveReplicaResponse)(nil),    // 21: warden.v1.MoveReplicaResponse
-	(*RebalanceRequest)(nil),       // 22: warden.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),      // 23: warden.v1.RebalanceResponse
-	(*RebalanceAction)(nil),        // 24: warden.v1.RebalanceAction
-	(*timestamppb.Timestamp)(nil),  // 25: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 26: google.protobuf.Duration
+	(*BackupRequest)(nil),          // 15: warden.v1.BackupRequest
+	(*BackupResponse)(nil),         // 16: warden.v1.BackupResponse
+	(*BackupFileStart)(nil),        // 17: warden.v1.BackupFileStart
+	(*BackupFile)(nil),             // 18: warden.v1.BackupFile
+	(*BackupManifest)(nil),         // 19: warden.v1.BackupManifest
+	(*BackupNode)(nil),             // 20: warden.v1.BackupNode
+	(*BackupShard)(nil),            // 21: warden.v1.BackupShard
+	(*SnapshotResponse)(nil),       // 22: warden.v1.SnapshotResponse
+	(*ReplicaSnapshot)(nil),        // 23: warden.v1.ReplicaSnapshot
+	(*SetShardConfigRequest)(nil),  // 24: warden.v1.SetShardConfigRequest
+	(*SetShardConfigResponse)(nil), // 25: warden.v1.SetShardConfigResponse
+	(*ShardConfigInfo)(nil),        // 26: warden.v1.ShardConfigInfo
+	(*MoveReplicaRequest)(nil),     // 27: warden.v1.MoveReplicaRequest
+	(*MoveReplicaResponse)(nil),    // 28: warden.v1.MoveReplicaResponse
+	(*RebalanceRequest)(nil),       // 29: warden.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),      // 30: warden.v1.RebalanceResponse
+	(*RebalanceAction)(nil),        // 31: warden.v1.RebalanceAction
+	(*timestamppb.Timestamp)(nil),  // 32: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 33: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
 	2,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
 	2,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
 	5,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
-	25, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
+	32, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
 	8,  // 4: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
 	9,  // 5: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
-	16, // 6: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
-	26, // 7: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
-	26, // 8: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
-	26, // 9: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
-	26, // 10: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
-	26, // 11: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
-	26, // 12: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
-	26, // 13: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
-	26, // 14: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
-	26, // 15: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
-	19, // 16: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	26, // 17: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	26, // 18: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	26, // 19: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	26, // 20: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	26, // 21: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	26, // 22: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
-	26, // 23: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
-	26, // 24: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
-	26, // 25: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
-	24, // 26: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
-	3,  // 27: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
-	6,  // 28: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
-	10, // 29: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	20, // 30: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
-	22, // 31: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
-	12, // 32: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	14, // 33: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	17, // 34: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	0,  // 35: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	4,  // 36: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	7,  // 37: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	11, // 38: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	21, // 39: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
-	23, // 40: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
-	13, // 41: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	15, // 42: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	18, // 43: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	1,  // 44: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	36, // [36:45] is the sub-list for method output_type
-	27, // [27:36] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	17, // 6: warden.v1.BackupResponse.file:type_name -> warden.v1.BackupFileStart
+	18, // 7: warden.v1.BackupResponse.end:type_name -> warden.v1.BackupFile
+	19, // 8: warden.v1.BackupResponse.manifest:type_name -> warden.v1.BackupManifest
+	32, // 9: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
+	20, // 10: warden.v1.BackupManifest.nodes:type_name -> warden.v1.BackupNode
+	21, // 11: warden.v1.BackupManifest.shards:type_name -> warden.v1.BackupShard
+	18, // 12: warden.v1.BackupManifest.placement:type_name -> warden.v1.BackupFile
+	18, // 13: warden.v1.BackupShard.file:type_name -> warden.v1.BackupFile
+	23, // 14: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
+	33, // 15: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	33, // 16: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	33, // 17: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	33, // 18: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	33, // 19: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	33, // 20: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	33, // 21: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
+	33, // 22: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
+	33, // 23: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
+	26, // 24: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
+	33, // 25: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	33, // 26: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	33, // 27: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	33, // 28: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	33, // 29: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	33, // 30: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	33, // 31: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
+	33, // 32: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
+	33, // 33: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
+	31, // 34: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
+	3,  // 35: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	6,  // 36: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	10, // 37: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	27, // 38: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	29, // 39: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
+	12, // 40: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	15, // 41: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
+	14, // 42: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	24, // 43: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	0,  // 44: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	4,  // 45: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	7,  // 46: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	11, // 47: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	28, // 48: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	30, // 49: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
+	13, // 50: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	16, // 51: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
+	22, // 52: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	25, // 53: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	1,  // 54: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	45, // [45:55] is the sub-list for method output_type
+	35, // [35:45] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
@@ -1877,14 +2492,20 @@ func file_warden_v1_admin_proto_init() {
 	if File_warden_v1_admin_proto != nil {
 		return
 	}
-	file_warden_v1_admin_proto_msgTypes[17].OneofWrappers = []any{}
+	file_warden_v1_admin_proto_msgTypes[16].OneofWrappers = []any{
+		(*BackupResponse_File)(nil),
+		(*BackupResponse_Data)(nil),
+		(*BackupResponse_End)(nil),
+		(*BackupResponse_Manifest)(nil),
+	}
+	file_warden_v1_admin_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -80,6 +80,212 @@ func (MembershipChange) EnumDescriptor() ([]byte, []int) {
 	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{0}
 }
 
+type ExportShardRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportShardRequest) Reset() {
+	*x = ExportShardRequest{}
+	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportShardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportShardRequest) ProtoMessage() {}
+
+func (x *ExportShardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportShardRequest.ProtoReflect.Descriptor instead.
+func (*ExportShardRequest) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ExportShardRequest) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+// ExportShardResponse is a part of the stream: data chunks in order, then
+// one end.
+type ExportShardResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Part:
+	//
+	//	*ExportShardResponse_Data
+	//	*ExportShardResponse_End
+	Part          isExportShardResponse_Part `protobuf_oneof:"part"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportShardResponse) Reset() {
+	*x = ExportShardResponse{}
+	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportShardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportShardResponse) ProtoMessage() {}
+
+func (x *ExportShardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportShardResponse.ProtoReflect.Descriptor instead.
+func (*ExportShardResponse) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ExportShardResponse) GetPart() isExportShardResponse_Part {
+	if x != nil {
+		return x.Part
+	}
+	return nil
+}
+
+func (x *ExportShardResponse) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Part.(*ExportShardResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *ExportShardResponse) GetEnd() *ExportShardEnd {
+	if x != nil {
+		if x, ok := x.Part.(*ExportShardResponse_End); ok {
+			return x.End
+		}
+	}
+	return nil
+}
+
+type isExportShardResponse_Part interface {
+	isExportShardResponse_Part()
+}
+
+type ExportShardResponse_Data struct {
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3,oneof"`
+}
+
+type ExportShardResponse_End struct {
+	End *ExportShardEnd `protobuf:"bytes,2,opt,name=end,proto3,oneof"`
+}
+
+func (*ExportShardResponse_Data) isExportShardResponse_Part() {}
+
+func (*ExportShardResponse_End) isExportShardResponse_Part() {}
+
+type ExportShardEnd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AppliedIndex is the Raft index the exported state is at; Meta the
+	// shard's meta record in it.
+	AppliedIndex  uint64        `protobuf:"varint,1,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Meta          *v1.ShardMeta `protobuf:"bytes,2,opt,name=meta,proto3" json:"meta,omitempty"`
+	Pairs         uint64        `protobuf:"varint,3,opt,name=pairs,proto3" json:"pairs,omitempty"`
+	Size          int64         `protobuf:"varint,4,opt,name=size,proto3" json:"size,omitempty"`
+	Sha256        []byte        `protobuf:"bytes,5,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportShardEnd) Reset() {
+	*x = ExportShardEnd{}
+	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportShardEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportShardEnd) ProtoMessage() {}
+
+func (x *ExportShardEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportShardEnd.ProtoReflect.Descriptor instead.
+func (*ExportShardEnd) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ExportShardEnd) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *ExportShardEnd) GetMeta() *v1.ShardMeta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+func (x *ExportShardEnd) GetPairs() uint64 {
+	if x != nil {
+		return x.Pairs
+	}
+	return 0
+}
+
+func (x *ExportShardEnd) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *ExportShardEnd) GetSha256() []byte {
+	if x != nil {
+		return x.Sha256
+	}
+	return nil
+}
+
 type MembershipRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	ShardId   uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
@@ -98,7 +304,7 @@ type MembershipRequest struct {
 
 func (x *MembershipRequest) Reset() {
 	*x = MembershipRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -110,7 +316,7 @@ func (x *MembershipRequest) String() string {
 func (*MembershipRequest) ProtoMessage() {}
 
 func (x *MembershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -123,7 +329,7 @@ func (x *MembershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipRequest.ProtoReflect.Descriptor instead.
 func (*MembershipRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{0}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *MembershipRequest) GetShardId() uint64 {
@@ -177,7 +383,7 @@ type MembershipResponse struct {
 
 func (x *MembershipResponse) Reset() {
 	*x = MembershipResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -189,7 +395,7 @@ func (x *MembershipResponse) String() string {
 func (*MembershipResponse) ProtoMessage() {}
 
 func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -202,7 +408,7 @@ func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipResponse.ProtoReflect.Descriptor instead.
 func (*MembershipResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{1}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *MembershipResponse) GetVoting() map[uint64]string {
@@ -242,7 +448,7 @@ type AppliedIndexRequest struct {
 
 func (x *AppliedIndexRequest) Reset() {
 	*x = AppliedIndexRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +460,7 @@ func (x *AppliedIndexRequest) String() string {
 func (*AppliedIndexRequest) ProtoMessage() {}
 
 func (x *AppliedIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +473,7 @@ func (x *AppliedIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppliedIndexRequest.ProtoReflect.Descriptor instead.
 func (*AppliedIndexRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AppliedIndexRequest) GetShardId() uint64 {
@@ -286,7 +492,7 @@ type AppliedIndexResponse struct {
 
 func (x *AppliedIndexResponse) Reset() {
 	*x = AppliedIndexResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -298,7 +504,7 @@ func (x *AppliedIndexResponse) String() string {
 func (*AppliedIndexResponse) ProtoMessage() {}
 
 func (x *AppliedIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -311,7 +517,7 @@ func (x *AppliedIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppliedIndexResponse.ProtoReflect.Descriptor instead.
 func (*AppliedIndexResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AppliedIndexResponse) GetIndex() uint64 {
@@ -331,7 +537,7 @@ type ProposeRequest struct {
 
 func (x *ProposeRequest) Reset() {
 	*x = ProposeRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -343,7 +549,7 @@ func (x *ProposeRequest) String() string {
 func (*ProposeRequest) ProtoMessage() {}
 
 func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -356,7 +562,7 @@ func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
 func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ProposeRequest) GetShardId() uint64 {
@@ -382,7 +588,7 @@ type ProposeResponse struct {
 
 func (x *ProposeResponse) Reset() {
 	*x = ProposeResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +600,7 @@ func (x *ProposeResponse) String() string {
 func (*ProposeResponse) ProtoMessage() {}
 
 func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +613,7 @@ func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeResponse.ProtoReflect.Descriptor instead.
 func (*ProposeResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ProposeResponse) GetResult() *v1.Result {
@@ -427,7 +633,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +645,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +658,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReadRequest) GetShardId() uint64 {
@@ -478,7 +684,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +696,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +709,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReadResponse) GetResult() *v1.QueryResult {
@@ -522,7 +728,7 @@ type ProposeMetaRequest struct {
 
 func (x *ProposeMetaRequest) Reset() {
 	*x = ProposeMetaRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +740,7 @@ func (x *ProposeMetaRequest) String() string {
 func (*ProposeMetaRequest) ProtoMessage() {}
 
 func (x *ProposeMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +753,7 @@ func (x *ProposeMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeMetaRequest.ProtoReflect.Descriptor instead.
 func (*ProposeMetaRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ProposeMetaRequest) GetCommand() *Command {
@@ -566,7 +772,7 @@ type ProposeMetaResponse struct {
 
 func (x *ProposeMetaResponse) Reset() {
 	*x = ProposeMetaResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +784,7 @@ func (x *ProposeMetaResponse) String() string {
 func (*ProposeMetaResponse) ProtoMessage() {}
 
 func (x *ProposeMetaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +797,7 @@ func (x *ProposeMetaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeMetaResponse.ProtoReflect.Descriptor instead.
 func (*ProposeMetaResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ProposeMetaResponse) GetResult() *Result {
@@ -609,7 +815,7 @@ type ReadMetaRequest struct {
 
 func (x *ReadMetaRequest) Reset() {
 	*x = ReadMetaRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +827,7 @@ func (x *ReadMetaRequest) String() string {
 func (*ReadMetaRequest) ProtoMessage() {}
 
 func (x *ReadMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +840,7 @@ func (x *ReadMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMetaRequest.ProtoReflect.Descriptor instead.
 func (*ReadMetaRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 type ReadMetaResponse struct {
@@ -646,7 +852,7 @@ type ReadMetaResponse struct {
 
 func (x *ReadMetaResponse) Reset() {
 	*x = ReadMetaResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +864,7 @@ func (x *ReadMetaResponse) String() string {
 func (*ReadMetaResponse) ProtoMessage() {}
 
 func (x *ReadMetaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +877,7 @@ func (x *ReadMetaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMetaResponse.ProtoReflect.Descriptor instead.
 func (*ReadMetaResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReadMetaResponse) GetState() *State {
@@ -689,7 +895,7 @@ type ClockRequest struct {
 
 func (x *ClockRequest) Reset() {
 	*x = ClockRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -701,7 +907,7 @@ func (x *ClockRequest) String() string {
 func (*ClockRequest) ProtoMessage() {}
 
 func (x *ClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -714,7 +920,7 @@ func (x *ClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockRequest.ProtoReflect.Descriptor instead.
 func (*ClockRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 type ClockResponse struct {
@@ -731,7 +937,7 @@ type ClockResponse struct {
 
 func (x *ClockResponse) Reset() {
 	*x = ClockResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +949,7 @@ func (x *ClockResponse) String() string {
 func (*ClockResponse) ProtoMessage() {}
 
 func (x *ClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +962,7 @@ func (x *ClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockResponse.ProtoReflect.Descriptor instead.
 func (*ClockResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ClockResponse) GetUnixNano() int64 {
@@ -777,7 +983,19 @@ var File_warden_placement_v1_node_proto protoreflect.FileDescriptor
 
 const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\n" +
-	"\x1ewarden/placement/v1/node.proto\x12\x13warden.placement.v1\x1a#warden/placement/v1/placement.proto\x1a\x1bwarden/shard/v1/shard.proto\"\xd0\x01\n" +
+	"\x1ewarden/placement/v1/node.proto\x12\x13warden.placement.v1\x1a#warden/placement/v1/placement.proto\x1a\x1bwarden/shard/v1/shard.proto\"/\n" +
+	"\x12ExportShardRequest\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\"l\n" +
+	"\x13ExportShardResponse\x12\x14\n" +
+	"\x04data\x18\x01 \x01(\fH\x00R\x04data\x127\n" +
+	"\x03end\x18\x02 \x01(\v2#.warden.placement.v1.ExportShardEndH\x00R\x03endB\x06\n" +
+	"\x04part\"\xa7\x01\n" +
+	"\x0eExportShardEnd\x12#\n" +
+	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12.\n" +
+	"\x04meta\x18\x02 \x01(\v2\x1a.warden.shard.v1.ShardMetaR\x04meta\x12\x14\n" +
+	"\x05pairs\x18\x03 \x01(\x04R\x05pairs\x12\x12\n" +
+	"\x04size\x18\x04 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x05 \x01(\fR\x06sha256\"\xd0\x01\n" +
 	"\x11MembershipRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12=\n" +
 	"\x06change\x18\x02 \x01(\x0e2%.warden.placement.v1.MembershipChangeR\x06change\x12\x1d\n" +
@@ -827,7 +1045,7 @@ const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\x16MEMBERSHIP_CHANGE_NONE\x10\x01\x12$\n" +
 	" MEMBERSHIP_CHANGE_ADD_NON_VOTING\x10\x02\x12 \n" +
 	"\x1cMEMBERSHIP_CHANGE_ADD_VOTING\x10\x03\x12\x1c\n" +
-	"\x18MEMBERSHIP_CHANGE_REMOVE\x10\x042\xff\x04\n" +
+	"\x18MEMBERSHIP_CHANGE_REMOVE\x10\x042\xe3\x05\n" +
 	"\vNodeService\x12T\n" +
 	"\aPropose\x12#.warden.placement.v1.ProposeRequest\x1a$.warden.placement.v1.ProposeResponse\x12K\n" +
 	"\x04Read\x12 .warden.placement.v1.ReadRequest\x1a!.warden.placement.v1.ReadResponse\x12`\n" +
@@ -836,7 +1054,8 @@ const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\x05Clock\x12!.warden.placement.v1.ClockRequest\x1a\".warden.placement.v1.ClockResponse\x12]\n" +
 	"\n" +
 	"Membership\x12&.warden.placement.v1.MembershipRequest\x1a'.warden.placement.v1.MembershipResponse\x12c\n" +
-	"\fAppliedIndex\x12(.warden.placement.v1.AppliedIndexRequest\x1a).warden.placement.v1.AppliedIndexResponseBDZBgithub.com/warden-dev/warden/proto/warden/placement/v1;placementv1b\x06proto3"
+	"\fAppliedIndex\x12(.warden.placement.v1.AppliedIndexRequest\x1a).warden.placement.v1.AppliedIndexResponse\x12b\n" +
+	"\vExportShard\x12'.warden.placement.v1.ExportShardRequest\x1a(.warden.placement.v1.ExportShardResponse0\x01BDZBgithub.com/warden-dev/warden/proto/warden/placement/v1;placementv1b\x06proto3"
 
 var (
 	file_warden_placement_v1_node_proto_rawDescOnce sync.Once
@@ -851,63 +1070,71 @@ func file_warden_placement_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_placement_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warden_placement_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_warden_placement_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_warden_placement_v1_node_proto_goTypes = []any{
 	(MembershipChange)(0),        // 0: warden.placement.v1.MembershipChange
-	(*MembershipRequest)(nil),    // 1: warden.placement.v1.MembershipRequest
-	(*MembershipResponse)(nil),   // 2: warden.placement.v1.MembershipResponse
-	(*AppliedIndexRequest)(nil),  // 3: warden.placement.v1.AppliedIndexRequest
-	(*AppliedIndexResponse)(nil), // 4: warden.placement.v1.AppliedIndexResponse
-	(*ProposeRequest)(nil),       // 5: warden.placement.v1.ProposeRequest
-	(*ProposeResponse)(nil),      // 6: warden.placement.v1.ProposeResponse
-	(*ReadRequest)(nil),          // 7: warden.placement.v1.ReadRequest
-	(*ReadResponse)(nil),         // 8: warden.placement.v1.ReadResponse
-	(*ProposeMetaRequest)(nil),   // 9: warden.placement.v1.ProposeMetaRequest
-	(*ProposeMetaResponse)(nil),  // 10: warden.placement.v1.ProposeMetaResponse
-	(*ReadMetaRequest)(nil),      // 11: warden.placement.v1.ReadMetaRequest
-	(*ReadMetaResponse)(nil),     // 12: warden.placement.v1.ReadMetaResponse
-	(*ClockRequest)(nil),         // 13: warden.placement.v1.ClockRequest
-	(*ClockResponse)(nil),        // 14: warden.placement.v1.ClockResponse
-	nil,                          // 15: warden.placement.v1.MembershipResponse.VotingEntry
-	nil,                          // 16: warden.placement.v1.MembershipResponse.NonVotingEntry
-	(*v1.Envelope)(nil),          // 17: warden.shard.v1.Envelope
-	(*v1.Result)(nil),            // 18: warden.shard.v1.Result
-	(*v1.Query)(nil),             // 19: warden.shard.v1.Query
-	(*v1.QueryResult)(nil),       // 20: warden.shard.v1.QueryResult
-	(*Command)(nil),              // 21: warden.placement.v1.Command
-	(*Result)(nil),               // 22: warden.placement.v1.Result
-	(*State)(nil),                // 23: warden.placement.v1.State
+	(*ExportShardRequest)(nil),   // 1: warden.placement.v1.ExportShardRequest
+	(*ExportShardResponse)(nil),  // 2: warden.placement.v1.ExportShardResponse
+	(*ExportShardEnd)(nil),       // 3: warden.placement.v1.ExportShardEnd
+	(*MembershipRequest)(nil),    // 4: warden.placement.v1.MembershipRequest
+	(*MembershipResponse)(nil),   // 5: warden.placement.v1.MembershipResponse
+	(*AppliedIndexRequest)(nil),  // 6: warden.placement.v1.AppliedIndexRequest
+	(*AppliedIndexResponse)(nil), // 7: warden.placement.v1.AppliedIndexResponse
+	(*ProposeRequest)(nil),       // 8: warden.placement.v1.ProposeRequest
+	(*ProposeResponse)(nil),      // 9: warden.placement.v1.ProposeResponse
+	(*ReadRequest)(nil),          // 10: warden.placement.v1.ReadRequest
+	(*ReadResponse)(nil),         // 11: warden.placement.v1.ReadResponse
+	(*ProposeMetaRequest)(nil),   // 12: warden.placement.v1.ProposeMetaRequest
+	(*ProposeMetaResponse)(nil),  // 13: warden.placement.v1.ProposeMetaResponse
+	(*ReadMetaRequest)(nil),      // 14: warden.placement.v1.ReadMetaRequest
+	(*ReadMetaResponse)(nil),     // 15: warden.placement.v1.ReadMetaResponse
+	(*ClockRequest)(nil),         // 16: warden.placement.v1.ClockRequest
+	(*ClockResponse)(nil),        // 17: warden.placement.v1.ClockResponse
+	nil,                          // 18: warden.placement.v1.MembershipResponse.VotingEntry
+	nil,                          // 19: warden.placement.v1.MembershipResponse.NonVotingEntry
+	(*v1.ShardMeta)(nil),         // 20: warden.shard.v1.ShardMeta
+	(*v1.Envelope)(nil),          // 21: warden.shard.v1.Envelope
+	(*v1.Result)(nil),            // 22: warden.shard.v1.Result
+	(*v1.Query)(nil),             // 23: warden.shard.v1.Query
+	(*v1.QueryResult)(nil),       // 24: warden.shard.v1.QueryResult
+	(*Command)(nil),              // 25: warden.placement.v1.Command
+	(*Result)(nil),               // 26: warden.placement.v1.Result
+	(*State)(nil),                // 27: warden.placement.v1.State
 }
 var file_warden_placement_v1_node_proto_depIdxs = []int32{
-	0,  // 0: warden.placement.v1.MembershipRequest.change:type_name -> warden.placement.v1.MembershipChange
-	15, // 1: warden.placement.v1.MembershipResponse.voting:type_name -> warden.placement.v1.MembershipResponse.VotingEntry
-	16, // 2: warden.placement.v1.MembershipResponse.non_voting:type_name -> warden.placement.v1.MembershipResponse.NonVotingEntry
-	17, // 3: warden.placement.v1.ProposeRequest.envelope:type_name -> warden.shard.v1.Envelope
-	18, // 4: warden.placement.v1.ProposeResponse.result:type_name -> warden.shard.v1.Result
-	19, // 5: warden.placement.v1.ReadRequest.query:type_name -> warden.shard.v1.Query
-	20, // 6: warden.placement.v1.ReadResponse.result:type_name -> warden.shard.v1.QueryResult
-	21, // 7: warden.placement.v1.ProposeMetaRequest.command:type_name -> warden.placement.v1.Command
-	22, // 8: warden.placement.v1.ProposeMetaResponse.result:type_name -> warden.placement.v1.Result
-	23, // 9: warden.placement.v1.ReadMetaResponse.state:type_name -> warden.placement.v1.State
-	5,  // 10: warden.placement.v1.NodeService.Propose:input_type -> warden.placement.v1.ProposeRequest
-	7,  // 11: warden.placement.v1.NodeService.Read:input_type -> warden.placement.v1.ReadRequest
-	9,  // 12: warden.placement.v1.NodeService.ProposeMeta:input_type -> warden.placement.v1.ProposeMetaRequest
-	11, // 13: warden.placement.v1.NodeService.ReadMeta:input_type -> warden.placement.v1.ReadMetaRequest
-	13, // 14: warden.placement.v1.NodeService.Clock:input_type -> warden.placement.v1.ClockRequest
-	1,  // 15: warden.placement.v1.NodeService.Membership:input_type -> warden.placement.v1.MembershipRequest
-	3,  // 16: warden.placement.v1.NodeService.AppliedIndex:input_type -> warden.placement.v1.AppliedIndexRequest
-	6,  // 17: warden.placement.v1.NodeService.Propose:output_type -> warden.placement.v1.ProposeResponse
-	8,  // 18: warden.placement.v1.NodeService.Read:output_type -> warden.placement.v1.ReadResponse
-	10, // 19: warden.placement.v1.NodeService.ProposeMeta:output_type -> warden.placement.v1.ProposeMetaResponse
-	12, // 20: warden.placement.v1.NodeService.ReadMeta:output_type -> warden.placement.v1.ReadMetaResponse
-	14, // 21: warden.placement.v1.NodeService.Clock:output_type -> warden.placement.v1.ClockResponse
-	2,  // 22: warden.placement.v1.NodeService.Membership:output_type -> warden.placement.v1.MembershipResponse
-	4,  // 23: warden.placement.v1.NodeService.AppliedIndex:output_type -> warden.placement.v1.AppliedIndexResponse
-	17, // [17:24] is the sub-list for method output_type
-	10, // [10:17] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	3,  // 0: warden.placement.v1.ExportShardResponse.end:type_name -> warden.placement.v1.ExportShardEnd
+	20, // 1: warden.placement.v1.ExportShardEnd.meta:type_name -> warden.shard.v1.ShardMeta
+	0,  // 2: warden.placement.v1.MembershipRequest.change:type_name -> warden.placement.v1.MembershipChange
+	18, // 3: warden.placement.v1.MembershipResponse.voting:type_name -> warden.placement.v1.MembershipResponse.VotingEntry
+	19, // 4: warden.placement.v1.MembershipResponse.non_voting:type_name -> warden.placement.v1.MembershipResponse.NonVotingEntry
+	21, // 5: warden.placement.v1.ProposeRequest.envelope:type_name -> warden.shard.v1.Envelope
+	22, // 6: warden.placement.v1.ProposeResponse.result:type_name -> warden.shard.v1.Result
+	23, // 7: warden.placement.v1.ReadRequest.query:type_name -> warden.shard.v1.Query
+	24, // 8: warden.placement.v1.ReadResponse.result:type_name -> warden.shard.v1.QueryResult
+	25, // 9: warden.placement.v1.ProposeMetaRequest.command:type_name -> warden.placement.v1.Command
+	26, // 10: warden.placement.v1.ProposeMetaResponse.result:type_name -> warden.placement.v1.Result
+	27, // 11: warden.placement.v1.ReadMetaResponse.state:type_name -> warden.placement.v1.State
+	8,  // 12: warden.placement.v1.NodeService.Propose:input_type -> warden.placement.v1.ProposeRequest
+	10, // 13: warden.placement.v1.NodeService.Read:input_type -> warden.placement.v1.ReadRequest
+	12, // 14: warden.placement.v1.NodeService.ProposeMeta:input_type -> warden.placement.v1.ProposeMetaRequest
+	14, // 15: warden.placement.v1.NodeService.ReadMeta:input_type -> warden.placement.v1.ReadMetaRequest
+	16, // 16: warden.placement.v1.NodeService.Clock:input_type -> warden.placement.v1.ClockRequest
+	4,  // 17: warden.placement.v1.NodeService.Membership:input_type -> warden.placement.v1.MembershipRequest
+	6,  // 18: warden.placement.v1.NodeService.AppliedIndex:input_type -> warden.placement.v1.AppliedIndexRequest
+	1,  // 19: warden.placement.v1.NodeService.ExportShard:input_type -> warden.placement.v1.ExportShardRequest
+	9,  // 20: warden.placement.v1.NodeService.Propose:output_type -> warden.placement.v1.ProposeResponse
+	11, // 21: warden.placement.v1.NodeService.Read:output_type -> warden.placement.v1.ReadResponse
+	13, // 22: warden.placement.v1.NodeService.ProposeMeta:output_type -> warden.placement.v1.ProposeMetaResponse
+	15, // 23: warden.placement.v1.NodeService.ReadMeta:output_type -> warden.placement.v1.ReadMetaResponse
+	17, // 24: warden.placement.v1.NodeService.Clock:output_type -> warden.placement.v1.ClockResponse
+	5,  // 25: warden.placement.v1.NodeService.Membership:output_type -> warden.placement.v1.MembershipResponse
+	7,  // 26: warden.placement.v1.NodeService.AppliedIndex:output_type -> warden.placement.v1.AppliedIndexResponse
+	2,  // 27: warden.placement.v1.NodeService.ExportShard:output_type -> warden.placement.v1.ExportShardResponse
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_warden_placement_v1_node_proto_init() }
@@ -916,13 +1143,17 @@ func file_warden_placement_v1_node_proto_init() {
 		return
 	}
 	file_warden_placement_v1_placement_proto_init()
+	file_warden_placement_v1_node_proto_msgTypes[1].OneofWrappers = []any{
+		(*ExportShardResponse_Data)(nil),
+		(*ExportShardResponse_End)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_placement_v1_node_proto_rawDesc), len(file_warden_placement_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -230,7 +230,10 @@ type State struct {
 	LastEpoch uint64 `protobuf:"varint,9,opt,name=last_epoch,json=lastEpoch,proto3" json:"last_epoch,omitempty"`
 	// Auth is the cluster's authentication and authorization state (roles,
 	// bindings, token hashes). Absent until an AuthCmd first applies.
-	Auth          *AuthState `protobuf:"bytes,10,opt,name=auth,proto3" json:"auth,omitempty"`
+	Auth *AuthState `protobuf:"bytes,10,opt,name=auth,proto3" json:"auth,omitempty"`
+	// RestoreId names the restore (wardend restore) that created this state
+	// from a backup; empty for a cluster bootstrapped new.
+	RestoreId     string `protobuf:"bytes,11,opt,name=restore_id,json=restoreId,proto3" json:"restore_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -333,6 +336,13 @@ func (x *State) GetAuth() *AuthState {
 		return x.Auth
 	}
 	return nil
+}
+
+func (x *State) GetRestoreId() string {
+	if x != nil {
+		return x.RestoreId
+	}
+	return ""
 }
 
 // AuthState is what every node decides authentication and authorization
@@ -1255,6 +1265,7 @@ type Command struct {
 	//	*Command_BeginMove
 	//	*Command_AdvanceMove
 	//	*Command_Auth
+	//	*Command_Restore
 	Command       isCommand_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1385,6 +1396,15 @@ func (x *Command) GetAuth() *AuthCmd {
 	return nil
 }
 
+func (x *Command) GetRestore() *RestoreCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Command_Restore); ok {
+			return x.Restore
+		}
+	}
+	return nil
+}
+
 type isCommand_Command interface {
 	isCommand_Command()
 }
@@ -1425,6 +1445,10 @@ type Command_Auth struct {
 	Auth *AuthCmd `protobuf:"bytes,9,opt,name=auth,proto3,oneof"`
 }
 
+type Command_Restore struct {
+	Restore *RestoreCmd `protobuf:"bytes,10,opt,name=restore,proto3,oneof"`
+}
+
 func (*Command_Bootstrap) isCommand_Command() {}
 
 func (*Command_RegisterNode) isCommand_Command() {}
@@ -1442,6 +1466,67 @@ func (*Command_BeginMove) isCommand_Command() {}
 func (*Command_AdvanceMove) isCommand_Command() {}
 
 func (*Command_Auth) isCommand_Command() {}
+
+func (*Command_Restore) isCommand_Command() {}
+
+// RestoreCmd creates the state of a cluster restored from a backup
+// (placement command version 4): state is the backed-up state as
+// placement.PrepareRestore made it (a new epoch for every shard above
+// the backup's allocator window, no incarnations, no operators), with
+// the restored nodes' addresses. It applies only to an empty state, or
+// as a no-op to one the same restore_id created, so every initial member
+// may propose it.
+type RestoreCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	State         *State                 `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	RestoreId     string                 `protobuf:"bytes,2,opt,name=restore_id,json=restoreId,proto3" json:"restore_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreCmd) Reset() {
+	*x = RestoreCmd{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreCmd) ProtoMessage() {}
+
+func (x *RestoreCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreCmd.ProtoReflect.Descriptor instead.
+func (*RestoreCmd) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RestoreCmd) GetState() *State {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *RestoreCmd) GetRestoreId() string {
+	if x != nil {
+		return x.RestoreId
+	}
+	return ""
+}
 
 // AuthCmd changes the auth state (placement command version 3). Every
 // change raises AuthState.revision.
@@ -1464,7 +1549,7 @@ type AuthCmd struct {
 
 func (x *AuthCmd) Reset() {
 	*x = AuthCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1561,7 @@ func (x *AuthCmd) String() string {
 func (*AuthCmd) ProtoMessage() {}
 
 func (x *AuthCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1574,7 @@ func (x *AuthCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthCmd.ProtoReflect.Descriptor instead.
 func (*AuthCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AuthCmd) GetOp() isAuthCmd_Op {
@@ -1645,7 +1730,7 @@ type BeginMoveCmd struct {
 
 func (x *BeginMoveCmd) Reset() {
 	*x = BeginMoveCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +1742,7 @@ func (x *BeginMoveCmd) String() string {
 func (*BeginMoveCmd) ProtoMessage() {}
 
 func (x *BeginMoveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +1755,7 @@ func (x *BeginMoveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginMoveCmd.ProtoReflect.Descriptor instead.
 func (*BeginMoveCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{14}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BeginMoveCmd) GetShard() uint64 {
@@ -1707,7 +1792,7 @@ type AdvanceMoveCmd struct {
 
 func (x *AdvanceMoveCmd) Reset() {
 	*x = AdvanceMoveCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +1804,7 @@ func (x *AdvanceMoveCmd) String() string {
 func (*AdvanceMoveCmd) ProtoMessage() {}
 
 func (x *AdvanceMoveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +1817,7 @@ func (x *AdvanceMoveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceMoveCmd.ProtoReflect.Descriptor instead.
 func (*AdvanceMoveCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{15}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AdvanceMoveCmd) GetOperatorId() uint64 {
@@ -1761,7 +1846,7 @@ type BootstrapCmd struct {
 
 func (x *BootstrapCmd) Reset() {
 	*x = BootstrapCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1858,7 @@ func (x *BootstrapCmd) String() string {
 func (*BootstrapCmd) ProtoMessage() {}
 
 func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1871,7 @@ func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapCmd.ProtoReflect.Descriptor instead.
 func (*BootstrapCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{16}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BootstrapCmd) GetNodes() []*Node {
@@ -1806,7 +1891,7 @@ type RegisterNodeCmd struct {
 
 func (x *RegisterNodeCmd) Reset() {
 	*x = RegisterNodeCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +1903,7 @@ func (x *RegisterNodeCmd) String() string {
 func (*RegisterNodeCmd) ProtoMessage() {}
 
 func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +1916,7 @@ func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCmd.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{17}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RegisterNodeCmd) GetNode() *Node {
@@ -1853,7 +1938,7 @@ type ReserveEpochsCmd struct {
 
 func (x *ReserveEpochsCmd) Reset() {
 	*x = ReserveEpochsCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +1950,7 @@ func (x *ReserveEpochsCmd) String() string {
 func (*ReserveEpochsCmd) ProtoMessage() {}
 
 func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +1963,7 @@ func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveEpochsCmd.ProtoReflect.Descriptor instead.
 func (*ReserveEpochsCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{18}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReserveEpochsCmd) GetExpectedLimit() uint64 {
@@ -1910,7 +1995,7 @@ type BeginSplitCmd struct {
 
 func (x *BeginSplitCmd) Reset() {
 	*x = BeginSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +2007,7 @@ func (x *BeginSplitCmd) String() string {
 func (*BeginSplitCmd) ProtoMessage() {}
 
 func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2020,7 @@ func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginSplitCmd.ProtoReflect.Descriptor instead.
 func (*BeginSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{19}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BeginSplitCmd) GetSource() uint64 {
@@ -1979,7 +2064,7 @@ type AdvanceSplitCmd struct {
 
 func (x *AdvanceSplitCmd) Reset() {
 	*x = AdvanceSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1991,7 +2076,7 @@ func (x *AdvanceSplitCmd) String() string {
 func (*AdvanceSplitCmd) ProtoMessage() {}
 
 func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2004,7 +2089,7 @@ func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceSplitCmd.ProtoReflect.Descriptor instead.
 func (*AdvanceSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{20}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AdvanceSplitCmd) GetOperatorId() uint64 {
@@ -2037,7 +2122,7 @@ type EndOperatorCmd struct {
 
 func (x *EndOperatorCmd) Reset() {
 	*x = EndOperatorCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2134,7 @@ func (x *EndOperatorCmd) String() string {
 func (*EndOperatorCmd) ProtoMessage() {}
 
 func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2147,7 @@ func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndOperatorCmd.ProtoReflect.Descriptor instead.
 func (*EndOperatorCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{21}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EndOperatorCmd) GetOperatorId() uint64 {
@@ -2094,7 +2179,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2106,7 +2191,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2119,7 +2204,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{22}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Result) GetError() string {
@@ -2147,7 +2232,7 @@ var File_warden_placement_v1_placement_proto protoreflect.FileDescriptor
 
 const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
-	"#warden/placement/v1/placement.proto\x12\x13warden.placement.v1\x1a\x1bwarden/shard/v1/shard.proto\"\xc5\x03\n" +
+	"#warden/placement/v1/placement.proto\x12\x13warden.placement.v1\x1a\x1bwarden/shard/v1/shard.proto\"\xe4\x03\n" +
 	"\x05State\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -2163,7 +2248,9 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
 	"last_epoch\x18\t \x01(\x04R\tlastEpoch\x122\n" +
 	"\x04auth\x18\n" +
-	" \x01(\v2\x1e.warden.placement.v1.AuthStateR\x04auth\"\xe0\x01\n" +
+	" \x01(\v2\x1e.warden.placement.v1.AuthStateR\x04auth\x12\x1d\n" +
+	"\n" +
+	"restore_id\x18\v \x01(\tR\trestoreId\"\xe0\x01\n" +
 	"\tAuthState\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12/\n" +
@@ -2234,7 +2321,7 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x06 \x01(\x04R\n" +
 	"generation\x12!\n" +
-	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xae\x05\n" +
+	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xeb\x05\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x14 \x01(\rR\aversion\x12A\n" +
 	"\tbootstrap\x18\x01 \x01(\v2!.warden.placement.v1.BootstrapCmdH\x00R\tbootstrap\x12K\n" +
@@ -2247,8 +2334,15 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
 	"begin_move\x18\a \x01(\v2!.warden.placement.v1.BeginMoveCmdH\x00R\tbeginMove\x12H\n" +
 	"\fadvance_move\x18\b \x01(\v2#.warden.placement.v1.AdvanceMoveCmdH\x00R\vadvanceMove\x122\n" +
-	"\x04auth\x18\t \x01(\v2\x1c.warden.placement.v1.AuthCmdH\x00R\x04authB\t\n" +
-	"\acommand\"\x9f\x03\n" +
+	"\x04auth\x18\t \x01(\v2\x1c.warden.placement.v1.AuthCmdH\x00R\x04auth\x12;\n" +
+	"\arestore\x18\n" +
+	" \x01(\v2\x1f.warden.placement.v1.RestoreCmdH\x00R\arestoreB\t\n" +
+	"\acommand\"]\n" +
+	"\n" +
+	"RestoreCmd\x120\n" +
+	"\x05state\x18\x01 \x01(\v2\x1a.warden.placement.v1.StateR\x05state\x12\x1d\n" +
+	"\n" +
+	"restore_id\x18\x02 \x01(\tR\trestoreId\"\x9f\x03\n" +
 	"\aAuthCmd\x12>\n" +
 	"\tbootstrap\x18\x01 \x01(\v2\x1e.warden.placement.v1.AuthStateH\x00R\tbootstrap\x12!\n" +
 	"\vset_enabled\x18\x02 \x01(\bH\x00R\n" +
@@ -2325,7 +2419,7 @@ func file_warden_placement_v1_placement_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_placement_v1_placement_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_warden_placement_v1_placement_proto_goTypes = []any{
 	(ShardState)(0),            // 0: warden.placement.v1.ShardState
 	(MoveStep)(0),              // 1: warden.placement.v1.MoveStep
@@ -2343,20 +2437,21 @@ var file_warden_placement_v1_placement_proto_goTypes = []any{
 	(*MoveOp)(nil),             // 13: warden.placement.v1.MoveOp
 	(*SplitOp)(nil),            // 14: warden.placement.v1.SplitOp
 	(*Command)(nil),            // 15: warden.placement.v1.Command
-	(*AuthCmd)(nil),            // 16: warden.placement.v1.AuthCmd
-	(*BeginMoveCmd)(nil),       // 17: warden.placement.v1.BeginMoveCmd
-	(*AdvanceMoveCmd)(nil),     // 18: warden.placement.v1.AdvanceMoveCmd
-	(*BootstrapCmd)(nil),       // 19: warden.placement.v1.BootstrapCmd
-	(*RegisterNodeCmd)(nil),    // 20: warden.placement.v1.RegisterNodeCmd
-	(*ReserveEpochsCmd)(nil),   // 21: warden.placement.v1.ReserveEpochsCmd
-	(*BeginSplitCmd)(nil),      // 22: warden.placement.v1.BeginSplitCmd
-	(*AdvanceSplitCmd)(nil),    // 23: warden.placement.v1.AdvanceSplitCmd
-	(*EndOperatorCmd)(nil),     // 24: warden.placement.v1.EndOperatorCmd
-	(*Result)(nil),             // 25: warden.placement.v1.Result
-	(*v1.RangeDescriptor)(nil), // 26: warden.shard.v1.RangeDescriptor
+	(*RestoreCmd)(nil),         // 16: warden.placement.v1.RestoreCmd
+	(*AuthCmd)(nil),            // 17: warden.placement.v1.AuthCmd
+	(*BeginMoveCmd)(nil),       // 18: warden.placement.v1.BeginMoveCmd
+	(*AdvanceMoveCmd)(nil),     // 19: warden.placement.v1.AdvanceMoveCmd
+	(*BootstrapCmd)(nil),       // 20: warden.placement.v1.BootstrapCmd
+	(*RegisterNodeCmd)(nil),    // 21: warden.placement.v1.RegisterNodeCmd
+	(*ReserveEpochsCmd)(nil),   // 22: warden.placement.v1.ReserveEpochsCmd
+	(*BeginSplitCmd)(nil),      // 23: warden.placement.v1.BeginSplitCmd
+	(*AdvanceSplitCmd)(nil),    // 24: warden.placement.v1.AdvanceSplitCmd
+	(*EndOperatorCmd)(nil),     // 25: warden.placement.v1.EndOperatorCmd
+	(*Result)(nil),             // 26: warden.placement.v1.Result
+	(*v1.RangeDescriptor)(nil), // 27: warden.shard.v1.RangeDescriptor
 }
 var file_warden_placement_v1_placement_proto_depIdxs = []int32{
-	26, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
+	27, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
 	10, // 1: warden.placement.v1.State.shards:type_name -> warden.placement.v1.Shard
 	9,  // 2: warden.placement.v1.State.nodes:type_name -> warden.placement.v1.Node
 	12, // 3: warden.placement.v1.State.operators:type_name -> warden.placement.v1.Operator
@@ -2371,30 +2466,32 @@ var file_warden_placement_v1_placement_proto_depIdxs = []int32{
 	13, // 12: warden.placement.v1.Operator.move:type_name -> warden.placement.v1.MoveOp
 	1,  // 13: warden.placement.v1.MoveOp.step:type_name -> warden.placement.v1.MoveStep
 	2,  // 14: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
-	19, // 15: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
-	20, // 16: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
-	21, // 17: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
-	22, // 18: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
-	23, // 19: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
-	24, // 20: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
-	17, // 21: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
-	18, // 22: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
-	16, // 23: warden.placement.v1.Command.auth:type_name -> warden.placement.v1.AuthCmd
-	4,  // 24: warden.placement.v1.AuthCmd.bootstrap:type_name -> warden.placement.v1.AuthState
-	5,  // 25: warden.placement.v1.AuthCmd.put_role:type_name -> warden.placement.v1.Role
-	7,  // 26: warden.placement.v1.AuthCmd.bind:type_name -> warden.placement.v1.Binding
-	7,  // 27: warden.placement.v1.AuthCmd.unbind:type_name -> warden.placement.v1.Binding
-	8,  // 28: warden.placement.v1.AuthCmd.create_token:type_name -> warden.placement.v1.Token
-	1,  // 29: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
-	9,  // 30: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
-	9,  // 31: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
-	2,  // 32: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
-	12, // 33: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
-	34, // [34:34] is the sub-list for method output_type
-	34, // [34:34] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	20, // 15: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
+	21, // 16: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
+	22, // 17: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
+	23, // 18: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
+	24, // 19: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
+	25, // 20: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
+	18, // 21: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
+	19, // 22: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
+	17, // 23: warden.placement.v1.Command.auth:type_name -> warden.placement.v1.AuthCmd
+	16, // 24: warden.placement.v1.Command.restore:type_name -> warden.placement.v1.RestoreCmd
+	3,  // 25: warden.placement.v1.RestoreCmd.state:type_name -> warden.placement.v1.State
+	4,  // 26: warden.placement.v1.AuthCmd.bootstrap:type_name -> warden.placement.v1.AuthState
+	5,  // 27: warden.placement.v1.AuthCmd.put_role:type_name -> warden.placement.v1.Role
+	7,  // 28: warden.placement.v1.AuthCmd.bind:type_name -> warden.placement.v1.Binding
+	7,  // 29: warden.placement.v1.AuthCmd.unbind:type_name -> warden.placement.v1.Binding
+	8,  // 30: warden.placement.v1.AuthCmd.create_token:type_name -> warden.placement.v1.Token
+	1,  // 31: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
+	9,  // 32: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
+	9,  // 33: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
+	2,  // 34: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
+	12, // 35: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
+	36, // [36:36] is the sub-list for method output_type
+	36, // [36:36] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_warden_placement_v1_placement_proto_init() }
@@ -2416,8 +2513,9 @@ func file_warden_placement_v1_placement_proto_init() {
 		(*Command_BeginMove)(nil),
 		(*Command_AdvanceMove)(nil),
 		(*Command_Auth)(nil),
+		(*Command_Restore)(nil),
 	}
-	file_warden_placement_v1_placement_proto_msgTypes[13].OneofWrappers = []any{
+	file_warden_placement_v1_placement_proto_msgTypes[14].OneofWrappers = []any{
 		(*AuthCmd_Bootstrap)(nil),
 		(*AuthCmd_SetEnabled)(nil),
 		(*AuthCmd_PutRole)(nil),
@@ -2433,7 +2531,7 @@ func file_warden_placement_v1_placement_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_placement_v1_placement_proto_rawDesc), len(file_warden_placement_v1_placement_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

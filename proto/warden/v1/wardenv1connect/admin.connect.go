@@ -47,6 +47,8 @@ const (
 	// AdminServiceTransferLeaderProcedure is the fully-qualified name of the AdminService's
 	// TransferLeader RPC.
 	AdminServiceTransferLeaderProcedure = "/warden.v1.AdminService/TransferLeader"
+	// AdminServiceBackupProcedure is the fully-qualified name of the AdminService's Backup RPC.
+	AdminServiceBackupProcedure = "/warden.v1.AdminService/Backup"
 	// AdminServiceSnapshotProcedure is the fully-qualified name of the AdminService's Snapshot RPC.
 	AdminServiceSnapshotProcedure = "/warden.v1.AdminService/Snapshot"
 	// AdminServiceSetShardConfigProcedure is the fully-qualified name of the AdminService's
@@ -102,6 +104,15 @@ type AdminServiceClient interface {
 	TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error)
 	// Snapshot asks every replica of a shard (every shard if shard_id is 0)
 	// to take a snapshot and compact its Raft log behind it.
+	// Backup streams a consistent backup of the cluster: every data
+	// shard's records, each as of a linearizable read on one of its
+	// replicas, and the placement state, then a manifest. It first waits
+	// until no split or move is in progress (for as long as the call's
+	// deadline allows), and fails with ABORTED if one ran while the shards
+	// were read (take the backup again). Needs the admin permission; the
+	// stream holds lease ids and token hashes, so keep it as a secret.
+	// `warden admin backup --out DIR` writes it to files.
+	Backup(context.Context, *connect.Request[v1.BackupRequest]) (*connect.ServerStreamForClient[v1.BackupResponse], error)
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	// SetShardConfig changes a shard's replicated config (every shard's if
 	// shard_id is 0); unset fields keep their value. The new config applies
@@ -165,6 +176,12 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		backup: connect.NewClient[v1.BackupRequest, v1.BackupResponse](
+			httpClient,
+			baseURL+AdminServiceBackupProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Backup")),
+			connect.WithClientOptions(opts...),
+		),
 		snapshot: connect.NewClient[v1.SnapshotRequest, v1.SnapshotResponse](
 			httpClient,
 			baseURL+AdminServiceSnapshotProcedure,
@@ -197,6 +214,7 @@ type adminServiceClient struct {
 	moveReplica    *connect.Client[v1.MoveReplicaRequest, v1.MoveReplicaResponse]
 	rebalance      *connect.Client[v1.RebalanceRequest, v1.RebalanceResponse]
 	transferLeader *connect.Client[v1.TransferLeaderRequest, v1.TransferLeaderResponse]
+	backup         *connect.Client[v1.BackupRequest, v1.BackupResponse]
 	snapshot       *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
 	setShardConfig *connect.Client[v1.SetShardConfigRequest, v1.SetShardConfigResponse]
 	hotResources   *connect.Client[v1.HotResourcesRequest, v1.HotResourcesResponse]
@@ -230,6 +248,11 @@ func (c *adminServiceClient) Rebalance(ctx context.Context, req *connect.Request
 // TransferLeader calls warden.v1.AdminService.TransferLeader.
 func (c *adminServiceClient) TransferLeader(ctx context.Context, req *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error) {
 	return c.transferLeader.CallUnary(ctx, req)
+}
+
+// Backup calls warden.v1.AdminService.Backup.
+func (c *adminServiceClient) Backup(ctx context.Context, req *connect.Request[v1.BackupRequest]) (*connect.ServerStreamForClient[v1.BackupResponse], error) {
+	return c.backup.CallServerStream(ctx, req)
 }
 
 // Snapshot calls warden.v1.AdminService.Snapshot.
@@ -292,6 +315,15 @@ type AdminServiceHandler interface {
 	TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error)
 	// Snapshot asks every replica of a shard (every shard if shard_id is 0)
 	// to take a snapshot and compact its Raft log behind it.
+	// Backup streams a consistent backup of the cluster: every data
+	// shard's records, each as of a linearizable read on one of its
+	// replicas, and the placement state, then a manifest. It first waits
+	// until no split or move is in progress (for as long as the call's
+	// deadline allows), and fails with ABORTED if one ran while the shards
+	// were read (take the backup again). Needs the admin permission; the
+	// stream holds lease ids and token hashes, so keep it as a secret.
+	// `warden admin backup --out DIR` writes it to files.
+	Backup(context.Context, *connect.Request[v1.BackupRequest], *connect.ServerStream[v1.BackupResponse]) error
 	Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error)
 	// SetShardConfig changes a shard's replicated config (every shard's if
 	// shard_id is 0); unset fields keep their value. The new config applies
@@ -351,6 +383,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceBackupHandler := connect.NewServerStreamHandler(
+		AdminServiceBackupProcedure,
+		svc.Backup,
+		connect.WithSchema(adminServiceMethods.ByName("Backup")),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceSnapshotHandler := connect.NewUnaryHandler(
 		AdminServiceSnapshotProcedure,
 		svc.Snapshot,
@@ -386,6 +424,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceRebalanceHandler.ServeHTTP(w, r)
 		case AdminServiceTransferLeaderProcedure:
 			adminServiceTransferLeaderHandler.ServeHTTP(w, r)
+		case AdminServiceBackupProcedure:
+			adminServiceBackupHandler.ServeHTTP(w, r)
 		case AdminServiceSnapshotProcedure:
 			adminServiceSnapshotHandler.ServeHTTP(w, r)
 		case AdminServiceSetShardConfigProcedure:
@@ -423,6 +463,10 @@ func (UnimplementedAdminServiceHandler) Rebalance(context.Context, *connect.Requ
 
 func (UnimplementedAdminServiceHandler) TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.TransferLeader is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Backup(context.Context, *connect.Request[v1.BackupRequest], *connect.ServerStream[v1.BackupResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.Backup is not implemented"))
 }
 
 func (UnimplementedAdminServiceHandler) Snapshot(context.Context, *connect.Request[v1.SnapshotRequest]) (*connect.Response[v1.SnapshotResponse], error) {

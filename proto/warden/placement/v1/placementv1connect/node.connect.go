@@ -48,6 +48,8 @@ const (
 	// NodeServiceAppliedIndexProcedure is the fully-qualified name of the NodeService's AppliedIndex
 	// RPC.
 	NodeServiceAppliedIndexProcedure = "/warden.placement.v1.NodeService/AppliedIndex"
+	// NodeServiceExportShardProcedure is the fully-qualified name of the NodeService's ExportShard RPC.
+	NodeServiceExportShardProcedure = "/warden.placement.v1.NodeService/ExportShard"
 )
 
 // NodeServiceClient is a client for the warden.placement.v1.NodeService service.
@@ -69,6 +71,10 @@ type NodeServiceClient interface {
 	// AppliedIndex returns the Raft index this node's replica of a shard
 	// has applied (a local read: how far a new replica caught up).
 	AppliedIndex(context.Context, *connect.Request[v1.AppliedIndexRequest]) (*connect.Response[v1.AppliedIndexResponse], error)
+	// ExportShard streams this node's replica of a shard as of a
+	// linearizable read: the snapshot stream of every record (a backup's
+	// shard file), then its size, digest and applied index.
+	ExportShard(context.Context, *connect.Request[v1.ExportShardRequest]) (*connect.ServerStreamForClient[v1.ExportShardResponse], error)
 }
 
 // NewNodeServiceClient constructs a client for the warden.placement.v1.NodeService service. By
@@ -124,6 +130,12 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("AppliedIndex")),
 			connect.WithClientOptions(opts...),
 		),
+		exportShard: connect.NewClient[v1.ExportShardRequest, v1.ExportShardResponse](
+			httpClient,
+			baseURL+NodeServiceExportShardProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("ExportShard")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -136,6 +148,7 @@ type nodeServiceClient struct {
 	clock        *connect.Client[v1.ClockRequest, v1.ClockResponse]
 	membership   *connect.Client[v1.MembershipRequest, v1.MembershipResponse]
 	appliedIndex *connect.Client[v1.AppliedIndexRequest, v1.AppliedIndexResponse]
+	exportShard  *connect.Client[v1.ExportShardRequest, v1.ExportShardResponse]
 }
 
 // Propose calls warden.placement.v1.NodeService.Propose.
@@ -173,6 +186,11 @@ func (c *nodeServiceClient) AppliedIndex(ctx context.Context, req *connect.Reque
 	return c.appliedIndex.CallUnary(ctx, req)
 }
 
+// ExportShard calls warden.placement.v1.NodeService.ExportShard.
+func (c *nodeServiceClient) ExportShard(ctx context.Context, req *connect.Request[v1.ExportShardRequest]) (*connect.ServerStreamForClient[v1.ExportShardResponse], error) {
+	return c.exportShard.CallServerStream(ctx, req)
+}
+
 // NodeServiceHandler is an implementation of the warden.placement.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Propose proposes a shard command on this node's leader replica; it
@@ -192,6 +210,10 @@ type NodeServiceHandler interface {
 	// AppliedIndex returns the Raft index this node's replica of a shard
 	// has applied (a local read: how far a new replica caught up).
 	AppliedIndex(context.Context, *connect.Request[v1.AppliedIndexRequest]) (*connect.Response[v1.AppliedIndexResponse], error)
+	// ExportShard streams this node's replica of a shard as of a
+	// linearizable read: the snapshot stream of every record (a backup's
+	// shard file), then its size, digest and applied index.
+	ExportShard(context.Context, *connect.Request[v1.ExportShardRequest], *connect.ServerStream[v1.ExportShardResponse]) error
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -243,6 +265,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("AppliedIndex")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceExportShardHandler := connect.NewServerStreamHandler(
+		NodeServiceExportShardProcedure,
+		svc.ExportShard,
+		connect.WithSchema(nodeServiceMethods.ByName("ExportShard")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warden.placement.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceProposeProcedure:
@@ -259,6 +287,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceMembershipHandler.ServeHTTP(w, r)
 		case NodeServiceAppliedIndexProcedure:
 			nodeServiceAppliedIndexHandler.ServeHTTP(w, r)
+		case NodeServiceExportShardProcedure:
+			nodeServiceExportShardHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -294,4 +324,8 @@ func (UnimplementedNodeServiceHandler) Membership(context.Context, *connect.Requ
 
 func (UnimplementedNodeServiceHandler) AppliedIndex(context.Context, *connect.Request[v1.AppliedIndexRequest]) (*connect.Response[v1.AppliedIndexResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.placement.v1.NodeService.AppliedIndex is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) ExportShard(context.Context, *connect.Request[v1.ExportShardRequest], *connect.ServerStream[v1.ExportShardResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warden.placement.v1.NodeService.ExportShard is not implemented"))
 }

@@ -1,0 +1,345 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/warden-dev/warden/internal/ledgertest"
+	"github.com/warden-dev/warden/keyspace"
+	"github.com/warden-dev/warden/placement"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// tokens records every fencing token and lease id a test saw issued.
+type tokens struct {
+	mu      sync.Mutex
+	highest uint64
+	leases  map[string]bool
+}
+
+func (k *tokens) add(a *wardenv1.AcquireResponse) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.highest = max(k.highest, a.GetFencingToken())
+	k.leases[a.GetLeaseId()] = true
+}
+
+var cycleSeq atomic.Int64 // request ids of cycles, unique in the test process
+
+// cycles runs n acquire/release cycles over resources prefix1..prefix10
+// through every node in turn, recording each grant in k.
+func (c *procCluster) cycles(k *tokens, prefix string, n int) {
+	c.t.Helper()
+	for i := range n {
+		r := fmt.Sprintf("%s%d", prefix, i%10+1)
+		var a *wardenv1.AcquireResponse
+		if err := retryUnavailable(func() (err error) {
+			a, err = c.nodes[i%len(c.nodes)].acquire(r, fmt.Sprintf("cycle-%d", cycleSeq.Add(1)), 10*time.Second, 0)
+			return err
+		}); err != nil {
+			c.t.Fatalf("cycle %d on %s: %v", i, r, err)
+		}
+		k.add(a)
+		if ok, err := c.nodes[i%len(c.nodes)].release(r, a.GetLeaseId()); err != nil || !ok {
+			c.t.Fatalf("cycle %d on %s: release %v %v", i, r, ok, err)
+		}
+	}
+}
+
+// backup runs warden admin backup against node i into dir and returns
+// the manifest it wrote.
+func (c *procCluster) backup(i int, dir string) *wardenv1.BackupManifest {
+	c.t.Helper()
+	out, err := exec.Command(cliBinary, "--addr", "http://"+c.nodes[i].listen, "admin", "backup", "--out", dir).CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("warden admin backup: %v\n%s", err, out)
+	}
+	c.t.Logf("warden admin backup:\n%s", out)
+	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	man := &wardenv1.BackupManifest{}
+	if err := protojson.Unmarshal(b, man); err != nil {
+		c.t.Fatal(err)
+	}
+	return man
+}
+
+// restore runs wardend restore for each node of c from backup dir.
+func (c *procCluster) restore(dir string, extra ...string) {
+	c.t.Helper()
+	for _, n := range c.nodes {
+		args := append([]string{"restore", "--from", dir, "--node-id", fmt.Sprint(n.id), "--zone", n.zone, "--data-dir", n.dir}, extra...)
+		if out, err := exec.Command(binary, args...).CombinedOutput(); err != nil {
+			c.t.Fatalf("wardend restore of node %d: %v\n%s", n.id, err, out)
+		}
+	}
+}
+
+// Backup and restore on three processes, and case L19's restore half.
+// Grants, quota reservations and commits, and a split; a backup through
+// warden admin backup while acquire/release load runs; then more grants
+// and another split after the backup (the epochs they take are not in
+// it). The old cluster is killed and a fresh three-process cluster, on
+// new addresses, is restored from the backup with wardend restore. It
+// has the backup's shards and ranges (not the later split), each under a
+// new epoch above the backup's window plus the gap; every lease held at
+// the backup is held with its token and absolute expiry; every quota
+// total and ledger is back exactly and the ledger replays to Query;
+// every replica of a shard holds the same state; and every token issued
+// after the restore is above every token ever issued before it, by the
+// old cluster before or after the backup, and no lease id repeats. A
+// backup file altered by one byte, or a restore into a directory that
+// holds anything, is refused naming the file and both digests.
+func TestClusterBackupRestore(t *testing.T) {
+	c := startProcCluster(t)
+	seen := &tokens{leases: map[string]bool{}}
+	c.cycles(seen, "r", 300)
+
+	const at = uint64(1) << 63
+	var pools []string // one on each side of the split
+	for i := 0; len(pools) < 2; i++ {
+		p := fmt.Sprintf("bkpool%d", i)
+		if (len(pools) == 0) == (keyspace.Hash(p) < at) {
+			pools = append(pools, p)
+		}
+	}
+	var keys []string
+	for _, p := range pools {
+		keys = append(keys, p, p+"/team", p+"/team/a", p+"/team/b")
+		for _, k := range []string{p, p + "/team/a"} {
+			if err := call(func(ctx context.Context) error {
+				_, err := c.any().quota().SetLimit(ctx, connect.NewRequest(&wardenv1.SetLimitRequest{Key: k, Limit: 1000}))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 40 {
+			k := fmt.Sprintf("%s/team/%c", p, "ab"[i%2])
+			id := fmt.Sprintf("res-%d", i)
+			if err := call(func(ctx context.Context) error {
+				_, err := c.any().quota().Reserve(ctx, connect.NewRequest(&wardenv1.ReserveRequest{Key: k, Amount: int64(1 + i%5), ReservationId: id, Ttl: durationpb.New(10 * time.Minute)}))
+				return err
+			}); err != nil {
+				t.Fatalf("reserve %s %s: %v", k, id, err)
+			}
+			if i%3 == 0 {
+				if err := call(func(ctx context.Context) error {
+					_, err := c.any().quota().Commit(ctx, connect.NewRequest(&wardenv1.CommitRequest{Key: k, ReservationId: id, Amount: 1}))
+					return err
+				}); err != nil {
+					t.Fatalf("commit %s %s: %v", k, id, err)
+				}
+			}
+		}
+	}
+	split := func(shardID, at uint64) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := c.any().admin.SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: shardID, SplitAt: at})); err != nil {
+			t.Fatalf("split of shard %d at %#x: %v", shardID, at, err)
+		}
+	}
+	split(c.shardOf(pools[0]).GetId(), at)
+	held := c.holdMany("held", 50, 10*time.Minute)
+	for _, a := range held {
+		seen.add(a)
+	}
+	wantTotals := c.totals(keys)
+	wantLedger := map[string]int{}
+	for _, p := range pools {
+		evs, _ := c.ledgerOf(p)
+		wantLedger[p] = len(evs)
+	}
+
+	// The backup, under acquire/release load.
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var loadOps atomic.Int64
+	for w := range 3 {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				r := fmt.Sprintf("load-%d-%d", w, i%50)
+				n := c.nodes[(w+i)%3]
+				a, err := n.acquire(r, fmt.Sprintf("load-%d-%d", w, i), 10*time.Second, 0)
+				if err != nil {
+					continue
+				}
+				seen.add(a)
+				loadOps.Add(1)
+				_, _ = n.release(r, a.GetLeaseId())
+			}
+		})
+	}
+	backupDir := filepath.Join(t.TempDir(), "backup")
+	start := time.Now()
+	man := c.backup(1, backupDir)
+	took := time.Since(start)
+	stop.Store(true)
+	wg.Wait()
+	if len(man.GetShards()) != 2 || man.GetEpochLimit() == 0 || len(man.GetNodes()) != 3 {
+		t.Fatalf("manifest %v: want 2 shards, 3 nodes and the epoch window", man)
+	}
+	t.Logf("backup of %d shards took %s while %d acquire/release cycles ran", len(man.GetShards()), took, loadOps.Load())
+
+	// After the backup: more grants, more reservations, another split.
+	c.cycles(seen, "r", 300)
+	split(c.shardOf(pools[1]).GetId(), at+at/2)
+	c.cycles(seen, "after-split", 100)
+	if err := call(func(ctx context.Context) error {
+		_, err := c.any().quota().Reserve(ctx, connect.NewRequest(&wardenv1.ReserveRequest{Key: pools[0] + "/team/a", Amount: 7, ReservationId: "after-backup"}))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(c.checkShards()); n != 3 {
+		t.Fatalf("%d shards after the second split, want 3", n)
+	}
+	for i := range c.nodes {
+		c.kill(i)
+	}
+
+	// Damaged backups and busy directories are refused, naming the file.
+	bad := filepath.Join(t.TempDir(), "bad")
+	if err := os.CopyFS(bad, os.DirFS(backupDir)); err != nil {
+		t.Fatal(err)
+	}
+	name := man.GetShards()[0].GetFile().GetName()
+	b, err := os.ReadFile(filepath.Join(bad, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x40
+	if err := os.WriteFile(filepath.Join(bad, name), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(t.TempDir(), "node")
+	out, err := exec.Command(binary, "restore", "--from", bad, "--node-id", "1", "--data-dir", empty).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), name) || !strings.Contains(string(out), "SHA-256") {
+		t.Fatalf("restore from a damaged backup: %v\n%s", err, out)
+	}
+	if entries, _ := os.ReadDir(empty); len(entries) > 0 {
+		t.Fatalf("a refused restore wrote %d entries", len(entries))
+	}
+	busy := t.TempDir()
+	if err := os.WriteFile(filepath.Join(busy, "x"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(binary, "restore", "--from", backupDir, "--node-id", "1", "--data-dir", busy).CombinedOutput(); err == nil || !strings.Contains(string(out), "not empty") {
+		t.Fatalf("restore into a directory that holds a file: %v\n%s", err, out)
+	}
+
+	// A fresh cluster, on new addresses, restored from the backup.
+	r := newProcCluster(t)
+	r.restore(backupDir)
+	r.boot()
+	shards := r.checkShards()
+	if len(shards) != 2 {
+		t.Fatalf("the restored cluster has %d shards, want the backup's 2: %v", len(shards), shards)
+	}
+	for _, s := range shards {
+		i := slices.IndexFunc(man.GetShards(), func(b *wardenv1.BackupShard) bool { return b.GetShardId() == s.GetId() })
+		if i < 0 || s.GetRangeStart() != man.GetShards()[i].GetStart() || s.GetRangeEnd() != man.GetShards()[i].GetEnd() {
+			t.Fatalf("restored shard %v is not one of the backup's %v", s, man.GetShards())
+		}
+		if s.GetEpoch() < man.GetEpochLimit()+placement.RestoreEpochGap {
+			t.Fatalf("restored shard %d has epoch %d, not above the backup's window %d plus the gap", s.GetId(), s.GetEpoch(), man.GetEpochLimit())
+		}
+	}
+	for res, a := range held {
+		d, err := r.any().describe(res)
+		if err != nil || !d.GetHeld() || d.GetFencingToken() != a.GetFencingToken() || !d.GetExpiresAt().AsTime().Equal(a.GetExpiresAt().AsTime()) {
+			t.Fatalf("%s after the restore: %v %v; held with token %#x until %v before", res, d, err, a.GetFencingToken(), a.GetExpiresAt().AsTime())
+		}
+	}
+	if got := r.totals(keys); !maps.Equal(got, wantTotals) {
+		t.Fatalf("quota totals after the restore: %v, at the backup: %v", got, wantTotals)
+	}
+	now := time.Now()
+	for _, p := range pools {
+		evs, cps := r.ledgerOf(p)
+		if len(evs) != wantLedger[p] {
+			t.Fatalf("%s's ledger has %d events after the restore, %d at the backup", p, len(evs), wantLedger[p])
+		}
+		l := ledgertest.New(t, evs, cps...)
+		got := r.totals(keys)
+		for _, k := range keys {
+			if shard.Under(k, p) && got[k] != [2]int64{l.Committed[k], l.Reserved(k, now)} {
+				t.Fatalf("%s after the restore: Query says %v, the ledger replays to %d, %d", k, got[k], l.Committed[k], l.Reserved(k, now))
+			}
+		}
+	}
+	before := seen.highest
+	after := &tokens{leases: map[string]bool{}}
+	for _, prefix := range []string{"r", "after-split", "new"} {
+		r.cycles(after, prefix, 20)
+	}
+	for id := range after.leases {
+		if seen.leases[id] {
+			t.Fatalf("lease id %s was issued before the restore", id)
+		}
+	}
+	lowest := uint64(1<<64 - 1)
+	for _, s := range []string{"r1", "r2", "after-split1", "new1"} {
+		n := r.any()
+		a, err := n.acquire(s, "probe-"+s, time.Second, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lowest = min(lowest, a.GetFencingToken())
+		if ok, err := n.release(s, a.GetLeaseId()); err != nil || !ok {
+			t.Fatalf("release %s: %v %v", s, ok, err)
+		}
+	}
+	if lowest <= before {
+		t.Fatalf("a token after the restore, %#x, is not above the highest before it, %#x", lowest, before)
+	}
+	// The load's leases held at the backup (10 s) expire on the restored
+	// cluster at their old expiry: let those Expire entries apply before
+	// the replicas stop, so that they stop at the same index.
+	time.Sleep(time.Until(start.Add(took + 10*time.Second + 2*time.Second)))
+	var ids []uint64
+	for _, s := range shards {
+		ids = append(ids, s.GetId())
+	}
+	idxs, digs := r.digests(ids...)
+	for _, id := range ids {
+		for i := range digs[id] {
+			if digs[id][i] != digs[id][0] || idxs[id][i] != idxs[id][0] {
+				t.Fatalf("restored shard %d's replicas differ: applied %v, digests %v", id, idxs[id], digs[id])
+			}
+		}
+	}
+	// A second start (digests stopped the nodes) is a plain restart: the
+	// pending restore is gone.
+	for i := range r.nodes {
+		if _, err := os.Stat(filepath.Join(r.nodes[i].dir, "restore.pb")); err == nil {
+			t.Fatalf("node %d still has its pending restore after its first start", i+1)
+		}
+		r.start(i)
+	}
+	for i := range r.nodes {
+		r.waitServing(i)
+	}
+	if !bytes.Contains([]byte(r.nodes[0].log.String()), []byte(`"start":["restart"]`)) {
+		t.Fatalf("the second start of a restored node was not a restart:\n%s", lastLines(r.nodes[0].log.String(), 5))
+	}
+}

@@ -1,0 +1,212 @@
+package server
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// ManifestFile is the name of a backup directory's manifest (a
+// warden.v1.BackupManifest in protojson), which `warden admin backup`
+// writes beside the files it lists.
+const ManifestFile = "manifest.json"
+
+// Backup is a backup directory, read and checked (OpenBackup).
+type Backup struct {
+	Dir      string
+	Manifest *wardenv1.BackupManifest
+	// State is the backed-up placement state.
+	State *placementv1.State
+}
+
+// OpenBackup reads the backup in dir: its manifest, and every file the
+// manifest lists, each checked against the manifest's size and SHA-256.
+// A missing, damaged or altered file is an error naming it (and, for a
+// checksum, both digests); nothing is restored from a backup that fails.
+func OpenBackup(dir string) (*Backup, error) {
+	path := filepath.Join(dir, ManifestFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	man := &wardenv1.BackupManifest{}
+	if err := protojson.Unmarshal(b, man); err != nil {
+		return nil, fmt.Errorf("restore: %s: %w", path, err)
+	}
+	if man.GetBackupId() == "" || man.GetPlacement() == nil || len(man.GetShards()) == 0 {
+		return nil, fmt.Errorf("restore: %s: backup_id, placement and shards are required", path)
+	}
+	files := []*wardenv1.BackupFile{man.GetPlacement()}
+	for _, s := range man.GetShards() {
+		files = append(files, s.GetFile())
+	}
+	for _, f := range files {
+		if err := checkFile(dir, f); err != nil {
+			return nil, err
+		}
+	}
+	pb, err := os.ReadFile(filepath.Join(dir, man.GetPlacement().GetName()))
+	if err != nil {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	st := &placementv1.State{}
+	if err := proto.Unmarshal(pb, st); err != nil {
+		return nil, fmt.Errorf("restore: backup file %s: %w", man.GetPlacement().GetName(), err)
+	}
+	for _, s := range man.GetShards() {
+		if !slices.ContainsFunc(st.GetShards(), func(p *placementv1.Shard) bool { return p.GetId() == s.GetShardId() }) {
+			return nil, fmt.Errorf("restore: %s lists shard %d, which the backed-up placement state does not have", path, s.GetShardId())
+		}
+	}
+	if len(man.GetShards()) != len(st.GetRanges()) {
+		return nil, fmt.Errorf("restore: %s lists %d shards, the placement state has %d ranges", path, len(man.GetShards()), len(st.GetRanges()))
+	}
+	return &Backup{Dir: dir, Manifest: man, State: st}, nil
+}
+
+// checkFile checks file f of backup dir against its size and digest.
+func checkFile(dir string, f *wardenv1.BackupFile) error {
+	name := f.GetName()
+	if name == "" || filepath.Base(name) != name {
+		return fmt.Errorf("restore: %s: file name %q is not a plain name", filepath.Join(dir, ManifestFile), name)
+	}
+	path := filepath.Join(dir, name)
+	in, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("restore: backup file %s: %w", path, err)
+	}
+	defer in.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, in)
+	if err != nil {
+		return fmt.Errorf("restore: backup file %s: %w", path, err)
+	}
+	if got := h.Sum(nil); n != f.GetSize() || !bytes.Equal(got, f.GetSha256()) {
+		return fmt.Errorf("restore: backup file %s is damaged: %d bytes with SHA-256 %s, but the manifest says %d bytes with SHA-256 %s",
+			path, n, hex.EncodeToString(got), f.GetSize(), hex.EncodeToString(f.GetSha256()))
+	}
+	return nil
+}
+
+// RestoreResult is what RestoreNode wrote.
+type RestoreResult struct {
+	RestoreID string
+	// Epochs is the epoch each restored shard's tokens take, by shard id.
+	Epochs map[uint64]uint64
+	// Replicas is how many shard replicas the node's directory holds.
+	Replicas int
+}
+
+// RestoreNode writes the data directory dataDir (absent or empty) of node
+// nodeID from backup b, for the node's first start in the restored
+// cluster: its replicas' records under new epochs (placement.PrepareRestore,
+// with minEpoch), a new identity and the pending restore. zone, when set,
+// must be the node's zone in the backup. Every node of the backup
+// restores its own directory from the same backup and minEpoch, then
+// starts with --initial-members naming them all (their addresses may
+// differ from the backed-up ones). On an error, what it wrote is removed.
+func RestoreNode(b *Backup, nodeID uint64, zone, dataDir string, minEpoch uint64) (*RestoreResult, error) {
+	i := slices.IndexFunc(b.State.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == nodeID })
+	if i < 0 {
+		var ids []uint64
+		for _, n := range b.State.GetNodes() {
+			ids = append(ids, n.GetId())
+		}
+		return nil, fmt.Errorf("restore: node %d is not in the backup (its nodes: %v)", nodeID, ids)
+	}
+	if z := b.State.GetNodes()[i].GetZone(); zone != "" && zone != z {
+		return nil, fmt.Errorf("restore: node %d was in zone %q in the backup, not --zone %q", nodeID, z, zone)
+	}
+	prepared, restoreID, epochs, err := placement.PrepareRestore(b.State, b.Manifest.GetBackupId(), minEpoch)
+	if err != nil {
+		return nil, err
+	}
+	if entries, err := os.ReadDir(dataDir); err == nil && len(entries) > 0 {
+		return nil, fmt.Errorf("restore: --data-dir %s is not empty: a node restores into an empty directory", dataDir)
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("restore: %w", err)
+	}
+	res := &RestoreResult{RestoreID: restoreID, Epochs: epochs}
+	err = func() error {
+		for _, s := range prepared.GetShards() {
+			for _, r := range s.GetReplicas() {
+				if r.GetNodeId() != nodeID {
+					continue
+				}
+				if err := restoreReplica(b, dataDir, s.GetId(), r.GetReplicaId(), epochs[s.GetId()]); err != nil {
+					return err
+				}
+				res.Replicas++
+			}
+		}
+		_, err := placement.WriteRestore(dataDir, nodeID, &placementv1.RestoreCmd{State: prepared, RestoreId: restoreID})
+		return err
+	}()
+	if err != nil {
+		removeContents(dataDir)
+		return nil, err
+	}
+	return res, nil
+}
+
+func restoreReplica(b *Backup, dataDir string, shardID, replicaID, epoch uint64) error {
+	i := slices.IndexFunc(b.Manifest.GetShards(), func(s *wardenv1.BackupShard) bool { return s.GetShardId() == shardID })
+	if i < 0 {
+		return fmt.Errorf("restore: the backup has no file of shard %d", shardID)
+	}
+	path := filepath.Join(b.Dir, b.Manifest.GetShards()[i].GetFile().GetName())
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	defer f.Close()
+	if err := shard.RestoreReplica(filepath.Join(dataDir, "sm"), shardID, replicaID, f, epoch); err != nil {
+		return fmt.Errorf("restore: backup file %s: %w", path, err)
+	}
+	return nil
+}
+
+// removeContents empties dir (a failed restore's leftovers).
+func removeContents(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		os.RemoveAll(filepath.Join(dir, e.Name()))
+	}
+}
+
+// RestoreDev writes a dev cluster's data directory (DevConfig.DataDir:
+// node-1, node-2 and node-3) from backup b, which must be of nodes 1 to 3
+// in zones az1 to az3 (a dev cluster's backup); wardend --dev then starts
+// the restored cluster.
+func RestoreDev(b *Backup, dataDir string, minEpoch uint64) ([]*RestoreResult, error) {
+	if entries, err := os.ReadDir(dataDir); err == nil && len(entries) > 0 {
+		return nil, fmt.Errorf("restore: --data-dir %s is not empty: a dev cluster restores into an empty directory", dataDir)
+	}
+	if n := len(b.State.GetNodes()); n != DevNodes {
+		return nil, fmt.Errorf("restore: the backup has %d nodes; a dev cluster has %d", n, DevNodes)
+	}
+	var out []*RestoreResult
+	for i := range DevNodes {
+		res, err := RestoreNode(b, uint64(i+1), fmt.Sprintf("az%d", i+1), filepath.Join(dataDir, fmt.Sprintf("node-%d", i+1)), minEpoch)
+		if err != nil {
+			removeContents(dataDir)
+			return nil, err
+		}
+		out = append(out, res)
+	}
+	return out, nil
+}
