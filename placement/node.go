@@ -61,6 +61,9 @@ type NodeConfig struct {
 	// a replica that needs it (its local snapshots record the index
 	// alone), so these time a replica's catching up.
 	OnSnapshot func(kind string, d time.Duration)
+	// OnStorage, if set, is told how long each flush and compaction of a
+	// data-shard replica's database took (shard.Hooks.Storage).
+	OnStorage func(kind string, d time.Duration)
 }
 
 // RaftTLS is the Raft transport's mutual TLS (Dragonboat's MutualTLS):
@@ -238,7 +241,7 @@ func (n *Node) StartDataShard(s *placementv1.Shard, members map[uint64]string) e
 	}
 	r := s.GetReplicas()[i]
 	shardID, replicaID := s.GetId(), r.GetReplicaId()
-	create := timedSnapshots(shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), n.cfg.Observer), n.cfg.OnSnapshot)
+	create := timedSnapshots(shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), shard.Hooks{Applied: n.cfg.Observer, Storage: n.cfg.OnStorage}), n.cfg.OnSnapshot)
 	rc := n.raftConfig(shardID, replicaID)
 	rc.IsNonVoting = r.GetNonVoting()
 	rc.OrderedConfigChange = s.GetOrderedConfigChange()

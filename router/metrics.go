@@ -15,6 +15,7 @@ var metrics = struct {
 	// proposalsFailed counts failed proposals by outcome label.
 	proposalsFailed *prometheus.CounterVec
 	snapshots       *prometheus.HistogramVec
+	storage         *prometheus.HistogramVec
 	batchOps        prometheus.Histogram
 	leaderChanges   prometheus.Counter
 	expirations     prometheus.Counter
@@ -74,6 +75,11 @@ var metrics = struct {
 		Help:    "Time a data-shard replica took to write a snapshot for a replica that needs one (kind save: a new or lagging replica; Dragonboat's own snapshots of an on-disk state machine write none) or to load one (kind recover), in seconds.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
 	}, []string{"kind"}),
+	storage: promauto.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "warden_storage_duration_seconds",
+		Help:    "Time a data-shard replica's database took for a flush of its memtable to a table (kind flush) or a compaction of tables (kind compaction), in seconds; a long one stalls the replica's applies.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+	}, []string{"kind"}),
 	proposal: promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "warden_proposal_duration_seconds",
 		Help:    "Time from proposing a command to learning its committed result, in seconds.",
@@ -117,6 +123,9 @@ func init() {
 	for _, k := range []string{"save", "recover"} {
 		metrics.snapshots.WithLabelValues(k)
 	}
+	for _, k := range []string{"flush", "compaction"} {
+		metrics.storage.WithLabelValues(k)
+	}
 }
 
 // ObserveSnapshot records how long a data-shard replica took to write
@@ -124,4 +133,11 @@ func init() {
 // passes it to each node (placement.NodeConfig.OnSnapshot).
 func ObserveSnapshot(kind string, d time.Duration) {
 	metrics.snapshots.WithLabelValues(kind).Observe(d.Seconds())
+}
+
+// ObserveStorage records how long a data-shard replica's database took
+// to flush (kind "flush") or compact ("compaction"); the composition
+// root passes it to each node (placement.NodeConfig.OnStorage).
+func ObserveStorage(kind string, d time.Duration) {
+	metrics.storage.WithLabelValues(kind).Observe(d.Seconds())
 }

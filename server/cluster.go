@@ -166,7 +166,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		n, err := placement.StartNode(placement.NodeConfig{
 			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, RaftListenAddr: spec.RaftListenAddr, DataDir: spec.DataDir,
 			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
-			Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot,
+			Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage,
 		})
 		if err != nil {
 			c.closeNodes()

@@ -15,7 +15,7 @@ func TestOpenWaitsForThePreviousInstance(t *testing.T) {
 	dir := t.TempDir()
 	first := openReplica(t, dir, FirstShard)
 	first.propose(second, acquireCmd("r", "q", 60*second, "h", leaseID("l")))
-	again := NewStateMachine(dir, nil)(FirstShard, 1).(*StateMachine)
+	again := NewStateMachine(dir, Hooks{})(FirstShard, 1).(*StateMachine)
 	opened := make(chan error, 1)
 	var idx uint64
 	go func() {
@@ -46,7 +46,7 @@ func TestOpenWaitsForThePreviousInstance(t *testing.T) {
 
 	stop := make(chan struct{})
 	close(stop)
-	third := NewStateMachine(dir, nil)(FirstShard, 1).(*StateMachine)
+	third := NewStateMachine(dir, Hooks{})(FirstShard, 1).(*StateMachine)
 	if _, err := third.Open(stop); !errors.Is(err, sm.ErrOpenStopped) {
 		t.Fatalf("stopped while waiting: %v, want ErrOpenStopped", err)
 	}

@@ -111,7 +111,7 @@ func RestoreReplica(smDir string, shardID, replicaID uint64, r io.Reader, epoch 
 }
 
 func (s *StateMachine) restore(r io.Reader, epoch uint64) error {
-	db, err := openDB(filepath.Join(s.dir, "db-1"))
+	db, err := openDB(filepath.Join(s.dir, "db-1"), nil)
 	if err != nil {
 		return err
 	}

@@ -55,7 +55,7 @@ func openReplica(t fataler, dir string, shardID uint64) *replica {
 
 func (r *replica) open() {
 	r.t.Helper()
-	r.sm = NewStateMachine(r.dir, nil)(r.shardID, 1).(*StateMachine)
+	r.sm = NewStateMachine(r.dir, Hooks{})(r.shardID, 1).(*StateMachine)
 	idx, err := r.sm.Open(nil)
 	if err != nil {
 		r.t.Fatalf("open: %v", err)

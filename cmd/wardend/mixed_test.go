@@ -58,6 +58,26 @@ func buildBefore(t *testing.T, path, marker string) string {
 	return bin
 }
 
+// replicasAgree stops every node (digests) and fails the test unless
+// every replica of each shard has applied the same index and holds the
+// same state; it returns the shards' ids.
+func (c *procCluster) replicasAgree() []uint64 {
+	c.t.Helper()
+	var ids []uint64
+	for _, s := range c.checkShards() {
+		ids = append(ids, s.GetId())
+	}
+	idxs, digs := c.digests(ids...)
+	for _, id := range ids {
+		for i := range digs[id] {
+			if digs[id][i] != digs[id][0] || idxs[id][i] != idxs[id][0] {
+				c.t.Fatalf("shard %d's replicas differ: applied %v, digests %v", id, idxs[id], digs[id])
+			}
+		}
+	}
+	return ids
+}
+
 // digests stops every node gracefully once all replicas of each shard
 // in ids have applied the same index, opens each replica's state offline,
 // and returns, per shard, each replica's applied index and state digest
@@ -111,7 +131,7 @@ func (c *procCluster) digests(ids ...uint64) (indexes map[uint64][]uint64, diges
 			if rep == 0 {
 				continue
 			}
-			sm := shard.NewStateMachine(filepath.Join(n.dir, "sm"), nil)(id, rep).(*shard.StateMachine)
+			sm := shard.NewStateMachine(filepath.Join(n.dir, "sm"), shard.Hooks{})(id, rep).(*shard.StateMachine)
 			idx, err := sm.Open(nil)
 			if err != nil {
 				c.t.Fatalf("open node %d's replica of shard %d: %v", n.id, id, err)
