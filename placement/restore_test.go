@@ -1,6 +1,8 @@
 package placement
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,12 +14,18 @@ import (
 	"github.com/warden-dev/warden/shard"
 )
 
-// backedUp is a placement state as a backup holds it: three registered
+// backedUpState is a placement state as a backup holds it: three registered
 // nodes with incarnations, two shards after a split and a move (whose
 // replica is marked joining), and an epoch window.
-func backedUp(t *testing.T) *placementv1.State {
-	t.Helper()
-	st := proto.CloneOf(bootstrapped(t).st)
+func backedUpState() *placementv1.State {
+	var nodes []*placementv1.Node
+	for i := range 3 {
+		nodes = append(nodes, &placementv1.Node{Id: uint64(i + 1), Zone: fmt.Sprintf("az%d", i+1), RaftAddr: "r", ListenAddr: "l"})
+	}
+	st, res := ApplyMeta(&placementv1.State{}, BootstrapCommand(nodes))
+	if res.GetError() != "" {
+		panic(res.GetError())
+	}
 	for _, n := range st.Nodes {
 		n.Incarnation = "old-incarnation"
 	}
@@ -35,7 +43,7 @@ func backedUp(t *testing.T) *placementv1.State {
 // the backup; the allocator resumes above them; incarnations and join
 // marks are gone; the same inputs give the same state and restore id.
 func TestPrepareRestore(t *testing.T) {
-	st := backedUp(t)
+	st := backedUpState()
 	out, id, epochs, err := PrepareRestore(st, "backup-1", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +106,7 @@ func restoreMembers(addr string) []*placementv1.Node {
 // bootstrap is refused, and a restore is never refused for the version
 // the empty state's nodes applied.
 func TestApplyRestore(t *testing.T) {
-	prepared, id, _, err := PrepareRestore(backedUp(t), "backup-1", 0)
+	prepared, id, _, err := PrepareRestore(backedUpState(), "backup-1", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +154,7 @@ func TestApplyRestore(t *testing.T) {
 // refused as for any member.
 func TestRestoredIdentity(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "node")
-	prepared, id, _, _ := PrepareRestore(backedUp(t), "backup-1", 0)
+	prepared, id, _, _ := PrepareRestore(backedUpState(), "backup-1", 0)
 	written, err := WriteRestore(dir, 2, &placementv1.RestoreCmd{State: prepared, RestoreId: id})
 	if err != nil {
 		t.Fatal(err)
@@ -174,4 +182,26 @@ func TestRestoredIdentity(t *testing.T) {
 	if err := FinishRestore(dir); err != nil {
 		t.Fatal("FinishRestore twice:", err)
 	}
+}
+
+// A damaged restore.pb is an error naming the file, never a panic.
+func FuzzPendingRestore(f *testing.F) {
+	prepared, id, _, _ := PrepareRestore(backedUpState(), "backup-1", 0)
+	good, _ := proto.Marshal(&placementv1.RestoreCmd{State: prepared, RestoreId: id})
+	f.Add(good)
+	f.Add([]byte{})
+	f.Add([]byte{0x0a, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, restoreFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd, err := PendingRestore(dir)
+		if err == nil && cmd.GetRestoreId() == "" {
+			t.Fatal("a pending restore without its id")
+		}
+		if err != nil && !strings.Contains(err.Error(), restoreFile) {
+			t.Fatalf("the error does not name the file: %v", err)
+		}
+	})
 }

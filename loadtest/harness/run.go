@@ -212,7 +212,11 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 					icancel()
 				} else {
 					ictx, icancel := context.WithTimeout(ctx, time.Minute)
-					err = f.Fault(ictx, fs.Kind)
+					if m, ok := f.(Measurer); ok {
+						detail, err = m.Measure(ictx, fs.Kind)
+					} else {
+						err = f.Fault(ictx, fs.Kind)
+					}
 					icancel()
 				}
 				end := d.Elapsed()

@@ -99,15 +99,23 @@ func (e CodedError) Code() string { return e.Kind }
 
 // FaultKinds are the faults a Faulter may know, and MassExpiry, which the
 // harness injects itself.
-var FaultKinds = []string{"kill", "kill-leader", "restart", "snapshot", "transfer-leader", MassExpiry}
+var FaultKinds = []string{"kill", "kill-leader", "restart", "snapshot", "transfer-leader", "backup", MassExpiry}
 
 // Faulter is implemented by targets that can inject faults into the real
 // processes behind them. Kinds: "kill" (SIGKILL one replica that is not
 // the leader), "kill-leader", "restart" (start what was killed),
 // "snapshot" (force a snapshot and log compaction on every replica),
-// "transfer-leader".
+// "transfer-leader", "backup" (take a whole backup, online).
 type Faulter interface {
 	Fault(ctx context.Context, kind string) error
+}
+
+// Measurer is implemented by a Faulter whose faults of some kinds
+// measure what they did (a backup: its size and how long it took):
+// Measure injects the fault as Fault does and returns the measure, for
+// the report's detail.
+type Measurer interface {
+	Measure(ctx context.Context, kind string) (string, error)
 }
 
 // ErrExhausted is returned by QuotaTarget.Reserve when a limit refuses the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -100,6 +101,71 @@ func (t *Target) ReleaseReservation(ctx context.Context, r any) error {
 //     a snapshot and compacts its Raft log behind it;
 //   - transfer-leader: move each shard's leadership to another live replica.
 func (t *Target) Fault(ctx context.Context, kind string) error {
+	_, err := t.Measure(ctx, kind)
+	return err
+}
+
+// Measure implements harness.Measurer: a backup says how many shards,
+// records and bytes it streamed, and how long it took.
+func (t *Target) Measure(ctx context.Context, kind string) (string, error) {
+	if kind == "backup" {
+		return t.backup(ctx)
+	}
+	return "", t.fault(ctx, kind)
+}
+
+// backup streams AdminService.Backup from a node into a temporary file
+// (written and synced as warden admin backup writes its files, then
+// removed), on /dev/shm where there is one: warden admin backup runs on
+// another machine than the nodes, and on the one machine of a load test
+// a file on the nodes' disk would charge its writeback to their fsyncs.
+func (t *Target) backup(ctx context.Context) (string, error) {
+	dir := ""
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		dir = "/dev/shm"
+	}
+	f, err := os.CreateTemp(dir, "warden-load-backup-")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	start := time.Now()
+	man, err := adminCall(ctx, t, func(a wardenv1connect.AdminServiceClient) (*connect.Response[wardenv1.BackupManifest], error) {
+		if _, err := f.Seek(0, 0); err != nil {
+			return nil, err
+		}
+		stream, err := a.Backup(ctx, connect.NewRequest(&wardenv1.BackupRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		defer stream.Close()
+		for stream.Receive() {
+			if m := stream.Msg().GetManifest(); m != nil {
+				return connect.NewResponse(m), f.Sync()
+			}
+			if _, err := f.Write(stream.Msg().GetData()); err != nil {
+				return nil, err
+			}
+		}
+		if err := stream.Err(); err != nil {
+			return nil, err
+		}
+		return nil, errors.New("the backup ended without its manifest")
+	})
+	if err != nil {
+		return "", err
+	}
+	var records uint64
+	var size int64
+	for _, s := range man.GetShards() {
+		records += s.GetRecords()
+		size += s.GetFile().GetSize()
+	}
+	return fmt.Sprintf("backup of %d shards, %d records, %d bytes in %.2f s", len(man.GetShards()), records, size, time.Since(start).Seconds()), nil
+}
+
+func (t *Target) fault(ctx context.Context, kind string) error {
 	switch kind {
 	case "kill", "kill-leader":
 		// The routes say which nodes lead, with no call to a cluster that

@@ -133,7 +133,10 @@ func New(cfg Config) (*Target, error) {
 		if cfg.TLS != nil {
 			admin = &http.Client{Transport: &http.Transport{TLSClientConfig: cfg.TLS, ForceAttemptHTTP2: true}}
 		}
-		t.admins = append(t.admins, wardenv1connect.NewAdminServiceClient(admin, e, auth))
+		// Backup streams are mostly random lease ids: accepting gzip would
+		// cost the serving node CPU for little (warden admin backup does
+		// not either).
+		t.admins = append(t.admins, wardenv1connect.NewAdminServiceClient(admin, e, auth, connect.WithAcceptCompression("gzip", nil, nil)))
 	}
 	go t.refreshRoutes()
 	return t, nil
