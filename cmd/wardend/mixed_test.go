@@ -473,8 +473,23 @@ func TestClusterMixedAuthPlacement(t *testing.T) {
 	for i := range c.nodes {
 		c.start(i)
 	}
-	c.waitServing(2) // the old node serves without authentication
+	// The old node serves without authentication: a call its own replica
+	// leads is answered, one it forwards to a new node's is refused while
+	// authentication is set up (which of the two depends on where the
+	// shard's leader is).
 	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := rpcCtx()
+		_, err := c.nodes[2].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "probe"}))
+		cancel()
+		if err == nil || connect.CodeOf(err) == connect.CodeUnavailable && strings.Contains(err.Error(), "being set up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the old node 3 does not answer: %v\n%s", err, lastLines(c.nodes[2].log.String(), 20))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	for _, i := range []int{0, 1} {
 		for {
 			ctx, cancel := rpcCtx()
