@@ -37,7 +37,10 @@ const EpochWindow = 32
 // Version 3: AuthCmd (the auth state, State.auth).
 //
 // Version 4: RestoreCmd (a cluster restored from a backup).
-const MetaCommandVersion uint32 = 4
+//
+// Version 5: RemoveNodeCmd (State.removed_node_ids, which RegisterNode
+// refuses).
+const MetaCommandVersion uint32 = 5
 
 // metaKindVersions is the version each command kind needs, by its field
 // number in Command's oneof: the version in which it appeared. A kind
@@ -45,6 +48,7 @@ const MetaCommandVersion uint32 = 4
 var metaKindVersions = map[protoreflect.FieldNumber]uint32{
 	9:  3, // auth
 	10: 4, // restore
+	11: 5, // remove_node
 }
 
 // MetaVersionOf returns the placement command version cmd needs.
@@ -88,6 +92,15 @@ func stampVersion(cmd *placementv1.Command, cluster uint32) (*placementv1.Comman
 	out := proto.CloneOf(cmd)
 	out.Version = cluster
 	return out, nil
+}
+
+// Proposable reports whether cmd may be proposed to the placement group
+// whose state is st: ErrMetaVersion (wrapped, saying which versions)
+// while some node registered a binary that does not apply the version
+// cmd needs. Callers that do work before proposing check it first.
+func Proposable(st *placementv1.State, cmd *placementv1.Command) error {
+	_, err := stampVersion(cmd, clusterMetaVersion(st))
+	return err
 }
 
 // newerKind reports whether cmd's kind is unknown to this binary but
@@ -165,6 +178,8 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 		return ok, applyAuth(st, c.Auth)
 	case *placementv1.Command_Restore:
 		return ok, applyRestore(st, c.Restore)
+	case *placementv1.Command_RemoveNode:
+		return ok, removeNode(st, c.RemoveNode.GetNodeId())
 	}
 	return nil, errors.New("command: missing or unknown")
 }
@@ -204,6 +219,12 @@ func registerNode(st *placementv1.State, n *placementv1.Node) error {
 	if n.GetRaftAddr() == "" || n.GetListenAddr() == "" {
 		return fmt.Errorf("node %d: raft_addr and listen_addr are required", n.GetId())
 	}
+	// Only a version 5 entry removes a node, and once one has applied
+	// every placement replica knows the rule: older entries never meet a
+	// removed id.
+	if slices.Contains(st.GetRemovedNodeIds(), n.GetId()) {
+		return fmt.Errorf("node.id: node %d was removed from the cluster, and a node id is never used again: join under a new id", n.GetId())
+	}
 	if i := slices.IndexFunc(st.Nodes, func(m *placementv1.Node) bool { return m.GetId() == n.GetId() }); i >= 0 {
 		old := st.Nodes[i].GetZone()
 		switch {
@@ -219,6 +240,30 @@ func registerNode(st *placementv1.State, n *placementv1.Node) error {
 	}
 	st.Nodes = append(st.Nodes, n)
 	slices.SortFunc(st.Nodes, func(a, b *placementv1.Node) int { return cmp.Compare(a.GetId(), b.GetId()) })
+	return nil
+}
+
+// removeNode takes node id out of the map: no replica may be on it and
+// no operator may name it (RemoveNode moves them off first).
+func removeNode(st *placementv1.State, id uint64) error {
+	i := slices.IndexFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == id })
+	if i < 0 {
+		return fmt.Errorf("node_id: node %d is not in the map", id)
+	}
+	for _, s := range st.GetShards() {
+		for _, r := range s.GetReplicas() {
+			if r.GetNodeId() == id {
+				return fmt.Errorf("node_id: node %d still hosts replica %d of shard %d", id, r.GetReplicaId(), s.GetId())
+			}
+		}
+	}
+	for _, op := range st.GetOperators() {
+		if m := op.GetMove(); m.GetFromNode() == id || m.GetToNode() == id {
+			return fmt.Errorf("node_id: operator %d moves a replica of node %d", op.GetId(), id)
+		}
+	}
+	st.Nodes = slices.Delete(st.Nodes, i, i+1)
+	st.RemovedNodeIds = append(st.RemovedNodeIds, id)
 	return nil
 }
 

@@ -258,3 +258,108 @@ func (r *Router) leaderNode(shardID uint64) uint64 {
 	}
 	return 0
 }
+
+// RemoveNode implements AdminService.RemoveNode, on the placement
+// leader's node like the operators it runs.
+func (s *AdminServer) RemoveNode(ctx context.Context, req *connect.Request[wardenv1.RemoveNodeRequest]) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
+	if p := s.r.operatorPeer(req.Header()); p != nil {
+		resp, err := p.admin.RemoveNode(ctx, nextHopReq(req))
+		return resp, err
+	}
+	resp, err := s.removeNode(ctx, req.Msg.GetNodeId())
+	return resp, err
+}
+
+// removeNode plans a move for each replica of node id (to a live node of
+// the same zone that hosts none of the shard, the least loaded first),
+// refusing before anything moves if one has no place, makes the moves
+// one at a time, and then removes the node from the map.
+func (s *AdminServer) removeNode(ctx context.Context, id uint64) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
+	if err := s.r.RefreshMap(ctx); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+	}
+	st := s.r.Map().State()
+	node := s.r.Map().Node(id)
+	if node == nil {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d is not in the map", id))
+	}
+	remove := &placementv1.Command{Command: &placementv1.Command_RemoveNode{RemoveNode: &placementv1.RemoveNodeCmd{NodeId: id}}}
+	if err := placement.Proposable(st, remove); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node removal needs every node upgraded first: %w", err))
+	}
+	member, err := s.r.placementMember(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if member {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"node %d hosts a replica of the placement group: removing or replacing a placement member is not supported yet", id))
+	}
+	load := map[uint64]int{}
+	for _, sh := range st.GetShards() {
+		for _, r := range sh.GetReplicas() {
+			load[r.GetNodeId()]++
+		}
+	}
+	var plan []*wardenv1.ReplicaMove
+	for _, sh := range st.GetShards() {
+		if !slices.ContainsFunc(sh.GetReplicas(), func(r *placementv1.Replica) bool { return r.GetNodeId() == id }) {
+			continue
+		}
+		var to uint64
+		for _, n := range st.GetNodes() {
+			hosts := slices.ContainsFunc(sh.GetReplicas(), func(r *placementv1.Replica) bool { return r.GetNodeId() == n.GetId() })
+			if n.GetId() == id || hosts || n.GetZone() != node.GetZone() || !s.r.live(n.GetId()) {
+				continue
+			}
+			if to == 0 || load[n.GetId()] < load[to] {
+				to = n.GetId()
+			}
+		}
+		if to == 0 {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+				"shard %d would be left below three replicas in three zones: no other live node in zone %q to take node %d's replica; add one first", sh.GetId(), node.GetZone(), id))
+		}
+		load[to]++
+		plan = append(plan, &wardenv1.ReplicaMove{ShardId: sh.GetId(), FromNodeId: id, ToNodeId: to})
+	}
+	out := &wardenv1.RemoveNodeResponse{}
+	for _, mv := range plan {
+		resp, err := s.moveReplica(ctx, &wardenv1.MoveReplicaRequest{ShardId: mv.GetShardId(), FromNodeId: id, ToNodeId: mv.GetToNodeId()})
+		if err != nil {
+			return nil, fmt.Errorf("moving shard %d's replica to node %d (after %d moves): %w", mv.GetShardId(), mv.GetToNodeId(), len(out.Moves), err)
+		}
+		mv.ReplicaId = resp.Msg.GetReplicaId()
+		out.Moves = append(out.Moves, mv)
+	}
+	if _, err := s.r.meta.Propose(ctx, remove); err != nil {
+		var refused *placement.RefusedError
+		if errors.As(err, &refused) {
+			return nil, refusedToConnect(refused, refused)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+	}
+	if err := s.r.RefreshMap(ctx); err != nil {
+		s.r.cfg.Logger.Debug("placement map refresh", "err", err)
+	}
+	s.r.cfg.Logger.Info("node removed", "node", id, "moves", len(out.Moves))
+	return connect.NewResponse(out), nil
+}
+
+// placementMember reports whether node id votes (or learns) in the
+// placement group, read through this node's replica of it.
+func (r *Router) placementMember(ctx context.Context, id uint64) (bool, error) {
+	n := r.hostOf(placement.MetaShardID)
+	if n == nil {
+		return false, fmt.Errorf("%w: this node hosts no replica of the placement group", ErrNoLeader)
+	}
+	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
+	defer cancel()
+	m, err := n.raft.changeMembership(ctx, &placementv1.MembershipRequest{ShardId: placement.MetaShardID, Change: placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE})
+	if err != nil {
+		return false, fmt.Errorf("%w: the placement group's membership: %v", ErrNoLeader, err)
+	}
+	_, voting := m.GetVoting()[id]
+	_, learning := m.GetNonVoting()[id]
+	return voting || learning, nil
+}

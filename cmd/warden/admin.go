@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strconv"
@@ -248,5 +249,30 @@ func (r *rebalCmd) Run(g *globals) error {
 			}
 			fmt.Fprintf(w, "%-15s shard %d: node %d → node %d  %s\n", a.GetKind(), a.GetShardId(), a.GetFromNodeId(), a.GetToNodeId(), state)
 		}
+	})
+}
+
+type nodeCmd struct {
+	Remove nodeRemoveCmd `cmd:"" help:"Take a node out of the cluster for good: move its replicas to other nodes of its zone, then remove it from the map (its id is never used again)."`
+}
+
+type nodeRemoveCmd struct {
+	NodeID   uint64        `arg:"" name:"node-id"`
+	Deadline time.Duration `default:"30m" help:"How long the moves may take (the global --timeout does not apply)."`
+}
+
+// Run sends AdminService.RemoveNode.
+func (r *nodeRemoveCmd) Run(g *globals) error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.Deadline)
+	defer cancel()
+	resp, err := g.admin().RemoveNode(ctx, connect.NewRequest(&wardenv1.RemoveNodeRequest{NodeId: r.NodeID}))
+	if err != nil {
+		return fmt.Errorf("node remove: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		for _, m := range resp.Msg.GetMoves() {
+			fmt.Fprintf(w, "shard %d: replica moved from node %d to node %d (replica %d)\n", m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId(), m.GetReplicaId())
+		}
+		fmt.Fprintf(w, "node %d removed: stop its process and wipe its data directory; it cannot rejoin under id %d\n", r.NodeID, r.NodeID)
 	})
 }

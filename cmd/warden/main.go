@@ -105,6 +105,7 @@ type adminCmd struct {
 	HotResources hotCmd    `cmd:"" name:"hot-resources" help:"Locks with the most waiters and the highest acquire rate."`
 	Backup       backupCmd `cmd:"" help:"Take a consistent backup of every shard and the placement state into a new directory (wardend restore reads it)."`
 	Nodes        nodesCmd  `cmd:"" help:"List the cluster's nodes and zones."`
+	Node         nodeCmd   `cmd:"" help:"Node lifecycle: remove a node."`
 	Shards       shardsCmd `cmd:"" help:"List the data shards: ranges, epochs, replicas, leaders, load."`
 	Split        splitCmd  `cmd:"" help:"Split a shard's hash range in two (at --at, default the middle)."`
 	Move         moveCmd   `cmd:"" help:"Move a shard's replica from one node to another."`

@@ -2007,6 +2007,164 @@ func (x *MoveReplicaResponse) GetReplicaId() uint64 {
 	return 0
 }
 
+type RemoveNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeRequest) Reset() {
+	*x = RemoveNodeRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeRequest) ProtoMessage() {}
+
+func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
+func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *RemoveNodeRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+type RemoveNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Moves are the replica moves made, in order.
+	Moves         []*ReplicaMove `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeResponse) Reset() {
+	*x = RemoveNodeResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeResponse) ProtoMessage() {}
+
+func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
+func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RemoveNodeResponse) GetMoves() []*ReplicaMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+// ReplicaMove is a shard replica moved from one node to another.
+type ReplicaMove struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	FromNodeId    uint64                 `protobuf:"varint,2,opt,name=from_node_id,json=fromNodeId,proto3" json:"from_node_id,omitempty"`
+	ToNodeId      uint64                 `protobuf:"varint,3,opt,name=to_node_id,json=toNodeId,proto3" json:"to_node_id,omitempty"`
+	ReplicaId     uint64                 `protobuf:"varint,4,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaMove) Reset() {
+	*x = ReplicaMove{}
+	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaMove) ProtoMessage() {}
+
+func (x *ReplicaMove) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaMove.ProtoReflect.Descriptor instead.
+func (*ReplicaMove) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReplicaMove) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *ReplicaMove) GetFromNodeId() uint64 {
+	if x != nil {
+		return x.FromNodeId
+	}
+	return 0
+}
+
+func (x *ReplicaMove) GetToNodeId() uint64 {
+	if x != nil {
+		return x.ToNodeId
+	}
+	return 0
+}
+
+func (x *ReplicaMove) GetReplicaId() uint64 {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return 0
+}
+
 type RebalanceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// DryRun only plans.
@@ -2017,7 +2175,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	mi := &file_warden_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2187,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	mi := &file_warden_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2200,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RebalanceRequest) GetDryRun() bool {
@@ -2061,7 +2219,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	mi := &file_warden_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2231,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	mi := &file_warden_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2244,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RebalanceResponse) GetActions() []*RebalanceAction {
@@ -2112,7 +2270,7 @@ type RebalanceAction struct {
 
 func (x *RebalanceAction) Reset() {
 	*x = RebalanceAction{}
-	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	mi := &file_warden_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2282,7 @@ func (x *RebalanceAction) String() string {
 func (*RebalanceAction) ProtoMessage() {}
 
 func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	mi := &file_warden_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2295,7 @@ func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceAction.ProtoReflect.Descriptor instead.
 func (*RebalanceAction) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RebalanceAction) GetKind() string {
@@ -2347,7 +2505,19 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"to_node_id\x18\x03 \x01(\x04R\btoNodeId\"4\n" +
 	"\x13MoveReplicaResponse\x12\x1d\n" +
 	"\n" +
-	"replica_id\x18\x01 \x01(\x04R\treplicaId\"+\n" +
+	"replica_id\x18\x01 \x01(\x04R\treplicaId\",\n" +
+	"\x11RemoveNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\"B\n" +
+	"\x12RemoveNodeResponse\x12,\n" +
+	"\x05moves\x18\x01 \x03(\v2\x16.warden.v1.ReplicaMoveR\x05moves\"\x87\x01\n" +
+	"\vReplicaMove\x12\x19\n" +
+	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12 \n" +
+	"\ffrom_node_id\x18\x02 \x01(\x04R\n" +
+	"fromNodeId\x12\x1c\n" +
+	"\n" +
+	"to_node_id\x18\x03 \x01(\x04R\btoNodeId\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\x04 \x01(\x04R\treplicaId\"+\n" +
 	"\x10RebalanceRequest\x12\x17\n" +
 	"\adry_run\x18\x01 \x01(\bR\x06dryRun\"I\n" +
 	"\x11RebalanceResponse\x124\n" +
@@ -2360,14 +2530,16 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"to_node_id\x18\x04 \x01(\x04R\btoNodeId\x12\x12\n" +
 	"\x04done\x18\x05 \x01(\bR\x04done\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error2\xaa\x06\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error2\xf5\x06\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
 	"ListShards\x12\x1c.warden.v1.ListShardsRequest\x1a\x1d.warden.v1.ListShardsResponse\"\x03\x90\x02\x01\x12I\n" +
 	"\n" +
 	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\x12L\n" +
-	"\vMoveReplica\x12\x1d.warden.v1.MoveReplicaRequest\x1a\x1e.warden.v1.MoveReplicaResponse\x12K\n" +
+	"\vMoveReplica\x12\x1d.warden.v1.MoveReplicaRequest\x1a\x1e.warden.v1.MoveReplicaResponse\x12I\n" +
+	"\n" +
+	"RemoveNode\x12\x1c.warden.v1.RemoveNodeRequest\x1a\x1d.warden.v1.RemoveNodeResponse\x12K\n" +
 	"\tRebalance\x12\x1b.warden.v1.RebalanceRequest\x1a\x1c.warden.v1.RebalanceResponse\"\x03\x90\x02\x02\x12Z\n" +
 	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12?\n" +
 	"\x06Backup\x12\x18.warden.v1.BackupRequest\x1a\x19.warden.v1.BackupResponse0\x01\x12H\n" +
@@ -2387,7 +2559,7 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 	return file_warden_v1_admin_proto_rawDescData
 }
 
-var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_warden_v1_admin_proto_goTypes = []any{
 	(*HotResourcesRequest)(nil),    // 0: warden.v1.HotResourcesRequest
 	(*HotResourcesResponse)(nil),   // 1: warden.v1.HotResourcesResponse
@@ -2418,73 +2590,79 @@ var file_warden_v1_admin_proto_goTypes = []any{
 	(*ShardConfigInfo)(nil),        // 26: warden.v1.ShardConfigInfo
 	(*MoveReplicaRequest)(nil),     // 27: warden.v1.MoveReplicaRequest
 	(*MoveReplicaResponse)(nil),    // 28: warden.v1.MoveReplicaResponse
-	(*RebalanceRequest)(nil),       // 29: warden.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),      // 30: warden.v1.RebalanceResponse
-	(*RebalanceAction)(nil),        // 31: warden.v1.RebalanceAction
-	(*timestamppb.Timestamp)(nil),  // 32: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 33: google.protobuf.Duration
+	(*RemoveNodeRequest)(nil),      // 29: warden.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),     // 30: warden.v1.RemoveNodeResponse
+	(*ReplicaMove)(nil),            // 31: warden.v1.ReplicaMove
+	(*RebalanceRequest)(nil),       // 32: warden.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),      // 33: warden.v1.RebalanceResponse
+	(*RebalanceAction)(nil),        // 34: warden.v1.RebalanceAction
+	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 36: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
 	2,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
 	2,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
 	5,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
-	32, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
+	35, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
 	8,  // 4: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
 	9,  // 5: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
 	17, // 6: warden.v1.BackupResponse.file:type_name -> warden.v1.BackupFileStart
 	18, // 7: warden.v1.BackupResponse.end:type_name -> warden.v1.BackupFile
 	19, // 8: warden.v1.BackupResponse.manifest:type_name -> warden.v1.BackupManifest
-	32, // 9: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
+	35, // 9: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
 	20, // 10: warden.v1.BackupManifest.nodes:type_name -> warden.v1.BackupNode
 	21, // 11: warden.v1.BackupManifest.shards:type_name -> warden.v1.BackupShard
 	18, // 12: warden.v1.BackupManifest.placement:type_name -> warden.v1.BackupFile
 	18, // 13: warden.v1.BackupShard.file:type_name -> warden.v1.BackupFile
 	23, // 14: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
-	33, // 15: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
-	33, // 16: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
-	33, // 17: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
-	33, // 18: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
-	33, // 19: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
-	33, // 20: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
-	33, // 21: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
-	33, // 22: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
-	33, // 23: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
+	36, // 15: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	36, // 16: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	36, // 17: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	36, // 18: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	36, // 19: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	36, // 20: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	36, // 21: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
+	36, // 22: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
+	36, // 23: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
 	26, // 24: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	33, // 25: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	33, // 26: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	33, // 27: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	33, // 28: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	33, // 29: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	33, // 30: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
-	33, // 31: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
-	33, // 32: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
-	33, // 33: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
-	31, // 34: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
-	3,  // 35: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
-	6,  // 36: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
-	10, // 37: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	27, // 38: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
-	29, // 39: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
-	12, // 40: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	15, // 41: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
-	14, // 42: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	24, // 43: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	0,  // 44: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	4,  // 45: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	7,  // 46: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	11, // 47: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	28, // 48: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
-	30, // 49: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
-	13, // 50: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	16, // 51: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
-	22, // 52: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	25, // 53: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	1,  // 54: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	45, // [45:55] is the sub-list for method output_type
-	35, // [35:45] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	36, // 25: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	36, // 26: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	36, // 27: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	36, // 28: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	36, // 29: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	36, // 30: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	36, // 31: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
+	36, // 32: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
+	36, // 33: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
+	31, // 34: warden.v1.RemoveNodeResponse.moves:type_name -> warden.v1.ReplicaMove
+	34, // 35: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
+	3,  // 36: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	6,  // 37: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	10, // 38: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	27, // 39: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	29, // 40: warden.v1.AdminService.RemoveNode:input_type -> warden.v1.RemoveNodeRequest
+	32, // 41: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
+	12, // 42: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	15, // 43: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
+	14, // 44: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	24, // 45: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	0,  // 46: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	4,  // 47: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	7,  // 48: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	11, // 49: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	28, // 50: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	30, // 51: warden.v1.AdminService.RemoveNode:output_type -> warden.v1.RemoveNodeResponse
+	33, // 52: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
+	13, // 53: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	16, // 54: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
+	22, // 55: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	25, // 56: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	1,  // 57: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	47, // [47:58] is the sub-list for method output_type
+	36, // [36:47] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
@@ -2505,7 +2683,7 @@ func file_warden_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

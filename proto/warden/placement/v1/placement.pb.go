@@ -233,9 +233,12 @@ type State struct {
 	Auth *AuthState `protobuf:"bytes,10,opt,name=auth,proto3" json:"auth,omitempty"`
 	// RestoreId names the restore (wardend restore) that created this state
 	// from a backup; empty for a cluster bootstrapped new.
-	RestoreId     string `protobuf:"bytes,11,opt,name=restore_id,json=restoreId,proto3" json:"restore_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RestoreId string `protobuf:"bytes,11,opt,name=restore_id,json=restoreId,proto3" json:"restore_id,omitempty"`
+	// RemovedNodeIds are the nodes taken out of the cluster
+	// (RemoveNodeCmd): no node registers under one again.
+	RemovedNodeIds []uint64 `protobuf:"varint,12,rep,packed,name=removed_node_ids,json=removedNodeIds,proto3" json:"removed_node_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
@@ -343,6 +346,13 @@ func (x *State) GetRestoreId() string {
 		return x.RestoreId
 	}
 	return ""
+}
+
+func (x *State) GetRemovedNodeIds() []uint64 {
+	if x != nil {
+		return x.RemovedNodeIds
+	}
+	return nil
 }
 
 // AuthState is what every node decides authentication and authorization
@@ -1266,6 +1276,7 @@ type Command struct {
 	//	*Command_AdvanceMove
 	//	*Command_Auth
 	//	*Command_Restore
+	//	*Command_RemoveNode
 	Command       isCommand_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1405,6 +1416,15 @@ func (x *Command) GetRestore() *RestoreCmd {
 	return nil
 }
 
+func (x *Command) GetRemoveNode() *RemoveNodeCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Command_RemoveNode); ok {
+			return x.RemoveNode
+		}
+	}
+	return nil
+}
+
 type isCommand_Command interface {
 	isCommand_Command()
 }
@@ -1449,6 +1469,10 @@ type Command_Restore struct {
 	Restore *RestoreCmd `protobuf:"bytes,10,opt,name=restore,proto3,oneof"`
 }
 
+type Command_RemoveNode struct {
+	RemoveNode *RemoveNodeCmd `protobuf:"bytes,11,opt,name=remove_node,json=removeNode,proto3,oneof"`
+}
+
 func (*Command_Bootstrap) isCommand_Command() {}
 
 func (*Command_RegisterNode) isCommand_Command() {}
@@ -1469,6 +1493,55 @@ func (*Command_Auth) isCommand_Command() {}
 
 func (*Command_Restore) isCommand_Command() {}
 
+func (*Command_RemoveNode) isCommand_Command() {}
+
+// RemoveNodeCmd takes node_id out of the map (placement command version
+// 5) and records it in State.removed_node_ids. It is refused while a
+// shard has a replica on the node or an operator names it.
+type RemoveNodeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeCmd) Reset() {
+	*x = RemoveNodeCmd{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeCmd) ProtoMessage() {}
+
+func (x *RemoveNodeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeCmd.ProtoReflect.Descriptor instead.
+func (*RemoveNodeCmd) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RemoveNodeCmd) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
 // RestoreCmd creates the state of a cluster restored from a backup
 // (placement command version 4): state is the backed-up state as
 // placement.PrepareRestore made it (a new epoch for every shard above
@@ -1486,7 +1559,7 @@ type RestoreCmd struct {
 
 func (x *RestoreCmd) Reset() {
 	*x = RestoreCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1571,7 @@ func (x *RestoreCmd) String() string {
 func (*RestoreCmd) ProtoMessage() {}
 
 func (x *RestoreCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1584,7 @@ func (x *RestoreCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreCmd.ProtoReflect.Descriptor instead.
 func (*RestoreCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RestoreCmd) GetState() *State {
@@ -1549,7 +1622,7 @@ type AuthCmd struct {
 
 func (x *AuthCmd) Reset() {
 	*x = AuthCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1634,7 @@ func (x *AuthCmd) String() string {
 func (*AuthCmd) ProtoMessage() {}
 
 func (x *AuthCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1647,7 @@ func (x *AuthCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthCmd.ProtoReflect.Descriptor instead.
 func (*AuthCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{14}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AuthCmd) GetOp() isAuthCmd_Op {
@@ -1730,7 +1803,7 @@ type BeginMoveCmd struct {
 
 func (x *BeginMoveCmd) Reset() {
 	*x = BeginMoveCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1815,7 @@ func (x *BeginMoveCmd) String() string {
 func (*BeginMoveCmd) ProtoMessage() {}
 
 func (x *BeginMoveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1828,7 @@ func (x *BeginMoveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginMoveCmd.ProtoReflect.Descriptor instead.
 func (*BeginMoveCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{15}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BeginMoveCmd) GetShard() uint64 {
@@ -1792,7 +1865,7 @@ type AdvanceMoveCmd struct {
 
 func (x *AdvanceMoveCmd) Reset() {
 	*x = AdvanceMoveCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +1877,7 @@ func (x *AdvanceMoveCmd) String() string {
 func (*AdvanceMoveCmd) ProtoMessage() {}
 
 func (x *AdvanceMoveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +1890,7 @@ func (x *AdvanceMoveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceMoveCmd.ProtoReflect.Descriptor instead.
 func (*AdvanceMoveCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{16}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AdvanceMoveCmd) GetOperatorId() uint64 {
@@ -1846,7 +1919,7 @@ type BootstrapCmd struct {
 
 func (x *BootstrapCmd) Reset() {
 	*x = BootstrapCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +1931,7 @@ func (x *BootstrapCmd) String() string {
 func (*BootstrapCmd) ProtoMessage() {}
 
 func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +1944,7 @@ func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapCmd.ProtoReflect.Descriptor instead.
 func (*BootstrapCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{17}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BootstrapCmd) GetNodes() []*Node {
@@ -1891,7 +1964,7 @@ type RegisterNodeCmd struct {
 
 func (x *RegisterNodeCmd) Reset() {
 	*x = RegisterNodeCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +1976,7 @@ func (x *RegisterNodeCmd) String() string {
 func (*RegisterNodeCmd) ProtoMessage() {}
 
 func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +1989,7 @@ func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCmd.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{18}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RegisterNodeCmd) GetNode() *Node {
@@ -1938,7 +2011,7 @@ type ReserveEpochsCmd struct {
 
 func (x *ReserveEpochsCmd) Reset() {
 	*x = ReserveEpochsCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2023,7 @@ func (x *ReserveEpochsCmd) String() string {
 func (*ReserveEpochsCmd) ProtoMessage() {}
 
 func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2036,7 @@ func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveEpochsCmd.ProtoReflect.Descriptor instead.
 func (*ReserveEpochsCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{19}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReserveEpochsCmd) GetExpectedLimit() uint64 {
@@ -1995,7 +2068,7 @@ type BeginSplitCmd struct {
 
 func (x *BeginSplitCmd) Reset() {
 	*x = BeginSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2080,7 @@ func (x *BeginSplitCmd) String() string {
 func (*BeginSplitCmd) ProtoMessage() {}
 
 func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2093,7 @@ func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginSplitCmd.ProtoReflect.Descriptor instead.
 func (*BeginSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{20}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BeginSplitCmd) GetSource() uint64 {
@@ -2064,7 +2137,7 @@ type AdvanceSplitCmd struct {
 
 func (x *AdvanceSplitCmd) Reset() {
 	*x = AdvanceSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2076,7 +2149,7 @@ func (x *AdvanceSplitCmd) String() string {
 func (*AdvanceSplitCmd) ProtoMessage() {}
 
 func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2089,7 +2162,7 @@ func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceSplitCmd.ProtoReflect.Descriptor instead.
 func (*AdvanceSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{21}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AdvanceSplitCmd) GetOperatorId() uint64 {
@@ -2122,7 +2195,7 @@ type EndOperatorCmd struct {
 
 func (x *EndOperatorCmd) Reset() {
 	*x = EndOperatorCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2134,7 +2207,7 @@ func (x *EndOperatorCmd) String() string {
 func (*EndOperatorCmd) ProtoMessage() {}
 
 func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2147,7 +2220,7 @@ func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndOperatorCmd.ProtoReflect.Descriptor instead.
 func (*EndOperatorCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{22}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EndOperatorCmd) GetOperatorId() uint64 {
@@ -2179,7 +2252,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2191,7 +2264,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2204,7 +2277,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{23}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Result) GetError() string {
@@ -2232,7 +2305,7 @@ var File_warden_placement_v1_placement_proto protoreflect.FileDescriptor
 
 const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
-	"#warden/placement/v1/placement.proto\x12\x13warden.placement.v1\x1a\x1bwarden/shard/v1/shard.proto\"\xe4\x03\n" +
+	"#warden/placement/v1/placement.proto\x12\x13warden.placement.v1\x1a\x1bwarden/shard/v1/shard.proto\"\x8e\x04\n" +
 	"\x05State\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -2250,7 +2323,8 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\x04auth\x18\n" +
 	" \x01(\v2\x1e.warden.placement.v1.AuthStateR\x04auth\x12\x1d\n" +
 	"\n" +
-	"restore_id\x18\v \x01(\tR\trestoreId\"\xe0\x01\n" +
+	"restore_id\x18\v \x01(\tR\trestoreId\x12(\n" +
+	"\x10removed_node_ids\x18\f \x03(\x04R\x0eremovedNodeIds\"\xe0\x01\n" +
 	"\tAuthState\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12/\n" +
@@ -2321,7 +2395,7 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x06 \x01(\x04R\n" +
 	"generation\x12!\n" +
-	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xeb\x05\n" +
+	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xb2\x06\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x14 \x01(\rR\aversion\x12A\n" +
 	"\tbootstrap\x18\x01 \x01(\v2!.warden.placement.v1.BootstrapCmdH\x00R\tbootstrap\x12K\n" +
@@ -2336,8 +2410,12 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\fadvance_move\x18\b \x01(\v2#.warden.placement.v1.AdvanceMoveCmdH\x00R\vadvanceMove\x122\n" +
 	"\x04auth\x18\t \x01(\v2\x1c.warden.placement.v1.AuthCmdH\x00R\x04auth\x12;\n" +
 	"\arestore\x18\n" +
-	" \x01(\v2\x1f.warden.placement.v1.RestoreCmdH\x00R\arestoreB\t\n" +
-	"\acommand\"]\n" +
+	" \x01(\v2\x1f.warden.placement.v1.RestoreCmdH\x00R\arestore\x12E\n" +
+	"\vremove_node\x18\v \x01(\v2\".warden.placement.v1.RemoveNodeCmdH\x00R\n" +
+	"removeNodeB\t\n" +
+	"\acommand\"(\n" +
+	"\rRemoveNodeCmd\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\"]\n" +
 	"\n" +
 	"RestoreCmd\x120\n" +
 	"\x05state\x18\x01 \x01(\v2\x1a.warden.placement.v1.StateR\x05state\x12\x1d\n" +
@@ -2419,7 +2497,7 @@ func file_warden_placement_v1_placement_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_placement_v1_placement_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_warden_placement_v1_placement_proto_goTypes = []any{
 	(ShardState)(0),            // 0: warden.placement.v1.ShardState
 	(MoveStep)(0),              // 1: warden.placement.v1.MoveStep
@@ -2437,21 +2515,22 @@ var file_warden_placement_v1_placement_proto_goTypes = []any{
 	(*MoveOp)(nil),             // 13: warden.placement.v1.MoveOp
 	(*SplitOp)(nil),            // 14: warden.placement.v1.SplitOp
 	(*Command)(nil),            // 15: warden.placement.v1.Command
-	(*RestoreCmd)(nil),         // 16: warden.placement.v1.RestoreCmd
-	(*AuthCmd)(nil),            // 17: warden.placement.v1.AuthCmd
-	(*BeginMoveCmd)(nil),       // 18: warden.placement.v1.BeginMoveCmd
-	(*AdvanceMoveCmd)(nil),     // 19: warden.placement.v1.AdvanceMoveCmd
-	(*BootstrapCmd)(nil),       // 20: warden.placement.v1.BootstrapCmd
-	(*RegisterNodeCmd)(nil),    // 21: warden.placement.v1.RegisterNodeCmd
-	(*ReserveEpochsCmd)(nil),   // 22: warden.placement.v1.ReserveEpochsCmd
-	(*BeginSplitCmd)(nil),      // 23: warden.placement.v1.BeginSplitCmd
-	(*AdvanceSplitCmd)(nil),    // 24: warden.placement.v1.AdvanceSplitCmd
-	(*EndOperatorCmd)(nil),     // 25: warden.placement.v1.EndOperatorCmd
-	(*Result)(nil),             // 26: warden.placement.v1.Result
-	(*v1.RangeDescriptor)(nil), // 27: warden.shard.v1.RangeDescriptor
+	(*RemoveNodeCmd)(nil),      // 16: warden.placement.v1.RemoveNodeCmd
+	(*RestoreCmd)(nil),         // 17: warden.placement.v1.RestoreCmd
+	(*AuthCmd)(nil),            // 18: warden.placement.v1.AuthCmd
+	(*BeginMoveCmd)(nil),       // 19: warden.placement.v1.BeginMoveCmd
+	(*AdvanceMoveCmd)(nil),     // 20: warden.placement.v1.AdvanceMoveCmd
+	(*BootstrapCmd)(nil),       // 21: warden.placement.v1.BootstrapCmd
+	(*RegisterNodeCmd)(nil),    // 22: warden.placement.v1.RegisterNodeCmd
+	(*ReserveEpochsCmd)(nil),   // 23: warden.placement.v1.ReserveEpochsCmd
+	(*BeginSplitCmd)(nil),      // 24: warden.placement.v1.BeginSplitCmd
+	(*AdvanceSplitCmd)(nil),    // 25: warden.placement.v1.AdvanceSplitCmd
+	(*EndOperatorCmd)(nil),     // 26: warden.placement.v1.EndOperatorCmd
+	(*Result)(nil),             // 27: warden.placement.v1.Result
+	(*v1.RangeDescriptor)(nil), // 28: warden.shard.v1.RangeDescriptor
 }
 var file_warden_placement_v1_placement_proto_depIdxs = []int32{
-	27, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
+	28, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
 	10, // 1: warden.placement.v1.State.shards:type_name -> warden.placement.v1.Shard
 	9,  // 2: warden.placement.v1.State.nodes:type_name -> warden.placement.v1.Node
 	12, // 3: warden.placement.v1.State.operators:type_name -> warden.placement.v1.Operator
@@ -2466,32 +2545,33 @@ var file_warden_placement_v1_placement_proto_depIdxs = []int32{
 	13, // 12: warden.placement.v1.Operator.move:type_name -> warden.placement.v1.MoveOp
 	1,  // 13: warden.placement.v1.MoveOp.step:type_name -> warden.placement.v1.MoveStep
 	2,  // 14: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
-	20, // 15: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
-	21, // 16: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
-	22, // 17: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
-	23, // 18: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
-	24, // 19: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
-	25, // 20: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
-	18, // 21: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
-	19, // 22: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
-	17, // 23: warden.placement.v1.Command.auth:type_name -> warden.placement.v1.AuthCmd
-	16, // 24: warden.placement.v1.Command.restore:type_name -> warden.placement.v1.RestoreCmd
-	3,  // 25: warden.placement.v1.RestoreCmd.state:type_name -> warden.placement.v1.State
-	4,  // 26: warden.placement.v1.AuthCmd.bootstrap:type_name -> warden.placement.v1.AuthState
-	5,  // 27: warden.placement.v1.AuthCmd.put_role:type_name -> warden.placement.v1.Role
-	7,  // 28: warden.placement.v1.AuthCmd.bind:type_name -> warden.placement.v1.Binding
-	7,  // 29: warden.placement.v1.AuthCmd.unbind:type_name -> warden.placement.v1.Binding
-	8,  // 30: warden.placement.v1.AuthCmd.create_token:type_name -> warden.placement.v1.Token
-	1,  // 31: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
-	9,  // 32: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
-	9,  // 33: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
-	2,  // 34: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
-	12, // 35: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
-	36, // [36:36] is the sub-list for method output_type
-	36, // [36:36] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	21, // 15: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
+	22, // 16: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
+	23, // 17: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
+	24, // 18: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
+	25, // 19: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
+	26, // 20: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
+	19, // 21: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
+	20, // 22: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
+	18, // 23: warden.placement.v1.Command.auth:type_name -> warden.placement.v1.AuthCmd
+	17, // 24: warden.placement.v1.Command.restore:type_name -> warden.placement.v1.RestoreCmd
+	16, // 25: warden.placement.v1.Command.remove_node:type_name -> warden.placement.v1.RemoveNodeCmd
+	3,  // 26: warden.placement.v1.RestoreCmd.state:type_name -> warden.placement.v1.State
+	4,  // 27: warden.placement.v1.AuthCmd.bootstrap:type_name -> warden.placement.v1.AuthState
+	5,  // 28: warden.placement.v1.AuthCmd.put_role:type_name -> warden.placement.v1.Role
+	7,  // 29: warden.placement.v1.AuthCmd.bind:type_name -> warden.placement.v1.Binding
+	7,  // 30: warden.placement.v1.AuthCmd.unbind:type_name -> warden.placement.v1.Binding
+	8,  // 31: warden.placement.v1.AuthCmd.create_token:type_name -> warden.placement.v1.Token
+	1,  // 32: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
+	9,  // 33: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
+	9,  // 34: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
+	2,  // 35: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
+	12, // 36: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
+	37, // [37:37] is the sub-list for method output_type
+	37, // [37:37] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_warden_placement_v1_placement_proto_init() }
@@ -2514,8 +2594,9 @@ func file_warden_placement_v1_placement_proto_init() {
 		(*Command_AdvanceMove)(nil),
 		(*Command_Auth)(nil),
 		(*Command_Restore)(nil),
+		(*Command_RemoveNode)(nil),
 	}
-	file_warden_placement_v1_placement_proto_msgTypes[14].OneofWrappers = []any{
+	file_warden_placement_v1_placement_proto_msgTypes[15].OneofWrappers = []any{
 		(*AuthCmd_Bootstrap)(nil),
 		(*AuthCmd_SetEnabled)(nil),
 		(*AuthCmd_PutRole)(nil),
@@ -2531,7 +2612,7 @@ func file_warden_placement_v1_placement_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_placement_v1_placement_proto_rawDesc), len(file_warden_placement_v1_placement_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -42,6 +42,8 @@ const (
 	// AdminServiceMoveReplicaProcedure is the fully-qualified name of the AdminService's MoveReplica
 	// RPC.
 	AdminServiceMoveReplicaProcedure = "/warden.v1.AdminService/MoveReplica"
+	// AdminServiceRemoveNodeProcedure is the fully-qualified name of the AdminService's RemoveNode RPC.
+	AdminServiceRemoveNodeProcedure = "/warden.v1.AdminService/RemoveNode"
 	// AdminServiceRebalanceProcedure is the fully-qualified name of the AdminService's Rebalance RPC.
 	AdminServiceRebalanceProcedure = "/warden.v1.AdminService/Rebalance"
 	// AdminServiceTransferLeaderProcedure is the fully-qualified name of the AdminService's
@@ -89,6 +91,15 @@ type AdminServiceClient interface {
 	// would put two replicas in one zone; FAILED_PRECONDITION while another
 	// operator runs.
 	MoveReplica(context.Context, *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error)
+	// RemoveNode takes a node out of the cluster for good: each of its
+	// replicas moves to another live node of the same zone (one move at a
+	// time, as MoveReplica), then the node leaves the map, and its id is
+	// never accepted again. Nothing moves unless every replica has a place:
+	// FAILED_PRECONDITION naming the first shard that would be left below
+	// three replicas in three zones. A node that hosts a replica of the
+	// placement group is refused (FAILED_PRECONDITION) for now. Errors:
+	// NOT_FOUND for a node not in the map.
+	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
 	// Rebalance plans, and unless dry_run carries out, the moves that even
 	// out the cluster: replicas between the nodes of one zone (a zone's
 	// nodes should hold about as many replicas each), then shard leaders
@@ -162,6 +173,12 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("MoveReplica")),
 			connect.WithClientOptions(opts...),
 		),
+		removeNode: connect.NewClient[v1.RemoveNodeRequest, v1.RemoveNodeResponse](
+			httpClient,
+			baseURL+AdminServiceRemoveNodeProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("RemoveNode")),
+			connect.WithClientOptions(opts...),
+		),
 		rebalance: connect.NewClient[v1.RebalanceRequest, v1.RebalanceResponse](
 			httpClient,
 			baseURL+AdminServiceRebalanceProcedure,
@@ -212,6 +229,7 @@ type adminServiceClient struct {
 	listShards     *connect.Client[v1.ListShardsRequest, v1.ListShardsResponse]
 	splitShard     *connect.Client[v1.SplitShardRequest, v1.SplitShardResponse]
 	moveReplica    *connect.Client[v1.MoveReplicaRequest, v1.MoveReplicaResponse]
+	removeNode     *connect.Client[v1.RemoveNodeRequest, v1.RemoveNodeResponse]
 	rebalance      *connect.Client[v1.RebalanceRequest, v1.RebalanceResponse]
 	transferLeader *connect.Client[v1.TransferLeaderRequest, v1.TransferLeaderResponse]
 	backup         *connect.Client[v1.BackupRequest, v1.BackupResponse]
@@ -238,6 +256,11 @@ func (c *adminServiceClient) SplitShard(ctx context.Context, req *connect.Reques
 // MoveReplica calls warden.v1.AdminService.MoveReplica.
 func (c *adminServiceClient) MoveReplica(ctx context.Context, req *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error) {
 	return c.moveReplica.CallUnary(ctx, req)
+}
+
+// RemoveNode calls warden.v1.AdminService.RemoveNode.
+func (c *adminServiceClient) RemoveNode(ctx context.Context, req *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error) {
+	return c.removeNode.CallUnary(ctx, req)
 }
 
 // Rebalance calls warden.v1.AdminService.Rebalance.
@@ -300,6 +323,15 @@ type AdminServiceHandler interface {
 	// would put two replicas in one zone; FAILED_PRECONDITION while another
 	// operator runs.
 	MoveReplica(context.Context, *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error)
+	// RemoveNode takes a node out of the cluster for good: each of its
+	// replicas moves to another live node of the same zone (one move at a
+	// time, as MoveReplica), then the node leaves the map, and its id is
+	// never accepted again. Nothing moves unless every replica has a place:
+	// FAILED_PRECONDITION naming the first shard that would be left below
+	// three replicas in three zones. A node that hosts a replica of the
+	// placement group is refused (FAILED_PRECONDITION) for now. Errors:
+	// NOT_FOUND for a node not in the map.
+	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
 	// Rebalance plans, and unless dry_run carries out, the moves that even
 	// out the cluster: replicas between the nodes of one zone (a zone's
 	// nodes should hold about as many replicas each), then shard leaders
@@ -369,6 +401,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("MoveReplica")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceRemoveNodeHandler := connect.NewUnaryHandler(
+		AdminServiceRemoveNodeProcedure,
+		svc.RemoveNode,
+		connect.WithSchema(adminServiceMethods.ByName("RemoveNode")),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceRebalanceHandler := connect.NewUnaryHandler(
 		AdminServiceRebalanceProcedure,
 		svc.Rebalance,
@@ -420,6 +458,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceSplitShardHandler.ServeHTTP(w, r)
 		case AdminServiceMoveReplicaProcedure:
 			adminServiceMoveReplicaHandler.ServeHTTP(w, r)
+		case AdminServiceRemoveNodeProcedure:
+			adminServiceRemoveNodeHandler.ServeHTTP(w, r)
 		case AdminServiceRebalanceProcedure:
 			adminServiceRebalanceHandler.ServeHTTP(w, r)
 		case AdminServiceTransferLeaderProcedure:
@@ -455,6 +495,10 @@ func (UnimplementedAdminServiceHandler) SplitShard(context.Context, *connect.Req
 
 func (UnimplementedAdminServiceHandler) MoveReplica(context.Context, *connect.Request[v1.MoveReplicaRequest]) (*connect.Response[v1.MoveReplicaResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.MoveReplica is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.RemoveNode is not implemented"))
 }
 
 func (UnimplementedAdminServiceHandler) Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {

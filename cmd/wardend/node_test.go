@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+)
+
+// nodeUp waits until node i's ListNodes shows node id up (want) or down.
+func (c *procCluster) nodeUp(i int, id uint64, want bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := rpcCtx()
+		resp, err := c.nodes[i].admin.ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+		cancel()
+		if err == nil {
+			for _, n := range resp.Msg.GetNodes() {
+				if n.GetId() == id && n.GetUp() == want {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node %d never saw node %d up=%v: %v %v", i+1, id, want, resp, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// replicaNodes lists the nodes that host a replica of shard id.
+func (c *procCluster) replicaNodes(id uint64) []uint64 {
+	c.t.Helper()
+	var out []uint64
+	for _, s := range c.checkShards() {
+		if s.GetId() == id {
+			for _, r := range s.GetReplicas() {
+				out = append(out, r.GetNodeId())
+			}
+		}
+	}
+	return out
+}
+
+// warden runs the CLI against node i.
+func (c *procCluster) warden(i int, args ...string) (string, error) {
+	out, err := exec.Command(cliBinary, append([]string{"--addr", "http://" + c.nodes[i].listen}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// Node removal on four processes. Node 4 joins in az1 and takes shard
+// 1's az1 replica, and a lease is renewed every 200 ms through nodes 2
+// and 3 all along. With node 1 down, removing node 4 is refused naming
+// the shard (no other live node in az1) and nothing moves; removing node
+// 1, a placement member, is refused. With node 1 back, warden admin node
+// remove 4 moves the replica to node 1 and takes node 4 out of the map:
+// every renewal succeeded and the token never changed (renew p99
+// reported), 200 other held leases are intact, node 4 is gone from
+// ListNodes, and its process, started again, is refused for its removed
+// id.
+func TestClusterRemoveNode(t *testing.T) {
+	c := startProcCluster(t)
+	held := c.holdMany("node-held", 200, 5*time.Minute)
+	four := c.join("az1")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := c.nodes[1].admin.MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: 1, FromNodeId: 1, ToNodeId: 4})); err != nil {
+		t.Fatalf("move to node 4: %v", err)
+	}
+	lease, err := c.nodes[1].acquire("renewed-throughout", "renewed", 10*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var took []time.Duration
+	var failures []error
+	wg.Go(func() {
+		for i := 0; !stop.Load(); i++ {
+			start := time.Now()
+			err := c.nodes[1+i%2].renew("renewed-throughout", lease.GetLeaseId())
+			mu.Lock()
+			took = append(took, time.Since(start))
+			if err != nil {
+				failures = append(failures, err)
+			}
+			mu.Unlock()
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+	defer func() { stop.Store(true); wg.Wait() }()
+
+	c.kill(0)
+	c.nodeUp(1, 1, false)
+	if out, err := c.warden(1, "admin", "node", "remove", "4"); err == nil || !strings.Contains(out, "shard 1 would be left below three replicas in three zones") || !strings.Contains(out, `"az1"`) {
+		t.Fatalf("removing node 4 with node 1 down: %v\n%s", err, out)
+	}
+	if out, err := c.warden(1, "admin", "node", "remove", "1"); err == nil || !strings.Contains(out, "placement group") {
+		t.Fatalf("removing node 1, a placement member: %v\n%s", err, out)
+	}
+	if reps := c.replicaNodes(1); !slices.Contains(reps, 4) {
+		t.Fatalf("a refused removal moved something: shard 1 on nodes %v", reps)
+	}
+	c.start(0)
+	c.waitServing(0)
+	c.nodeUp(1, 1, true)
+
+	out, err := c.warden(2, "admin", "node", "remove", "4")
+	if err != nil || !strings.Contains(out, "replica moved from node 4 to node 1") {
+		t.Fatalf("warden admin node remove 4: %v\n%s", err, out)
+	}
+	t.Logf("warden admin node remove 4:\n%s", out)
+	stop.Store(true)
+	wg.Wait()
+	mu.Lock()
+	if len(failures) > 0 {
+		t.Fatalf("%d of %d renewals failed, the first: %v", len(failures), len(took), failures[0])
+	}
+	slices.Sort(took)
+	t.Logf("%d renewals through the removal, p50 %v, p99 %v, max %v", len(took), took[len(took)/2], took[len(took)*99/100], took[len(took)-1])
+	mu.Unlock()
+	if d, err := c.nodes[2].describe("renewed-throughout"); err != nil || !d.GetHeld() || d.GetFencingToken() != lease.GetFencingToken() {
+		t.Fatalf("the renewed lease after the removal: %v %v, want token %#x", d, err, lease.GetFencingToken())
+	}
+	if reps := c.replicaNodes(1); slices.Contains(reps, 4) || !slices.Contains(reps, 1) || len(reps) != 3 {
+		t.Fatalf("after the removal shard 1 is on nodes %v", reps)
+	}
+	resp, err := c.nodes[0].admin.ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range resp.Msg.GetNodes() {
+		if n.GetId() == 4 {
+			t.Fatalf("node 4 is still listed: %v", n)
+		}
+	}
+	c.nodes[four].up.Store(false) // no longer the cluster's: checkLeases asks the others
+	c.checkLeases(held)
+
+	// The removed node's process, started again, is refused.
+	c.kill(four)
+	c.start(four)
+	n := c.nodes[four]
+	n.up.Store(false)
+	select {
+	case err := <-n.exited:
+		n.cmd = nil // exited: nothing for the cleanup to stop
+		if err == nil || !strings.Contains(n.log.String(), "was removed from the cluster") {
+			t.Fatalf("node 4 started again: %v\n%s", err, lastLines(n.log.String(), 10))
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("node 4, removed, still runs:\n%s", lastLines(n.log.String(), 10))
+	}
+}
