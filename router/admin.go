@@ -118,11 +118,13 @@ func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[warde
 			info.LeaderNodeId = s.r.leaderOf(ctx, sh.GetId())
 		}
 		for _, rep := range info.Replicas {
+			// A node that stopped answering is down even while this node's
+			// view of the leader still names it (an election takes a moment).
 			switch up, _ := s.r.heardFrom(rep.NodeId); {
-			case rep.NodeId == info.LeaderNodeId:
-				rep.State = "leader"
 			case !up:
 				rep.State = "down"
+			case rep.NodeId == info.LeaderNodeId:
+				rep.State = "leader"
 			default:
 				rep.State = "follower"
 			}

@@ -528,3 +528,64 @@ func TestClusterMixedAuthPlacement(t *testing.T) {
 		t.Fatalf("the auth state after the upgrade: %v", st.GetAuth())
 	}
 }
+
+// A rolling upgrade across placement command version 5 (RemoveNodeCmd).
+// Nodes 1 and 2 run this binary, node 3 the one before; node 4 joins
+// (this binary) with no replica. Removing node 4 is refused up front
+// while node 3 registers version 4 (nothing is proposed, and the
+// placement replicas agree); node 3 upgraded in place, the removal
+// goes through and every placement replica records it alike.
+func TestClusterMixedRemoveNode(t *testing.T) {
+	old := buildBefore(t, "placement/meta.go", "MetaCommandVersion uint32 = 5")
+	c := newProcCluster(t)
+	c.bins = map[int]string{2: old}
+	c.boot()
+	c.join("az1")
+	remove := func() (*connect.Response[wardenv1.RemoveNodeResponse], error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return c.nodes[0].admin.RemoveNode(ctx, connect.NewRequest(&wardenv1.RemoveNodeRequest{NodeId: 4}))
+	}
+	if _, err := remove(); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "version") {
+		t.Fatalf("removing node 4 beside a version 4 binary: %v, want failed_precondition naming the version", err)
+	}
+	sum, st := c.placementDigest()
+	if len(st.GetRemovedNodeIds()) != 0 || !slices.ContainsFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 4 }) {
+		t.Fatalf("a refused removal changed the map: nodes %v, removed %v", st.GetNodes(), st.GetRemovedNodeIds())
+	}
+	t.Logf("mixed binaries: digest %s…", sum[:16])
+
+	c.kill(2)
+	c.bins = nil // node 3 upgraded in place
+	c.start(2)
+	c.waitServing(2)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, st = c.placementDigest()
+		if i := slices.IndexFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 3 }); i >= 0 && st.GetNodes()[i].GetMetaCommandVersion() >= 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 3 did not register placement version 5 after its upgrade: %v", st.GetNodes())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, err := retryResponse(remove); err != nil {
+		t.Fatalf("removing node 4 once every node runs version 5: %v", err)
+	}
+	c.kill(3) // removed: the placement replicas are on nodes 1 to 3
+	c.nodes = c.nodes[:3]
+	sum, st = c.placementDigest()
+	if !slices.Equal(st.GetRemovedNodeIds(), []uint64{4}) || slices.ContainsFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 4 }) {
+		t.Fatalf("after the removal: nodes %v, removed %v", st.GetNodes(), st.GetRemovedNodeIds())
+	}
+	t.Logf("upgraded: node 4 removed on every placement replica, digest %s…", sum[:16])
+}
+
+// retryResponse runs f until it answers anything but unavailable (a
+// placement leader changing after a restart).
+func retryResponse[T any](f func() (*connect.Response[T], error)) (*connect.Response[T], error) {
+	var resp *connect.Response[T]
+	err := retryUnavailable(func() (err error) { resp, err = f(); return err })
+	return resp, err
+}
