@@ -263,12 +263,23 @@ func (r *Router) leaderNode(shardID uint64) uint64 {
 
 // RemoveNode implements AdminService.RemoveNode, on the placement
 // leader's node like the operators it runs.
+//
+// The version check comes first, on the node the call reached: the
+// placement leader may run a binary that predates RemoveNode and would
+// answer unimplemented rather than name the version.
 func (s *AdminServer) RemoveNode(ctx context.Context, req *connect.Request[wardenv1.RemoveNodeRequest]) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
+	if err := s.r.RefreshMap(ctx); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+	}
+	remove := &placementv1.Command{Command: &placementv1.Command_RemoveNode{RemoveNode: &placementv1.RemoveNodeCmd{NodeId: req.Msg.GetNodeId()}}}
+	if err := placement.Proposable(s.r.Map().State(), remove); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node removal needs every node upgraded first: %w", err))
+	}
 	if p := s.r.operatorPeer(req.Header()); p != nil {
 		resp, err := p.admin.RemoveNode(ctx, nextHopReq(req))
 		return resp, err
 	}
-	resp, err := s.removeNode(ctx, req.Msg.GetNodeId())
+	resp, err := s.removeNode(ctx, remove)
 	return resp, err
 }
 
@@ -276,18 +287,12 @@ func (s *AdminServer) RemoveNode(ctx context.Context, req *connect.Request[warde
 // the same zone that hosts none of the shard, the least loaded first),
 // refusing before anything moves if one has no place, makes the moves
 // one at a time, and then removes the node from the map.
-func (s *AdminServer) removeNode(ctx context.Context, id uint64) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
-	if err := s.r.RefreshMap(ctx); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
-	}
+func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Command) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
+	id := remove.GetRemoveNode().GetNodeId()
 	st := s.r.Map().State()
 	node := s.r.Map().Node(id)
 	if node == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d is not in the map", id))
-	}
-	remove := &placementv1.Command{Command: &placementv1.Command_RemoveNode{RemoveNode: &placementv1.RemoveNodeCmd{NodeId: id}}}
-	if err := placement.Proposable(st, remove); err != nil {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node removal needs every node upgraded first: %w", err))
 	}
 	member, err := s.r.placementMember(ctx, id)
 	if err != nil {

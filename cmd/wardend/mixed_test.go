@@ -541,14 +541,20 @@ func TestClusterMixedRemoveNode(t *testing.T) {
 	c.bins = map[int]string{2: old}
 	c.boot()
 	c.join("az1")
-	remove := func() (*connect.Response[wardenv1.RemoveNodeResponse], error) {
+	removeAt := func(i int) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		return c.nodes[0].admin.RemoveNode(ctx, connect.NewRequest(&wardenv1.RemoveNodeRequest{NodeId: 4}))
+		return c.nodes[i].admin.RemoveNode(ctx, connect.NewRequest(&wardenv1.RemoveNodeRequest{NodeId: 4}))
 	}
-	if _, err := remove(); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "version") {
-		t.Fatalf("removing node 4 beside a version 4 binary: %v, want failed_precondition naming the version", err)
+	// Asked at every new node: whichever leads the placement group (node
+	// 3, the old binary, would answer unimplemented), the refusal names
+	// the version.
+	for _, i := range []int{0, 1, 3} {
+		if _, err := removeAt(i); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "version") {
+			t.Fatalf("removing node 4 at node %d beside a version 4 binary: %v, want failed_precondition naming the version", i+1, err)
+		}
 	}
+	remove := func() (*connect.Response[wardenv1.RemoveNodeResponse], error) { return removeAt(0) }
 	sum, st := c.placementDigest()
 	if len(st.GetRemovedNodeIds()) != 0 || !slices.ContainsFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 4 }) {
 		t.Fatalf("a refused removal changed the map: nodes %v, removed %v", st.GetNodes(), st.GetRemovedNodeIds())
