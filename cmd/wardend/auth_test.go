@@ -150,6 +150,18 @@ func TestClusterAuth(t *testing.T) {
 		t.Fatalf("warden admin shards with the client certificate: %v\n%s", err, out)
 	}
 	adminFile := filepath.Join(p.dir, "admin.token")
+	// A backup over TLS: the stream carries the token, the shards are read
+	// over the nodes' mutual TLS; the orders role may not take one.
+	backupDir := filepath.Join(t.TempDir(), "backup")
+	if out, err := cli("--cert", cliPEM, "--key", cliKey, "admin", "backup", "--out", backupDir); err == nil || !strings.Contains(out, "permission_denied") {
+		t.Fatalf("warden admin backup with the client certificate: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(backupDir); err == nil {
+		t.Fatal("a denied backup left its directory")
+	}
+	if out, err := cli("--token-file", adminFile, "admin", "backup", "--out", backupDir); err != nil || !strings.Contains(out, "shard-1.snap") {
+		t.Fatalf("warden admin backup with the admin token: %v\n%s", err, out)
+	}
 	tokenFile := filepath.Join(p.dir, "temp.token")
 	if out, err := cli("--token-file", adminFile, "auth", "token", "create", "orders", "--description", "temp", "--out", tokenFile); err != nil {
 		t.Fatalf("warden auth token create: %v\n%s", err, out)
