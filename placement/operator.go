@@ -433,8 +433,9 @@ func (o *Operators) advanceMove(ctx context.Context, op uint64, to placementv1.M
 	return err
 }
 
-// isMember reports whether replica is a voting or non-voting member.
-func isMember(m *placementv1.MembershipResponse, replica uint64) (voting, member bool) {
+// IsMember reports whether replica is a voting (voting) or a voting or
+// non-voting (member) member of membership m.
+func IsMember(m *placementv1.MembershipResponse, replica uint64) (voting, member bool) {
 	_, voting = m.GetVoting()[replica]
 	_, nonVoting := m.GetNonVoting()[replica]
 	return voting, voting || nonVoting
@@ -469,7 +470,7 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 			return err
 		}
 		if m.GetRollingBack() {
-			if _, member := isMember(mem, m.GetToReplica()); member {
+			if _, member := IsMember(mem, m.GetToReplica()); member {
 				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetToReplica(), ""); err != nil {
 					return err
 				}
@@ -479,7 +480,7 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 		}
 		switch m.GetStep() {
 		case placementv1.MoveStep_MOVE_STEP_PLANNED:
-			if _, member := isMember(mem, m.GetToReplica()); !member {
+			if _, member := IsMember(mem, m.GetToReplica()); !member {
 				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
 					return err
 				}
@@ -488,7 +489,7 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 				return err
 			}
 		case placementv1.MoveStep_MOVE_STEP_ADDED:
-			if voting, _ := isMember(mem, m.GetToReplica()); !voting {
+			if voting, _ := IsMember(mem, m.GetToReplica()); !voting {
 				if err := o.awaitCatchUp(ctx, m.GetShard(), m.GetToNode()); err != nil {
 					if ctx.Err() != nil {
 						return err
@@ -504,7 +505,7 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 				return err
 			}
 		case placementv1.MoveStep_MOVE_STEP_PROMOTED:
-			if _, member := isMember(mem, m.GetFromReplica()); member {
+			if _, member := IsMember(mem, m.GetFromReplica()); member {
 				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
 					return err
 				}

@@ -73,9 +73,18 @@ func (s *AdminServer) hotResources(ctx context.Context, m *wardenv1.HotResources
 func (s *AdminServer) ListNodes(ctx context.Context, _ *connect.Request[wardenv1.ListNodesRequest]) (*connect.Response[wardenv1.ListNodesResponse], error) {
 	err := s.r.RefreshMap(ctx)
 	out := &wardenv1.ListNodesResponse{}
+	mem, _ := s.r.placementMembership(ctx) // nil: this node hosts no placement replica
 	for _, n := range s.r.Map().State().GetNodes() {
 		info := &wardenv1.NodeInfo{Id: n.GetId(), Zone: n.GetZone(), RaftAddr: n.GetRaftAddr(), ListenAddr: n.GetListenAddr(), Version: n.GetBuildVersion()}
 		info.Up, info.LastHeard = s.r.heardFrom(n.GetId())
+		if mem != nil {
+			info.Placement = wardenv1.PlacementRole_PLACEMENT_ROLE_NONE
+			if voting, member := placement.IsMember(mem, n.GetId()); voting { // meta replica id = node id
+				info.Placement = wardenv1.PlacementRole_PLACEMENT_ROLE_VOTER
+			} else if member {
+				info.Placement = wardenv1.PlacementRole_PLACEMENT_ROLE_NON_VOTING
+			}
+		}
 		out.Nodes = append(out.Nodes, info)
 	}
 	if err != nil {
@@ -356,17 +365,26 @@ func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Comman
 // placementMember reports whether node id votes (or learns) in the
 // placement group, read through this node's replica of it.
 func (r *Router) placementMember(ctx context.Context, id uint64) (bool, error) {
+	m, err := r.placementMembership(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, member := placement.IsMember(m, id) // meta replica id = node id
+	return member, nil
+}
+
+// placementMembership reads the placement group's Raft membership through
+// this node's replica of it (ErrNoLeader when it hosts none).
+func (r *Router) placementMembership(ctx context.Context) (*placementv1.MembershipResponse, error) {
 	n := r.hostOf(placement.MetaShardID)
 	if n == nil {
-		return false, fmt.Errorf("%w: this node hosts no replica of the placement group", ErrNoLeader)
+		return nil, fmt.Errorf("%w: this node hosts no replica of the placement group", ErrNoLeader)
 	}
 	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
 	defer cancel()
 	m, err := n.raft.changeMembership(ctx, &placementv1.MembershipRequest{ShardId: placement.MetaShardID, Change: placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE})
 	if err != nil {
-		return false, fmt.Errorf("%w: the placement group's membership: %v", ErrNoLeader, err)
+		return nil, fmt.Errorf("%w: the placement group's membership: %v", ErrNoLeader, err)
 	}
-	_, voting := m.GetVoting()[id]
-	_, learning := m.GetNonVoting()[id]
-	return voting || learning, nil
+	return m, nil
 }

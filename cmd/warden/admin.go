@@ -30,7 +30,7 @@ func (*nodesCmd) Run(g *globals) error {
 		return fmt.Errorf("nodes: %w", err)
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
-		fmt.Fprintf(w, "%-4s %-8s %-5s %-10s %-22s %-22s %s\n", "ID", "ZONE", "STATE", "HEARD", "RAFT", "LISTEN", "VERSION")
+		fmt.Fprintf(w, "%-4s %-8s %-5s %-10s %-10s %-22s %-22s %s\n", "ID", "ZONE", "STATE", "HEARD", "PLACEMENT", "RAFT", "LISTEN", "VERSION")
 		for _, n := range resp.Msg.GetNodes() {
 			role := ""
 			if n.GetId() == resp.Msg.GetPlacementLeaderId() {
@@ -43,9 +43,23 @@ func (*nodesCmd) Run(g *globals) error {
 			if n.GetLastHeard() != nil {
 				heard = time.Since(n.GetLastHeard().AsTime()).Round(time.Second).String() + " ago"
 			}
-			fmt.Fprintf(w, "%-4d %-8s %-5s %-10s %-22s %-22s %s%s\n", n.GetId(), n.GetZone(), state, heard, n.GetRaftAddr(), n.GetListenAddr(), n.GetVersion(), role)
+			fmt.Fprintf(w, "%-4d %-8s %-5s %-10s %-10s %-22s %-22s %s%s\n", n.GetId(), n.GetZone(), state, heard, placementRole(n.GetPlacement()), n.GetRaftAddr(), n.GetListenAddr(), n.GetVersion(), role)
 		}
 	})
+}
+
+// placementRole is how `warden admin nodes` shows a node's part in the
+// placement group ("?" when the answering node could not read it).
+func placementRole(r wardenv1.PlacementRole) string {
+	switch r {
+	case wardenv1.PlacementRole_PLACEMENT_ROLE_NONE:
+		return "-"
+	case wardenv1.PlacementRole_PLACEMENT_ROLE_VOTER:
+		return "voter"
+	case wardenv1.PlacementRole_PLACEMENT_ROLE_NON_VOTING:
+		return "non-voting"
+	}
+	return "?"
 }
 
 type shardsCmd struct{}

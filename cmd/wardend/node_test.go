@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -71,6 +72,9 @@ func TestClusterRemoveNode(t *testing.T) {
 	c := startProcCluster(t)
 	held := c.holdMany("node-held", 200, 5*time.Minute)
 	four := c.join("az1")
+	if out, err := c.warden(0, "admin", "nodes"); err != nil || strings.Count(out, " voter ") != 3 || !regexp.MustCompile(`(?m)^4 .* - `).MatchString(out) {
+		t.Fatalf("warden admin nodes: want nodes 1 to 3 voters of the placement group, node 4 none: %v\n%s", err, out)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := c.nodes[1].admin.MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: 1, FromNodeId: 1, ToNodeId: 4})); err != nil {
@@ -101,7 +105,10 @@ func TestClusterRemoveNode(t *testing.T) {
 	defer func() { stop.Store(true); wg.Wait() }()
 
 	c.kill(0)
+	// The placement leader (node 2 or 3) plans the removal with its own
+	// view of liveness, so both must see node 1 down.
 	c.nodeUp(1, 1, false)
+	c.nodeUp(2, 1, false)
 	if out, err := c.warden(1, "admin", "node", "remove", "4"); err == nil || !strings.Contains(out, "shard 1 would be left below three replicas in three zones") || !strings.Contains(out, `"az1"`) {
 		t.Fatalf("removing node 4 with node 1 down: %v\n%s", err, out)
 	}
@@ -114,6 +121,7 @@ func TestClusterRemoveNode(t *testing.T) {
 	c.start(0)
 	c.waitServing(0)
 	c.nodeUp(1, 1, true)
+	c.nodeUp(2, 1, true)
 
 	out, err := c.warden(2, "admin", "node", "remove", "4")
 	if err != nil || !strings.Contains(out, "replica moved from node 4 to node 1") {

@@ -23,6 +23,61 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PlacementRole is a node's part in the placement group.
+type PlacementRole int32
+
+const (
+	PlacementRole_PLACEMENT_ROLE_UNSPECIFIED PlacementRole = 0
+	// PLACEMENT_ROLE_NONE: no replica of the placement group.
+	PlacementRole_PLACEMENT_ROLE_NONE  PlacementRole = 1
+	PlacementRole_PLACEMENT_ROLE_VOTER PlacementRole = 2
+	// PLACEMENT_ROLE_NON_VOTING: a replica catching up, not yet promoted.
+	PlacementRole_PLACEMENT_ROLE_NON_VOTING PlacementRole = 3
+)
+
+// Enum value maps for PlacementRole.
+var (
+	PlacementRole_name = map[int32]string{
+		0: "PLACEMENT_ROLE_UNSPECIFIED",
+		1: "PLACEMENT_ROLE_NONE",
+		2: "PLACEMENT_ROLE_VOTER",
+		3: "PLACEMENT_ROLE_NON_VOTING",
+	}
+	PlacementRole_value = map[string]int32{
+		"PLACEMENT_ROLE_UNSPECIFIED": 0,
+		"PLACEMENT_ROLE_NONE":        1,
+		"PLACEMENT_ROLE_VOTER":       2,
+		"PLACEMENT_ROLE_NON_VOTING":  3,
+	}
+)
+
+func (x PlacementRole) Enum() *PlacementRole {
+	p := new(PlacementRole)
+	*p = x
+	return p
+}
+
+func (x PlacementRole) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PlacementRole) Descriptor() protoreflect.EnumDescriptor {
+	return file_warden_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (PlacementRole) Type() protoreflect.EnumType {
+	return &file_warden_v1_admin_proto_enumTypes[0]
+}
+
+func (x PlacementRole) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PlacementRole.Descriptor instead.
+func (PlacementRole) EnumDescriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
 type HotResourcesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Limit is how many resources each list holds: default 10, at most 100.
@@ -290,7 +345,11 @@ type NodeInfo struct {
 	Up bool `protobuf:"varint,6,opt,name=up,proto3" json:"up,omitempty"`
 	// LastHeard is when the answering node last heard from it (its own
 	// time for itself); unset when never.
-	LastHeard     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_heard,json=lastHeard,proto3" json:"last_heard,omitempty"`
+	LastHeard *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_heard,json=lastHeard,proto3" json:"last_heard,omitempty"`
+	// Placement is the node's part in the placement group's Raft
+	// membership, as the answering node's replica of it reads it
+	// (PLACEMENT_ROLE_UNSPECIFIED when the answering node hosts none).
+	Placement     PlacementRole `protobuf:"varint,8,opt,name=placement,proto3,enum=warden.v1.PlacementRole" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -372,6 +431,13 @@ func (x *NodeInfo) GetLastHeard() *timestamppb.Timestamp {
 		return x.LastHeard
 	}
 	return nil
+}
+
+func (x *NodeInfo) GetPlacement() PlacementRole {
+	if x != nil {
+		return x.Placement
+	}
+	return PlacementRole_PLACEMENT_ROLE_UNSPECIFIED
 }
 
 type ListShardsRequest struct {
@@ -2358,7 +2424,7 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x10ListNodesRequest\"n\n" +
 	"\x11ListNodesResponse\x12)\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x13.warden.v1.NodeInfoR\x05nodes\x12.\n" +
-	"\x13placement_leader_id\x18\x02 \x01(\x04R\x11placementLeaderId\"\xd1\x01\n" +
+	"\x13placement_leader_id\x18\x02 \x01(\x04R\x11placementLeaderId\"\x89\x02\n" +
 	"\bNodeInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
@@ -2368,7 +2434,8 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\aversion\x18\x05 \x01(\tR\aversion\x12\x0e\n" +
 	"\x02up\x18\x06 \x01(\bR\x02up\x129\n" +
 	"\n" +
-	"last_heard\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tlastHeard\"\x13\n" +
+	"last_heard\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tlastHeard\x126\n" +
+	"\tplacement\x18\b \x01(\x0e2\x18.warden.v1.PlacementRoleR\tplacement\"\x13\n" +
 	"\x11ListShardsRequest\"\x83\x01\n" +
 	"\x12ListShardsResponse\x12\x1e\n" +
 	"\n" +
@@ -2530,7 +2597,12 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"to_node_id\x18\x04 \x01(\x04R\btoNodeId\x12\x12\n" +
 	"\x04done\x18\x05 \x01(\bR\x04done\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error2\xf5\x06\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error*\x81\x01\n" +
+	"\rPlacementRole\x12\x1e\n" +
+	"\x1aPLACEMENT_ROLE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13PLACEMENT_ROLE_NONE\x10\x01\x12\x18\n" +
+	"\x14PLACEMENT_ROLE_VOTER\x10\x02\x12\x1d\n" +
+	"\x19PLACEMENT_ROLE_NON_VOTING\x10\x032\xf5\x06\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
@@ -2559,110 +2631,113 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 	return file_warden_v1_admin_proto_rawDescData
 }
 
+var file_warden_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_warden_v1_admin_proto_goTypes = []any{
-	(*HotResourcesRequest)(nil),    // 0: warden.v1.HotResourcesRequest
-	(*HotResourcesResponse)(nil),   // 1: warden.v1.HotResourcesResponse
-	(*HotResource)(nil),            // 2: warden.v1.HotResource
-	(*ListNodesRequest)(nil),       // 3: warden.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),      // 4: warden.v1.ListNodesResponse
-	(*NodeInfo)(nil),               // 5: warden.v1.NodeInfo
-	(*ListShardsRequest)(nil),      // 6: warden.v1.ListShardsRequest
-	(*ListShardsResponse)(nil),     // 7: warden.v1.ListShardsResponse
-	(*ShardInfo)(nil),              // 8: warden.v1.ShardInfo
-	(*ReplicaInfo)(nil),            // 9: warden.v1.ReplicaInfo
-	(*SplitShardRequest)(nil),      // 10: warden.v1.SplitShardRequest
-	(*SplitShardResponse)(nil),     // 11: warden.v1.SplitShardResponse
-	(*TransferLeaderRequest)(nil),  // 12: warden.v1.TransferLeaderRequest
-	(*TransferLeaderResponse)(nil), // 13: warden.v1.TransferLeaderResponse
-	(*SnapshotRequest)(nil),        // 14: warden.v1.SnapshotRequest
-	(*BackupRequest)(nil),          // 15: warden.v1.BackupRequest
-	(*BackupResponse)(nil),         // 16: warden.v1.BackupResponse
-	(*BackupFileStart)(nil),        // 17: warden.v1.BackupFileStart
-	(*BackupFile)(nil),             // 18: warden.v1.BackupFile
-	(*BackupManifest)(nil),         // 19: warden.v1.BackupManifest
-	(*BackupNode)(nil),             // 20: warden.v1.BackupNode
-	(*BackupShard)(nil),            // 21: warden.v1.BackupShard
-	(*SnapshotResponse)(nil),       // 22: warden.v1.SnapshotResponse
-	(*ReplicaSnapshot)(nil),        // 23: warden.v1.ReplicaSnapshot
-	(*SetShardConfigRequest)(nil),  // 24: warden.v1.SetShardConfigRequest
-	(*SetShardConfigResponse)(nil), // 25: warden.v1.SetShardConfigResponse
-	(*ShardConfigInfo)(nil),        // 26: warden.v1.ShardConfigInfo
-	(*MoveReplicaRequest)(nil),     // 27: warden.v1.MoveReplicaRequest
-	(*MoveReplicaResponse)(nil),    // 28: warden.v1.MoveReplicaResponse
-	(*RemoveNodeRequest)(nil),      // 29: warden.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),     // 30: warden.v1.RemoveNodeResponse
-	(*ReplicaMove)(nil),            // 31: warden.v1.ReplicaMove
-	(*RebalanceRequest)(nil),       // 32: warden.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),      // 33: warden.v1.RebalanceResponse
-	(*RebalanceAction)(nil),        // 34: warden.v1.RebalanceAction
-	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 36: google.protobuf.Duration
+	(PlacementRole)(0),             // 0: warden.v1.PlacementRole
+	(*HotResourcesRequest)(nil),    // 1: warden.v1.HotResourcesRequest
+	(*HotResourcesResponse)(nil),   // 2: warden.v1.HotResourcesResponse
+	(*HotResource)(nil),            // 3: warden.v1.HotResource
+	(*ListNodesRequest)(nil),       // 4: warden.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),      // 5: warden.v1.ListNodesResponse
+	(*NodeInfo)(nil),               // 6: warden.v1.NodeInfo
+	(*ListShardsRequest)(nil),      // 7: warden.v1.ListShardsRequest
+	(*ListShardsResponse)(nil),     // 8: warden.v1.ListShardsResponse
+	(*ShardInfo)(nil),              // 9: warden.v1.ShardInfo
+	(*ReplicaInfo)(nil),            // 10: warden.v1.ReplicaInfo
+	(*SplitShardRequest)(nil),      // 11: warden.v1.SplitShardRequest
+	(*SplitShardResponse)(nil),     // 12: warden.v1.SplitShardResponse
+	(*TransferLeaderRequest)(nil),  // 13: warden.v1.TransferLeaderRequest
+	(*TransferLeaderResponse)(nil), // 14: warden.v1.TransferLeaderResponse
+	(*SnapshotRequest)(nil),        // 15: warden.v1.SnapshotRequest
+	(*BackupRequest)(nil),          // 16: warden.v1.BackupRequest
+	(*BackupResponse)(nil),         // 17: warden.v1.BackupResponse
+	(*BackupFileStart)(nil),        // 18: warden.v1.BackupFileStart
+	(*BackupFile)(nil),             // 19: warden.v1.BackupFile
+	(*BackupManifest)(nil),         // 20: warden.v1.BackupManifest
+	(*BackupNode)(nil),             // 21: warden.v1.BackupNode
+	(*BackupShard)(nil),            // 22: warden.v1.BackupShard
+	(*SnapshotResponse)(nil),       // 23: warden.v1.SnapshotResponse
+	(*ReplicaSnapshot)(nil),        // 24: warden.v1.ReplicaSnapshot
+	(*SetShardConfigRequest)(nil),  // 25: warden.v1.SetShardConfigRequest
+	(*SetShardConfigResponse)(nil), // 26: warden.v1.SetShardConfigResponse
+	(*ShardConfigInfo)(nil),        // 27: warden.v1.ShardConfigInfo
+	(*MoveReplicaRequest)(nil),     // 28: warden.v1.MoveReplicaRequest
+	(*MoveReplicaResponse)(nil),    // 29: warden.v1.MoveReplicaResponse
+	(*RemoveNodeRequest)(nil),      // 30: warden.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),     // 31: warden.v1.RemoveNodeResponse
+	(*ReplicaMove)(nil),            // 32: warden.v1.ReplicaMove
+	(*RebalanceRequest)(nil),       // 33: warden.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),      // 34: warden.v1.RebalanceResponse
+	(*RebalanceAction)(nil),        // 35: warden.v1.RebalanceAction
+	(*timestamppb.Timestamp)(nil),  // 36: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 37: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
-	2,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
-	2,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
-	5,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
-	35, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
-	8,  // 4: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
-	9,  // 5: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
-	17, // 6: warden.v1.BackupResponse.file:type_name -> warden.v1.BackupFileStart
-	18, // 7: warden.v1.BackupResponse.end:type_name -> warden.v1.BackupFile
-	19, // 8: warden.v1.BackupResponse.manifest:type_name -> warden.v1.BackupManifest
-	35, // 9: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
-	20, // 10: warden.v1.BackupManifest.nodes:type_name -> warden.v1.BackupNode
-	21, // 11: warden.v1.BackupManifest.shards:type_name -> warden.v1.BackupShard
-	18, // 12: warden.v1.BackupManifest.placement:type_name -> warden.v1.BackupFile
-	18, // 13: warden.v1.BackupShard.file:type_name -> warden.v1.BackupFile
-	23, // 14: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
-	36, // 15: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
-	36, // 16: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
-	36, // 17: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
-	36, // 18: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
-	36, // 19: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
-	36, // 20: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
-	36, // 21: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
-	36, // 22: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
-	36, // 23: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
-	26, // 24: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	36, // 25: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	36, // 26: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	36, // 27: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	36, // 28: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	36, // 29: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	36, // 30: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
-	36, // 31: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
-	36, // 32: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
-	36, // 33: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
-	31, // 34: warden.v1.RemoveNodeResponse.moves:type_name -> warden.v1.ReplicaMove
-	34, // 35: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
-	3,  // 36: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
-	6,  // 37: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
-	10, // 38: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	27, // 39: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
-	29, // 40: warden.v1.AdminService.RemoveNode:input_type -> warden.v1.RemoveNodeRequest
-	32, // 41: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
-	12, // 42: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	15, // 43: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
-	14, // 44: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	24, // 45: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	0,  // 46: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	4,  // 47: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	7,  // 48: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	11, // 49: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	28, // 50: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
-	30, // 51: warden.v1.AdminService.RemoveNode:output_type -> warden.v1.RemoveNodeResponse
-	33, // 52: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
-	13, // 53: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	16, // 54: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
-	22, // 55: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	25, // 56: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	1,  // 57: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	47, // [47:58] is the sub-list for method output_type
-	36, // [36:47] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	3,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
+	3,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
+	6,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
+	36, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
+	0,  // 4: warden.v1.NodeInfo.placement:type_name -> warden.v1.PlacementRole
+	9,  // 5: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
+	10, // 6: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
+	18, // 7: warden.v1.BackupResponse.file:type_name -> warden.v1.BackupFileStart
+	19, // 8: warden.v1.BackupResponse.end:type_name -> warden.v1.BackupFile
+	20, // 9: warden.v1.BackupResponse.manifest:type_name -> warden.v1.BackupManifest
+	36, // 10: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
+	21, // 11: warden.v1.BackupManifest.nodes:type_name -> warden.v1.BackupNode
+	22, // 12: warden.v1.BackupManifest.shards:type_name -> warden.v1.BackupShard
+	19, // 13: warden.v1.BackupManifest.placement:type_name -> warden.v1.BackupFile
+	19, // 14: warden.v1.BackupShard.file:type_name -> warden.v1.BackupFile
+	24, // 15: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
+	37, // 16: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	37, // 17: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	37, // 18: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	37, // 19: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	37, // 20: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	37, // 21: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	37, // 22: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
+	37, // 23: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
+	37, // 24: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
+	27, // 25: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
+	37, // 26: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	37, // 27: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	37, // 28: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	37, // 29: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	37, // 30: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	37, // 31: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	37, // 32: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
+	37, // 33: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
+	37, // 34: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
+	32, // 35: warden.v1.RemoveNodeResponse.moves:type_name -> warden.v1.ReplicaMove
+	35, // 36: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
+	4,  // 37: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	7,  // 38: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	11, // 39: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	28, // 40: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	30, // 41: warden.v1.AdminService.RemoveNode:input_type -> warden.v1.RemoveNodeRequest
+	33, // 42: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
+	13, // 43: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	16, // 44: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
+	15, // 45: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	25, // 46: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	1,  // 47: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	5,  // 48: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	8,  // 49: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	12, // 50: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	29, // 51: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	31, // 52: warden.v1.AdminService.RemoveNode:output_type -> warden.v1.RemoveNodeResponse
+	34, // 53: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
+	14, // 54: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	17, // 55: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
+	23, // 56: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	26, // 57: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	2,  // 58: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	48, // [48:59] is the sub-list for method output_type
+	37, // [37:48] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
@@ -2682,13 +2757,14 @@ func file_warden_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_warden_v1_admin_proto_goTypes,
 		DependencyIndexes: file_warden_v1_admin_proto_depIdxs,
+		EnumInfos:         file_warden_v1_admin_proto_enumTypes,
 		MessageInfos:      file_warden_v1_admin_proto_msgTypes,
 	}.Build()
 	File_warden_v1_admin_proto = out.File
