@@ -263,6 +263,30 @@ func (n *Node) StartMeta(members map[uint64]string, join bool) error {
 	return nil
 }
 
+// JoinMeta starts this node's replica of the placement group as the
+// non-voting member the placement leader added (replica id = node id),
+// empty, to be sent the log or a snapshot; a replica already running is
+// left as it is. It starts non-voting on every later start too, whatever
+// it has become since: Dragonboat makes it a follower when the
+// membership it recovers (from its snapshot, or the promotion replayed
+// from its log) lists it as a voter, whereas a replica started as a
+// voter that replays its own non-voting addition panics.
+func (n *Node) JoinMeta() error {
+	members, join := n.restartArgs(MetaShardID, n.cfg.ID, nil, true)
+	rc := n.raftConfig(MetaShardID, n.cfg.ID)
+	rc.IsNonVoting = true
+	err := n.nh.StartReplica(members, join, NewMetaStateMachine, rc)
+	if err != nil && !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
+		return fmt.Errorf("placement: node %d: join the placement group: %w", n.cfg.ID, err)
+	}
+	return nil
+}
+
+// HostsMeta reports whether this node has ever started a replica of the
+// placement group (an initial member, or one JoinMeta started): it must
+// start it again at every start.
+func (n *Node) HostsMeta() bool { return n.nh.HasNodeInfo(MetaShardID, n.cfg.ID) }
+
 // restartArgs returns the members and join flag to start replica
 // replicaID of shardID with: those given for a replica's first start, and
 // none (not joining) for a replica the NodeHost has a bootstrap record

@@ -284,6 +284,9 @@ func (s *AdminServer) RemoveNode(ctx context.Context, req *connect.Request[warde
 	if err := placement.Proposable(s.r.Map().State(), remove); err != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node removal needs every node upgraded first: %w", err))
 	}
+	if err := s.r.handOffPlacement(ctx, req.Msg.GetNodeId()); err != nil {
+		return nil, err
+	}
 	if p := s.r.operatorPeer(req.Header()); p != nil {
 		resp, err := p.admin.RemoveNode(ctx, nextHopReq(req))
 		return resp, err
@@ -293,9 +296,11 @@ func (s *AdminServer) RemoveNode(ctx context.Context, req *connect.Request[warde
 }
 
 // removeNode plans a move for each replica of node id (to a live node of
-// the same zone that hosts none of the shard, the least loaded first),
-// refusing before anything moves if one has no place, makes the moves
-// one at a time, and then removes the node from the map.
+// the same zone that hosts none of the shard, the least loaded first)
+// and, for a voter of the placement group, its replacement there,
+// refusing before anything moves if one has no place; makes the moves
+// one at a time, replaces the voter, and then removes the node from the
+// map.
 func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Command) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
 	id := remove.GetRemoveNode().GetNodeId()
 	st := s.r.Map().State()
@@ -303,18 +308,21 @@ func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Comman
 	if node == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d is not in the map", id))
 	}
-	member, err := s.r.placementMember(ctx, id)
+	membership, err := s.r.placementMembership(ctx)
 	if err != nil {
 		return nil, err
-	}
-	if member {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
-			"node %d hosts a replica of the placement group: removing or replacing a placement member is not supported yet", id))
 	}
 	load := map[uint64]int{}
 	for _, sh := range st.GetShards() {
 		for _, r := range sh.GetReplicas() {
 			load[r.GetNodeId()]++
+		}
+	}
+	out := &wardenv1.RemoveNodeResponse{}
+	if voting, _ := placement.IsMember(membership, id); voting {
+		if out.PlacementNodeId = s.r.placementReplacement(membership, id, node.GetZone(), load); out.PlacementNodeId == 0 {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+				"node %d votes in the placement group: no other live node in zone %q outside it to take its place; add one first", id, node.GetZone()))
 		}
 	}
 	var plan []*wardenv1.ReplicaMove
@@ -339,7 +347,7 @@ func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Comman
 		load[to]++
 		plan = append(plan, &wardenv1.ReplicaMove{ShardId: sh.GetId(), FromNodeId: id, ToNodeId: to})
 	}
-	out := &wardenv1.RemoveNodeResponse{}
+
 	for _, mv := range plan {
 		resp, err := s.moveReplica(ctx, &wardenv1.MoveReplicaRequest{ShardId: mv.GetShardId(), FromNodeId: id, ToNodeId: mv.GetToNodeId()})
 		if err != nil {
@@ -347,6 +355,17 @@ func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Comman
 		}
 		mv.ReplicaId = resp.Msg.GetReplicaId()
 		out.Moves = append(out.Moves, mv)
+	}
+	if to := out.GetPlacementNodeId(); to != 0 {
+		if err := s.replacePlacementVoter(ctx, id, to); err != nil {
+			return nil, fmt.Errorf("replacing node %d in the placement group by node %d (after %d moves): %w", id, to, len(out.Moves), err)
+		}
+	} else if _, member := placement.IsMember(membership, id); member {
+		// A non-voting member (a replacement that never got to vote)
+		// leaves with the node.
+		if _, err := s.changePlacement(ctx, membership, placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, id); err != nil {
+			return nil, err
+		}
 	}
 	if _, err := s.r.meta.Propose(ctx, remove); err != nil {
 		var refused *placement.RefusedError
@@ -358,19 +377,8 @@ func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Comman
 	if err := s.r.RefreshMap(ctx); err != nil {
 		s.r.cfg.Logger.Debug("placement map refresh", "err", err)
 	}
-	s.r.cfg.Logger.Info("node removed", "node", id, "moves", len(out.Moves))
+	s.r.cfg.Logger.Info("node removed", "node", id, "moves", len(out.Moves), "placement_replacement", out.GetPlacementNodeId())
 	return connect.NewResponse(out), nil
-}
-
-// placementMember reports whether node id votes (or learns) in the
-// placement group, read through this node's replica of it.
-func (r *Router) placementMember(ctx context.Context, id uint64) (bool, error) {
-	m, err := r.placementMembership(ctx)
-	if err != nil {
-		return false, err
-	}
-	_, member := placement.IsMember(m, id) // meta replica id = node id
-	return member, nil
 }
 
 // placementMembership reads the placement group's Raft membership through

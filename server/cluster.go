@@ -142,10 +142,6 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		}
 		c.Modes = append(c.Modes, mode)
 	}
-	// The process reads the placement group through the replica of its
-	// first initial member, if it runs one, else through the join
-	// addresses (startMode made sure every node here has some).
-	metaAt := slices.IndexFunc(cfg.Nodes, func(s NodeSpec) bool { return c.initial(s.ID) })
 	p := router.NewPeers(cfg.Router.ClusterSecret, peerTLS)
 	ids := make([]placement.Identity, len(cfg.Nodes))
 	for i, spec := range cfg.Nodes {
@@ -174,18 +170,27 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		}
 		c.Nodes = append(c.Nodes, router.LocalNode{Node: n, Leadership: lead})
 		c.agents = append(c.agents, placement.NewAgent(n))
-		if c.initial(spec.ID) {
+		switch {
+		case c.initial(spec.ID):
 			// An initial member hosts a replica of the placement group
 			// from its first start.
-			if err := n.StartMeta(c.Members(), false); err != nil {
-				c.closeNodes()
-				return nil, err
-			}
+			err = n.StartMeta(c.Members(), false)
+		case n.HostsMeta():
+			// One that joined it since (it replaced a member) restarts
+			// its replica.
+			err = n.JoinMeta()
+		}
+		if err != nil {
+			c.closeNodes()
+			return nil, err
 		}
 	}
+	// The process reads the placement group through the replica of its
+	// first node that hosts one, else through the join addresses
+	// (startMode made sure every node here has some).
 	meta := p.Placement(cfg.Join, c.knownAddrs)
-	if metaAt >= 0 {
-		meta = c.Nodes[metaAt].Node.Meta()
+	if i := slices.IndexFunc(c.Nodes, func(n router.LocalNode) bool { return n.Node.HostsMeta() }); i >= 0 {
+		meta = c.Nodes[i].Node.Meta()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.BootstrapTimeout)
 	defer cancel()

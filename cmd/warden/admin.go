@@ -287,6 +287,9 @@ func (r *nodeRemoveCmd) Run(g *globals) error {
 		for _, m := range resp.Msg.GetMoves() {
 			fmt.Fprintf(w, "shard %d: replica moved from node %d to node %d (replica %d)\n", m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId(), m.GetReplicaId())
 		}
+		if p := resp.Msg.GetPlacementNodeId(); p != 0 {
+			fmt.Fprintf(w, "placement group: node %d votes in place of node %d\n", p, r.NodeID)
+		}
 		fmt.Fprintf(w, "node %d removed: stop its process and wipe its data directory; it cannot rejoin under id %d\n", r.NodeID, r.NodeID)
 	})
 }

@@ -255,7 +255,8 @@ func (c *procCluster) agree(what string) {
 	c.t.Logf("%s: replicas at index %d, digest %s…", what, idx[0], dig[0][:16])
 }
 
-// placementDigest reads the placement state from every node and returns
+// placementDigest reads the placement state from every running node
+// (every one the cluster counts up) and returns
 // its SHA-256 once all of them agree. ReadMeta is served by the node's
 // own replica of the placement group (a linearizable read: the leader
 // confirms the index, the local replica answers from its state once it
@@ -269,6 +270,9 @@ func (c *procCluster) placementDigest() (string, *placementv1.State) {
 		var sums []string
 		var st *placementv1.State
 		for _, n := range c.nodes {
+			if !n.up.Load() {
+				continue
+			}
 			var resp *connect.Response[placementv1.ReadMetaResponse]
 			err := retryUnavailable(func() (err error) {
 				ctx, cancel := rpcCtx()
@@ -286,7 +290,7 @@ func (c *procCluster) placementDigest() (string, *placementv1.State) {
 			sums = append(sums, fmt.Sprintf("%x", sha256.Sum256(b)))
 			st = resp.Msg.GetState()
 		}
-		if sums[0] == sums[1] && sums[1] == sums[2] {
+		if len(slices.Compact(slices.Clone(sums))) == 1 {
 			return sums[0], st
 		}
 		if time.Now().After(deadline) {

@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
@@ -61,8 +62,8 @@ func (c *procCluster) warden(i int, args ...string) (string, error) {
 // Node removal on four processes. Node 4 joins in az1 and takes shard
 // 1's az1 replica, and a lease is renewed every 200 ms through nodes 2
 // and 3 all along. With node 1 down, removing node 4 is refused naming
-// the shard (no other live node in az1) and nothing moves; removing node
-// 1, a placement member, is refused. With node 1 back, warden admin node
+// the shard (no other live node in az1) and nothing moves. With node 1
+// back, warden admin node
 // remove 4 moves the replica to node 1 and takes node 4 out of the map:
 // every renewal succeeded and the token never changed (renew p99
 // reported), 200 other held leases are intact, node 4 is gone from
@@ -111,9 +112,6 @@ func TestClusterRemoveNode(t *testing.T) {
 	c.nodeUp(2, 1, false)
 	if out, err := c.warden(1, "admin", "node", "remove", "4"); err == nil || !strings.Contains(out, "shard 1 would be left below three replicas in three zones") || !strings.Contains(out, `"az1"`) {
 		t.Fatalf("removing node 4 with node 1 down: %v\n%s", err, out)
-	}
-	if out, err := c.warden(1, "admin", "node", "remove", "1"); err == nil || !strings.Contains(out, "placement group") {
-		t.Fatalf("removing node 1, a placement member: %v\n%s", err, out)
 	}
 	if reps := c.replicaNodes(1); !slices.Contains(reps, 4) {
 		t.Fatalf("a refused removal moved something: shard 1 on nodes %v", reps)
@@ -169,4 +167,80 @@ func TestClusterRemoveNode(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("node 4, removed, still runs:\n%s", lastLines(n.log.String(), 10))
 	}
+}
+
+// Replacing a placement-group member that died for good, on four
+// processes. Node 4 joins in az3. While it is down, removing node 3 is
+// refused before anything moves: nothing else in az3 could take its
+// vote. Then node 3 is SIGKILLed for good and warden admin node remove 3
+// moves its replica to node 4 and makes node 4 a voter in its place
+// (non-voting first, caught up, promoted, node 3 removed). The placement
+// group then commits without node 1 as well ({2, 4} is a quorum): node
+// 4, SIGKILLed and started again with node 1 down, restarts its
+// placement replica and registers. A lease held throughout keeps its
+// token, 200 others are intact, and the placement replicas agree.
+func TestClusterReplacePlacementMember(t *testing.T) {
+	c := startProcCluster(t)
+	held := c.holdMany("replace-held", 200, 5*time.Minute)
+	lease, err := c.nodes[0].acquire("held-throughout", "held", 5*time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	four := c.join("az3")
+
+	// Whichever node leads the placement group plans with its own view
+	// of liveness (a node it has not read yet counts as live), so each
+	// must have seen node 4 up and then down.
+	for i := range 3 {
+		c.nodeUp(i, 4, true)
+	}
+	c.kill(four)
+	for i := range 3 {
+		c.nodeUp(i, 4, false)
+	}
+	if out, err := c.warden(0, "admin", "node", "remove", "3"); err == nil || !strings.Contains(out, "node 3 votes in the placement group") || !strings.Contains(out, `"az3"`) {
+		t.Fatalf("removing node 3 with node 4 down: %v\n%s", err, out)
+	}
+	c.start(four)
+	c.waitServing(four)
+
+	c.kill(2) // for good
+	for _, i := range []int{0, 1, four} {
+		c.nodeUp(i, 3, false)
+		c.nodeUp(i, 4, true)
+	}
+	out, err := c.warden(0, "admin", "node", "remove", "3")
+	if err != nil || !strings.Contains(out, "replica moved from node 3 to node 4") || !strings.Contains(out, "placement group: node 4 votes in place of node 3") {
+		t.Fatalf("warden admin node remove 3: %v\n%s", err, out)
+	}
+	t.Logf("warden admin node remove 3:\n%s", out)
+	out, err = c.warden(0, "admin", "nodes")
+	if err != nil || strings.Count(out, " voter ") != 3 || !regexp.MustCompile(`(?m)^4 .* voter `).MatchString(out) || regexp.MustCompile(`(?m)^3 `).MatchString(out) {
+		t.Fatalf("warden admin nodes after the replacement: want nodes 1, 2 and 4 voters and node 3 gone: %v\n%s", err, out)
+	}
+
+	// {2, 4} is a quorum of the placement group: node 4's registration
+	// after its restart commits with node 1 down.
+	c.kill(0)
+	c.nodeUp(1, 1, false)
+	c.kill(four)
+	c.start(four)
+	c.waitServing(four)
+	// ListNodes reads the roles through the node's own placement
+	// replica: node 4 restarted it.
+	if out, err := c.warden(four, "admin", "nodes"); err != nil || !regexp.MustCompile(`(?m)^4 .* voter `).MatchString(out) {
+		t.Fatalf("warden admin nodes at node 4 after its restart: %v\n%s", err, out)
+	}
+	c.start(0)
+	c.waitServing(0)
+
+	if d, err := c.nodes[four].describe("held-throughout"); err != nil || !d.GetHeld() || d.GetFencingToken() != lease.GetFencingToken() {
+		t.Fatalf("the held lease after the replacement: %v %v, want token %#x", d, err, lease.GetFencingToken())
+	}
+	c.checkLeases(held)
+	sum, st := c.placementDigest()
+	if slices.ContainsFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 3 }) {
+		t.Fatalf("node 3 is still in the map")
+	}
+	t.Logf("placement replicas of nodes 1, 2 and 4 agree: %s…", sum[:16])
 }

@@ -2120,9 +2120,12 @@ func (x *RemoveNodeRequest) GetNodeId() uint64 {
 type RemoveNodeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Moves are the replica moves made, in order.
-	Moves         []*ReplicaMove `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Moves []*ReplicaMove `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
+	// PlacementNodeId is the node that took the removed node's vote in the
+	// placement group (0 when it had none).
+	PlacementNodeId uint64 `protobuf:"varint,2,opt,name=placement_node_id,json=placementNodeId,proto3" json:"placement_node_id,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RemoveNodeResponse) Reset() {
@@ -2160,6 +2163,13 @@ func (x *RemoveNodeResponse) GetMoves() []*ReplicaMove {
 		return x.Moves
 	}
 	return nil
+}
+
+func (x *RemoveNodeResponse) GetPlacementNodeId() uint64 {
+	if x != nil {
+		return x.PlacementNodeId
+	}
+	return 0
 }
 
 // ReplicaMove is a shard replica moved from one node to another.
@@ -2574,9 +2584,10 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\x04R\treplicaId\",\n" +
 	"\x11RemoveNodeRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\"B\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\"n\n" +
 	"\x12RemoveNodeResponse\x12,\n" +
-	"\x05moves\x18\x01 \x03(\v2\x16.warden.v1.ReplicaMoveR\x05moves\"\x87\x01\n" +
+	"\x05moves\x18\x01 \x03(\v2\x16.warden.v1.ReplicaMoveR\x05moves\x12*\n" +
+	"\x11placement_node_id\x18\x02 \x01(\x04R\x0fplacementNodeId\"\x87\x01\n" +
 	"\vReplicaMove\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12 \n" +
 	"\ffrom_node_id\x18\x02 \x01(\x04R\n" +

@@ -80,6 +80,86 @@ func (MembershipChange) EnumDescriptor() ([]byte, []int) {
 	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{0}
 }
 
+type JoinPlacementRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinPlacementRequest) Reset() {
+	*x = JoinPlacementRequest{}
+	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinPlacementRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinPlacementRequest) ProtoMessage() {}
+
+func (x *JoinPlacementRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinPlacementRequest.ProtoReflect.Descriptor instead.
+func (*JoinPlacementRequest) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *JoinPlacementRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+type JoinPlacementResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinPlacementResponse) Reset() {
+	*x = JoinPlacementResponse{}
+	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinPlacementResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinPlacementResponse) ProtoMessage() {}
+
+func (x *JoinPlacementResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinPlacementResponse.ProtoReflect.Descriptor instead.
+func (*JoinPlacementResponse) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{1}
+}
+
 type ExportShardRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
@@ -89,7 +169,7 @@ type ExportShardRequest struct {
 
 func (x *ExportShardRequest) Reset() {
 	*x = ExportShardRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -101,7 +181,7 @@ func (x *ExportShardRequest) String() string {
 func (*ExportShardRequest) ProtoMessage() {}
 
 func (x *ExportShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[0]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -114,7 +194,7 @@ func (x *ExportShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportShardRequest.ProtoReflect.Descriptor instead.
 func (*ExportShardRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{0}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ExportShardRequest) GetShardId() uint64 {
@@ -139,7 +219,7 @@ type ExportShardResponse struct {
 
 func (x *ExportShardResponse) Reset() {
 	*x = ExportShardResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -151,7 +231,7 @@ func (x *ExportShardResponse) String() string {
 func (*ExportShardResponse) ProtoMessage() {}
 
 func (x *ExportShardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[1]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -164,7 +244,7 @@ func (x *ExportShardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportShardResponse.ProtoReflect.Descriptor instead.
 func (*ExportShardResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{1}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExportShardResponse) GetPart() isExportShardResponse_Part {
@@ -223,7 +303,7 @@ type ExportShardEnd struct {
 
 func (x *ExportShardEnd) Reset() {
 	*x = ExportShardEnd{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -235,7 +315,7 @@ func (x *ExportShardEnd) String() string {
 func (*ExportShardEnd) ProtoMessage() {}
 
 func (x *ExportShardEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[2]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -248,7 +328,7 @@ func (x *ExportShardEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportShardEnd.ProtoReflect.Descriptor instead.
 func (*ExportShardEnd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExportShardEnd) GetAppliedIndex() uint64 {
@@ -304,7 +384,7 @@ type MembershipRequest struct {
 
 func (x *MembershipRequest) Reset() {
 	*x = MembershipRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -316,7 +396,7 @@ func (x *MembershipRequest) String() string {
 func (*MembershipRequest) ProtoMessage() {}
 
 func (x *MembershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[3]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -329,7 +409,7 @@ func (x *MembershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipRequest.ProtoReflect.Descriptor instead.
 func (*MembershipRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *MembershipRequest) GetShardId() uint64 {
@@ -383,7 +463,7 @@ type MembershipResponse struct {
 
 func (x *MembershipResponse) Reset() {
 	*x = MembershipResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +475,7 @@ func (x *MembershipResponse) String() string {
 func (*MembershipResponse) ProtoMessage() {}
 
 func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[4]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +488,7 @@ func (x *MembershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipResponse.ProtoReflect.Descriptor instead.
 func (*MembershipResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *MembershipResponse) GetVoting() map[uint64]string {
@@ -448,7 +528,7 @@ type AppliedIndexRequest struct {
 
 func (x *AppliedIndexRequest) Reset() {
 	*x = AppliedIndexRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +540,7 @@ func (x *AppliedIndexRequest) String() string {
 func (*AppliedIndexRequest) ProtoMessage() {}
 
 func (x *AppliedIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[5]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,7 +553,7 @@ func (x *AppliedIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppliedIndexRequest.ProtoReflect.Descriptor instead.
 func (*AppliedIndexRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AppliedIndexRequest) GetShardId() uint64 {
@@ -492,7 +572,7 @@ type AppliedIndexResponse struct {
 
 func (x *AppliedIndexResponse) Reset() {
 	*x = AppliedIndexResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +584,7 @@ func (x *AppliedIndexResponse) String() string {
 func (*AppliedIndexResponse) ProtoMessage() {}
 
 func (x *AppliedIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[6]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +597,7 @@ func (x *AppliedIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppliedIndexResponse.ProtoReflect.Descriptor instead.
 func (*AppliedIndexResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AppliedIndexResponse) GetIndex() uint64 {
@@ -537,7 +617,7 @@ type ProposeRequest struct {
 
 func (x *ProposeRequest) Reset() {
 	*x = ProposeRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -549,7 +629,7 @@ func (x *ProposeRequest) String() string {
 func (*ProposeRequest) ProtoMessage() {}
 
 func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[7]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -562,7 +642,7 @@ func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
 func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ProposeRequest) GetShardId() uint64 {
@@ -588,7 +668,7 @@ type ProposeResponse struct {
 
 func (x *ProposeResponse) Reset() {
 	*x = ProposeResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +680,7 @@ func (x *ProposeResponse) String() string {
 func (*ProposeResponse) ProtoMessage() {}
 
 func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[8]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +693,7 @@ func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeResponse.ProtoReflect.Descriptor instead.
 func (*ProposeResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ProposeResponse) GetResult() *v1.Result {
@@ -633,7 +713,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +725,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[9]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +738,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReadRequest) GetShardId() uint64 {
@@ -684,7 +764,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +776,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +789,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{10}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReadResponse) GetResult() *v1.QueryResult {
@@ -728,7 +808,7 @@ type ProposeMetaRequest struct {
 
 func (x *ProposeMetaRequest) Reset() {
 	*x = ProposeMetaRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +820,7 @@ func (x *ProposeMetaRequest) String() string {
 func (*ProposeMetaRequest) ProtoMessage() {}
 
 func (x *ProposeMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +833,7 @@ func (x *ProposeMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeMetaRequest.ProtoReflect.Descriptor instead.
 func (*ProposeMetaRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{11}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ProposeMetaRequest) GetCommand() *Command {
@@ -772,7 +852,7 @@ type ProposeMetaResponse struct {
 
 func (x *ProposeMetaResponse) Reset() {
 	*x = ProposeMetaResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +864,7 @@ func (x *ProposeMetaResponse) String() string {
 func (*ProposeMetaResponse) ProtoMessage() {}
 
 func (x *ProposeMetaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +877,7 @@ func (x *ProposeMetaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeMetaResponse.ProtoReflect.Descriptor instead.
 func (*ProposeMetaResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{12}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProposeMetaResponse) GetResult() *Result {
@@ -815,7 +895,7 @@ type ReadMetaRequest struct {
 
 func (x *ReadMetaRequest) Reset() {
 	*x = ReadMetaRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +907,7 @@ func (x *ReadMetaRequest) String() string {
 func (*ReadMetaRequest) ProtoMessage() {}
 
 func (x *ReadMetaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +920,7 @@ func (x *ReadMetaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMetaRequest.ProtoReflect.Descriptor instead.
 func (*ReadMetaRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{13}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{15}
 }
 
 type ReadMetaResponse struct {
@@ -852,7 +932,7 @@ type ReadMetaResponse struct {
 
 func (x *ReadMetaResponse) Reset() {
 	*x = ReadMetaResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -864,7 +944,7 @@ func (x *ReadMetaResponse) String() string {
 func (*ReadMetaResponse) ProtoMessage() {}
 
 func (x *ReadMetaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -877,7 +957,7 @@ func (x *ReadMetaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMetaResponse.ProtoReflect.Descriptor instead.
 func (*ReadMetaResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{14}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReadMetaResponse) GetState() *State {
@@ -895,7 +975,7 @@ type ClockRequest struct {
 
 func (x *ClockRequest) Reset() {
 	*x = ClockRequest{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +987,7 @@ func (x *ClockRequest) String() string {
 func (*ClockRequest) ProtoMessage() {}
 
 func (x *ClockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1000,7 @@ func (x *ClockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockRequest.ProtoReflect.Descriptor instead.
 func (*ClockRequest) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{15}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{17}
 }
 
 type ClockResponse struct {
@@ -937,7 +1017,7 @@ type ClockResponse struct {
 
 func (x *ClockResponse) Reset() {
 	*x = ClockResponse{}
-	mi := &file_warden_placement_v1_node_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1029,7 @@ func (x *ClockResponse) String() string {
 func (*ClockResponse) ProtoMessage() {}
 
 func (x *ClockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_node_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1042,7 @@ func (x *ClockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClockResponse.ProtoReflect.Descriptor instead.
 func (*ClockResponse) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{16}
+	return file_warden_placement_v1_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ClockResponse) GetUnixNano() int64 {
@@ -984,6 +1064,9 @@ var File_warden_placement_v1_node_proto protoreflect.FileDescriptor
 const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"\x1ewarden/placement/v1/node.proto\x12\x13warden.placement.v1\x1a#warden/placement/v1/placement.proto\x1a\x1bwarden/shard/v1/shard.proto\"/\n" +
+	"\x14JoinPlacementRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\"\x17\n" +
+	"\x15JoinPlacementResponse\"/\n" +
 	"\x12ExportShardRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\"l\n" +
 	"\x13ExportShardResponse\x12\x14\n" +
@@ -1045,7 +1128,7 @@ const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\x16MEMBERSHIP_CHANGE_NONE\x10\x01\x12$\n" +
 	" MEMBERSHIP_CHANGE_ADD_NON_VOTING\x10\x02\x12 \n" +
 	"\x1cMEMBERSHIP_CHANGE_ADD_VOTING\x10\x03\x12\x1c\n" +
-	"\x18MEMBERSHIP_CHANGE_REMOVE\x10\x042\xe3\x05\n" +
+	"\x18MEMBERSHIP_CHANGE_REMOVE\x10\x042\xcb\x06\n" +
 	"\vNodeService\x12T\n" +
 	"\aPropose\x12#.warden.placement.v1.ProposeRequest\x1a$.warden.placement.v1.ProposeResponse\x12K\n" +
 	"\x04Read\x12 .warden.placement.v1.ReadRequest\x1a!.warden.placement.v1.ReadResponse\x12`\n" +
@@ -1055,7 +1138,8 @@ const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"Membership\x12&.warden.placement.v1.MembershipRequest\x1a'.warden.placement.v1.MembershipResponse\x12c\n" +
 	"\fAppliedIndex\x12(.warden.placement.v1.AppliedIndexRequest\x1a).warden.placement.v1.AppliedIndexResponse\x12b\n" +
-	"\vExportShard\x12'.warden.placement.v1.ExportShardRequest\x1a(.warden.placement.v1.ExportShardResponse0\x01BDZBgithub.com/warden-dev/warden/proto/warden/placement/v1;placementv1b\x06proto3"
+	"\vExportShard\x12'.warden.placement.v1.ExportShardRequest\x1a(.warden.placement.v1.ExportShardResponse0\x01\x12f\n" +
+	"\rJoinPlacement\x12).warden.placement.v1.JoinPlacementRequest\x1a*.warden.placement.v1.JoinPlacementResponseBDZBgithub.com/warden-dev/warden/proto/warden/placement/v1;placementv1b\x06proto3"
 
 var (
 	file_warden_placement_v1_node_proto_rawDescOnce sync.Once
@@ -1070,68 +1154,72 @@ func file_warden_placement_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_placement_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warden_placement_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_warden_placement_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_warden_placement_v1_node_proto_goTypes = []any{
-	(MembershipChange)(0),        // 0: warden.placement.v1.MembershipChange
-	(*ExportShardRequest)(nil),   // 1: warden.placement.v1.ExportShardRequest
-	(*ExportShardResponse)(nil),  // 2: warden.placement.v1.ExportShardResponse
-	(*ExportShardEnd)(nil),       // 3: warden.placement.v1.ExportShardEnd
-	(*MembershipRequest)(nil),    // 4: warden.placement.v1.MembershipRequest
-	(*MembershipResponse)(nil),   // 5: warden.placement.v1.MembershipResponse
-	(*AppliedIndexRequest)(nil),  // 6: warden.placement.v1.AppliedIndexRequest
-	(*AppliedIndexResponse)(nil), // 7: warden.placement.v1.AppliedIndexResponse
-	(*ProposeRequest)(nil),       // 8: warden.placement.v1.ProposeRequest
-	(*ProposeResponse)(nil),      // 9: warden.placement.v1.ProposeResponse
-	(*ReadRequest)(nil),          // 10: warden.placement.v1.ReadRequest
-	(*ReadResponse)(nil),         // 11: warden.placement.v1.ReadResponse
-	(*ProposeMetaRequest)(nil),   // 12: warden.placement.v1.ProposeMetaRequest
-	(*ProposeMetaResponse)(nil),  // 13: warden.placement.v1.ProposeMetaResponse
-	(*ReadMetaRequest)(nil),      // 14: warden.placement.v1.ReadMetaRequest
-	(*ReadMetaResponse)(nil),     // 15: warden.placement.v1.ReadMetaResponse
-	(*ClockRequest)(nil),         // 16: warden.placement.v1.ClockRequest
-	(*ClockResponse)(nil),        // 17: warden.placement.v1.ClockResponse
-	nil,                          // 18: warden.placement.v1.MembershipResponse.VotingEntry
-	nil,                          // 19: warden.placement.v1.MembershipResponse.NonVotingEntry
-	(*v1.ShardMeta)(nil),         // 20: warden.shard.v1.ShardMeta
-	(*v1.Envelope)(nil),          // 21: warden.shard.v1.Envelope
-	(*v1.Result)(nil),            // 22: warden.shard.v1.Result
-	(*v1.Query)(nil),             // 23: warden.shard.v1.Query
-	(*v1.QueryResult)(nil),       // 24: warden.shard.v1.QueryResult
-	(*Command)(nil),              // 25: warden.placement.v1.Command
-	(*Result)(nil),               // 26: warden.placement.v1.Result
-	(*State)(nil),                // 27: warden.placement.v1.State
+	(MembershipChange)(0),         // 0: warden.placement.v1.MembershipChange
+	(*JoinPlacementRequest)(nil),  // 1: warden.placement.v1.JoinPlacementRequest
+	(*JoinPlacementResponse)(nil), // 2: warden.placement.v1.JoinPlacementResponse
+	(*ExportShardRequest)(nil),    // 3: warden.placement.v1.ExportShardRequest
+	(*ExportShardResponse)(nil),   // 4: warden.placement.v1.ExportShardResponse
+	(*ExportShardEnd)(nil),        // 5: warden.placement.v1.ExportShardEnd
+	(*MembershipRequest)(nil),     // 6: warden.placement.v1.MembershipRequest
+	(*MembershipResponse)(nil),    // 7: warden.placement.v1.MembershipResponse
+	(*AppliedIndexRequest)(nil),   // 8: warden.placement.v1.AppliedIndexRequest
+	(*AppliedIndexResponse)(nil),  // 9: warden.placement.v1.AppliedIndexResponse
+	(*ProposeRequest)(nil),        // 10: warden.placement.v1.ProposeRequest
+	(*ProposeResponse)(nil),       // 11: warden.placement.v1.ProposeResponse
+	(*ReadRequest)(nil),           // 12: warden.placement.v1.ReadRequest
+	(*ReadResponse)(nil),          // 13: warden.placement.v1.ReadResponse
+	(*ProposeMetaRequest)(nil),    // 14: warden.placement.v1.ProposeMetaRequest
+	(*ProposeMetaResponse)(nil),   // 15: warden.placement.v1.ProposeMetaResponse
+	(*ReadMetaRequest)(nil),       // 16: warden.placement.v1.ReadMetaRequest
+	(*ReadMetaResponse)(nil),      // 17: warden.placement.v1.ReadMetaResponse
+	(*ClockRequest)(nil),          // 18: warden.placement.v1.ClockRequest
+	(*ClockResponse)(nil),         // 19: warden.placement.v1.ClockResponse
+	nil,                           // 20: warden.placement.v1.MembershipResponse.VotingEntry
+	nil,                           // 21: warden.placement.v1.MembershipResponse.NonVotingEntry
+	(*v1.ShardMeta)(nil),          // 22: warden.shard.v1.ShardMeta
+	(*v1.Envelope)(nil),           // 23: warden.shard.v1.Envelope
+	(*v1.Result)(nil),             // 24: warden.shard.v1.Result
+	(*v1.Query)(nil),              // 25: warden.shard.v1.Query
+	(*v1.QueryResult)(nil),        // 26: warden.shard.v1.QueryResult
+	(*Command)(nil),               // 27: warden.placement.v1.Command
+	(*Result)(nil),                // 28: warden.placement.v1.Result
+	(*State)(nil),                 // 29: warden.placement.v1.State
 }
 var file_warden_placement_v1_node_proto_depIdxs = []int32{
-	3,  // 0: warden.placement.v1.ExportShardResponse.end:type_name -> warden.placement.v1.ExportShardEnd
-	20, // 1: warden.placement.v1.ExportShardEnd.meta:type_name -> warden.shard.v1.ShardMeta
+	5,  // 0: warden.placement.v1.ExportShardResponse.end:type_name -> warden.placement.v1.ExportShardEnd
+	22, // 1: warden.placement.v1.ExportShardEnd.meta:type_name -> warden.shard.v1.ShardMeta
 	0,  // 2: warden.placement.v1.MembershipRequest.change:type_name -> warden.placement.v1.MembershipChange
-	18, // 3: warden.placement.v1.MembershipResponse.voting:type_name -> warden.placement.v1.MembershipResponse.VotingEntry
-	19, // 4: warden.placement.v1.MembershipResponse.non_voting:type_name -> warden.placement.v1.MembershipResponse.NonVotingEntry
-	21, // 5: warden.placement.v1.ProposeRequest.envelope:type_name -> warden.shard.v1.Envelope
-	22, // 6: warden.placement.v1.ProposeResponse.result:type_name -> warden.shard.v1.Result
-	23, // 7: warden.placement.v1.ReadRequest.query:type_name -> warden.shard.v1.Query
-	24, // 8: warden.placement.v1.ReadResponse.result:type_name -> warden.shard.v1.QueryResult
-	25, // 9: warden.placement.v1.ProposeMetaRequest.command:type_name -> warden.placement.v1.Command
-	26, // 10: warden.placement.v1.ProposeMetaResponse.result:type_name -> warden.placement.v1.Result
-	27, // 11: warden.placement.v1.ReadMetaResponse.state:type_name -> warden.placement.v1.State
-	8,  // 12: warden.placement.v1.NodeService.Propose:input_type -> warden.placement.v1.ProposeRequest
-	10, // 13: warden.placement.v1.NodeService.Read:input_type -> warden.placement.v1.ReadRequest
-	12, // 14: warden.placement.v1.NodeService.ProposeMeta:input_type -> warden.placement.v1.ProposeMetaRequest
-	14, // 15: warden.placement.v1.NodeService.ReadMeta:input_type -> warden.placement.v1.ReadMetaRequest
-	16, // 16: warden.placement.v1.NodeService.Clock:input_type -> warden.placement.v1.ClockRequest
-	4,  // 17: warden.placement.v1.NodeService.Membership:input_type -> warden.placement.v1.MembershipRequest
-	6,  // 18: warden.placement.v1.NodeService.AppliedIndex:input_type -> warden.placement.v1.AppliedIndexRequest
-	1,  // 19: warden.placement.v1.NodeService.ExportShard:input_type -> warden.placement.v1.ExportShardRequest
-	9,  // 20: warden.placement.v1.NodeService.Propose:output_type -> warden.placement.v1.ProposeResponse
-	11, // 21: warden.placement.v1.NodeService.Read:output_type -> warden.placement.v1.ReadResponse
-	13, // 22: warden.placement.v1.NodeService.ProposeMeta:output_type -> warden.placement.v1.ProposeMetaResponse
-	15, // 23: warden.placement.v1.NodeService.ReadMeta:output_type -> warden.placement.v1.ReadMetaResponse
-	17, // 24: warden.placement.v1.NodeService.Clock:output_type -> warden.placement.v1.ClockResponse
-	5,  // 25: warden.placement.v1.NodeService.Membership:output_type -> warden.placement.v1.MembershipResponse
-	7,  // 26: warden.placement.v1.NodeService.AppliedIndex:output_type -> warden.placement.v1.AppliedIndexResponse
-	2,  // 27: warden.placement.v1.NodeService.ExportShard:output_type -> warden.placement.v1.ExportShardResponse
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
+	20, // 3: warden.placement.v1.MembershipResponse.voting:type_name -> warden.placement.v1.MembershipResponse.VotingEntry
+	21, // 4: warden.placement.v1.MembershipResponse.non_voting:type_name -> warden.placement.v1.MembershipResponse.NonVotingEntry
+	23, // 5: warden.placement.v1.ProposeRequest.envelope:type_name -> warden.shard.v1.Envelope
+	24, // 6: warden.placement.v1.ProposeResponse.result:type_name -> warden.shard.v1.Result
+	25, // 7: warden.placement.v1.ReadRequest.query:type_name -> warden.shard.v1.Query
+	26, // 8: warden.placement.v1.ReadResponse.result:type_name -> warden.shard.v1.QueryResult
+	27, // 9: warden.placement.v1.ProposeMetaRequest.command:type_name -> warden.placement.v1.Command
+	28, // 10: warden.placement.v1.ProposeMetaResponse.result:type_name -> warden.placement.v1.Result
+	29, // 11: warden.placement.v1.ReadMetaResponse.state:type_name -> warden.placement.v1.State
+	10, // 12: warden.placement.v1.NodeService.Propose:input_type -> warden.placement.v1.ProposeRequest
+	12, // 13: warden.placement.v1.NodeService.Read:input_type -> warden.placement.v1.ReadRequest
+	14, // 14: warden.placement.v1.NodeService.ProposeMeta:input_type -> warden.placement.v1.ProposeMetaRequest
+	16, // 15: warden.placement.v1.NodeService.ReadMeta:input_type -> warden.placement.v1.ReadMetaRequest
+	18, // 16: warden.placement.v1.NodeService.Clock:input_type -> warden.placement.v1.ClockRequest
+	6,  // 17: warden.placement.v1.NodeService.Membership:input_type -> warden.placement.v1.MembershipRequest
+	8,  // 18: warden.placement.v1.NodeService.AppliedIndex:input_type -> warden.placement.v1.AppliedIndexRequest
+	3,  // 19: warden.placement.v1.NodeService.ExportShard:input_type -> warden.placement.v1.ExportShardRequest
+	1,  // 20: warden.placement.v1.NodeService.JoinPlacement:input_type -> warden.placement.v1.JoinPlacementRequest
+	11, // 21: warden.placement.v1.NodeService.Propose:output_type -> warden.placement.v1.ProposeResponse
+	13, // 22: warden.placement.v1.NodeService.Read:output_type -> warden.placement.v1.ReadResponse
+	15, // 23: warden.placement.v1.NodeService.ProposeMeta:output_type -> warden.placement.v1.ProposeMetaResponse
+	17, // 24: warden.placement.v1.NodeService.ReadMeta:output_type -> warden.placement.v1.ReadMetaResponse
+	19, // 25: warden.placement.v1.NodeService.Clock:output_type -> warden.placement.v1.ClockResponse
+	7,  // 26: warden.placement.v1.NodeService.Membership:output_type -> warden.placement.v1.MembershipResponse
+	9,  // 27: warden.placement.v1.NodeService.AppliedIndex:output_type -> warden.placement.v1.AppliedIndexResponse
+	4,  // 28: warden.placement.v1.NodeService.ExportShard:output_type -> warden.placement.v1.ExportShardResponse
+	2,  // 29: warden.placement.v1.NodeService.JoinPlacement:output_type -> warden.placement.v1.JoinPlacementResponse
+	21, // [21:30] is the sub-list for method output_type
+	12, // [12:21] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name
@@ -1143,7 +1231,7 @@ func file_warden_placement_v1_node_proto_init() {
 		return
 	}
 	file_warden_placement_v1_placement_proto_init()
-	file_warden_placement_v1_node_proto_msgTypes[1].OneofWrappers = []any{
+	file_warden_placement_v1_node_proto_msgTypes[3].OneofWrappers = []any{
 		(*ExportShardResponse_Data)(nil),
 		(*ExportShardResponse_End)(nil),
 	}
@@ -1153,7 +1241,7 @@ func file_warden_placement_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_placement_v1_node_proto_rawDesc), len(file_warden_placement_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -96,9 +96,16 @@ type AdminServiceClient interface {
 	// time, as MoveReplica), then the node leaves the map, and its id is
 	// never accepted again. Nothing moves unless every replica has a place:
 	// FAILED_PRECONDITION naming the first shard that would be left below
-	// three replicas in three zones. A node that hosts a replica of the
-	// placement group is refused (FAILED_PRECONDITION) for now. Errors:
-	// NOT_FOUND for a node not in the map.
+	// three replicas in three zones. A voter of the placement group is
+	// replaced after the moves, by a live node of its zone that is not one:
+	// added as a non-voting member, started, caught up (a linearizable read
+	// on it succeeds), promoted, and only then is the old one removed; with
+	// no such node, FAILED_PRECONDITION before anything moves. The
+	// placement leader hands its leadership to another voter first when it
+	// is the node removed. Errors: NOT_FOUND for a node not in the map;
+	// FAILED_PRECONDITION when the replacement runs a binary without
+	// NodeService.JoinPlacement (upgrade it and call again: the moves done
+	// are not repeated, the non-voting member is reused).
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
 	// Rebalance plans, and unless dry_run carries out, the moves that even
 	// out the cluster: replicas between the nodes of one zone (a zone's
@@ -328,9 +335,16 @@ type AdminServiceHandler interface {
 	// time, as MoveReplica), then the node leaves the map, and its id is
 	// never accepted again. Nothing moves unless every replica has a place:
 	// FAILED_PRECONDITION naming the first shard that would be left below
-	// three replicas in three zones. A node that hosts a replica of the
-	// placement group is refused (FAILED_PRECONDITION) for now. Errors:
-	// NOT_FOUND for a node not in the map.
+	// three replicas in three zones. A voter of the placement group is
+	// replaced after the moves, by a live node of its zone that is not one:
+	// added as a non-voting member, started, caught up (a linearizable read
+	// on it succeeds), promoted, and only then is the old one removed; with
+	// no such node, FAILED_PRECONDITION before anything moves. The
+	// placement leader hands its leadership to another voter first when it
+	// is the node removed. Errors: NOT_FOUND for a node not in the map;
+	// FAILED_PRECONDITION when the replacement runs a binary without
+	// NodeService.JoinPlacement (upgrade it and call again: the moves done
+	// are not repeated, the non-voting member is reused).
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
 	// Rebalance plans, and unless dry_run carries out, the moves that even
 	// out the cluster: replicas between the nodes of one zone (a zone's

@@ -50,6 +50,9 @@ const (
 	NodeServiceAppliedIndexProcedure = "/warden.placement.v1.NodeService/AppliedIndex"
 	// NodeServiceExportShardProcedure is the fully-qualified name of the NodeService's ExportShard RPC.
 	NodeServiceExportShardProcedure = "/warden.placement.v1.NodeService/ExportShard"
+	// NodeServiceJoinPlacementProcedure is the fully-qualified name of the NodeService's JoinPlacement
+	// RPC.
+	NodeServiceJoinPlacementProcedure = "/warden.placement.v1.NodeService/JoinPlacement"
 )
 
 // NodeServiceClient is a client for the warden.placement.v1.NodeService service.
@@ -75,6 +78,13 @@ type NodeServiceClient interface {
 	// linearizable read: the snapshot stream of every record (a backup's
 	// shard file), then its size, digest and applied index.
 	ExportShard(context.Context, *connect.Request[v1.ExportShardRequest]) (*connect.ServerStreamForClient[v1.ExportShardResponse], error)
+	// JoinPlacement starts node node_id's replica of the placement group,
+	// joining as the non-voting member the placement leader has just added
+	// (a replica it started before is left running), and answers once a
+	// linearizable read on it succeeds: it has caught up with the leader's
+	// commit index as of the read. Errors: NOT_FOUND for a node not local
+	// here; DEADLINE_EXCEEDED while it is still catching up.
+	JoinPlacement(context.Context, *connect.Request[v1.JoinPlacementRequest]) (*connect.Response[v1.JoinPlacementResponse], error)
 }
 
 // NewNodeServiceClient constructs a client for the warden.placement.v1.NodeService service. By
@@ -136,19 +146,26 @@ func NewNodeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(nodeServiceMethods.ByName("ExportShard")),
 			connect.WithClientOptions(opts...),
 		),
+		joinPlacement: connect.NewClient[v1.JoinPlacementRequest, v1.JoinPlacementResponse](
+			httpClient,
+			baseURL+NodeServiceJoinPlacementProcedure,
+			connect.WithSchema(nodeServiceMethods.ByName("JoinPlacement")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // nodeServiceClient implements NodeServiceClient.
 type nodeServiceClient struct {
-	propose      *connect.Client[v1.ProposeRequest, v1.ProposeResponse]
-	read         *connect.Client[v1.ReadRequest, v1.ReadResponse]
-	proposeMeta  *connect.Client[v1.ProposeMetaRequest, v1.ProposeMetaResponse]
-	readMeta     *connect.Client[v1.ReadMetaRequest, v1.ReadMetaResponse]
-	clock        *connect.Client[v1.ClockRequest, v1.ClockResponse]
-	membership   *connect.Client[v1.MembershipRequest, v1.MembershipResponse]
-	appliedIndex *connect.Client[v1.AppliedIndexRequest, v1.AppliedIndexResponse]
-	exportShard  *connect.Client[v1.ExportShardRequest, v1.ExportShardResponse]
+	propose       *connect.Client[v1.ProposeRequest, v1.ProposeResponse]
+	read          *connect.Client[v1.ReadRequest, v1.ReadResponse]
+	proposeMeta   *connect.Client[v1.ProposeMetaRequest, v1.ProposeMetaResponse]
+	readMeta      *connect.Client[v1.ReadMetaRequest, v1.ReadMetaResponse]
+	clock         *connect.Client[v1.ClockRequest, v1.ClockResponse]
+	membership    *connect.Client[v1.MembershipRequest, v1.MembershipResponse]
+	appliedIndex  *connect.Client[v1.AppliedIndexRequest, v1.AppliedIndexResponse]
+	exportShard   *connect.Client[v1.ExportShardRequest, v1.ExportShardResponse]
+	joinPlacement *connect.Client[v1.JoinPlacementRequest, v1.JoinPlacementResponse]
 }
 
 // Propose calls warden.placement.v1.NodeService.Propose.
@@ -191,6 +208,11 @@ func (c *nodeServiceClient) ExportShard(ctx context.Context, req *connect.Reques
 	return c.exportShard.CallServerStream(ctx, req)
 }
 
+// JoinPlacement calls warden.placement.v1.NodeService.JoinPlacement.
+func (c *nodeServiceClient) JoinPlacement(ctx context.Context, req *connect.Request[v1.JoinPlacementRequest]) (*connect.Response[v1.JoinPlacementResponse], error) {
+	return c.joinPlacement.CallUnary(ctx, req)
+}
+
 // NodeServiceHandler is an implementation of the warden.placement.v1.NodeService service.
 type NodeServiceHandler interface {
 	// Propose proposes a shard command on this node's leader replica; it
@@ -214,6 +236,13 @@ type NodeServiceHandler interface {
 	// linearizable read: the snapshot stream of every record (a backup's
 	// shard file), then its size, digest and applied index.
 	ExportShard(context.Context, *connect.Request[v1.ExportShardRequest], *connect.ServerStream[v1.ExportShardResponse]) error
+	// JoinPlacement starts node node_id's replica of the placement group,
+	// joining as the non-voting member the placement leader has just added
+	// (a replica it started before is left running), and answers once a
+	// linearizable read on it succeeds: it has caught up with the leader's
+	// commit index as of the read. Errors: NOT_FOUND for a node not local
+	// here; DEADLINE_EXCEEDED while it is still catching up.
+	JoinPlacement(context.Context, *connect.Request[v1.JoinPlacementRequest]) (*connect.Response[v1.JoinPlacementResponse], error)
 }
 
 // NewNodeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -271,6 +300,12 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(nodeServiceMethods.ByName("ExportShard")),
 		connect.WithHandlerOptions(opts...),
 	)
+	nodeServiceJoinPlacementHandler := connect.NewUnaryHandler(
+		NodeServiceJoinPlacementProcedure,
+		svc.JoinPlacement,
+		connect.WithSchema(nodeServiceMethods.ByName("JoinPlacement")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warden.placement.v1.NodeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case NodeServiceProposeProcedure:
@@ -289,6 +324,8 @@ func NewNodeServiceHandler(svc NodeServiceHandler, opts ...connect.HandlerOption
 			nodeServiceAppliedIndexHandler.ServeHTTP(w, r)
 		case NodeServiceExportShardProcedure:
 			nodeServiceExportShardHandler.ServeHTTP(w, r)
+		case NodeServiceJoinPlacementProcedure:
+			nodeServiceJoinPlacementHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -328,4 +365,8 @@ func (UnimplementedNodeServiceHandler) AppliedIndex(context.Context, *connect.Re
 
 func (UnimplementedNodeServiceHandler) ExportShard(context.Context, *connect.Request[v1.ExportShardRequest], *connect.ServerStream[v1.ExportShardResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("warden.placement.v1.NodeService.ExportShard is not implemented"))
+}
+
+func (UnimplementedNodeServiceHandler) JoinPlacement(context.Context, *connect.Request[v1.JoinPlacementRequest]) (*connect.Response[v1.JoinPlacementResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.placement.v1.NodeService.JoinPlacement is not implemented"))
 }

@@ -1,0 +1,197 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+)
+
+// Replacing a voter of the placement group. The group's replica ids are
+// node ids, and Dragonboat never lets a removed replica id back in, so a
+// replacement is a node that has never voted in it, added as non-voting,
+// caught up, promoted, and only then is the old voter removed: the
+// group never has fewer live voters than before, and no step is undone
+// (a call that fails part way is called again and goes on from the
+// membership it finds).
+
+// joinPlacementWait bounds how long a new placement replica may take to
+// catch up (the placement state is small: a snapshot of a few MB at
+// most) when the call has no shorter deadline.
+const joinPlacementWait = 2 * time.Minute
+
+// placementReplacement picks the node to take voter id's place in the
+// placement group: a live node of zone that is in the map and not a
+// voter, preferring one a call that stopped part way already added as
+// non-voting, then the one hosting the fewest replicas (load). It
+// returns 0 when there is none.
+func (r *Router) placementReplacement(m *placementv1.MembershipResponse, id uint64, zone string, load map[uint64]int) uint64 {
+	var to uint64
+	for _, n := range r.Map().State().GetNodes() {
+		voting, member := placement.IsMember(m, n.GetId())
+		if n.GetId() == id || voting || n.GetZone() != zone || !r.live(n.GetId()) {
+			continue
+		}
+		if member {
+			return n.GetId()
+		}
+		if to == 0 || load[n.GetId()] < load[to] {
+			to = n.GetId()
+		}
+	}
+	return to
+}
+
+// replacePlacementVoter makes node to a voter of the placement group in
+// place of node old, on the placement leader's node: add to as
+// non-voting (unless it is one), start its replica there and wait until
+// it has caught up, promote it, remove old. Each step is skipped when
+// the membership shows it done.
+func (s *AdminServer) replacePlacementVoter(ctx context.Context, old, to uint64) error {
+	m, err := s.r.placementMembership(ctx)
+	if err != nil {
+		return err
+	}
+	change := func(c placementv1.MembershipChange, replica uint64) error {
+		m, err = s.changePlacement(ctx, m, c, replica)
+		return err
+	}
+	voting, member := placement.IsMember(m, to)
+	if !member {
+		if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, to); err != nil {
+			return err
+		}
+	}
+	if !voting {
+		if err := s.r.joinPlacement(ctx, to); err != nil {
+			return err
+		}
+		if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING, to); err != nil {
+			return err
+		}
+	}
+	if _, member := placement.IsMember(m, old); member {
+		return change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, old)
+	}
+	return nil
+}
+
+// changePlacement makes change c of node replica's membership in the
+// placement group, decided against membership m, and returns the new
+// membership.
+func (s *AdminServer) changePlacement(ctx context.Context, m *placementv1.MembershipResponse, c placementv1.MembershipChange, replica uint64) (*placementv1.MembershipResponse, error) {
+	host := s.r.hostOf(placement.MetaShardID)
+	if host == nil {
+		return nil, fmt.Errorf("%w: this node hosts no replica of the placement group", ErrNoLeader)
+	}
+	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
+	defer cancel()
+	m, err := host.raft.changeMembership(ctx, &placementv1.MembershipRequest{
+		ShardId: placement.MetaShardID, Change: c, ReplicaId: replica, Address: s.r.Map().Node(replica).GetRaftAddr(), ConfigChangeId: m.GetConfigChangeId()})
+	if err != nil {
+		return nil, fmt.Errorf("%w: the placement group: %v", ErrNoLeader, err)
+	}
+	s.r.cfg.Logger.Info("placement group membership changed", "change", c, "node", replica)
+	return m, nil
+}
+
+// joinPlacement has node id start its replica of the placement group
+// and waits until it has caught up, through NodeService.JoinPlacement
+// unless the node is local.
+func (r *Router) joinPlacement(ctx context.Context, id uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, joinPlacementWait)
+	defer cancel()
+	if n := r.localNode(id); n != nil {
+		return joinPlacementLocal(ctx, n)
+	}
+	_, err := r.peers.get(r.Map().Node(id).GetListenAddr()).node.JoinPlacement(ctx, forwardedReq(&placementv1.JoinPlacementRequest{NodeId: id}))
+	if connect.CodeOf(err) == connect.CodeUnimplemented {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"node %d runs a binary without NodeService.JoinPlacement: upgrade it and call again (the moves made are not repeated; it stays a non-voting member of the placement group until then)", id))
+	}
+	if err != nil {
+		return fmt.Errorf("%w: node %d joining the placement group: %v", ErrNoLeader, id, err)
+	}
+	return nil
+}
+
+// joinPlacementLocal starts local node n's placement replica (joining)
+// and waits, until ctx ends, for a linearizable read on it to succeed.
+func joinPlacementLocal(ctx context.Context, n *LocalNode) error {
+	if err := n.Node.JoinMeta(); err != nil {
+		return err
+	}
+	for {
+		_, err := n.Node.Meta().Read(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("node %d's replica of the placement group is still catching up: %v", n.id, err))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// JoinPlacement implements NodeService.JoinPlacement.
+func (s *NodeServer) JoinPlacement(ctx context.Context, req *connect.Request[placementv1.JoinPlacementRequest]) (*connect.Response[placementv1.JoinPlacementResponse], error) {
+	n := s.r.localNode(req.Msg.GetNodeId())
+	if n == nil || n.Node == nil {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d is not served here", req.Msg.GetNodeId()))
+	}
+	if err := joinPlacementLocal(ctx, n); err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) {
+			return nil, ce
+		}
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(&placementv1.JoinPlacementResponse{}), nil
+}
+
+// handOffPlacement moves the placement group's leadership off local node
+// id, which is to be removed, to another live voter, and waits until a
+// local replica sees the new leader: the removal then runs there (it
+// ends by removing node id from the group, which its own leader cannot
+// go on from). Nothing is done unless id is local and leads.
+func (r *Router) handOffPlacement(ctx context.Context, id uint64) error {
+	if l := r.metaLeader(); l == nil || l.GetId() != id || !r.isLocal(id) {
+		return nil
+	}
+	m, err := r.placementMembership(ctx)
+	if err != nil {
+		return err
+	}
+	var to uint64
+	for v := range m.GetVoting() {
+		if v != id && r.live(v) && (to == 0 || v < to) {
+			to = v
+		}
+	}
+	if to == 0 {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %d leads the placement group and no other voter of it is live to take over", id))
+	}
+	if err := r.localNode(id).raft.transferLeader(placement.MetaShardID, to); err != nil {
+		return fmt.Errorf("%w: handing the placement leadership to node %d: %v", ErrNoLeader, to, err)
+	}
+	for deadline := time.Now().Add(membershipTimeout); ; {
+		if l := r.metaLeader(); l != nil && l.GetId() != id {
+			r.cfg.Logger.Info("placement leadership handed off before removal", "from", id, "to", l.GetId())
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: the placement leadership did not move from node %d to node %d", ErrNoLeader, id, to)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
