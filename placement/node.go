@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -64,7 +65,18 @@ type NodeConfig struct {
 	// OnStorage, if set, is told how long each flush and compaction of a
 	// data-shard replica's database took (shard.Hooks.Storage).
 	OnStorage func(kind string, d time.Duration)
+	// OnFsync, if set, is told how long each fsync probe took: every
+	// fsyncProbeInterval the node overwrites one 4 KiB block of a file
+	// in its data directory (fsync-probe) and fsyncs it. Dragonboat's
+	// LogDB, whose write-ahead log is synced before every commit, cannot
+	// be timed from outside (it refuses any file system but its own), so
+	// the probe times the same disk instead, as a lagging commit would
+	// feel it.
+	OnFsync func(d time.Duration)
 }
+
+// fsyncProbeInterval is how often a node times an fsync (OnFsync).
+const fsyncProbeInterval = time.Second
 
 // RaftTLS is the Raft transport's mutual TLS (Dragonboat's MutualTLS):
 // every connection, both ways, presents a certificate CAFile verifies.
@@ -83,8 +95,11 @@ const (
 
 // Node is a running NodeHost.
 type Node struct {
-	cfg NodeConfig
-	nh  *dragonboat.NodeHost
+	cfg      NodeConfig
+	nh       *dragonboat.NodeHost
+	stop     chan struct{} // closed by Close
+	stopOnce sync.Once
+	done     chan struct{} // closed when the fsync probe has stopped
 }
 
 // StartNode starts a NodeHost with a small LogDB (Dragonboat's default
@@ -115,12 +130,64 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
 	}
-	n := &Node{cfg: cfg, nh: nh}
+	n := &Node{cfg: cfg, nh: nh, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := os.RemoveAll(n.ExportDir()); err != nil { // a backup's leftovers
 		nh.Close()
 		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
 	}
+	if cfg.OnFsync != nil {
+		go n.probeFsync()
+	} else {
+		close(n.done)
+	}
 	return n, nil
+}
+
+// probeFsync times a write and fsync of one block of the probe file
+// every fsyncProbeInterval until Close, logging a failure once per run
+// of failures.
+func (n *Node) probeFsync() {
+	defer close(n.done)
+	path := filepath.Join(n.cfg.DataDir, "fsync-probe")
+	block := make([]byte, 4096)
+	tick := time.NewTicker(fsyncProbeInterval)
+	defer tick.Stop()
+	failing := false
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-tick.C:
+		}
+		start := time.Now()
+		err := writeSynced(path, block)
+		switch {
+		case err == nil:
+			n.cfg.OnFsync(time.Since(start))
+			failing = false
+		case !failing:
+			slog.Warn("fsync probe failed: the data directory's disk may be full or failing", "node", n.cfg.ID, "err", err)
+			failing = true
+		}
+	}
+}
+
+// writeSynced writes b at the start of file path (created if need be)
+// and fsyncs it.
+func writeSynced(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(b, 0); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // NodeHost returns the node's Dragonboat NodeHost. The router reaches
@@ -318,4 +385,8 @@ func (n *Node) StopDataShard(shardID, replicaID uint64) error {
 }
 
 // Close stops every replica on the node and the NodeHost.
-func (n *Node) Close() { n.nh.Close() }
+func (n *Node) Close() {
+	n.stopOnce.Do(func() { close(n.stop) })
+	<-n.done
+	n.nh.Close()
+}

@@ -16,6 +16,7 @@ var metrics = struct {
 	proposalsFailed *prometheus.CounterVec
 	snapshots       *prometheus.HistogramVec
 	storage         *prometheus.HistogramVec
+	fsync           prometheus.Histogram
 	batchOps        prometheus.Histogram
 	leaderChanges   prometheus.Counter
 	expirations     prometheus.Counter
@@ -80,6 +81,11 @@ var metrics = struct {
 		Help:    "Time a data-shard replica's database took for a flush of its memtable to a table (kind flush) or a compaction of tables (kind compaction), in seconds; a long one stalls the replica's applies.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
 	}, []string{"kind"}),
+	fsync: promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "warden_disk_fsync_duration_seconds",
+		Help:    "Time a node took to write and fsync one 4 KiB block of a probe file in its data directory, once a second, in seconds: the disk's sync latency, which every Raft commit waits for (Dragonboat's write-ahead log is synced before each commit and cannot be timed itself).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18),
+	}),
 	proposal: promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "warden_proposal_duration_seconds",
 		Help:    "Time from proposing a command to learning its committed result, in seconds.",
@@ -141,3 +147,7 @@ func ObserveSnapshot(kind string, d time.Duration) {
 func ObserveStorage(kind string, d time.Duration) {
 	metrics.storage.WithLabelValues(kind).Observe(d.Seconds())
 }
+
+// ObserveFsync records how long a node's fsync probe took; the
+// composition root passes it to each node (placement.NodeConfig.OnFsync).
+func ObserveFsync(d time.Duration) { metrics.fsync.Observe(d.Seconds()) }

@@ -162,7 +162,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		n, err := placement.StartNode(placement.NodeConfig{
 			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, RaftListenAddr: spec.RaftListenAddr, DataDir: spec.DataDir,
 			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
-			Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage,
+			Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage, OnFsync: router.ObserveFsync,
 		})
 		if err != nil {
 			c.closeNodes()

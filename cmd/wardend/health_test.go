@@ -84,6 +84,13 @@ func TestReadiness(t *testing.T) {
 			t.Errorf("%s = %v (exported: %v), want above 0", sample, v, ok)
 		}
 	}
+	// The fsync probe runs once a second from the node's start.
+	for v, ok := n.metric("warden_disk_fsync_duration_seconds_count"); !ok || v == 0; v, ok = n.metric("warden_disk_fsync_duration_seconds_count") {
+		if time.Now().After(deadline.Add(10 * time.Second)) {
+			t.Fatalf("warden_disk_fsync_duration_seconds_count %v (exported: %v), want above 0", v, ok)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if leaders != 1 {
 		t.Errorf("warden_shard_is_leader of shard 1 sums to %v over the nodes, want 1", leaders)
 	}
