@@ -40,7 +40,19 @@ const EpochWindow = 32
 //
 // Version 5: RemoveNodeCmd (State.removed_node_ids, which RegisterNode
 // refuses).
-const MetaCommandVersion uint32 = 5
+//
+// Version 6: operations kept and named. EndOperatorCmd keeps the ended
+// operator in State.finished_operators (the last 64); BeginSplitCmd and
+// BeginMoveCmd take a request_id (needing version 6), and one that an
+// operator in progress or kept has returns it instead of beginning
+// another.
+const MetaCommandVersion uint32 = 6
+
+// finishedKept is how many ended operators the state keeps (version 6).
+const finishedKept = 64
+
+// maxRequestID bounds an operation's request_id, in bytes.
+const maxRequestID = 128
 
 // metaKindVersions is the version each command kind needs, by its field
 // number in Command's oneof: the version in which it appeared. A kind
@@ -53,6 +65,9 @@ var metaKindVersions = map[protoreflect.FieldNumber]uint32{
 
 // MetaVersionOf returns the placement command version cmd needs.
 func MetaVersionOf(cmd *placementv1.Command) uint32 {
+	if cmd.GetBeginSplit().GetRequestId() != "" || cmd.GetBeginMove().GetRequestId() != "" {
+		return 6
+	}
 	m := cmd.ProtoReflect()
 	if f := m.WhichOneof(m.Descriptor().Oneofs().ByName("command")); f != nil {
 		if v, ok := metaKindVersions[f.Number()]; ok {
@@ -165,13 +180,29 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 	case *placementv1.Command_ReserveEpochs:
 		return reserveEpochs(st, c.ReserveEpochs)
 	case *placementv1.Command_BeginSplit:
-		return beginSplit(st, c.BeginSplit, cmd.GetVersion())
+		b := c.BeginSplit
+		if cmd.GetVersion() < 6 && b.GetRequestId() != "" { // the rule before version 6: no request ids
+			b = proto.CloneOf(b)
+			b.RequestId = ""
+		}
+		if op, err := requested(st, b.GetRequestId(), sameSplit(b)); op != nil || err != nil {
+			return &placementv1.Result{Operator: op}, err
+		}
+		return beginSplit(st, b, cmd.GetVersion())
 	case *placementv1.Command_AdvanceSplit:
 		return ok, advanceSplit(st, c.AdvanceSplit)
 	case *placementv1.Command_EndOperator:
-		return ok, endOperator(st, c.EndOperator)
+		return ok, endOperator(st, c.EndOperator, cmd.GetVersion())
 	case *placementv1.Command_BeginMove:
-		return beginMove(st, c.BeginMove)
+		b := c.BeginMove
+		if cmd.GetVersion() < 6 && b.GetRequestId() != "" {
+			b = proto.CloneOf(b)
+			b.RequestId = ""
+		}
+		if op, err := requested(st, b.GetRequestId(), sameMove(b)); op != nil || err != nil {
+			return &placementv1.Result{Operator: op}, err
+		}
+		return beginMove(st, b)
 	case *placementv1.Command_AdvanceMove:
 		return ok, advanceMove(st, c.AdvanceMove)
 	case *placementv1.Command_Auth:
@@ -355,12 +386,73 @@ func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd, v uint32) (
 		return nil, errors.New("shard ids are exhausted")
 	}
 	st.Shards = append(st.Shards, target)
-	op := &placementv1.Operator{Id: st.NextOperatorId, Kind: &placementv1.Operator_Split{Split: &placementv1.SplitOp{
+	op := &placementv1.Operator{Id: st.NextOperatorId, RequestId: c.GetRequestId(), Kind: &placementv1.Operator_Split{Split: &placementv1.SplitOp{
 		Source: src.GetId(), Target: target.GetId(), SplitAt: at, Epoch: c.GetEpoch(),
 		Step: placementv1.SplitStep_SPLIT_STEP_PREPARED, Generation: st.GetGeneration() + 1}}}
 	st.NextOperatorId++
 	st.Operators = append(st.Operators, op)
 	return &placementv1.Result{Operator: op}, nil
+}
+
+// requested returns the operator, in progress or kept, whose request_id
+// is id, if same says it is the operation asked for; an error if one has
+// it but is another; nil, nil if none has it (or id is empty: the caller
+// gave none, as every entry before version 6).
+func requested(st *placementv1.State, id string, same func(*placementv1.Operator) bool) (*placementv1.Operator, error) {
+	if id == "" {
+		return nil, nil
+	}
+	if len(id) > maxRequestID {
+		return nil, fmt.Errorf("request_id: %d bytes, more than %d", len(id), maxRequestID)
+	}
+	op, _ := FindOperator(st, 0, id)
+	switch {
+	case op == nil:
+		return nil, nil
+	case !same(op):
+		return nil, fmt.Errorf("request_id: %q names operator %d, another operation", id, op.GetId())
+	}
+	return op, nil
+}
+
+// sameSplit reports whether an operator is the split c asks for: of the
+// same source, at the same hash when c names one.
+func sameSplit(c *placementv1.BeginSplitCmd) func(*placementv1.Operator) bool {
+	return func(op *placementv1.Operator) bool {
+		s := op.GetSplit()
+		return s != nil && s.GetSource() == c.GetSource() && (c.GetSplitAt() == 0 || s.GetSplitAt() == c.GetSplitAt())
+	}
+}
+
+// sameMove reports whether an operator is the move c asks for.
+func sameMove(c *placementv1.BeginMoveCmd) func(*placementv1.Operator) bool {
+	return func(op *placementv1.Operator) bool {
+		m := op.GetMove()
+		return m != nil && m.GetShard() == c.GetShard() && m.GetFromNode() == c.GetFromNode() && m.GetToNode() == c.GetToNode()
+	}
+}
+
+// FindOperator returns the operator of st with id or, when id is 0,
+// with requestID, and whether it is in progress (else it is one of the
+// ended ones kept); nil if there is none.
+func FindOperator(st *placementv1.State, id uint64, requestID string) (*placementv1.Operator, bool) {
+	match := func(op *placementv1.Operator) bool {
+		if id != 0 {
+			return op.GetId() == id
+		}
+		return requestID != "" && op.GetRequestId() == requestID
+	}
+	for _, op := range st.GetOperators() {
+		if match(op) {
+			return op, true
+		}
+	}
+	for _, op := range slices.Backward(st.GetFinishedOperators()) {
+		if match(op) {
+			return op, false
+		}
+	}
+	return nil, false
 }
 
 func nodeByID(st *placementv1.State, id uint64) *placementv1.Node {
@@ -415,7 +507,9 @@ func commitSplit(st *placementv1.State, s *placementv1.SplitOp) error {
 	return nil
 }
 
-func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd) error {
+// endOperator ends operator c.operator_id, or marks it rolling back;
+// from version 6 (v) the ended operator is kept in finished_operators.
+func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd, v uint32) error {
 	op, i := operatorByID(st, c.GetOperatorId())
 	if op == nil {
 		return fmt.Errorf("operator_id: %d is not in progress", c.GetOperatorId())
@@ -448,6 +542,12 @@ func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd) error {
 		}
 	}
 	st.Operators = slices.Delete(st.Operators, i, i+1)
+	if v >= 6 {
+		st.FinishedOperators = append(st.FinishedOperators, op)
+		if n := len(st.FinishedOperators); n > finishedKept {
+			st.FinishedOperators = slices.Delete(st.FinishedOperators, 0, n-finishedKept)
+		}
+	}
 	return nil
 }
 
@@ -491,7 +591,7 @@ func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd) (*placementv1
 	added := &placementv1.Replica{ReplicaId: sh.NextReplicaId, NodeId: to.GetId(), Join: true, NonVoting: true}
 	sh.NextReplicaId++
 	sh.Replicas = append(sh.Replicas, added)
-	op := &placementv1.Operator{Id: st.NextOperatorId, Kind: &placementv1.Operator_Move{Move: &placementv1.MoveOp{
+	op := &placementv1.Operator{Id: st.NextOperatorId, RequestId: c.GetRequestId(), Kind: &placementv1.Operator_Move{Move: &placementv1.MoveOp{
 		Shard: sh.GetId(), FromReplica: from.GetReplicaId(), FromNode: from.GetNodeId(),
 		ToReplica: added.GetReplicaId(), ToNode: to.GetId(), Step: placementv1.MoveStep_MOVE_STEP_PLANNED}}}
 	st.NextOperatorId++

@@ -133,7 +133,10 @@ func (o *Operators) Run(ctx context.Context, id uint64) (*placementv1.Operator, 
 	for {
 		st, err := o.Meta.Read(ctx)
 		if err == nil {
-			op, _ := operatorByID(st, id)
+			op, running := FindOperator(st, id, "")
+			if op != nil && !running {
+				return op, nil // as it ended (kept from version 6)
+			}
 			if op == nil {
 				return last, nil
 			}
@@ -154,7 +157,11 @@ func (o *Operators) Run(ctx context.Context, id uint64) (*placementv1.Operator, 
 // BeginSplit records a split of shard source at hash splitAt (0: the
 // middle of its range) into a new shard with a fresh epoch and replicas in
 // distinct zones; Drive carries it out.
-func (o *Operators) BeginSplit(ctx context.Context, source, splitAt uint64) (*placementv1.Operator, error) {
+//
+// A requestID the split was begun with before returns that split
+// (running or ended) instead: a retry after an unknown outcome does not
+// split twice.
+func (o *Operators) BeginSplit(ctx context.Context, source, splitAt uint64, requestID string) (*placementv1.Operator, error) {
 	st, err := o.Meta.Read(ctx)
 	if err != nil {
 		return nil, err
@@ -170,7 +177,7 @@ func (o *Operators) BeginSplit(ctx context.Context, source, splitAt uint64) (*pl
 			return nil, err
 		}
 		res, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_BeginSplit{BeginSplit: &placementv1.BeginSplitCmd{
-			Source: source, SplitAt: splitAt, Epoch: epoch, Nodes: nodes}}})
+			Source: source, SplitAt: splitAt, Epoch: epoch, Nodes: nodes, RequestId: requestID}}})
 		var refused *RefusedError
 		if attempt == 0 && errors.As(err, &refused) && st.GetLastEpoch() < st.GetEpochLimit() {
 			o.Alloc.Discard() // another allocator assigned a later epoch; take a new window
@@ -419,9 +426,9 @@ func (o *Operators) copyRange(ctx context.Context, opID uint64, s *placementv1.S
 
 // BeginMove records a move of shardID's replica on node from to node to;
 // Drive carries it out.
-func (o *Operators) BeginMove(ctx context.Context, shardID, from, to uint64) (*placementv1.Operator, error) {
+func (o *Operators) BeginMove(ctx context.Context, shardID, from, to uint64, requestID string) (*placementv1.Operator, error) {
 	res, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{
-		Shard: shardID, FromNode: from, ToNode: to}}})
+		Shard: shardID, FromNode: from, ToNode: to, RequestId: requestID}}})
 	if err != nil {
 		return nil, err
 	}

@@ -150,7 +150,7 @@ func TestSplitWithTwoDrivers(t *testing.T) {
 		{Meta: meta, Shards: shards, Alloc: NewAllocator(meta)},
 		{Meta: meta, Shards: shards, Alloc: NewAllocator(meta)},
 	}
-	op, err := ops[0].BeginSplit(context.Background(), 1, 0)
+	op, err := ops[0].BeginSplit(context.Background(), 1, 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestSplitWithTwoDrivers(t *testing.T) {
 func TestSplitRollsBack(t *testing.T) {
 	meta, shards := bootstrapped(t), &fakeShards{down: map[uint64]bool{2: true}}
 	o := &Operators{Meta: meta, Shards: shards, Alloc: NewAllocator(meta), TargetWait: 100 * time.Millisecond}
-	op, err := o.BeginSplit(context.Background(), 1, 0)
+	op, err := o.BeginSplit(context.Background(), 1, 0, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestSplitRollsBack(t *testing.T) {
 	}
 	// The next split takes a new epoch, above the abandoned one.
 	shards.down = nil
-	op2, err := o.BeginSplit(context.Background(), 1, 0)
+	op2, err := o.BeginSplit(context.Background(), 1, 0, "")
 	if err != nil || op2.GetSplit().GetEpoch() <= op.GetSplit().GetEpoch() {
 		t.Fatalf("second split: %v %v", op2, err)
 	}
@@ -254,7 +254,7 @@ func moveReplica(t *testing.T, shards *fakeShards) *placementv1.State {
 		t.Fatal(err)
 	}
 	o := &Operators{Meta: meta, Shards: shards, Alloc: NewAllocator(meta), TargetWait: time.Second}
-	op, err := o.BeginMove(context.Background(), 1, 1, 4)
+	op, err := o.BeginMove(context.Background(), 1, 1, 4, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func TestRemoveNode(t *testing.T) {
 		t.Fatalf("removing a node a move names: %v", res)
 	}
 	cmd, err := stampVersion(removeNodeCmd(4), clusterMetaVersion(st))
-	if err != nil || cmd.GetVersion() != 5 {
+	if err != nil || cmd.GetVersion() != MetaCommandVersion {
 		t.Fatalf("stamped %v, %v", cmd.GetVersion(), err)
 	}
 	after, res := ApplyMeta(st, cmd)

@@ -147,12 +147,34 @@ func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[warde
 // placement group drives the split (a request elsewhere is forwarded
 // there); if that node fails, the next placement leader finishes it.
 func (s *AdminServer) SplitShard(ctx context.Context, req *connect.Request[wardenv1.SplitShardRequest]) (*connect.Response[wardenv1.SplitShardResponse], error) {
+	if err := s.requestIDProposable(ctx, req.Msg.GetRequestId()); err != nil {
+		return nil, err
+	}
 	if p := s.r.operatorPeer(req.Header()); p != nil {
 		resp, err := p.admin.SplitShard(ctx, nextHopReq(req))
 		return resp, err
 	}
 	resp, err := s.splitShard(ctx, req.Msg)
 	return resp, err
+}
+
+// requestIDProposable refuses an operation's request id, before the call
+// is forwarded to the placement leader, while some node runs a binary
+// older than placement command version 6: the leader may be one, which
+// would ignore the id (an unknown field) and begin the operation again
+// on a retry.
+func (s *AdminServer) requestIDProposable(ctx context.Context, id string) error {
+	if id == "" {
+		return nil
+	}
+	if err := s.r.RefreshMap(ctx); err != nil {
+		return fmt.Errorf("%w: %v", ErrNoLeader, err)
+	}
+	begin := &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{RequestId: id}}}
+	if err := placement.Proposable(s.r.Map().State(), begin); err != nil {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("request_id needs every node upgraded first: %w", err))
+	}
+	return nil
 }
 
 // operatorPeer returns the placement leader's clients when it runs on
@@ -188,23 +210,28 @@ func refusedToConnect(refused *placement.RefusedError, shown error) error {
 	switch {
 	case strings.Contains(refused.Reason, "does not exist"), strings.Contains(refused.Reason, "owns no range"):
 		return connect.NewError(connect.CodeNotFound, shown)
-	case field == "split_at", field == "to_node_id", field == "from_node_id":
+	case field == "split_at", field == "to_node_id", field == "from_node_id", field == "request_id":
 		return withDetail(connect.NewError(connect.CodeInvalidArgument, shown), &wardenv1.FieldViolation{Field: field, Description: reason})
 	}
 	return connect.NewError(connect.CodeFailedPrecondition, shown)
 }
 
-// runOperator records an operator with begin and drives it to its end,
-// returning it as begun and as last recorded. A refusal of the placement
-// group is mapped to its Connect code.
-func (s *AdminServer) runOperator(ctx context.Context, begin func() (*placementv1.Operator, error)) (op, last *placementv1.Operator, err error) {
+// runOperator records an operator with begin (or finds the one its
+// request id began) and, unless noWait, drives it to its end, returning
+// it as begun and as last recorded (as begun, with noWait). A refusal of
+// the placement group is mapped to its Connect code.
+func (s *AdminServer) runOperator(ctx context.Context, noWait bool, begin func() (*placementv1.Operator, error)) (op, last *placementv1.Operator, err error) {
 	op, err = begin()
 	var refused *placement.RefusedError
-	if errors.As(err, &refused) {
+	switch {
+	case errors.As(err, &refused):
 		return nil, nil, refusedToConnect(refused, refused)
-	}
-	if err != nil {
+	case errors.Is(err, placement.ErrMetaVersion):
+		return nil, nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("request_id needs every node upgraded first: %w", err))
+	case err != nil:
 		return nil, nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+	case noWait:
+		return op, op, nil
 	}
 	if last, err = s.r.ops.Run(ctx, op.GetId()); err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
@@ -214,6 +241,9 @@ func (s *AdminServer) runOperator(ctx context.Context, begin func() (*placementv
 
 // MoveReplica implements AdminService.MoveReplica, driven like SplitShard.
 func (s *AdminServer) MoveReplica(ctx context.Context, req *connect.Request[wardenv1.MoveReplicaRequest]) (*connect.Response[wardenv1.MoveReplicaResponse], error) {
+	if err := s.requestIDProposable(ctx, req.Msg.GetRequestId()); err != nil {
+		return nil, err
+	}
 	if p := s.r.operatorPeer(req.Header()); p != nil {
 		resp, err := p.admin.MoveReplica(ctx, nextHopReq(req))
 		return resp, err
@@ -226,8 +256,8 @@ func (s *AdminServer) moveReplica(ctx context.Context, m *wardenv1.MoveReplicaRe
 	if !s.r.live(m.GetToNodeId()) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("to_node_id: node %d does not answer", m.GetToNodeId()))
 	}
-	op, last, err := s.runOperator(ctx, func() (*placementv1.Operator, error) {
-		return s.r.ops.BeginMove(ctx, m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId())
+	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) {
+		return s.r.ops.BeginMove(ctx, m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId(), m.GetRequestId())
 	})
 	if err != nil {
 		return nil, err
@@ -235,18 +265,21 @@ func (s *AdminServer) moveReplica(ctx context.Context, m *wardenv1.MoveReplicaRe
 	if last.GetMove().GetRollingBack() {
 		return nil, connect.NewError(connect.CodeAborted, fmt.Errorf("move %d was rolled back: the new replica did not catch up", op.GetId()))
 	}
-	return connect.NewResponse(&wardenv1.MoveReplicaResponse{ReplicaId: op.GetMove().GetToReplica()}), nil
+	return connect.NewResponse(&wardenv1.MoveReplicaResponse{ReplicaId: op.GetMove().GetToReplica(), OperationId: op.GetId()}), nil
 }
 
 func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequest) (*connect.Response[wardenv1.SplitShardResponse], error) {
 	if m.GetShardId() == 0 {
 		return nil, &shard.FieldError{Field: "shard_id", Reason: "is required"}
 	}
-	op, last, err := s.runOperator(ctx, func() (*placementv1.Operator, error) {
-		return s.r.ops.BeginSplit(ctx, m.GetShardId(), m.GetSplitAt())
+	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) {
+		return s.r.ops.BeginSplit(ctx, m.GetShardId(), m.GetSplitAt(), m.GetRequestId())
 	})
 	if err != nil {
 		return nil, err
+	}
+	if m.GetNoWait() {
+		return connect.NewResponse(&wardenv1.SplitShardResponse{OperationId: op.GetId()}), nil
 	}
 	if err := s.r.RefreshMap(ctx); err != nil { // route by the new map at once
 		s.r.cfg.Logger.Debug("placement map refresh", "err", err)
@@ -255,7 +288,7 @@ func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequ
 	if sp.GetRollingBack() {
 		return nil, connect.NewError(connect.CodeAborted, fmt.Errorf("split %d was rolled back: the new shard did not start or the source refused the fence", op.GetId()))
 	}
-	return connect.NewResponse(&wardenv1.SplitShardResponse{NewShardId: sp.GetTarget(), SplitAt: sp.GetSplitAt(), Generation: sp.GetGeneration()}), nil
+	return connect.NewResponse(&wardenv1.SplitShardResponse{NewShardId: sp.GetTarget(), SplitAt: sp.GetSplitAt(), Generation: sp.GetGeneration(), OperationId: op.GetId()}), nil
 }
 
 // leaderNode returns the node hosting shardID's leader as a local replica

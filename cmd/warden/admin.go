@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -104,6 +105,58 @@ func leader(node uint64) string {
 type splitCmd struct {
 	ShardID uint64 `arg:"" name:"shard-id" help:"Shard to split."`
 	At      string `help:"First hash of the new shard's range (decimal or 0x hex); default the middle of the range."`
+	opFlags
+}
+
+// opFlags are the flags of a command that begins an operation.
+type opFlags struct {
+	RequestID string        `name:"request-id" help:"Name the operation: run again with the same id after a timeout, and it follows the operation the first run began instead of beginning another (needs every node at placement command version 6)."`
+	NoWait    bool          `name:"no-wait" help:"Print the operation id as soon as it is recorded, and return (follow it with warden admin operation ID)."`
+	Deadline  time.Duration `default:"30m" help:"How long to wait for the operation to end (the global --timeout does not apply)."`
+}
+
+// ctx is the deadline of the call that begins and runs the operation:
+// --deadline, or --timeout with --no-wait.
+func (f *opFlags) ctx(g *globals) (context.Context, context.CancelFunc) {
+	if f.NoWait {
+		return g.ctx()
+	}
+	return context.WithTimeout(context.Background(), f.Deadline)
+}
+
+// watch shows, on stderr, the progress of the running operation that
+// mine matches, read every 250 ms, until the returned stop is called
+// (nothing with --no-wait or --json, nor from a node that predates
+// ListOperations).
+func (f *opFlags) watch(g *globals, mine func(*wardenv1.Operation) bool) (stop func()) {
+	if f.NoWait || g.JSON {
+		return func() {}
+	}
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		var shown string
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+			ctx, cancel := g.ctx()
+			resp, err := g.admin().ListOperations(ctx, connect.NewRequest(&wardenv1.ListOperationsRequest{}))
+			cancel()
+			if connect.CodeOf(err) == connect.CodeUnimplemented {
+				return
+			}
+			for _, op := range resp.Msg.GetOperations() {
+				if line := progressLine(op); mine(op) && op.GetState() == wardenv1.OperationState_OPERATION_STATE_RUNNING && line != shown {
+					fmt.Fprintln(os.Stderr, line)
+					shown = line
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
 }
 
 // Run sends AdminService.SplitShard.
@@ -116,11 +169,16 @@ func (s *splitCmd) Run(g *globals) error {
 		}
 		at = v
 	}
-	ctx, cancel := g.ctx()
+	ctx, cancel := s.ctx(g)
 	defer cancel()
-	resp, err := g.admin().SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: s.ShardID, SplitAt: at}))
+	stop := s.watch(g, func(op *wardenv1.Operation) bool { return op.GetKind() == "split" && op.GetShardId() == s.ShardID })
+	resp, err := g.admin().SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: s.ShardID, SplitAt: at, RequestId: s.RequestID, NoWait: s.NoWait}))
+	stop()
 	if err != nil {
 		return fmt.Errorf("split: %w", err)
+	}
+	if resp.Msg.GetNewShardId() == 0 { // --no-wait (a node that predates it answers at the end)
+		return g.printBegun(resp.Msg.GetOperationId())
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "shard %d split at %#016x: the upper part is shard %d (placement generation %d)\n",
@@ -222,15 +280,23 @@ type moveCmd struct {
 	ShardID uint64 `arg:"" name:"shard-id"`
 	From    uint64 `arg:"" name:"from-node-id"`
 	To      uint64 `arg:"" name:"to-node-id"`
+	opFlags
 }
 
 // Run sends AdminService.MoveReplica.
 func (m *moveCmd) Run(g *globals) error {
-	ctx, cancel := g.ctx()
+	ctx, cancel := m.ctx(g)
 	defer cancel()
-	resp, err := g.admin().MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: m.ShardID, FromNodeId: m.From, ToNodeId: m.To}))
+	stop := m.watch(g, func(op *wardenv1.Operation) bool {
+		return op.GetKind() == "move" && op.GetShardId() == m.ShardID && op.GetFromNodeId() == m.From && op.GetToNodeId() == m.To
+	})
+	resp, err := g.admin().MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: m.ShardID, FromNodeId: m.From, ToNodeId: m.To, RequestId: m.RequestID, NoWait: m.NoWait}))
+	stop()
 	if err != nil {
 		return fmt.Errorf("move: %w", err)
+	}
+	if m.NoWait && resp.Msg.GetOperationId() != 0 {
+		return g.printBegun(resp.Msg.GetOperationId())
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "shard %d: replica moved from node %d to node %d (replica %d)\n", m.ShardID, m.From, m.To, resp.Msg.GetReplicaId())
@@ -291,5 +357,74 @@ func (r *nodeRemoveCmd) Run(g *globals) error {
 			fmt.Fprintf(w, "placement group: node %d votes in place of node %d\n", p, r.NodeID)
 		}
 		fmt.Fprintf(w, "node %d removed: stop its process and wipe its data directory; it cannot rejoin under id %d\n", r.NodeID, r.NodeID)
+	})
+}
+
+// printBegun prints the id of an operation begun with --no-wait.
+func (g *globals) printBegun(id uint64) error {
+	return g.print(&wardenv1.GetOperationRequest{Id: id}, func(w io.Writer) {
+		fmt.Fprintf(w, "operation %d begun: follow it with warden admin operation %d\n", id, id)
+	})
+}
+
+// progressLine is one line of an operation's progress.
+func progressLine(op *wardenv1.Operation) string {
+	s := fmt.Sprintf("%s %d: %s (step %d of %d)", op.GetKind(), op.GetId(), op.GetStep(), op.GetStepsDone(), op.GetStepsTotal())
+	if t := op.GetCatchUpTarget(); t != 0 {
+		s += fmt.Sprintf(", new replica applied %d of %d", op.GetCaughtUp(), t)
+	}
+	if st := op.GetState(); st != wardenv1.OperationState_OPERATION_STATE_RUNNING {
+		s += ", " + stateName(st)
+	}
+	return s
+}
+
+// stateName is an operation state in lower case ("rolled back").
+func stateName(s wardenv1.OperationState) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.String(), "OPERATION_STATE_")), "_", " ")
+}
+
+type operationsCmd struct{}
+
+// Run sends AdminService.ListOperations.
+func (operationsCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().ListOperations(ctx, connect.NewRequest(&wardenv1.ListOperationsRequest{}))
+	if err != nil {
+		return fmt.Errorf("operations: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		fmt.Fprintf(w, "%-5s %-6s %-13s %-16s %-6s %-44s %s\n", "ID", "KIND", "STATE", "STEP", "SHARD", "DETAIL", "REQUEST ID")
+		for _, op := range resp.Msg.GetOperations() {
+			step := fmt.Sprintf("%s (%d/%d)", op.GetStep(), op.GetStepsDone(), op.GetStepsTotal())
+			fmt.Fprintf(w, "%-5d %-6s %-13s %-16s %-6d %-44s %s\n", op.GetId(), op.GetKind(), stateName(op.GetState()), step, op.GetShardId(), opDetail(op), op.GetRequestId())
+		}
+	})
+}
+
+// opDetail says what an operation does.
+func opDetail(op *wardenv1.Operation) string {
+	if op.GetKind() == "split" {
+		return fmt.Sprintf("at %#016x into shard %d", op.GetSplitAt(), op.GetNewShardId())
+	}
+	return fmt.Sprintf("node %d to node %d", op.GetFromNodeId(), op.GetToNodeId())
+}
+
+type operationCmd struct {
+	ID        uint64 `arg:"" optional:"" help:"Operation id."`
+	RequestID string `name:"request-id" help:"Find it by the request id it was begun with instead."`
+}
+
+// Run sends AdminService.GetOperation.
+func (o *operationCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().GetOperation(ctx, connect.NewRequest(&wardenv1.GetOperationRequest{Id: o.ID, RequestId: o.RequestID}))
+	if err != nil {
+		return fmt.Errorf("operation: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		fmt.Fprintf(w, "%s, %s\n", progressLine(resp.Msg.GetOperation()), opDetail(resp.Msg.GetOperation()))
 	})
 }

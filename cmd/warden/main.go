@@ -102,17 +102,19 @@ type cli struct {
 }
 
 type adminCmd struct {
-	HotResources hotCmd    `cmd:"" name:"hot-resources" help:"Locks with the most waiters and the highest acquire rate."`
-	Backup       backupCmd `cmd:"" help:"Take a consistent backup of every shard and the placement state into a new directory (wardend restore reads it)."`
-	Nodes        nodesCmd  `cmd:"" help:"List the cluster's nodes and zones."`
-	Node         nodeCmd   `cmd:"" help:"Node lifecycle: remove a node."`
-	Shards       shardsCmd `cmd:"" help:"List the data shards: ranges, epochs, replicas, leaders, load."`
-	Split        splitCmd  `cmd:"" help:"Split a shard's hash range in two (at --at, default the middle)."`
-	Move         moveCmd   `cmd:"" help:"Move a shard's replica from one node to another."`
-	Rebalance    rebalCmd  `cmd:"" help:"Even out replicas within zones and leaders across nodes (--dry-run: print the plan)."`
-	Leader       leaderCmd `cmd:"" help:"Move a shard's leadership to its replica on a node."`
-	Snapshot     snapCmd   `cmd:"" help:"Snapshot a shard's replicas (all shards without an id) and compact their logs."`
-	SetConfig    configCmd `cmd:"" name:"set-config" help:"Change a shard's replicated config (all shards with id 0)."`
+	HotResources hotCmd        `cmd:"" name:"hot-resources" help:"Locks with the most waiters and the highest acquire rate."`
+	Backup       backupCmd     `cmd:"" help:"Take a consistent backup of every shard and the placement state into a new directory (wardend restore reads it)."`
+	Nodes        nodesCmd      `cmd:"" help:"List the cluster's nodes and zones."`
+	Node         nodeCmd       `cmd:"" help:"Node lifecycle: remove a node."`
+	Shards       shardsCmd     `cmd:"" help:"List the data shards: ranges, epochs, replicas, leaders, load."`
+	Split        splitCmd      `cmd:"" help:"Split a shard's hash range in two (at --at, default the middle)."`
+	Move         moveCmd       `cmd:"" help:"Move a shard's replica from one node to another."`
+	Operations   operationsCmd `cmd:"" help:"List the splits and moves in progress and the last ones that ended."`
+	Operation    operationCmd  `cmd:"" help:"Show one operation (split or move): its state, step and progress."`
+	Rebalance    rebalCmd      `cmd:"" help:"Even out replicas within zones and leaders across nodes (--dry-run: print the plan)."`
+	Leader       leaderCmd     `cmd:"" help:"Move a shard's leadership to its replica on a node."`
+	Snapshot     snapCmd       `cmd:"" help:"Snapshot a shard's replicas (all shards without an id) and compact their logs."`
+	SetConfig    configCmd     `cmd:"" name:"set-config" help:"Change a shard's replicated config (all shards with id 0)."`
 }
 
 type hotCmd struct {

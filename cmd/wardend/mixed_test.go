@@ -347,21 +347,7 @@ func TestClusterMixedPlacementAgree(t *testing.T) {
 	}
 	t.Logf("mixed binaries: placement generation %d, %d shards, digest %s…", st.GetGeneration(), len(st.GetShards()), sum[:16])
 
-	c.kill(2)
-	c.bins = nil // node 3 upgraded in place
-	c.start(2)
-	c.waitServing(2)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, st = c.placementDigest()
-		if i := slices.IndexFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 3 }); i >= 0 && st.GetNodes()[i].GetMetaCommandVersion() >= 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node 3 did not register placement version 2 after its upgrade: %v", st.GetNodes())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	c.upgradeNode3(2)
 	upgraded := split(1, mixed)
 	sum, st = c.placementDigest()
 	if s := shardOf(st, upgraded); !s.GetOrderedConfigChange() {
@@ -565,21 +551,7 @@ func TestClusterMixedRemoveNode(t *testing.T) {
 	}
 	t.Logf("mixed binaries: digest %s…", sum[:16])
 
-	c.kill(2)
-	c.bins = nil // node 3 upgraded in place
-	c.start(2)
-	c.waitServing(2)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, st = c.placementDigest()
-		if i := slices.IndexFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 3 }); i >= 0 && st.GetNodes()[i].GetMetaCommandVersion() >= 5 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node 3 did not register placement version 5 after its upgrade: %v", st.GetNodes())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	c.upgradeNode3(5)
 	if _, err := retryResponse(remove); err != nil {
 		t.Fatalf("removing node 4 once every node runs version 5: %v", err)
 	}
@@ -598,4 +570,26 @@ func retryResponse[T any](f func() (*connect.Response[T], error)) (*connect.Resp
 	var resp *connect.Response[T]
 	err := retryUnavailable(func() (err error) { resp, err = f(); return err })
 	return resp, err
+}
+
+// upgradeNode3 restarts node 3 on this binary (in place, its data kept)
+// and waits until the placement state records that it applies placement
+// command version v.
+func (c *procCluster) upgradeNode3(v uint32) {
+	c.t.Helper()
+	c.kill(2)
+	c.bins = nil
+	c.start(2)
+	c.waitServing(2)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, st := c.placementDigest()
+		if i := slices.IndexFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 3 }); i >= 0 && st.GetNodes()[i].GetMetaCommandVersion() >= v {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node 3 did not register placement version %d after its upgrade: %v", v, st.GetNodes())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -78,6 +78,64 @@ func (PlacementRole) EnumDescriptor() ([]byte, []int) {
 	return file_warden_v1_admin_proto_rawDescGZIP(), []int{0}
 }
 
+// OperationState is where an operation stands.
+type OperationState int32
+
+const (
+	OperationState_OPERATION_STATE_UNSPECIFIED OperationState = 0
+	OperationState_OPERATION_STATE_RUNNING     OperationState = 1
+	// OPERATION_STATE_ROLLING_BACK: abandoned before its point of no
+	// return, being undone.
+	OperationState_OPERATION_STATE_ROLLING_BACK OperationState = 2
+	OperationState_OPERATION_STATE_DONE         OperationState = 3
+	OperationState_OPERATION_STATE_ROLLED_BACK  OperationState = 4
+)
+
+// Enum value maps for OperationState.
+var (
+	OperationState_name = map[int32]string{
+		0: "OPERATION_STATE_UNSPECIFIED",
+		1: "OPERATION_STATE_RUNNING",
+		2: "OPERATION_STATE_ROLLING_BACK",
+		3: "OPERATION_STATE_DONE",
+		4: "OPERATION_STATE_ROLLED_BACK",
+	}
+	OperationState_value = map[string]int32{
+		"OPERATION_STATE_UNSPECIFIED":  0,
+		"OPERATION_STATE_RUNNING":      1,
+		"OPERATION_STATE_ROLLING_BACK": 2,
+		"OPERATION_STATE_DONE":         3,
+		"OPERATION_STATE_ROLLED_BACK":  4,
+	}
+)
+
+func (x OperationState) Enum() *OperationState {
+	p := new(OperationState)
+	*p = x
+	return p
+}
+
+func (x OperationState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OperationState) Descriptor() protoreflect.EnumDescriptor {
+	return file_warden_v1_admin_proto_enumTypes[1].Descriptor()
+}
+
+func (OperationState) Type() protoreflect.EnumType {
+	return &file_warden_v1_admin_proto_enumTypes[1]
+}
+
+func (x OperationState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OperationState.Descriptor instead.
+func (OperationState) EnumDescriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
 type HotResourcesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Limit is how many resources each list holds: default 10, at most 100.
@@ -729,7 +787,16 @@ type SplitShardRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	ShardId uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
 	// SplitAt is the first hash of the new shard's range; 0 means the middle.
-	SplitAt       uint64 `protobuf:"varint,2,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
+	SplitAt uint64 `protobuf:"varint,2,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
+	// RequestId, if set, names the operation (at most 128 bytes): a call
+	// again with the same id (after a timeout whose outcome was unknown)
+	// does not split again but follows the split the first call began,
+	// running or ended (the last 64 ended operations are kept). Needs
+	// every node upgraded to placement command version 6.
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// NoWait returns as soon as the split is recorded, with operation_id
+	// set and the rest empty; follow it with GetOperation.
+	NoWait        bool `protobuf:"varint,4,opt,name=no_wait,json=noWait,proto3" json:"no_wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -778,12 +845,28 @@ func (x *SplitShardRequest) GetSplitAt() uint64 {
 	return 0
 }
 
+func (x *SplitShardRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *SplitShardRequest) GetNoWait() bool {
+	if x != nil {
+		return x.NoWait
+	}
+	return false
+}
+
 type SplitShardResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// NewShardId is the shard that took [split_at, old end).
-	NewShardId    uint64 `protobuf:"varint,1,opt,name=new_shard_id,json=newShardId,proto3" json:"new_shard_id,omitempty"`
-	SplitAt       uint64 `protobuf:"varint,2,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
-	Generation    uint64 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	NewShardId uint64 `protobuf:"varint,1,opt,name=new_shard_id,json=newShardId,proto3" json:"new_shard_id,omitempty"`
+	SplitAt    uint64 `protobuf:"varint,2,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
+	Generation uint64 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	// OperationId is the split's operation (GetOperation).
+	OperationId   uint64 `protobuf:"varint,4,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -835,6 +918,13 @@ func (x *SplitShardResponse) GetSplitAt() uint64 {
 func (x *SplitShardResponse) GetGeneration() uint64 {
 	if x != nil {
 		return x.Generation
+	}
+	return 0
+}
+
+func (x *SplitShardResponse) GetOperationId() uint64 {
+	if x != nil {
+		return x.OperationId
 	}
 	return 0
 }
@@ -1969,10 +2059,13 @@ func (x *ShardConfigInfo) GetLedgerRetention() *durationpb.Duration {
 }
 
 type MoveReplicaRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
-	FromNodeId    uint64                 `protobuf:"varint,2,opt,name=from_node_id,json=fromNodeId,proto3" json:"from_node_id,omitempty"`
-	ToNodeId      uint64                 `protobuf:"varint,3,opt,name=to_node_id,json=toNodeId,proto3" json:"to_node_id,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ShardId    uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	FromNodeId uint64                 `protobuf:"varint,2,opt,name=from_node_id,json=fromNodeId,proto3" json:"from_node_id,omitempty"`
+	ToNodeId   uint64                 `protobuf:"varint,3,opt,name=to_node_id,json=toNodeId,proto3" json:"to_node_id,omitempty"`
+	// RequestId and NoWait as in SplitShardRequest.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	NoWait        bool   `protobuf:"varint,5,opt,name=no_wait,json=noWait,proto3" json:"no_wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2028,10 +2121,26 @@ func (x *MoveReplicaRequest) GetToNodeId() uint64 {
 	return 0
 }
 
+func (x *MoveReplicaRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *MoveReplicaRequest) GetNoWait() bool {
+	if x != nil {
+		return x.NoWait
+	}
+	return false
+}
+
 type MoveReplicaResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ReplicaId is the new replica's id in the shard's group.
-	ReplicaId     uint64 `protobuf:"varint,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	ReplicaId uint64 `protobuf:"varint,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	// OperationId is the move's operation (GetOperation).
+	OperationId   uint64 `protobuf:"varint,2,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2073,6 +2182,368 @@ func (x *MoveReplicaResponse) GetReplicaId() uint64 {
 	return 0
 }
 
+func (x *MoveReplicaResponse) GetOperationId() uint64 {
+	if x != nil {
+		return x.OperationId
+	}
+	return 0
+}
+
+type ListOperationsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOperationsRequest) Reset() {
+	*x = ListOperationsRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOperationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOperationsRequest) ProtoMessage() {}
+
+func (x *ListOperationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOperationsRequest.ProtoReflect.Descriptor instead.
+func (*ListOperationsRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+type ListOperationsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Operations are those in progress, then the ended ones kept, newest
+	// first.
+	Operations    []*Operation `protobuf:"bytes,1,rep,name=operations,proto3" json:"operations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOperationsResponse) Reset() {
+	*x = ListOperationsResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOperationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOperationsResponse) ProtoMessage() {}
+
+func (x *ListOperationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOperationsResponse.ProtoReflect.Descriptor instead.
+func (*ListOperationsResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListOperationsResponse) GetOperations() []*Operation {
+	if x != nil {
+		return x.Operations
+	}
+	return nil
+}
+
+type GetOperationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id or, when it is 0, RequestId names the operation.
+	Id            uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetOperationRequest) Reset() {
+	*x = GetOperationRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOperationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOperationRequest) ProtoMessage() {}
+
+func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOperationRequest.ProtoReflect.Descriptor instead.
+func (*GetOperationRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *GetOperationRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *GetOperationRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type GetOperationResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Operation     *Operation             `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetOperationResponse) Reset() {
+	*x = GetOperationResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOperationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOperationResponse) ProtoMessage() {}
+
+func (x *GetOperationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOperationResponse.ProtoReflect.Descriptor instead.
+func (*GetOperationResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *GetOperationResponse) GetOperation() *Operation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+// Operation is a split or a replica move, in progress or ended: its
+// steps are recorded in the placement group as they are done, and the
+// placement leader of the moment drives it.
+type Operation struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Kind is "split" or "move".
+	Kind  string         `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	State OperationState `protobuf:"varint,4,opt,name=state,proto3,enum=warden.v1.OperationState" json:"state,omitempty"`
+	// Step is the last step done: for a split prepared, fenced, activated,
+	// committed; for a move planned, added, promoted, removed.
+	Step       string `protobuf:"bytes,5,opt,name=step,proto3" json:"step,omitempty"`
+	StepsDone  uint32 `protobuf:"varint,6,opt,name=steps_done,json=stepsDone,proto3" json:"steps_done,omitempty"`
+	StepsTotal uint32 `protobuf:"varint,7,opt,name=steps_total,json=stepsTotal,proto3" json:"steps_total,omitempty"`
+	ShardId    uint64 `protobuf:"varint,8,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	// NewShardId and SplitAt: a split's.
+	NewShardId uint64 `protobuf:"varint,9,opt,name=new_shard_id,json=newShardId,proto3" json:"new_shard_id,omitempty"`
+	SplitAt    uint64 `protobuf:"varint,10,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
+	// FromNodeId, ToNodeId and ReplicaId (the new replica's): a move's.
+	FromNodeId uint64 `protobuf:"varint,11,opt,name=from_node_id,json=fromNodeId,proto3" json:"from_node_id,omitempty"`
+	ToNodeId   uint64 `protobuf:"varint,12,opt,name=to_node_id,json=toNodeId,proto3" json:"to_node_id,omitempty"`
+	ReplicaId  uint64 `protobuf:"varint,13,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	// CaughtUp and CatchUpTarget: a running move's new replica, catching
+	// up: the index it applied and the leader's applied index it is
+	// catching up to (0 when not read).
+	CaughtUp      uint64 `protobuf:"varint,14,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
+	CatchUpTarget uint64 `protobuf:"varint,15,opt,name=catch_up_target,json=catchUpTarget,proto3" json:"catch_up_target,omitempty"`
+	// Generation is the placement generation a split commits.
+	Generation    uint64 `protobuf:"varint,16,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Operation) Reset() {
+	*x = Operation{}
+	mi := &file_warden_v1_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Operation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Operation) ProtoMessage() {}
+
+func (x *Operation) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Operation.ProtoReflect.Descriptor instead.
+func (*Operation) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *Operation) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Operation) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *Operation) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Operation) GetState() OperationState {
+	if x != nil {
+		return x.State
+	}
+	return OperationState_OPERATION_STATE_UNSPECIFIED
+}
+
+func (x *Operation) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *Operation) GetStepsDone() uint32 {
+	if x != nil {
+		return x.StepsDone
+	}
+	return 0
+}
+
+func (x *Operation) GetStepsTotal() uint32 {
+	if x != nil {
+		return x.StepsTotal
+	}
+	return 0
+}
+
+func (x *Operation) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *Operation) GetNewShardId() uint64 {
+	if x != nil {
+		return x.NewShardId
+	}
+	return 0
+}
+
+func (x *Operation) GetSplitAt() uint64 {
+	if x != nil {
+		return x.SplitAt
+	}
+	return 0
+}
+
+func (x *Operation) GetFromNodeId() uint64 {
+	if x != nil {
+		return x.FromNodeId
+	}
+	return 0
+}
+
+func (x *Operation) GetToNodeId() uint64 {
+	if x != nil {
+		return x.ToNodeId
+	}
+	return 0
+}
+
+func (x *Operation) GetReplicaId() uint64 {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return 0
+}
+
+func (x *Operation) GetCaughtUp() uint64 {
+	if x != nil {
+		return x.CaughtUp
+	}
+	return 0
+}
+
+func (x *Operation) GetCatchUpTarget() uint64 {
+	if x != nil {
+		return x.CatchUpTarget
+	}
+	return 0
+}
+
+func (x *Operation) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type RemoveNodeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeId        uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -2082,7 +2553,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	mi := &file_warden_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2094,7 +2565,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	mi := &file_warden_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2107,7 +2578,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RemoveNodeRequest) GetNodeId() uint64 {
@@ -2130,7 +2601,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	mi := &file_warden_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2613,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	mi := &file_warden_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2626,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RemoveNodeResponse) GetMoves() []*ReplicaMove {
@@ -2185,7 +2656,7 @@ type ReplicaMove struct {
 
 func (x *ReplicaMove) Reset() {
 	*x = ReplicaMove{}
-	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	mi := &file_warden_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2668,7 @@ func (x *ReplicaMove) String() string {
 func (*ReplicaMove) ProtoMessage() {}
 
 func (x *ReplicaMove) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	mi := &file_warden_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2681,7 @@ func (x *ReplicaMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaMove.ProtoReflect.Descriptor instead.
 func (*ReplicaMove) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReplicaMove) GetShardId() uint64 {
@@ -2251,7 +2722,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[32]
+	mi := &file_warden_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2734,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[32]
+	mi := &file_warden_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2747,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RebalanceRequest) GetDryRun() bool {
@@ -2295,7 +2766,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[33]
+	mi := &file_warden_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2307,7 +2778,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[33]
+	mi := &file_warden_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2320,7 +2791,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RebalanceResponse) GetActions() []*RebalanceAction {
@@ -2346,7 +2817,7 @@ type RebalanceAction struct {
 
 func (x *RebalanceAction) Reset() {
 	*x = RebalanceAction{}
-	mi := &file_warden_v1_admin_proto_msgTypes[34]
+	mi := &file_warden_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2358,7 +2829,7 @@ func (x *RebalanceAction) String() string {
 func (*RebalanceAction) ProtoMessage() {}
 
 func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[34]
+	mi := &file_warden_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2371,7 +2842,7 @@ func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceAction.ProtoReflect.Descriptor instead.
 func (*RebalanceAction) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RebalanceAction) GetKind() string {
@@ -2471,17 +2942,21 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"replica_id\x18\x01 \x01(\x04R\treplicaId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x12\n" +
 	"\x04zone\x18\x03 \x01(\tR\x04zone\x12\x14\n" +
-	"\x05state\x18\x04 \x01(\tR\x05state\"I\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\"\x81\x01\n" +
 	"\x11SplitShardRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x19\n" +
-	"\bsplit_at\x18\x02 \x01(\x04R\asplitAt\"q\n" +
+	"\bsplit_at\x18\x02 \x01(\x04R\asplitAt\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x17\n" +
+	"\ano_wait\x18\x04 \x01(\bR\x06noWait\"\x94\x01\n" +
 	"\x12SplitShardResponse\x12 \n" +
 	"\fnew_shard_id\x18\x01 \x01(\x04R\n" +
 	"newShardId\x12\x19\n" +
 	"\bsplit_at\x18\x02 \x01(\x04R\asplitAt\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
-	"generation\"K\n" +
+	"generation\x12!\n" +
+	"\foperation_id\x18\x04 \x01(\x04R\voperationId\"K\n" +
 	"\x15TransferLeaderRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\">\n" +
@@ -2573,16 +3048,58 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	" \x01(\v2\x19.google.protobuf.DurationR\x15defaultReservationTtl\x12I\n" +
 	"\x13max_reservation_ttl\x18\v \x01(\v2\x19.google.protobuf.DurationR\x11maxReservationTtl\x12<\n" +
 	"\x1afairness_threshold_percent\x18\f \x01(\rR\x18fairnessThresholdPercent\x12D\n" +
-	"\x10ledger_retention\x18\r \x01(\v2\x19.google.protobuf.DurationR\x0fledgerRetention\"o\n" +
+	"\x10ledger_retention\x18\r \x01(\v2\x19.google.protobuf.DurationR\x0fledgerRetention\"\xa7\x01\n" +
 	"\x12MoveReplicaRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12 \n" +
 	"\ffrom_node_id\x18\x02 \x01(\x04R\n" +
 	"fromNodeId\x12\x1c\n" +
 	"\n" +
-	"to_node_id\x18\x03 \x01(\x04R\btoNodeId\"4\n" +
+	"to_node_id\x18\x03 \x01(\x04R\btoNodeId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x12\x17\n" +
+	"\ano_wait\x18\x05 \x01(\bR\x06noWait\"W\n" +
 	"\x13MoveReplicaResponse\x12\x1d\n" +
 	"\n" +
-	"replica_id\x18\x01 \x01(\x04R\treplicaId\",\n" +
+	"replica_id\x18\x01 \x01(\x04R\treplicaId\x12!\n" +
+	"\foperation_id\x18\x02 \x01(\x04R\voperationId\"\x17\n" +
+	"\x15ListOperationsRequest\"N\n" +
+	"\x16ListOperationsResponse\x124\n" +
+	"\n" +
+	"operations\x18\x01 \x03(\v2\x14.warden.v1.OperationR\n" +
+	"operations\"D\n" +
+	"\x13GetOperationRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\"J\n" +
+	"\x14GetOperationResponse\x122\n" +
+	"\toperation\x18\x01 \x01(\v2\x14.warden.v1.OperationR\toperation\"\xef\x03\n" +
+	"\tOperation\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12/\n" +
+	"\x05state\x18\x04 \x01(\x0e2\x19.warden.v1.OperationStateR\x05state\x12\x12\n" +
+	"\x04step\x18\x05 \x01(\tR\x04step\x12\x1d\n" +
+	"\n" +
+	"steps_done\x18\x06 \x01(\rR\tstepsDone\x12\x1f\n" +
+	"\vsteps_total\x18\a \x01(\rR\n" +
+	"stepsTotal\x12\x19\n" +
+	"\bshard_id\x18\b \x01(\x04R\ashardId\x12 \n" +
+	"\fnew_shard_id\x18\t \x01(\x04R\n" +
+	"newShardId\x12\x19\n" +
+	"\bsplit_at\x18\n" +
+	" \x01(\x04R\asplitAt\x12 \n" +
+	"\ffrom_node_id\x18\v \x01(\x04R\n" +
+	"fromNodeId\x12\x1c\n" +
+	"\n" +
+	"to_node_id\x18\f \x01(\x04R\btoNodeId\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\r \x01(\x04R\treplicaId\x12\x1b\n" +
+	"\tcaught_up\x18\x0e \x01(\x04R\bcaughtUp\x12&\n" +
+	"\x0fcatch_up_target\x18\x0f \x01(\x04R\rcatchUpTarget\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x10 \x01(\x04R\n" +
+	"generation\",\n" +
 	"\x11RemoveNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\"n\n" +
 	"\x12RemoveNodeResponse\x12,\n" +
@@ -2613,7 +3130,13 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x1aPLACEMENT_ROLE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13PLACEMENT_ROLE_NONE\x10\x01\x12\x18\n" +
 	"\x14PLACEMENT_ROLE_VOTER\x10\x02\x12\x1d\n" +
-	"\x19PLACEMENT_ROLE_NON_VOTING\x10\x032\xf5\x06\n" +
+	"\x19PLACEMENT_ROLE_NON_VOTING\x10\x03*\xab\x01\n" +
+	"\x0eOperationState\x12\x1f\n" +
+	"\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17OPERATION_STATE_RUNNING\x10\x01\x12 \n" +
+	"\x1cOPERATION_STATE_ROLLING_BACK\x10\x02\x12\x18\n" +
+	"\x14OPERATION_STATE_DONE\x10\x03\x12\x1f\n" +
+	"\x1bOPERATION_STATE_ROLLED_BACK\x10\x042\xa7\b\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
@@ -2622,7 +3145,9 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"SplitShard\x12\x1c.warden.v1.SplitShardRequest\x1a\x1d.warden.v1.SplitShardResponse\x12L\n" +
 	"\vMoveReplica\x12\x1d.warden.v1.MoveReplicaRequest\x1a\x1e.warden.v1.MoveReplicaResponse\x12I\n" +
 	"\n" +
-	"RemoveNode\x12\x1c.warden.v1.RemoveNodeRequest\x1a\x1d.warden.v1.RemoveNodeResponse\x12K\n" +
+	"RemoveNode\x12\x1c.warden.v1.RemoveNodeRequest\x1a\x1d.warden.v1.RemoveNodeResponse\x12Z\n" +
+	"\x0eListOperations\x12 .warden.v1.ListOperationsRequest\x1a!.warden.v1.ListOperationsResponse\"\x03\x90\x02\x01\x12T\n" +
+	"\fGetOperation\x12\x1e.warden.v1.GetOperationRequest\x1a\x1f.warden.v1.GetOperationResponse\"\x03\x90\x02\x01\x12K\n" +
 	"\tRebalance\x12\x1b.warden.v1.RebalanceRequest\x1a\x1c.warden.v1.RebalanceResponse\"\x03\x90\x02\x02\x12Z\n" +
 	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12?\n" +
 	"\x06Backup\x12\x18.warden.v1.BackupRequest\x1a\x19.warden.v1.BackupResponse0\x01\x12H\n" +
@@ -2642,113 +3167,126 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 	return file_warden_v1_admin_proto_rawDescData
 }
 
-var file_warden_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_warden_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_warden_v1_admin_proto_goTypes = []any{
 	(PlacementRole)(0),             // 0: warden.v1.PlacementRole
-	(*HotResourcesRequest)(nil),    // 1: warden.v1.HotResourcesRequest
-	(*HotResourcesResponse)(nil),   // 2: warden.v1.HotResourcesResponse
-	(*HotResource)(nil),            // 3: warden.v1.HotResource
-	(*ListNodesRequest)(nil),       // 4: warden.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),      // 5: warden.v1.ListNodesResponse
-	(*NodeInfo)(nil),               // 6: warden.v1.NodeInfo
-	(*ListShardsRequest)(nil),      // 7: warden.v1.ListShardsRequest
-	(*ListShardsResponse)(nil),     // 8: warden.v1.ListShardsResponse
-	(*ShardInfo)(nil),              // 9: warden.v1.ShardInfo
-	(*ReplicaInfo)(nil),            // 10: warden.v1.ReplicaInfo
-	(*SplitShardRequest)(nil),      // 11: warden.v1.SplitShardRequest
-	(*SplitShardResponse)(nil),     // 12: warden.v1.SplitShardResponse
-	(*TransferLeaderRequest)(nil),  // 13: warden.v1.TransferLeaderRequest
-	(*TransferLeaderResponse)(nil), // 14: warden.v1.TransferLeaderResponse
-	(*SnapshotRequest)(nil),        // 15: warden.v1.SnapshotRequest
-	(*BackupRequest)(nil),          // 16: warden.v1.BackupRequest
-	(*BackupResponse)(nil),         // 17: warden.v1.BackupResponse
-	(*BackupFileStart)(nil),        // 18: warden.v1.BackupFileStart
-	(*BackupFile)(nil),             // 19: warden.v1.BackupFile
-	(*BackupManifest)(nil),         // 20: warden.v1.BackupManifest
-	(*BackupNode)(nil),             // 21: warden.v1.BackupNode
-	(*BackupShard)(nil),            // 22: warden.v1.BackupShard
-	(*SnapshotResponse)(nil),       // 23: warden.v1.SnapshotResponse
-	(*ReplicaSnapshot)(nil),        // 24: warden.v1.ReplicaSnapshot
-	(*SetShardConfigRequest)(nil),  // 25: warden.v1.SetShardConfigRequest
-	(*SetShardConfigResponse)(nil), // 26: warden.v1.SetShardConfigResponse
-	(*ShardConfigInfo)(nil),        // 27: warden.v1.ShardConfigInfo
-	(*MoveReplicaRequest)(nil),     // 28: warden.v1.MoveReplicaRequest
-	(*MoveReplicaResponse)(nil),    // 29: warden.v1.MoveReplicaResponse
-	(*RemoveNodeRequest)(nil),      // 30: warden.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),     // 31: warden.v1.RemoveNodeResponse
-	(*ReplicaMove)(nil),            // 32: warden.v1.ReplicaMove
-	(*RebalanceRequest)(nil),       // 33: warden.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),      // 34: warden.v1.RebalanceResponse
-	(*RebalanceAction)(nil),        // 35: warden.v1.RebalanceAction
-	(*timestamppb.Timestamp)(nil),  // 36: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 37: google.protobuf.Duration
+	(OperationState)(0),            // 1: warden.v1.OperationState
+	(*HotResourcesRequest)(nil),    // 2: warden.v1.HotResourcesRequest
+	(*HotResourcesResponse)(nil),   // 3: warden.v1.HotResourcesResponse
+	(*HotResource)(nil),            // 4: warden.v1.HotResource
+	(*ListNodesRequest)(nil),       // 5: warden.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),      // 6: warden.v1.ListNodesResponse
+	(*NodeInfo)(nil),               // 7: warden.v1.NodeInfo
+	(*ListShardsRequest)(nil),      // 8: warden.v1.ListShardsRequest
+	(*ListShardsResponse)(nil),     // 9: warden.v1.ListShardsResponse
+	(*ShardInfo)(nil),              // 10: warden.v1.ShardInfo
+	(*ReplicaInfo)(nil),            // 11: warden.v1.ReplicaInfo
+	(*SplitShardRequest)(nil),      // 12: warden.v1.SplitShardRequest
+	(*SplitShardResponse)(nil),     // 13: warden.v1.SplitShardResponse
+	(*TransferLeaderRequest)(nil),  // 14: warden.v1.TransferLeaderRequest
+	(*TransferLeaderResponse)(nil), // 15: warden.v1.TransferLeaderResponse
+	(*SnapshotRequest)(nil),        // 16: warden.v1.SnapshotRequest
+	(*BackupRequest)(nil),          // 17: warden.v1.BackupRequest
+	(*BackupResponse)(nil),         // 18: warden.v1.BackupResponse
+	(*BackupFileStart)(nil),        // 19: warden.v1.BackupFileStart
+	(*BackupFile)(nil),             // 20: warden.v1.BackupFile
+	(*BackupManifest)(nil),         // 21: warden.v1.BackupManifest
+	(*BackupNode)(nil),             // 22: warden.v1.BackupNode
+	(*BackupShard)(nil),            // 23: warden.v1.BackupShard
+	(*SnapshotResponse)(nil),       // 24: warden.v1.SnapshotResponse
+	(*ReplicaSnapshot)(nil),        // 25: warden.v1.ReplicaSnapshot
+	(*SetShardConfigRequest)(nil),  // 26: warden.v1.SetShardConfigRequest
+	(*SetShardConfigResponse)(nil), // 27: warden.v1.SetShardConfigResponse
+	(*ShardConfigInfo)(nil),        // 28: warden.v1.ShardConfigInfo
+	(*MoveReplicaRequest)(nil),     // 29: warden.v1.MoveReplicaRequest
+	(*MoveReplicaResponse)(nil),    // 30: warden.v1.MoveReplicaResponse
+	(*ListOperationsRequest)(nil),  // 31: warden.v1.ListOperationsRequest
+	(*ListOperationsResponse)(nil), // 32: warden.v1.ListOperationsResponse
+	(*GetOperationRequest)(nil),    // 33: warden.v1.GetOperationRequest
+	(*GetOperationResponse)(nil),   // 34: warden.v1.GetOperationResponse
+	(*Operation)(nil),              // 35: warden.v1.Operation
+	(*RemoveNodeRequest)(nil),      // 36: warden.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),     // 37: warden.v1.RemoveNodeResponse
+	(*ReplicaMove)(nil),            // 38: warden.v1.ReplicaMove
+	(*RebalanceRequest)(nil),       // 39: warden.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),      // 40: warden.v1.RebalanceResponse
+	(*RebalanceAction)(nil),        // 41: warden.v1.RebalanceAction
+	(*timestamppb.Timestamp)(nil),  // 42: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 43: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
-	3,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
-	3,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
-	6,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
-	36, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
+	4,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
+	4,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
+	7,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
+	42, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
 	0,  // 4: warden.v1.NodeInfo.placement:type_name -> warden.v1.PlacementRole
-	9,  // 5: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
-	10, // 6: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
-	18, // 7: warden.v1.BackupResponse.file:type_name -> warden.v1.BackupFileStart
-	19, // 8: warden.v1.BackupResponse.end:type_name -> warden.v1.BackupFile
-	20, // 9: warden.v1.BackupResponse.manifest:type_name -> warden.v1.BackupManifest
-	36, // 10: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
-	21, // 11: warden.v1.BackupManifest.nodes:type_name -> warden.v1.BackupNode
-	22, // 12: warden.v1.BackupManifest.shards:type_name -> warden.v1.BackupShard
-	19, // 13: warden.v1.BackupManifest.placement:type_name -> warden.v1.BackupFile
-	19, // 14: warden.v1.BackupShard.file:type_name -> warden.v1.BackupFile
-	24, // 15: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
-	37, // 16: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
-	37, // 17: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
-	37, // 18: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
-	37, // 19: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
-	37, // 20: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
-	37, // 21: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
-	37, // 22: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
-	37, // 23: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
-	37, // 24: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
-	27, // 25: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	37, // 26: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	37, // 27: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	37, // 28: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	37, // 29: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	37, // 30: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	37, // 31: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
-	37, // 32: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
-	37, // 33: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
-	37, // 34: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
-	32, // 35: warden.v1.RemoveNodeResponse.moves:type_name -> warden.v1.ReplicaMove
-	35, // 36: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
-	4,  // 37: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
-	7,  // 38: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
-	11, // 39: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	28, // 40: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
-	30, // 41: warden.v1.AdminService.RemoveNode:input_type -> warden.v1.RemoveNodeRequest
-	33, // 42: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
-	13, // 43: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	16, // 44: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
-	15, // 45: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	25, // 46: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	1,  // 47: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	5,  // 48: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	8,  // 49: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	12, // 50: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	29, // 51: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
-	31, // 52: warden.v1.AdminService.RemoveNode:output_type -> warden.v1.RemoveNodeResponse
-	34, // 53: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
-	14, // 54: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	17, // 55: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
-	23, // 56: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	26, // 57: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	2,  // 58: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	48, // [48:59] is the sub-list for method output_type
-	37, // [37:48] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	10, // 5: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
+	11, // 6: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
+	19, // 7: warden.v1.BackupResponse.file:type_name -> warden.v1.BackupFileStart
+	20, // 8: warden.v1.BackupResponse.end:type_name -> warden.v1.BackupFile
+	21, // 9: warden.v1.BackupResponse.manifest:type_name -> warden.v1.BackupManifest
+	42, // 10: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
+	22, // 11: warden.v1.BackupManifest.nodes:type_name -> warden.v1.BackupNode
+	23, // 12: warden.v1.BackupManifest.shards:type_name -> warden.v1.BackupShard
+	20, // 13: warden.v1.BackupManifest.placement:type_name -> warden.v1.BackupFile
+	20, // 14: warden.v1.BackupShard.file:type_name -> warden.v1.BackupFile
+	25, // 15: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
+	43, // 16: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	43, // 17: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	43, // 18: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	43, // 19: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	43, // 20: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	43, // 21: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	43, // 22: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
+	43, // 23: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
+	43, // 24: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
+	28, // 25: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
+	43, // 26: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	43, // 27: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	43, // 28: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	43, // 29: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	43, // 30: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	43, // 31: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	43, // 32: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
+	43, // 33: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
+	43, // 34: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
+	35, // 35: warden.v1.ListOperationsResponse.operations:type_name -> warden.v1.Operation
+	35, // 36: warden.v1.GetOperationResponse.operation:type_name -> warden.v1.Operation
+	1,  // 37: warden.v1.Operation.state:type_name -> warden.v1.OperationState
+	38, // 38: warden.v1.RemoveNodeResponse.moves:type_name -> warden.v1.ReplicaMove
+	41, // 39: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
+	5,  // 40: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	8,  // 41: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	12, // 42: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	29, // 43: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	36, // 44: warden.v1.AdminService.RemoveNode:input_type -> warden.v1.RemoveNodeRequest
+	31, // 45: warden.v1.AdminService.ListOperations:input_type -> warden.v1.ListOperationsRequest
+	33, // 46: warden.v1.AdminService.GetOperation:input_type -> warden.v1.GetOperationRequest
+	39, // 47: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
+	14, // 48: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	17, // 49: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
+	16, // 50: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	26, // 51: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	2,  // 52: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	6,  // 53: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	9,  // 54: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	13, // 55: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	30, // 56: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	37, // 57: warden.v1.AdminService.RemoveNode:output_type -> warden.v1.RemoveNodeResponse
+	32, // 58: warden.v1.AdminService.ListOperations:output_type -> warden.v1.ListOperationsResponse
+	34, // 59: warden.v1.AdminService.GetOperation:output_type -> warden.v1.GetOperationResponse
+	40, // 60: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
+	15, // 61: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	18, // 62: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
+	24, // 63: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	27, // 64: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	3,  // 65: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	53, // [53:66] is the sub-list for method output_type
+	40, // [40:53] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
@@ -2768,8 +3306,8 @@ func file_warden_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   35,
+			NumEnums:      2,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

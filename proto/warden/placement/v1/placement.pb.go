@@ -237,8 +237,14 @@ type State struct {
 	// RemovedNodeIds are the nodes taken out of the cluster
 	// (RemoveNodeCmd): no node registers under one again.
 	RemovedNodeIds []uint64 `protobuf:"varint,12,rep,packed,name=removed_node_ids,json=removedNodeIds,proto3" json:"removed_node_ids,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// FinishedOperators are the last operators that ended (placement
+	// command version 6), oldest first, at most 64: each as it was when it
+	// ended, rolling_back set if it was rolled back. They answer
+	// GetOperation after the end, and a Begin with a request_id one of
+	// them has.
+	FinishedOperators []*Operator `protobuf:"bytes,13,rep,name=finished_operators,json=finishedOperators,proto3" json:"finished_operators,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
@@ -351,6 +357,13 @@ func (x *State) GetRestoreId() string {
 func (x *State) GetRemovedNodeIds() []uint64 {
 	if x != nil {
 		return x.RemovedNodeIds
+	}
+	return nil
+}
+
+func (x *State) GetFinishedOperators() []*Operator {
+	if x != nil {
+		return x.FinishedOperators
 	}
 	return nil
 }
@@ -978,7 +991,10 @@ type Operator struct {
 	//
 	//	*Operator_Split
 	//	*Operator_Move
-	Kind          isOperator_Kind `protobuf_oneof:"kind"`
+	Kind isOperator_Kind `protobuf_oneof:"kind"`
+	// RequestId is the caller's id for the operation (BeginSplitCmd and
+	// BeginMoveCmd request_id), empty if it gave none.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1043,6 +1059,13 @@ func (x *Operator) GetMove() *MoveOp {
 		}
 	}
 	return nil
+}
+
+func (x *Operator) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type isOperator_Kind interface {
@@ -1793,10 +1816,15 @@ func (*AuthCmd_RevokeToken) isAuthCmd_Op() {}
 // to_node must not host a replica of the shard, and the shard's replicas
 // must stay in distinct zones.
 type BeginMoveCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Shard         uint64                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
-	FromNode      uint64                 `protobuf:"varint,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
-	ToNode        uint64                 `protobuf:"varint,3,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Shard    uint64                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	FromNode uint64                 `protobuf:"varint,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	ToNode   uint64                 `protobuf:"varint,3,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	// RequestId (placement command version 6), if set, makes the command
+	// idempotent: when an operator in progress or finished has it, that
+	// operator is the result (refused if it is not this same move) and
+	// nothing else changes.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1850,6 +1878,13 @@ func (x *BeginMoveCmd) GetToNode() uint64 {
 		return x.ToNode
 	}
 	return 0
+}
+
+func (x *BeginMoveCmd) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 // AdvanceMoveCmd records that move operator_id has done step to; it
@@ -2057,11 +2092,14 @@ func (x *ReserveEpochsCmd) GetCount() uint64 {
 // range) into a new shard with the given epoch (below the epoch limit)
 // and replicas on nodes.
 type BeginSplitCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Source        uint64                 `protobuf:"varint,1,opt,name=source,proto3" json:"source,omitempty"`
-	SplitAt       uint64                 `protobuf:"varint,2,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Nodes         []uint64               `protobuf:"varint,4,rep,packed,name=nodes,proto3" json:"nodes,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Source  uint64                 `protobuf:"varint,1,opt,name=source,proto3" json:"source,omitempty"`
+	SplitAt uint64                 `protobuf:"varint,2,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
+	Epoch   uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Nodes   []uint64               `protobuf:"varint,4,rep,packed,name=nodes,proto3" json:"nodes,omitempty"`
+	// RequestId as in BeginMoveCmd: a split of the same source (and
+	// split_at, when one was given) is the same split.
+	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2122,6 +2160,13 @@ func (x *BeginSplitCmd) GetNodes() []uint64 {
 		return x.Nodes
 	}
 	return nil
+}
+
+func (x *BeginSplitCmd) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 // AdvanceSplitCmd records that split operator_id has done step to; it
@@ -2242,7 +2287,8 @@ type Result struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Error is empty on success, else why the command was refused.
 	Error string `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
-	// Operator is the operator a BeginSplitCmd created.
+	// Operator is the operator a BeginSplitCmd or BeginMoveCmd created, or
+	// the one that already had its request_id.
 	Operator *Operator `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
 	// EpochStart is the first epoch of a ReserveEpochsCmd's window.
 	EpochStart    uint64 `protobuf:"varint,3,opt,name=epoch_start,json=epochStart,proto3" json:"epoch_start,omitempty"`
@@ -2305,7 +2351,7 @@ var File_warden_placement_v1_placement_proto protoreflect.FileDescriptor
 
 const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
-	"#warden/placement/v1/placement.proto\x12\x13warden.placement.v1\x1a\x1bwarden/shard/v1/shard.proto\"\x8e\x04\n" +
+	"#warden/placement/v1/placement.proto\x12\x13warden.placement.v1\x1a\x1bwarden/shard/v1/shard.proto\"\xdc\x04\n" +
 	"\x05State\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -2324,7 +2370,8 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	" \x01(\v2\x1e.warden.placement.v1.AuthStateR\x04auth\x12\x1d\n" +
 	"\n" +
 	"restore_id\x18\v \x01(\tR\trestoreId\x12(\n" +
-	"\x10removed_node_ids\x18\f \x03(\x04R\x0eremovedNodeIds\"\xe0\x01\n" +
+	"\x10removed_node_ids\x18\f \x03(\x04R\x0eremovedNodeIds\x12L\n" +
+	"\x12finished_operators\x18\r \x03(\v2\x1d.warden.placement.v1.OperatorR\x11finishedOperators\"\xe0\x01\n" +
 	"\tAuthState\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12/\n" +
@@ -2371,11 +2418,13 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x12\n" +
 	"\x04join\x18\x03 \x01(\bR\x04join\x12\x1d\n" +
 	"\n" +
-	"non_voting\x18\x04 \x01(\bR\tnonVoting\"\x8b\x01\n" +
+	"non_voting\x18\x04 \x01(\bR\tnonVoting\"\xaa\x01\n" +
 	"\bOperator\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
 	"\x05split\x18\x02 \x01(\v2\x1c.warden.placement.v1.SplitOpH\x00R\x05split\x121\n" +
-	"\x04move\x18\x03 \x01(\v2\x1b.warden.placement.v1.MoveOpH\x00R\x04moveB\x06\n" +
+	"\x04move\x18\x03 \x01(\v2\x1b.warden.placement.v1.MoveOpH\x00R\x04move\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestIdB\x06\n" +
 	"\x04kind\"\xec\x01\n" +
 	"\x06MoveOp\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x04R\x05shard\x12!\n" +
@@ -2432,11 +2481,13 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\x06unbind\x18\x06 \x01(\v2\x1c.warden.placement.v1.BindingH\x00R\x06unbind\x12?\n" +
 	"\fcreate_token\x18\a \x01(\v2\x1a.warden.placement.v1.TokenH\x00R\vcreateToken\x12#\n" +
 	"\frevoke_token\x18\b \x01(\tH\x00R\vrevokeTokenB\x04\n" +
-	"\x02op\"Z\n" +
+	"\x02op\"y\n" +
 	"\fBeginMoveCmd\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x04R\x05shard\x12\x1b\n" +
 	"\tfrom_node\x18\x02 \x01(\x04R\bfromNode\x12\x17\n" +
-	"\ato_node\x18\x03 \x01(\x04R\x06toNode\"`\n" +
+	"\ato_node\x18\x03 \x01(\x04R\x06toNode\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"`\n" +
 	"\x0eAdvanceMoveCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
 	"operatorId\x12-\n" +
@@ -2447,12 +2498,14 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\v2\x19.warden.placement.v1.NodeR\x04node\"O\n" +
 	"\x10ReserveEpochsCmd\x12%\n" +
 	"\x0eexpected_limit\x18\x01 \x01(\x04R\rexpectedLimit\x12\x14\n" +
-	"\x05count\x18\x02 \x01(\x04R\x05count\"n\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\x8d\x01\n" +
 	"\rBeginSplitCmd\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\x04R\x06source\x12\x19\n" +
 	"\bsplit_at\x18\x02 \x01(\x04R\asplitAt\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
-	"\x05nodes\x18\x04 \x03(\x04R\x05nodes\"b\n" +
+	"\x05nodes\x18\x04 \x03(\x04R\x05nodes\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\"b\n" +
 	"\x0fAdvanceSplitCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
 	"operatorId\x12.\n" +
@@ -2535,43 +2588,44 @@ var file_warden_placement_v1_placement_proto_depIdxs = []int32{
 	9,  // 2: warden.placement.v1.State.nodes:type_name -> warden.placement.v1.Node
 	12, // 3: warden.placement.v1.State.operators:type_name -> warden.placement.v1.Operator
 	4,  // 4: warden.placement.v1.State.auth:type_name -> warden.placement.v1.AuthState
-	5,  // 5: warden.placement.v1.AuthState.roles:type_name -> warden.placement.v1.Role
-	7,  // 6: warden.placement.v1.AuthState.bindings:type_name -> warden.placement.v1.Binding
-	8,  // 7: warden.placement.v1.AuthState.tokens:type_name -> warden.placement.v1.Token
-	6,  // 8: warden.placement.v1.Role.grants:type_name -> warden.placement.v1.Grant
-	11, // 9: warden.placement.v1.Shard.replicas:type_name -> warden.placement.v1.Replica
-	0,  // 10: warden.placement.v1.Shard.state:type_name -> warden.placement.v1.ShardState
-	14, // 11: warden.placement.v1.Operator.split:type_name -> warden.placement.v1.SplitOp
-	13, // 12: warden.placement.v1.Operator.move:type_name -> warden.placement.v1.MoveOp
-	1,  // 13: warden.placement.v1.MoveOp.step:type_name -> warden.placement.v1.MoveStep
-	2,  // 14: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
-	21, // 15: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
-	22, // 16: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
-	23, // 17: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
-	24, // 18: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
-	25, // 19: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
-	26, // 20: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
-	19, // 21: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
-	20, // 22: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
-	18, // 23: warden.placement.v1.Command.auth:type_name -> warden.placement.v1.AuthCmd
-	17, // 24: warden.placement.v1.Command.restore:type_name -> warden.placement.v1.RestoreCmd
-	16, // 25: warden.placement.v1.Command.remove_node:type_name -> warden.placement.v1.RemoveNodeCmd
-	3,  // 26: warden.placement.v1.RestoreCmd.state:type_name -> warden.placement.v1.State
-	4,  // 27: warden.placement.v1.AuthCmd.bootstrap:type_name -> warden.placement.v1.AuthState
-	5,  // 28: warden.placement.v1.AuthCmd.put_role:type_name -> warden.placement.v1.Role
-	7,  // 29: warden.placement.v1.AuthCmd.bind:type_name -> warden.placement.v1.Binding
-	7,  // 30: warden.placement.v1.AuthCmd.unbind:type_name -> warden.placement.v1.Binding
-	8,  // 31: warden.placement.v1.AuthCmd.create_token:type_name -> warden.placement.v1.Token
-	1,  // 32: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
-	9,  // 33: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
-	9,  // 34: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
-	2,  // 35: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
-	12, // 36: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
-	37, // [37:37] is the sub-list for method output_type
-	37, // [37:37] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	12, // 5: warden.placement.v1.State.finished_operators:type_name -> warden.placement.v1.Operator
+	5,  // 6: warden.placement.v1.AuthState.roles:type_name -> warden.placement.v1.Role
+	7,  // 7: warden.placement.v1.AuthState.bindings:type_name -> warden.placement.v1.Binding
+	8,  // 8: warden.placement.v1.AuthState.tokens:type_name -> warden.placement.v1.Token
+	6,  // 9: warden.placement.v1.Role.grants:type_name -> warden.placement.v1.Grant
+	11, // 10: warden.placement.v1.Shard.replicas:type_name -> warden.placement.v1.Replica
+	0,  // 11: warden.placement.v1.Shard.state:type_name -> warden.placement.v1.ShardState
+	14, // 12: warden.placement.v1.Operator.split:type_name -> warden.placement.v1.SplitOp
+	13, // 13: warden.placement.v1.Operator.move:type_name -> warden.placement.v1.MoveOp
+	1,  // 14: warden.placement.v1.MoveOp.step:type_name -> warden.placement.v1.MoveStep
+	2,  // 15: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
+	21, // 16: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
+	22, // 17: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
+	23, // 18: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
+	24, // 19: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
+	25, // 20: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
+	26, // 21: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
+	19, // 22: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
+	20, // 23: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
+	18, // 24: warden.placement.v1.Command.auth:type_name -> warden.placement.v1.AuthCmd
+	17, // 25: warden.placement.v1.Command.restore:type_name -> warden.placement.v1.RestoreCmd
+	16, // 26: warden.placement.v1.Command.remove_node:type_name -> warden.placement.v1.RemoveNodeCmd
+	3,  // 27: warden.placement.v1.RestoreCmd.state:type_name -> warden.placement.v1.State
+	4,  // 28: warden.placement.v1.AuthCmd.bootstrap:type_name -> warden.placement.v1.AuthState
+	5,  // 29: warden.placement.v1.AuthCmd.put_role:type_name -> warden.placement.v1.Role
+	7,  // 30: warden.placement.v1.AuthCmd.bind:type_name -> warden.placement.v1.Binding
+	7,  // 31: warden.placement.v1.AuthCmd.unbind:type_name -> warden.placement.v1.Binding
+	8,  // 32: warden.placement.v1.AuthCmd.create_token:type_name -> warden.placement.v1.Token
+	1,  // 33: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
+	9,  // 34: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
+	9,  // 35: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
+	2,  // 36: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
+	12, // 37: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
+	38, // [38:38] is the sub-list for method output_type
+	38, // [38:38] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_warden_placement_v1_placement_proto_init() }

@@ -44,6 +44,12 @@ const (
 	AdminServiceMoveReplicaProcedure = "/warden.v1.AdminService/MoveReplica"
 	// AdminServiceRemoveNodeProcedure is the fully-qualified name of the AdminService's RemoveNode RPC.
 	AdminServiceRemoveNodeProcedure = "/warden.v1.AdminService/RemoveNode"
+	// AdminServiceListOperationsProcedure is the fully-qualified name of the AdminService's
+	// ListOperations RPC.
+	AdminServiceListOperationsProcedure = "/warden.v1.AdminService/ListOperations"
+	// AdminServiceGetOperationProcedure is the fully-qualified name of the AdminService's GetOperation
+	// RPC.
+	AdminServiceGetOperationProcedure = "/warden.v1.AdminService/GetOperation"
 	// AdminServiceRebalanceProcedure is the fully-qualified name of the AdminService's Rebalance RPC.
 	AdminServiceRebalanceProcedure = "/warden.v1.AdminService/Rebalance"
 	// AdminServiceTransferLeaderProcedure is the fully-qualified name of the AdminService's
@@ -107,6 +113,12 @@ type AdminServiceClient interface {
 	// NodeService.JoinPlacement (upgrade it and call again: the moves done
 	// are not repeated, the non-voting member is reused).
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
+	// ListOperations lists the splits and moves in progress and the last
+	// 64 that ended (those ended under placement command version 6).
+	ListOperations(context.Context, *connect.Request[v1.ListOperationsRequest]) (*connect.Response[v1.ListOperationsResponse], error)
+	// GetOperation returns one operation, by id or request_id: NOT_FOUND
+	// when it is neither in progress nor among the ended ones kept.
+	GetOperation(context.Context, *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error)
 	// Rebalance plans, and unless dry_run carries out, the moves that even
 	// out the cluster: replicas between the nodes of one zone (a zone's
 	// nodes should hold about as many replicas each), then shard leaders
@@ -186,6 +198,20 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("RemoveNode")),
 			connect.WithClientOptions(opts...),
 		),
+		listOperations: connect.NewClient[v1.ListOperationsRequest, v1.ListOperationsResponse](
+			httpClient,
+			baseURL+AdminServiceListOperationsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListOperations")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		getOperation: connect.NewClient[v1.GetOperationRequest, v1.GetOperationResponse](
+			httpClient,
+			baseURL+AdminServiceGetOperationProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetOperation")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 		rebalance: connect.NewClient[v1.RebalanceRequest, v1.RebalanceResponse](
 			httpClient,
 			baseURL+AdminServiceRebalanceProcedure,
@@ -237,6 +263,8 @@ type adminServiceClient struct {
 	splitShard     *connect.Client[v1.SplitShardRequest, v1.SplitShardResponse]
 	moveReplica    *connect.Client[v1.MoveReplicaRequest, v1.MoveReplicaResponse]
 	removeNode     *connect.Client[v1.RemoveNodeRequest, v1.RemoveNodeResponse]
+	listOperations *connect.Client[v1.ListOperationsRequest, v1.ListOperationsResponse]
+	getOperation   *connect.Client[v1.GetOperationRequest, v1.GetOperationResponse]
 	rebalance      *connect.Client[v1.RebalanceRequest, v1.RebalanceResponse]
 	transferLeader *connect.Client[v1.TransferLeaderRequest, v1.TransferLeaderResponse]
 	backup         *connect.Client[v1.BackupRequest, v1.BackupResponse]
@@ -268,6 +296,16 @@ func (c *adminServiceClient) MoveReplica(ctx context.Context, req *connect.Reque
 // RemoveNode calls warden.v1.AdminService.RemoveNode.
 func (c *adminServiceClient) RemoveNode(ctx context.Context, req *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error) {
 	return c.removeNode.CallUnary(ctx, req)
+}
+
+// ListOperations calls warden.v1.AdminService.ListOperations.
+func (c *adminServiceClient) ListOperations(ctx context.Context, req *connect.Request[v1.ListOperationsRequest]) (*connect.Response[v1.ListOperationsResponse], error) {
+	return c.listOperations.CallUnary(ctx, req)
+}
+
+// GetOperation calls warden.v1.AdminService.GetOperation.
+func (c *adminServiceClient) GetOperation(ctx context.Context, req *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error) {
+	return c.getOperation.CallUnary(ctx, req)
 }
 
 // Rebalance calls warden.v1.AdminService.Rebalance.
@@ -346,6 +384,12 @@ type AdminServiceHandler interface {
 	// NodeService.JoinPlacement (upgrade it and call again: the moves done
 	// are not repeated, the non-voting member is reused).
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
+	// ListOperations lists the splits and moves in progress and the last
+	// 64 that ended (those ended under placement command version 6).
+	ListOperations(context.Context, *connect.Request[v1.ListOperationsRequest]) (*connect.Response[v1.ListOperationsResponse], error)
+	// GetOperation returns one operation, by id or request_id: NOT_FOUND
+	// when it is neither in progress nor among the ended ones kept.
+	GetOperation(context.Context, *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error)
 	// Rebalance plans, and unless dry_run carries out, the moves that even
 	// out the cluster: replicas between the nodes of one zone (a zone's
 	// nodes should hold about as many replicas each), then shard leaders
@@ -421,6 +465,20 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("RemoveNode")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceListOperationsHandler := connect.NewUnaryHandler(
+		AdminServiceListOperationsProcedure,
+		svc.ListOperations,
+		connect.WithSchema(adminServiceMethods.ByName("ListOperations")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGetOperationHandler := connect.NewUnaryHandler(
+		AdminServiceGetOperationProcedure,
+		svc.GetOperation,
+		connect.WithSchema(adminServiceMethods.ByName("GetOperation")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceRebalanceHandler := connect.NewUnaryHandler(
 		AdminServiceRebalanceProcedure,
 		svc.Rebalance,
@@ -474,6 +532,10 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceMoveReplicaHandler.ServeHTTP(w, r)
 		case AdminServiceRemoveNodeProcedure:
 			adminServiceRemoveNodeHandler.ServeHTTP(w, r)
+		case AdminServiceListOperationsProcedure:
+			adminServiceListOperationsHandler.ServeHTTP(w, r)
+		case AdminServiceGetOperationProcedure:
+			adminServiceGetOperationHandler.ServeHTTP(w, r)
 		case AdminServiceRebalanceProcedure:
 			adminServiceRebalanceHandler.ServeHTTP(w, r)
 		case AdminServiceTransferLeaderProcedure:
@@ -513,6 +575,14 @@ func (UnimplementedAdminServiceHandler) MoveReplica(context.Context, *connect.Re
 
 func (UnimplementedAdminServiceHandler) RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.RemoveNode is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListOperations(context.Context, *connect.Request[v1.ListOperationsRequest]) (*connect.Response[v1.ListOperationsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.ListOperations is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetOperation(context.Context, *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.GetOperation is not implemented"))
 }
 
 func (UnimplementedAdminServiceHandler) Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error) {
