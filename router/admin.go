@@ -338,6 +338,10 @@ func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Comman
 	id := remove.GetRemoveNode().GetNodeId()
 	st := s.r.Map().State()
 	node := s.r.Map().Node(id)
+	if node == nil && slices.Contains(st.GetRemovedNodeIds(), id) {
+		// Removed already: a retry after a lost answer or a timeout.
+		return connect.NewResponse(&wardenv1.RemoveNodeResponse{}), nil
+	}
 	if node == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d is not in the map", id))
 	}

@@ -108,7 +108,9 @@ type AdminServiceClient interface {
 	// on it succeeds), promoted, and only then is the old one removed; with
 	// no such node, FAILED_PRECONDITION before anything moves. The
 	// placement leader hands its leadership to another voter first when it
-	// is the node removed. Errors: NOT_FOUND for a node not in the map;
+	// is the node removed. A node removed already answers OK with no moves
+	// (a retry after an unknown outcome). Errors: NOT_FOUND for a node
+	// never in the map;
 	// FAILED_PRECONDITION when the replacement runs a binary without
 	// NodeService.JoinPlacement (upgrade it and call again: the moves done
 	// are not repeated, the non-voting member is reused).
@@ -379,7 +381,9 @@ type AdminServiceHandler interface {
 	// on it succeeds), promoted, and only then is the old one removed; with
 	// no such node, FAILED_PRECONDITION before anything moves. The
 	// placement leader hands its leadership to another voter first when it
-	// is the node removed. Errors: NOT_FOUND for a node not in the map;
+	// is the node removed. A node removed already answers OK with no moves
+	// (a retry after an unknown outcome). Errors: NOT_FOUND for a node
+	// never in the map;
 	// FAILED_PRECONDITION when the replacement runs a binary without
 	// NodeService.JoinPlacement (upgrade it and call again: the moves done
 	// are not repeated, the non-voting member is reused).
