@@ -181,8 +181,9 @@ func (r *Router) measureClocks() {
 	readings := make(chan *time.Duration, len(peers))
 	for _, n := range peers {
 		go func() {
-			if off, ok := r.readClock(n, start); ok {
-				readings <- &off
+			if off, rtt, ok := r.readClock(n, start); ok {
+				least := leastOffset(off, rtt)
+				readings <- &least
 				return
 			}
 			readings <- nil
@@ -209,6 +210,24 @@ func (r *Router) measureClocks() {
 	}
 }
 
+// leastOffset is the smallest offset a reading of offset off taken in a
+// round trip of rtt allows: the peer read its clock somewhere within the
+// round trip, so the offset is known only to ±rtt/2 around off (NTP's
+// bound). This node judges its own clock out of bounds by these, so that
+// one slow answer (a peer busy starting, a pause) does not make it hand
+// its leaderships away; a reading confirms a term only by its offset
+// itself (confirmed), and a slow one confirms nothing it should not.
+func leastOffset(off, rtt time.Duration) time.Duration {
+	slack := rtt / 2
+	switch {
+	case off > slack:
+		return off - slack
+	case off < -slack:
+		return off + slack
+	}
+	return 0
+}
+
 // fromMajority returns the majority's time relative to ours: the median
 // of every clock's offset from ours, ours (0) included.
 func fromMajority(offsets []time.Duration) time.Duration {
@@ -220,8 +239,9 @@ func fromMajority(offsets []time.Duration) time.Duration {
 // the offset, its liveness and its binary's command version, wakes the
 // proposals waiting for a confirmation (awaitClock: each reading may
 // complete a shard's quorum, so a peer that is down does not hold them
-// for the whole reading timeout), and returns the offset.
-func (r *Router) readClock(n *placementv1.Node, round time.Time) (time.Duration, bool) {
+// for the whole reading timeout), and returns the offset and the round
+// trip it was measured in.
+func (r *Router) readClock(n *placementv1.Node, round time.Time) (off, rtt time.Duration, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ClockInterval)
 	defer cancel()
 	sent := r.now()
@@ -234,10 +254,10 @@ func (r *Router) readClock(n *placementv1.Node, round time.Time) (time.Duration,
 	}
 	r.clock.down[n.GetId()] = err != nil
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	mid := sent.Add(got.Sub(sent) / 2)
-	off := time.Unix(0, resp.Msg.GetUnixNano()).Sub(mid)
+	rtt = got.Sub(sent)
+	off = time.Unix(0, resp.Msg.GetUnixNano()).Sub(sent.Add(rtt / 2))
 	metrics.clockOffset.WithLabelValues(strconv.FormatUint(n.GetId(), 10)).Set(off.Seconds())
 	if r.clock.offsets == nil {
 		r.clock.offsets = map[uint64]time.Duration{}
@@ -255,7 +275,7 @@ func (r *Router) readClock(n *placementv1.Node, round time.Time) (time.Duration,
 		close(r.clock.roundc)
 	}
 	r.clock.roundc = make(chan struct{})
-	return off, true
+	return off, rtt, true
 }
 
 // applies reports whether every replica of shardID is on a node whose

@@ -38,3 +38,27 @@ func TestClockConfirmedNeedsFreshQuorum(t *testing.T) {
 		}
 	}
 }
+
+// A clock reading bounds the peer's offset only to ±rtt/2 around its
+// estimate: the node judges its own clock by the least offset that
+// allows, so one slow answer (the case behind a CI failure: a peer
+// restarting answered in ~650 ms with an estimate of +325 ms) does not
+// make it hand its leaderships away, while a skew far beyond the round
+// trip still counts nearly whole.
+func TestLeastOffset(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct{ off, rtt, want time.Duration }{
+		{325 * ms, 650 * ms, 0},
+		{-325 * ms, 650 * ms, 0},
+		{400 * ms, 2 * ms, 399 * ms},
+		{-400 * ms, 2 * ms, -399 * ms},
+		{ms / 2, 2 * ms, 0},
+	} {
+		if got := leastOffset(tc.off, tc.rtt); got != tc.want {
+			t.Errorf("leastOffset(%v, %v) = %v, want %v", tc.off, tc.rtt, got, tc.want)
+		}
+	}
+	if off := fromMajority([]time.Duration{0, leastOffset(325*ms, 650*ms)}); off.Abs() > 250*ms/2 {
+		t.Errorf("two nodes, the peer's reading slow: offset from the majority %v", off)
+	}
+}
