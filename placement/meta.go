@@ -51,8 +51,8 @@ const MetaCommandVersion uint32 = 6
 // finishedKept is how many ended operators the state keeps (version 6).
 const finishedKept = 64
 
-// maxRequestID bounds an operation's request_id, in bytes.
-const maxRequestID = 128
+// MaxRequestID bounds an operation's request_id, in bytes.
+const MaxRequestID = 128
 
 // metaKindVersions is the version each command kind needs, by its field
 // number in Command's oneof: the version in which it appeared. A kind
@@ -341,7 +341,7 @@ func Middle(start, end uint64) uint64 {
 // version 2 the target shard's membership changes compare-and-set.
 func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd, v uint32) (*placementv1.Result, error) {
 	if len(st.GetOperators()) > 0 {
-		return nil, fmt.Errorf("operator %d is in progress; one operator runs at a time", st.GetOperators()[0].GetId())
+		return nil, fmt.Errorf("operation %d is in progress; one split or move runs at a time", st.GetOperators()[0].GetId())
 	}
 	src := shardByID(st, c.GetSource())
 	i := rangeOf(st, c.GetSource())
@@ -402,17 +402,26 @@ func requested(st *placementv1.State, id string, same func(*placementv1.Operator
 	if id == "" {
 		return nil, nil
 	}
-	if len(id) > maxRequestID {
-		return nil, fmt.Errorf("request_id: %d bytes, more than %d", len(id), maxRequestID)
+	if err := shard.CheckName("request_id", id, MaxRequestID); err != nil {
+		return nil, err
 	}
 	op, _ := FindOperator(st, 0, id)
 	switch {
 	case op == nil:
 		return nil, nil
 	case !same(op):
-		return nil, fmt.Errorf("request_id: %q names operator %d, another operation", id, op.GetId())
+		return nil, fmt.Errorf("request_id: %q names operation %d, %s, not this one", id, op.GetId(), describeOperator(op))
 	}
 	return op, nil
+}
+
+// describeOperator says what operator op does, for a refusal.
+func describeOperator(op *placementv1.Operator) string {
+	if s := op.GetSplit(); s != nil {
+		return fmt.Sprintf("a split of shard %d at %#016x", s.GetSource(), s.GetSplitAt())
+	}
+	m := op.GetMove()
+	return fmt.Sprintf("a move of shard %d's replica from node %d to node %d", m.GetShard(), m.GetFromNode(), m.GetToNode())
 }
 
 // sameSplit reports whether an operator is the split c asks for: of the
@@ -553,7 +562,7 @@ func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd, v uint32)
 
 func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd) (*placementv1.Result, error) {
 	if len(st.GetOperators()) > 0 {
-		return nil, fmt.Errorf("operator %d is in progress; one operator runs at a time", st.GetOperators()[0].GetId())
+		return nil, fmt.Errorf("operation %d is in progress; one split or move runs at a time", st.GetOperators()[0].GetId())
 	}
 	sh := shardByID(st, c.GetShard())
 	if sh == nil || sh.GetState() != placementv1.ShardState_SHARD_STATE_ACTIVE {

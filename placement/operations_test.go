@@ -65,8 +65,10 @@ func TestOperationRequestID(t *testing.T) {
 	if _, res := ApplyMeta(st, beginMoveCmd(6, "move-a", 2, 4)); !strings.HasPrefix(res.GetError(), "request_id: ") {
 		t.Fatalf("the id for another move: %v", res)
 	}
-	if _, res := ApplyMeta(st, beginMoveCmd(6, strings.Repeat("x", maxRequestID+1), 1, 4)); !strings.HasPrefix(res.GetError(), "request_id: ") {
-		t.Fatalf("an id too long: %v", res)
+	for _, bad := range []string{strings.Repeat("x", MaxRequestID+1), "\x1b[31mred", "tab\there", "\xff\xfe"} {
+		if _, res := ApplyMeta(st, beginMoveCmd(6, bad, 1, 4)); !strings.HasPrefix(res.GetError(), "request_id: ") {
+			t.Fatalf("request id %q: %v", bad, res)
+		}
 	}
 	ended := endMove(t, st, op.GetId(), 6)
 	if len(ended.GetOperators()) != 0 || len(ended.GetFinishedOperators()) != 1 || ended.GetFinishedOperators()[0].GetMove().GetStep() != placementv1.MoveStep_MOVE_STEP_REMOVED {

@@ -167,6 +167,9 @@ func (s *AdminServer) requestIDProposable(ctx context.Context, id string) error 
 	if id == "" {
 		return nil
 	}
+	if err := shard.CheckName("request_id", id, placement.MaxRequestID); err != nil {
+		return err
+	}
 	if err := s.r.RefreshMap(ctx); err != nil {
 		return fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}

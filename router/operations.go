@@ -12,6 +12,7 @@ import (
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // ListOperations implements AdminService.ListOperations, from a
@@ -34,8 +35,11 @@ func (s *AdminServer) ListOperations(ctx context.Context, _ *connect.Request[war
 // GetOperation implements AdminService.GetOperation.
 func (s *AdminServer) GetOperation(ctx context.Context, req *connect.Request[wardenv1.GetOperationRequest]) (*connect.Response[wardenv1.GetOperationResponse], error) {
 	id, rid := req.Msg.GetId(), req.Msg.GetRequestId()
-	if id == 0 && rid == "" {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("id: is required (or request_id)"))
+	switch {
+	case id == 0 && rid == "":
+		return nil, &shard.FieldError{Field: "id", Reason: "is required, or request_id (operation ids start at 1)"}
+	case id != 0 && rid != "":
+		return nil, &shard.FieldError{Field: "request_id", Reason: "give id or request_id, not both"}
 	}
 	st, err := s.r.meta.Read(ctx)
 	if err != nil {

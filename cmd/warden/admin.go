@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
@@ -175,10 +176,10 @@ func (s *splitCmd) Run(g *globals) error {
 	resp, err := g.admin().SplitShard(ctx, connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: s.ShardID, SplitAt: at, RequestId: s.RequestID, NoWait: s.NoWait}))
 	stop()
 	if err != nil {
-		return fmt.Errorf("split: %w", err)
+		return fmt.Errorf("split: %w", unknownOutcome(err, s.RequestID))
 	}
 	if resp.Msg.GetNewShardId() == 0 { // --no-wait (a node that predates it answers at the end)
-		return g.printBegun(resp.Msg.GetOperationId())
+		return g.printBegun(resp.Msg, resp.Msg.GetOperationId())
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "shard %d split at %#016x: the upper part is shard %d (placement generation %d)\n",
@@ -293,10 +294,10 @@ func (m *moveCmd) Run(g *globals) error {
 	resp, err := g.admin().MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: m.ShardID, FromNodeId: m.From, ToNodeId: m.To, RequestId: m.RequestID, NoWait: m.NoWait}))
 	stop()
 	if err != nil {
-		return fmt.Errorf("move: %w", err)
+		return fmt.Errorf("move: %w", unknownOutcome(err, m.RequestID))
 	}
 	if m.NoWait && resp.Msg.GetOperationId() != 0 {
-		return g.printBegun(resp.Msg.GetOperationId())
+		return g.printBegun(resp.Msg, resp.Msg.GetOperationId())
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "shard %d: replica moved from node %d to node %d (replica %d)\n", m.ShardID, m.From, m.To, resp.Msg.GetReplicaId())
@@ -360,11 +361,27 @@ func (r *nodeRemoveCmd) Run(g *globals) error {
 	})
 }
 
-// printBegun prints the id of an operation begun with --no-wait.
-func (g *globals) printBegun(id uint64) error {
-	return g.print(&wardenv1.GetOperationRequest{Id: id}, func(w io.Writer) {
-		fmt.Fprintf(w, "operation %d begun: follow it with warden admin operation %d\n", id, id)
+// printBegun prints the answer resp to a --no-wait call: operation id,
+// begun or (under a request id) found.
+func (g *globals) printBegun(resp proto.Message, id uint64) error {
+	return g.print(resp, func(w io.Writer) {
+		fmt.Fprintf(w, "operation %d: follow it with warden admin operation %d\n", id, id)
 	})
+}
+
+// unknownOutcome adds to err, when the call that begins an operation
+// ended without an answer (a deadline, a lost connection), that the
+// operation may have begun and go on, and how to find out.
+func unknownOutcome(err error, requestID string) error {
+	switch connect.CodeOf(err) {
+	case connect.CodeDeadlineExceeded, connect.CodeCanceled, connect.CodeUnavailable, connect.CodeUnknown:
+	default:
+		return err
+	}
+	if requestID != "" {
+		return fmt.Errorf("%w (the outcome is unknown: the operation may have begun and go on; run the same command again with --request-id %s to follow it)", err, requestID)
+	}
+	return fmt.Errorf("%w (the outcome is unknown: the operation may have begun and go on; see warden admin operations)", err)
 }
 
 // progressLine is one line of an operation's progress.

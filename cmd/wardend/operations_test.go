@@ -37,7 +37,7 @@ func (c *procCluster) waitOperation(i int, id, want string) string {
 func TestClusterOperations(t *testing.T) {
 	c := startProcCluster(t)
 	out, err := c.warden(0, "admin", "split", "1", "--request-id", "split-a", "--no-wait")
-	m := regexp.MustCompile(`operation (\d+) begun`).FindStringSubmatch(out)
+	m := regexp.MustCompile(`operation (\d+): follow it`).FindStringSubmatch(out)
 	if err != nil || m == nil {
 		t.Fatalf("split --no-wait: %v\n%s", err, out)
 	}
@@ -58,6 +58,12 @@ func TestClusterOperations(t *testing.T) {
 	}
 	if out, err := c.warden(0, "admin", "operation", "99"); err == nil || !strings.Contains(out, "not_found") {
 		t.Fatalf("an operation that never was: %v\n%s", err, out)
+	}
+	if out, err := c.warden(0, "admin", "operation", m[1], "--request-id", "other"); err == nil || !strings.Contains(out, "not both") {
+		t.Fatalf("an id and a request id: %v\n%s", err, out)
+	}
+	if out, err := c.warden(0, "admin", "split", "2", "--request-id", "\x1b[31mred"); err == nil || !strings.Contains(out, "invalid_argument") || !strings.Contains(out, "request_id") {
+		t.Fatalf("a request id with a control character: %v\n%s", err, out)
 	}
 
 	c.holdMany("op-held", 300, 5*time.Minute)

@@ -788,7 +788,8 @@ type SplitShardRequest struct {
 	ShardId uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
 	// SplitAt is the first hash of the new shard's range; 0 means the middle.
 	SplitAt uint64 `protobuf:"varint,2,opt,name=split_at,json=splitAt,proto3" json:"split_at,omitempty"`
-	// RequestId, if set, names the operation (at most 128 bytes): a call
+	// RequestId, if set, names the operation (at most 128 bytes of UTF-8
+	// without control or format characters, like a lock's): a call
 	// again with the same id (after a timeout whose outcome was unknown)
 	// does not split again but follows the split the first call began,
 	// running or ended (the last 64 ended operations are kept). Needs
