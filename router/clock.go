@@ -23,9 +23,12 @@ import (
 // (DESIGN.md "Time"): lease safety rests on the pairwise offset staying
 // under max_clock_skew, so each node measures it.
 type clockWatch struct {
-	mu      sync.Mutex
-	offsets map[uint64]time.Duration // peer node id → its clock minus ours
-	down    map[uint64]bool          // peers whose last reading failed
+	mu sync.Mutex
+	// offsets holds, per peer, the farthest its clock minus ours may be
+	// by its last reading (farthestOffset): a term is confirmed only by
+	// readings whose whole uncertainty lies within the bound.
+	offsets map[uint64]time.Duration
+	down    map[uint64]bool // peers whose last reading failed
 	// versions holds the shard command version each peer's binary
 	// applies, from its last clock reading.
 	versions map[uint64]uint32
@@ -215,8 +218,8 @@ func (r *Router) measureClocks() {
 // round trip, so the offset is known only to ±rtt/2 around off (NTP's
 // bound). This node judges its own clock out of bounds by these, so that
 // one slow answer (a peer busy starting, a pause) does not make it hand
-// its leaderships away; a reading confirms a term only by its offset
-// itself (confirmed), and a slow one confirms nothing it should not.
+// its leaderships away; a reading confirms a term only if its farthest
+// offset is within the bound (confirmed), so a slow one confirms less.
 func leastOffset(off, rtt time.Duration) time.Duration {
 	slack := rtt / 2
 	switch {
@@ -226,6 +229,16 @@ func leastOffset(off, rtt time.Duration) time.Duration {
 		return off + slack
 	}
 	return 0
+}
+
+// farthestOffset is the offset farthest from 0 that a reading of offset
+// off taken in a round trip of rtt allows (see leastOffset): what a
+// confirmation must hold within the bound.
+func farthestOffset(off, rtt time.Duration) time.Duration {
+	if off < 0 {
+		return off - rtt/2
+	}
+	return off + rtt/2
 }
 
 // fromMajority returns the majority's time relative to ours: the median
@@ -262,7 +275,7 @@ func (r *Router) readClock(n *placementv1.Node, round time.Time) (off, rtt time.
 	if r.clock.offsets == nil {
 		r.clock.offsets = map[uint64]time.Duration{}
 	}
-	r.clock.offsets[n.GetId()] = off
+	r.clock.offsets[n.GetId()] = farthestOffset(off, rtt)
 	if r.clock.versions == nil {
 		r.clock.versions = map[uint64]uint32{}
 	}

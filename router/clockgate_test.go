@@ -61,4 +61,12 @@ func TestLeastOffset(t *testing.T) {
 	if off := fromMajority([]time.Duration{0, leastOffset(325*ms, 650*ms)}); off.Abs() > 250*ms/2 {
 		t.Errorf("two nodes, the peer's reading slow: offset from the majority %v", off)
 	}
+	// The same reading confirms nothing: its peer's clock may be 650 ms
+	// from ours.
+	if got := farthestOffset(325*ms, 650*ms); got != 650*ms {
+		t.Errorf("farthestOffset(325ms, 650ms) = %v", got)
+	}
+	if got := farthestOffset(-100*ms, 20*ms); got != -110*ms {
+		t.Errorf("farthestOffset(-100ms, 20ms) = %v", got)
+	}
 }
