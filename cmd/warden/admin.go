@@ -278,9 +278,9 @@ func (c *configCmd) Run(g *globals) error {
 }
 
 type moveCmd struct {
-	ShardID uint64 `arg:"" name:"shard-id"`
-	From    uint64 `arg:"" name:"from-node-id"`
-	To      uint64 `arg:"" name:"to-node-id"`
+	ShardID uint64 `arg:"" name:"shard-id" help:"Shard whose replica moves."`
+	From    uint64 `arg:"" name:"from-node-id" help:"Node the replica leaves (its data there is deleted)."`
+	To      uint64 `arg:"" name:"to-node-id" help:"Node that takes it: in the same zone, hosting no replica of the shard."`
 	opFlags
 }
 
@@ -338,7 +338,7 @@ type nodeCmd struct {
 }
 
 type nodeRemoveCmd struct {
-	NodeID   uint64        `arg:"" name:"node-id"`
+	NodeID   uint64        `arg:"" name:"node-id" help:"Node to take out for good (its id is never used again)."`
 	Deadline time.Duration `default:"30m" help:"How long the moves may take (the global --timeout does not apply)."`
 }
 
