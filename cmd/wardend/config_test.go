@@ -127,11 +127,34 @@ func TestAdvertisedAddresses(t *testing.T) {
 	}
 }
 
+// wildcardFree reports whether addr's port can be bound on every
+// interface right now.
+func wildcardFree(addr string) bool {
+	_, port, _ := net.SplitHostPort(addr)
+	l, err := net.Listen("tcp", "0.0.0.0:"+port)
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
 // A node that binds every interface (--listen and --raft-addr on
 // 0.0.0.0) serves a three-process cluster through the addresses it
 // advertises, which ListNodes shows with each node's version.
 func TestClusterAdvertisedAddresses(t *testing.T) {
+	// Node 3's ports were picked free on this process's loopback
+	// address, but it binds them on every interface, where a process
+	// beside this one (another package's test, on another loopback
+	// address) may hold them: CI failed once on "address already in
+	// use". Lay the cluster out again until both are free everywhere.
 	c := newProcCluster(t)
+	for attempt := 0; !wildcardFree(c.nodes[2].listen) || !wildcardFree(c.nodes[2].raft); attempt++ {
+		if attempt == 20 {
+			t.Fatalf("no ports free on every interface in 20 layouts")
+		}
+		c = newProcCluster(t)
+	}
 	n := c.nodes[2]
 	_, listenPort, _ := net.SplitHostPort(n.listen)
 	_, raftPort, _ := net.SplitHostPort(n.raft)
