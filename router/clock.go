@@ -24,10 +24,8 @@ import (
 // under max_clock_skew, so each node measures it.
 type clockWatch struct {
 	mu sync.Mutex
-	// offsets holds, per peer, the farthest its clock minus ours may be
-	// by its last reading (farthestOffset): a term is confirmed only by
-	// readings whose whole uncertainty lies within the bound.
-	offsets map[uint64]time.Duration
+	// offsets holds, per peer, its last good reading.
+	offsets map[uint64]reading
 	down    map[uint64]bool // peers whose last reading failed
 	// versions holds the shard command version each peer's binary
 	// applies, from its last clock reading.
@@ -51,9 +49,13 @@ type clockWatch struct {
 // ids.
 var ErrClockUnconfirmed = errors.New("router: the shard leader's clock is not confirmed within the skew bound")
 
-// readings returns, for each peer, the offset and round start of its
-// last good reading, and a channel closed by the next reading.
-func (w *clockWatch) readings() (map[uint64]time.Duration, map[uint64]time.Time, <-chan struct{}) {
+// reading is one clock reading of a peer: its clock minus ours as
+// estimated at the midpoint of the round trip, and the round trip.
+type reading struct{ off, rtt time.Duration }
+
+// readings returns, for each peer, its last good reading and the start
+// of its round, and a channel closed by the next reading.
+func (w *clockWatch) readings() (map[uint64]reading, map[uint64]time.Time, <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.roundc == nil {
@@ -66,7 +68,10 @@ func (w *clockWatch) readings() (map[uint64]time.Duration, map[uint64]time.Time,
 // term t: a quorum of the shard's replicas' clocks (this node's
 // included) agree with ours within MaxClockSkew/2, by readings taken in
 // rounds begun after the term began.
-func (r *Router) confirmed(t leaderTerm, offsets map[uint64]time.Duration, readAt map[uint64]time.Time) bool {
+//
+// A reading agrees by the farthest offset it allows (farthestOffset):
+// its whole uncertainty must lie within the bound.
+func (r *Router) confirmed(t leaderTerm, offsets map[uint64]reading, readAt map[uint64]time.Time) bool {
 	reps := r.Map().Shard(t.shardID).GetReplicas()
 	agree := 0
 	for _, rep := range reps {
@@ -75,7 +80,7 @@ func (r *Router) confirmed(t leaderTerm, offsets map[uint64]time.Duration, readA
 			agree++
 			continue
 		}
-		if at, ok := readAt[id]; ok && at.After(t.anchor) && offsets[id].Abs() <= r.cfg.MaxClockSkew/2 {
+		if at, ok := readAt[id]; ok && at.After(t.anchor) && farthestOffset(offsets[id].off, offsets[id].rtt).Abs() <= r.cfg.MaxClockSkew/2 {
 			agree++
 		}
 	}
@@ -273,9 +278,9 @@ func (r *Router) readClock(n *placementv1.Node, round time.Time) (off, rtt time.
 	off = time.Unix(0, resp.Msg.GetUnixNano()).Sub(sent.Add(rtt / 2))
 	metrics.clockOffset.WithLabelValues(strconv.FormatUint(n.GetId(), 10)).Set(off.Seconds())
 	if r.clock.offsets == nil {
-		r.clock.offsets = map[uint64]time.Duration{}
+		r.clock.offsets = map[uint64]reading{}
 	}
-	r.clock.offsets[n.GetId()] = farthestOffset(off, rtt)
+	r.clock.offsets[n.GetId()] = reading{off, rtt}
 	if r.clock.versions == nil {
 		r.clock.versions = map[uint64]uint32{}
 	}

@@ -21,22 +21,32 @@ func TestClockConfirmedNeedsFreshQuorum(t *testing.T) {
 	ms := time.Millisecond
 	for _, c := range []struct {
 		name    string
-		offsets map[uint64]time.Duration
+		offsets map[uint64]reading
 		readAt  map[uint64]time.Time
 		want    bool
 	}{
 		{"no readings", nil, nil, false},
-		{"readings from before the term", map[uint64]time.Duration{2: 0, 3: 0}, map[uint64]time.Time{2: before, 3: before}, false},
-		{"one fresh reading (with ours, a quorum of 3)", map[uint64]time.Duration{2: 10 * ms}, map[uint64]time.Time{2: after}, true},
-		{"fresh, but this node is 10 s ahead", map[uint64]time.Duration{2: -10 * time.Second, 3: -10 * time.Second}, map[uint64]time.Time{2: after, 3: after}, false},
-		{"one peer skewed, the other with us", map[uint64]time.Duration{2: 10 * time.Second, 3: 5 * ms}, map[uint64]time.Time{2: after, 3: after}, true},
-		{"the only fresh reading disagrees", map[uint64]time.Duration{2: -10 * time.Second}, map[uint64]time.Time{2: after}, false},
-		{"a fresh reading of a node with no replica", map[uint64]time.Duration{4: 0}, map[uint64]time.Time{4: after}, false},
+		{"readings from before the term", estimates(map[uint64]time.Duration{2: 0, 3: 0}), map[uint64]time.Time{2: before, 3: before}, false},
+		{"one fresh reading (with ours, a quorum of 3)", estimates(map[uint64]time.Duration{2: 10 * ms}), map[uint64]time.Time{2: after}, true},
+		{"fresh, but this node is 10 s ahead", estimates(map[uint64]time.Duration{2: -10 * time.Second, 3: -10 * time.Second}), map[uint64]time.Time{2: after, 3: after}, false},
+		{"one peer skewed, the other with us", estimates(map[uint64]time.Duration{2: 10 * time.Second, 3: 5 * ms}), map[uint64]time.Time{2: after, 3: after}, true},
+		{"the only fresh reading disagrees", estimates(map[uint64]time.Duration{2: -10 * time.Second}), map[uint64]time.Time{2: after}, false},
+		{"one fresh reading within the bound, but taken in a 600 ms round trip", map[uint64]reading{2: {200 * ms, 600 * ms}}, map[uint64]time.Time{2: after}, false},
+		{"a fresh reading of a node with no replica", estimates(map[uint64]time.Duration{4: 0}), map[uint64]time.Time{4: after}, false},
 	} {
 		if got := r.confirmed(term, c.offsets, c.readAt); got != c.want {
 			t.Errorf("%s: confirmed %v, want %v", c.name, got, c.want)
 		}
 	}
+}
+
+// estimates are readings of offsets in round trips of no time.
+func estimates(m map[uint64]time.Duration) map[uint64]reading {
+	out := map[uint64]reading{}
+	for id, off := range m {
+		out[id] = reading{off: off}
+	}
+	return out
 }
 
 // A clock reading bounds the peer's offset only to ±rtt/2 around its
