@@ -180,29 +180,21 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 	case *placementv1.Command_ReserveEpochs:
 		return reserveEpochs(st, c.ReserveEpochs)
 	case *placementv1.Command_BeginSplit:
-		b := c.BeginSplit
-		if cmd.GetVersion() < 6 && b.GetRequestId() != "" { // the rule before version 6: no request ids
-			b = proto.CloneOf(b)
-			b.RequestId = ""
-		}
-		if op, err := requested(st, b.GetRequestId(), sameSplit(b)); op != nil || err != nil {
+		rid := requestID(c.BeginSplit.GetRequestId(), cmd.GetVersion())
+		if op, err := requested(st, rid, sameSplit(c.BeginSplit)); op != nil || err != nil {
 			return &placementv1.Result{Operator: op}, err
 		}
-		return beginSplit(st, b, cmd.GetVersion())
+		return beginSplit(st, c.BeginSplit, rid, cmd.GetVersion())
 	case *placementv1.Command_AdvanceSplit:
 		return ok, advanceSplit(st, c.AdvanceSplit)
 	case *placementv1.Command_EndOperator:
 		return ok, endOperator(st, c.EndOperator, cmd.GetVersion())
 	case *placementv1.Command_BeginMove:
-		b := c.BeginMove
-		if cmd.GetVersion() < 6 && b.GetRequestId() != "" {
-			b = proto.CloneOf(b)
-			b.RequestId = ""
-		}
-		if op, err := requested(st, b.GetRequestId(), sameMove(b)); op != nil || err != nil {
+		rid := requestID(c.BeginMove.GetRequestId(), cmd.GetVersion())
+		if op, err := requested(st, rid, sameMove(c.BeginMove)); op != nil || err != nil {
 			return &placementv1.Result{Operator: op}, err
 		}
-		return beginMove(st, b)
+		return beginMove(st, c.BeginMove, rid)
 	case *placementv1.Command_AdvanceMove:
 		return ok, advanceMove(st, c.AdvanceMove)
 	case *placementv1.Command_Auth:
@@ -339,7 +331,7 @@ func Middle(start, end uint64) uint64 {
 
 // beginSplit applies c, proposed at placement command version v: from
 // version 2 the target shard's membership changes compare-and-set.
-func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd, v uint32) (*placementv1.Result, error) {
+func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd, rid string, v uint32) (*placementv1.Result, error) {
 	if len(st.GetOperators()) > 0 {
 		return nil, fmt.Errorf("operation %d is in progress; one split or move runs at a time", st.GetOperators()[0].GetId())
 	}
@@ -386,12 +378,21 @@ func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd, v uint32) (
 		return nil, errors.New("shard ids are exhausted")
 	}
 	st.Shards = append(st.Shards, target)
-	op := &placementv1.Operator{Id: st.NextOperatorId, RequestId: c.GetRequestId(), Kind: &placementv1.Operator_Split{Split: &placementv1.SplitOp{
+	op := &placementv1.Operator{Id: st.NextOperatorId, RequestId: rid, Kind: &placementv1.Operator_Split{Split: &placementv1.SplitOp{
 		Source: src.GetId(), Target: target.GetId(), SplitAt: at, Epoch: c.GetEpoch(),
 		Step: placementv1.SplitStep_SPLIT_STEP_PREPARED, Generation: st.GetGeneration() + 1}}}
 	st.NextOperatorId++
 	st.Operators = append(st.Operators, op)
 	return &placementv1.Result{Operator: op}, nil
+}
+
+// requestID is the request id a begin of version v carries: none below
+// version 6, whose rule ignored the field (no proposer sets it there).
+func requestID(id string, v uint32) string {
+	if v < 6 {
+		return ""
+	}
+	return id
 }
 
 // requested returns the operator, in progress or kept, whose request_id
@@ -560,7 +561,7 @@ func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd, v uint32)
 	return nil
 }
 
-func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd) (*placementv1.Result, error) {
+func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd, rid string) (*placementv1.Result, error) {
 	if len(st.GetOperators()) > 0 {
 		return nil, fmt.Errorf("operation %d is in progress; one split or move runs at a time", st.GetOperators()[0].GetId())
 	}
@@ -600,7 +601,7 @@ func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd) (*placementv1
 	added := &placementv1.Replica{ReplicaId: sh.NextReplicaId, NodeId: to.GetId(), Join: true, NonVoting: true}
 	sh.NextReplicaId++
 	sh.Replicas = append(sh.Replicas, added)
-	op := &placementv1.Operator{Id: st.NextOperatorId, RequestId: c.GetRequestId(), Kind: &placementv1.Operator_Move{Move: &placementv1.MoveOp{
+	op := &placementv1.Operator{Id: st.NextOperatorId, RequestId: rid, Kind: &placementv1.Operator_Move{Move: &placementv1.MoveOp{
 		Shard: sh.GetId(), FromReplica: from.GetReplicaId(), FromNode: from.GetNodeId(),
 		ToReplica: added.GetReplicaId(), ToNode: to.GetId(), Step: placementv1.MoveStep_MOVE_STEP_PLANNED}}}
 	st.NextOperatorId++
