@@ -64,6 +64,7 @@ fuzz:
 	$(GO) test ./shard -run '^$$' -fuzz '^FuzzLoadSnapshot$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./router -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./placement -run '^$$' -fuzz '^FuzzMetaUpdate$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./placement -run '^$$' -fuzz '^FuzzJobCommands$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./auth -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./auth -run '^$$' -fuzz '^FuzzParseBootstrap$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/wardend -run '^$$' -fuzz '^FuzzConfigFile$$' -fuzztime $(FUZZTIME)

@@ -46,7 +46,15 @@ const EpochWindow = 32
 // BeginMoveCmd take a request_id (needing version 6), and one that an
 // operator in progress or kept has returns it instead of beginning
 // another.
-const MetaCommandVersion uint32 = 6
+//
+// Version 7: jobs. BeginJobCmd and AdvanceJobCmd (a node removal or a
+// rebalance as an operator whose steps are moves); BeginMoveCmd's parent
+// (a job's step, which may add a replica or, for a forced removal, drop
+// one); EndOperatorCmd's error, and its recording of a move's outcome in
+// its job. From version 7 a running job does not keep a split or move
+// from beginning (only another split or move does), and a node being
+// removed takes no new replica.
+const MetaCommandVersion uint32 = 7
 
 // finishedKept is how many ended operators the state keeps (version 6).
 const finishedKept = 64
@@ -61,10 +69,15 @@ var metaKindVersions = map[protoreflect.FieldNumber]uint32{
 	9:  3, // auth
 	10: 4, // restore
 	11: 5, // remove_node
+	12: 7, // begin_job
+	13: 7, // advance_job
 }
 
 // MetaVersionOf returns the placement command version cmd needs.
 func MetaVersionOf(cmd *placementv1.Command) uint32 {
+	if cmd.GetBeginMove().GetParent() != 0 || cmd.GetEndOperator().GetError() != "" {
+		return 7
+	}
 	if cmd.GetBeginSplit().GetRequestId() != "" || cmd.GetBeginMove().GetRequestId() != "" {
 		return 6
 	}
@@ -194,7 +207,7 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 		if op, err := requested(st, rid, sameMove(c.BeginMove)); op != nil || err != nil {
 			return &placementv1.Result{Operator: op}, err
 		}
-		return beginMove(st, c.BeginMove, rid)
+		return beginMove(st, c.BeginMove, rid, cmd.GetVersion())
 	case *placementv1.Command_AdvanceMove:
 		return ok, advanceMove(st, c.AdvanceMove)
 	case *placementv1.Command_Auth:
@@ -203,6 +216,13 @@ func applyMeta(st *placementv1.State, cmd *placementv1.Command) (*placementv1.Re
 		return ok, applyRestore(st, c.Restore)
 	case *placementv1.Command_RemoveNode:
 		return ok, removeNode(st, c.RemoveNode.GetNodeId())
+	case *placementv1.Command_BeginJob:
+		if op, err := requested(st, c.BeginJob.GetRequestId(), sameJob(c.BeginJob)); op != nil || err != nil {
+			return &placementv1.Result{Operator: op}, err
+		}
+		return beginJob(st, c.BeginJob)
+	case *placementv1.Command_AdvanceJob:
+		return ok, advanceJob(st, c.AdvanceJob)
 	}
 	return nil, errors.New("command: missing or unknown")
 }
@@ -332,8 +352,8 @@ func Middle(start, end uint64) uint64 {
 // beginSplit applies c, proposed at placement command version v: from
 // version 2 the target shard's membership changes compare-and-set.
 func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd, rid string, v uint32) (*placementv1.Result, error) {
-	if len(st.GetOperators()) > 0 {
-		return nil, fmt.Errorf("operation %d is in progress; one split or move runs at a time", st.GetOperators()[0].GetId())
+	if op := blocking(st, v); op != nil {
+		return nil, fmt.Errorf("operation %d is in progress; %s", op.GetId(), busyReason)
 	}
 	src := shardByID(st, c.GetSource())
 	i := rangeOf(st, c.GetSource())
@@ -361,6 +381,9 @@ func beginSplit(st *placementv1.State, c *placementv1.BeginSplitCmd, rid string,
 		n := nodeByID(st, id)
 		if n == nil {
 			return nil, fmt.Errorf("nodes: node %d is not registered", id)
+		}
+		if job := removing(st, id); job != nil && v >= 7 {
+			return nil, fmt.Errorf("nodes: node %d is being removed (operation %d)", id, job.GetId())
 		}
 		if zones[n.GetZone()] {
 			return nil, fmt.Errorf("nodes: two replicas in zone %q", n.GetZone())
@@ -421,6 +444,12 @@ func describeOperator(op *placementv1.Operator) string {
 	if s := op.GetSplit(); s != nil {
 		return fmt.Sprintf("a split of shard %d at %#016x", s.GetSource(), s.GetSplitAt())
 	}
+	if r := op.GetRemoveNode(); r != nil {
+		return fmt.Sprintf("a removal of node %d", r.GetNodeId())
+	}
+	if op.GetRebalance() != nil {
+		return "a rebalance"
+	}
 	m := op.GetMove()
 	return fmt.Sprintf("a move of shard %d's replica from node %d to node %d", m.GetShard(), m.GetFromNode(), m.GetToNode())
 }
@@ -438,7 +467,7 @@ func sameSplit(c *placementv1.BeginSplitCmd) func(*placementv1.Operator) bool {
 func sameMove(c *placementv1.BeginMoveCmd) func(*placementv1.Operator) bool {
 	return func(op *placementv1.Operator) bool {
 		m := op.GetMove()
-		return m != nil && m.GetShard() == c.GetShard() && m.GetFromNode() == c.GetFromNode() && m.GetToNode() == c.GetToNode()
+		return m != nil && m.GetShard() == c.GetShard() && m.GetFromNode() == c.GetFromNode() && m.GetToNode() == c.GetToNode() && op.GetParent() == c.GetParent()
 	}
 }
 
@@ -518,11 +547,16 @@ func commitSplit(st *placementv1.State, s *placementv1.SplitOp) error {
 }
 
 // endOperator ends operator c.operator_id, or marks it rolling back;
-// from version 6 (v) the ended operator is kept in finished_operators.
+// from version 6 (v) the ended operator is kept in finished_operators,
+// and from version 7 a job ends too (endJob), and a move's end is
+// recorded in its job's step.
 func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd, v uint32) error {
 	op, i := operatorByID(st, c.GetOperatorId())
 	if op == nil {
 		return fmt.Errorf("operator_id: %d is not in progress", c.GetOperatorId())
+	}
+	if c.GetError() != "" && !isJob(op) {
+		return fmt.Errorf("error: operator %d is no node removal or rebalance; only a job ends with an error", op.GetId())
 	}
 	if s := op.GetSplit(); s != nil {
 		switch {
@@ -550,7 +584,23 @@ func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd, v uint32)
 		case m.GetStep() != placementv1.MoveStep_MOVE_STEP_REMOVED:
 			return fmt.Errorf("operator_id: move %d is at %v, not done", op.GetId(), m.GetStep())
 		}
+		if v >= 7 {
+			endStep(st, op)
+		}
 	}
+	if isJob(op) && v >= 7 {
+		if err := endJob(st, op, c); err != nil {
+			return err
+		}
+	}
+	finish(st, i, v)
+	return nil
+}
+
+// finish takes the operator at index i out of those in progress and,
+// from version 6 (v), keeps it among the last ended.
+func finish(st *placementv1.State, i int, v uint32) {
+	op := st.Operators[i]
 	st.Operators = slices.Delete(st.Operators, i, i+1)
 	if v >= 6 {
 		st.FinishedOperators = append(st.FinishedOperators, op)
@@ -558,20 +608,31 @@ func endOperator(st *placementv1.State, c *placementv1.EndOperatorCmd, v uint32)
 			st.FinishedOperators = slices.Delete(st.FinishedOperators, 0, n-finishedKept)
 		}
 	}
-	return nil
 }
 
-func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd, rid string) (*placementv1.Result, error) {
-	if len(st.GetOperators()) > 0 {
-		return nil, fmt.Errorf("operation %d is in progress; one split or move runs at a time", st.GetOperators()[0].GetId())
+func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd, rid string, v uint32) (*placementv1.Result, error) {
+	if op := blocking(st, v); op != nil {
+		return nil, fmt.Errorf("operation %d is in progress; %s", op.GetId(), busyReason)
 	}
 	sh := shardByID(st, c.GetShard())
 	if sh == nil || sh.GetState() != placementv1.ShardState_SHARD_STATE_ACTIVE {
 		return nil, fmt.Errorf("shard_id: shard %d does not exist", c.GetShard())
 	}
-	to := nodeByID(st, c.GetToNode())
-	if to == nil {
-		return nil, fmt.Errorf("to_node_id: node %d does not exist", c.GetToNode())
+	var job *placementv1.Operator
+	if c.GetParent() != 0 {
+		var err error
+		if job, err = stepParent(st, c); err != nil {
+			return nil, err
+		}
+	}
+	var to *placementv1.Node
+	if c.GetToNode() != 0 || job == nil {
+		if to = nodeByID(st, c.GetToNode()); to == nil {
+			return nil, fmt.Errorf("to_node_id: node %d does not exist", c.GetToNode())
+		}
+		if r := removing(st, to.GetId()); r != nil && v >= 7 {
+			return nil, fmt.Errorf("to_node_id: node %d is being removed (operation %d)", to.GetId(), r.GetId())
+		}
 	}
 	if c.GetFromNode() == c.GetToNode() {
 		return nil, fmt.Errorf("to_node_id: node %d is also from_node_id", c.GetToNode())
@@ -582,11 +643,17 @@ func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd, rid string) (
 			from = r
 		}
 	}
-	if from == nil {
+	switch {
+	case from == nil && (c.GetFromNode() != 0 || job == nil):
 		return nil, fmt.Errorf("from_node_id: node %d has no replica of shard %d", c.GetFromNode(), sh.GetId())
+	case from == nil && len(sh.GetReplicas()) >= Replicas:
+		return nil, fmt.Errorf("from_node_id: shard %d has %d replicas already; a replica is added only below %d", sh.GetId(), len(sh.GetReplicas()), Replicas)
+	case to == nil && len(sh.GetReplicas()) <= minReplicas:
+		return nil, fmt.Errorf("to_node_id: dropping node %d's replica would leave shard %d with fewer than %d replicas", c.GetFromNode(), sh.GetId(), minReplicas)
 	}
 	for _, r := range sh.GetReplicas() {
 		switch {
+		case to == nil:
 		case r.GetNodeId() == c.GetToNode():
 			return nil, fmt.Errorf("to_node_id: node %d already hosts a replica of shard %d", c.GetToNode(), sh.GetId())
 		case r != from && nodeByID(st, r.GetNodeId()).GetZone() == to.GetZone():
@@ -598,14 +665,23 @@ func beginMove(st *placementv1.State, c *placementv1.BeginMoveCmd, rid string) (
 			sh.NextReplicaId = max(sh.NextReplicaId, r.GetReplicaId()+1)
 		}
 	}
-	added := &placementv1.Replica{ReplicaId: sh.NextReplicaId, NodeId: to.GetId(), Join: true, NonVoting: true}
-	sh.NextReplicaId++
-	sh.Replicas = append(sh.Replicas, added)
-	op := &placementv1.Operator{Id: st.NextOperatorId, RequestId: rid, Kind: &placementv1.Operator_Move{Move: &placementv1.MoveOp{
-		Shard: sh.GetId(), FromReplica: from.GetReplicaId(), FromNode: from.GetNodeId(),
-		ToReplica: added.GetReplicaId(), ToNode: to.GetId(), Step: placementv1.MoveStep_MOVE_STEP_PLANNED}}}
+	m := &placementv1.MoveOp{Shard: sh.GetId(), Step: placementv1.MoveStep_MOVE_STEP_PLANNED}
+	if from != nil {
+		m.FromReplica, m.FromNode = from.GetReplicaId(), from.GetNodeId()
+	}
+	if to != nil {
+		added := &placementv1.Replica{ReplicaId: sh.NextReplicaId, NodeId: to.GetId(), Join: true, NonVoting: true}
+		sh.NextReplicaId++
+		sh.Replicas = append(sh.Replicas, added)
+		m.ToReplica, m.ToNode = added.GetReplicaId(), to.GetId()
+	}
+	op := &placementv1.Operator{Id: st.NextOperatorId, RequestId: rid, Parent: c.GetParent(), Kind: &placementv1.Operator_Move{Move: m}}
 	st.NextOperatorId++
 	st.Operators = append(st.Operators, op)
+	if job != nil {
+		job.Steps = append(job.Steps, &placementv1.JobStep{Kind: moveKind(m), Shard: m.GetShard(), FromNode: m.GetFromNode(), ToNode: m.GetToNode(),
+			OperatorId: op.GetId(), State: placementv1.JobStepState_JOB_STEP_STATE_RUNNING})
+	}
 	return &placementv1.Result{Operator: op}, nil
 }
 

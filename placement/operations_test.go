@@ -13,7 +13,7 @@ import (
 
 // movesState is backedUpState with node 4 in az1, every node at this
 // binary's placement command version.
-func movesState(t *testing.T) *placementv1.State {
+func movesState(t testing.TB) *placementv1.State {
 	t.Helper()
 	st := backedUpState()
 	for _, n := range st.Nodes {

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	"github.com/warden-dev/warden/shard"
@@ -101,9 +103,45 @@ type Operators struct {
 	// Live, if set, says whether a node answered recently; new replicas
 	// go to live nodes.
 	Live func(nodeID uint64) bool
+	// Leads, if set, says whether this process leads the placement group:
+	// Run drives an operator only while it does, and otherwise follows it
+	// (the leader's loop drives it).
+	Leads func() bool
+	// Cluster reaches the placement group's membership and the shards'
+	// leaderships, for the jobs (node removals, rebalances).
+	Cluster Cluster
 
 	mu     sync.Mutex
 	active map[uint64]bool // operators a goroutine of this process drives
+	copied map[uint64]Copied
+}
+
+// Copied is how much of its range a split driven by this process copied
+// into its new shard so far.
+type Copied struct {
+	Records, Bytes uint64
+}
+
+// Copied returns how much split id has copied, as far as this process
+// drove it (zero if it did not).
+func (o *Operators) Copied(id uint64) Copied {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.copied[id]
+}
+
+// setCopied records split id's copy progress; a zero c forgets it.
+func (o *Operators) setCopied(id uint64, c Copied) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if c == (Copied{}) {
+		delete(o.copied, id)
+		return
+	}
+	if o.copied == nil {
+		o.copied = map[uint64]Copied{}
+	}
+	o.copied[id] = c
 }
 
 // claim marks operator id as driven by the caller; false if it already is.
@@ -141,7 +179,9 @@ func (o *Operators) Run(ctx context.Context, id uint64) (*placementv1.Operator, 
 				return last, nil
 			}
 			last = op
-			err = o.drive(ctx, op)
+			if o.Leads == nil || o.Leads() {
+				err = o.drive(ctx, op)
+			}
 		}
 		if err != nil {
 			o.logger().Warn("placement operator step failed; retrying", "operator", id, "err", err)
@@ -192,17 +232,12 @@ func (o *Operators) BeginSplit(ctx context.Context, source, splitAt uint64, requ
 
 // pickNodes chooses n nodes in distinct zones, the least loaded (fewest
 // replicas) in each zone, zones with less load first, among the live
-// nodes if live is set.
+// nodes if live is set, never one being removed.
 func pickNodes(st *placementv1.State, n int, live func(uint64) bool) []uint64 {
-	load := map[uint64]int{}
-	for _, s := range st.GetShards() {
-		for _, r := range s.GetReplicas() {
-			load[r.GetNodeId()]++
-		}
-	}
+	load := ReplicaLoad(st)
 	best := map[string]*placementv1.Node{}
 	for _, nd := range st.GetNodes() {
-		if live != nil && !live(nd.GetId()) {
+		if (live != nil && !live(nd.GetId())) || removing(st, nd.GetId()) != nil {
 			continue
 		}
 		if b := best[nd.GetZone()]; b == nil || load[nd.GetId()] < load[b.GetId()] {
@@ -255,7 +290,13 @@ func (o *Operators) drive(ctx context.Context, op *placementv1.Operator) error {
 		return nil
 	}
 	defer o.unclaim(op.GetId())
-	if op.GetMove() != nil {
+	switch {
+	case isJob(op):
+		if err := o.driveJob(ctx, op.GetId()); !errors.Is(err, errHandedOff) {
+			return err
+		}
+		return nil
+	case op.GetMove() != nil:
 		return o.driveMove(ctx, op.GetId())
 	}
 	return o.driveSplit(ctx, op.GetId())
@@ -398,6 +439,8 @@ func (o *Operators) copyRange(ctx context.Context, opID uint64, s *placementv1.S
 		page = 256
 	}
 	var after []byte
+	var copied Copied // from the start: a resumed copy imports again (idempotent)
+	defer o.setCopied(opID, Copied{})
 	for {
 		q, err := o.Shards.Read(ctx, s.GetSource(), &shardv1.Query{Query: &shardv1.Query_Export{Export: &shardv1.ExportQuery{
 			Start: s.GetSplitAt(), End: r.GetEnd(), After: after, Limit: page}}})
@@ -412,6 +455,9 @@ func (o *Operators) copyRange(ctx context.Context, opID uint64, s *placementv1.S
 				OperatorId: opID, Records: recs}}}); err != nil {
 				return err
 			}
+			copied.Records += uint64(shard.RecordCount(recs))
+			copied.Bytes += uint64(proto.Size(recs))
+			o.setCopied(opID, copied)
 		}
 		if after = q.GetNext(); len(after) == 0 {
 			meta := q.GetMeta()
@@ -477,7 +523,7 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 			return err
 		}
 		if m.GetRollingBack() {
-			if _, member := IsMember(mem, m.GetToReplica()); member {
+			if _, member := IsMember(mem, m.GetToReplica()); member && m.GetToReplica() != 0 {
 				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetToReplica(), ""); err != nil {
 					return err
 				}
@@ -487,7 +533,8 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 		}
 		switch m.GetStep() {
 		case placementv1.MoveStep_MOVE_STEP_PLANNED:
-			if _, member := IsMember(mem, m.GetToReplica()); !member {
+			// A dropped replica (no to) has nothing to add or promote.
+			if _, member := IsMember(mem, m.GetToReplica()); !member && m.GetToReplica() != 0 {
 				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
 					return err
 				}
@@ -496,7 +543,7 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 				return err
 			}
 		case placementv1.MoveStep_MOVE_STEP_ADDED:
-			if voting, _ := IsMember(mem, m.GetToReplica()); !voting {
+			if voting, _ := IsMember(mem, m.GetToReplica()); !voting && m.GetToReplica() != 0 {
 				if err := o.awaitCatchUp(ctx, m.GetShard(), m.GetToNode()); err != nil {
 					if ctx.Err() != nil {
 						return err
@@ -512,7 +559,8 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 				return err
 			}
 		case placementv1.MoveStep_MOVE_STEP_PROMOTED:
-			if _, member := IsMember(mem, m.GetFromReplica()); member {
+			// An added replica (no from) has nothing to remove.
+			if _, member := IsMember(mem, m.GetFromReplica()); member && m.GetFromReplica() != 0 {
 				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
 					return err
 				}
@@ -520,7 +568,14 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 			if err := o.advanceMove(ctx, opID, placementv1.MoveStep_MOVE_STEP_REMOVED); err != nil {
 				return err
 			}
-			log.Info("replica moved", "replica", m.GetToReplica())
+			switch moveKind(m) {
+			case placementv1.JobStepKind_JOB_STEP_KIND_ADD_REPLICA:
+				log.Info("replica added", "replica", m.GetToReplica())
+			case placementv1.JobStepKind_JOB_STEP_KIND_DROP_REPLICA:
+				log.Info("replica dropped", "replica", m.GetFromReplica())
+			default:
+				log.Info("replica moved", "replica", m.GetToReplica())
+			}
 		case placementv1.MoveStep_MOVE_STEP_REMOVED:
 			return o.end(ctx, opID, false)
 		default:

@@ -13,7 +13,8 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
-// memMeta is a MetaClient over an in-memory placement state.
+// memMeta is a MetaClient over an in-memory placement state, stamping
+// each command with the version its nodes apply.
 type memMeta struct {
 	mu sync.Mutex
 	st *placementv1.State
@@ -22,6 +23,10 @@ type memMeta struct {
 func (m *memMeta) Propose(_ context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	cmd, err := stampVersion(cmd, clusterMetaVersion(m.st)) // as localMeta.Propose does
+	if err != nil {
+		return nil, err
+	}
 	var res *placementv1.Result
 	m.st, res = ApplyMeta(m.st, cmd)
 	if err := CheckMap(m.st); err != nil {
@@ -284,5 +289,45 @@ func TestMoveStepsCompareAndSet(t *testing.T) {
 	}
 	if fmt.Sprint(shards.log) != fmt.Sprint(want) {
 		t.Fatalf("membership changes %v, want %v", shards.log, want)
+	}
+}
+
+// progressShards is fakeShards that, when a split activates its new
+// shard (after the last import), records how much its driver says it
+// copied.
+type progressShards struct {
+	*fakeShards
+	o    *Operators
+	seen []Copied
+}
+
+func (p *progressShards) Propose(ctx context.Context, shardID uint64, env *shardv1.Envelope) (*shardv1.Result, error) {
+	if a := env.GetActivateRange(); a != nil {
+		p.seen = append(p.seen, p.o.Copied(a.GetOperatorId()))
+	}
+	return p.fakeShards.Propose(ctx, shardID, env)
+}
+
+// The driver of a split counts the records and bytes it copied while it
+// copies (GetOperation shows them), and forgets them once the copy ends.
+func TestSplitCopyProgress(t *testing.T) {
+	meta := bootstrapped(t)
+	shards := &progressShards{fakeShards: &fakeShards{}}
+	o := &Operators{Meta: meta, Shards: shards, Alloc: NewAllocator(meta)}
+	shards.o = o
+	op, err := o.BeginSplit(context.Background(), 1, 0, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := o.Run(ctx, op.GetId()); err != nil {
+		t.Fatal(err)
+	}
+	if len(shards.seen) != 1 || shards.seen[0].Records != 1 || shards.seen[0].Bytes == 0 {
+		t.Fatalf("copied as the new shard activated: %v, want 1 record", shards.seen)
+	}
+	if c := o.Copied(op.GetId()); c != (Copied{}) {
+		t.Fatalf("after the split the driver still counts %v", c)
 	}
 }

@@ -27,7 +27,7 @@ func TestPlanRebalance(t *testing.T) {
 		st.Ranges = append(st.Ranges, &shardv1.RangeDescriptor{ShardId: s})
 		leaders[s] = 1
 	}
-	plan := PlanRebalance(st, leaders)
+	plan := PlanRebalance(st, leaders, nil)
 	replicas := map[uint64]int{1: 4, 2: 4, 3: 4, 4: 0}
 	led := map[uint64]int{1: 4}
 	for _, a := range plan {
@@ -55,7 +55,7 @@ func TestPlanRebalance(t *testing.T) {
 			t.Fatalf("node %d leads %d shards after the plan %v", n, k, plan)
 		}
 	}
-	if again := PlanRebalance(st, map[uint64]uint64{1: 1, 2: 2, 3: 3, 4: 4}); len(again) != 2 {
+	if again := PlanRebalance(st, map[uint64]uint64{1: 1, 2: 2, 3: 3, 4: 4}, nil); len(again) != 2 {
 		t.Fatalf("with leaders spread, only the two replica moves remain: %v", again)
 	}
 }

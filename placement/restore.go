@@ -37,8 +37,10 @@ const RestoreEpochGap = 1 << 16
 // issued before or after the backup, however far its shards' revisions
 // went since. Incarnations are cleared (each restored node registers a
 // new one) and so are join and non-voting marks (every replica of the
-// map is an initial member of its restored group). A state with an
-// operator in progress is refused: a backup is taken when none runs.
+// map is an initial member of its restored group). A state with a split
+// or move in progress is refused: a backup is taken when none runs. A
+// node removal or rebalance in progress is left out: the restored
+// cluster does not resume it (run it again).
 //
 // The result depends only on st, backupID and minEpoch, so every node
 // restored from the same backup with the same --min-epoch prepares the
@@ -48,8 +50,8 @@ func PrepareRestore(st *placementv1.State, backupID string, minEpoch uint64) (*p
 	if st.GetGeneration() == 0 || len(st.GetShards()) == 0 || len(st.GetNodes()) == 0 {
 		return nil, "", nil, errors.New("placement: restore: the backed-up placement state has no map")
 	}
-	if len(st.GetOperators()) > 0 {
-		return nil, "", nil, fmt.Errorf("placement: restore: operator %d was in progress in the backup", st.GetOperators()[0].GetId())
+	if op := RangeOperator(st); op != nil {
+		return nil, "", nil, fmt.Errorf("placement: restore: operator %d was in progress in the backup", op.GetId())
 	}
 	first := st.GetEpochLimit() + RestoreEpochGap
 	if minEpoch != 0 {

@@ -307,7 +307,9 @@ func (r *Router) leaderNode(shardID uint64) uint64 {
 }
 
 // RemoveNode implements AdminService.RemoveNode, on the placement
-// leader's node like the operators it runs.
+// leader's node like the operators it runs: from placement command
+// version 7 as a job (removeNodeJob), before it as a sequence of moves
+// this call makes (removeNodeMoves).
 //
 // The version check comes first, on the node the call reached: the
 // placement leader may run a binary that predates RemoveNode and would
@@ -316,28 +318,138 @@ func (s *AdminServer) RemoveNode(ctx context.Context, req *connect.Request[warde
 	if err := s.r.RefreshMap(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}
-	remove := &placementv1.Command{Command: &placementv1.Command_RemoveNode{RemoveNode: &placementv1.RemoveNodeCmd{NodeId: req.Msg.GetNodeId()}}}
+	m := req.Msg
+	remove := &placementv1.Command{Command: &placementv1.Command_RemoveNode{RemoveNode: &placementv1.RemoveNodeCmd{NodeId: m.GetNodeId()}}}
 	if err := placement.Proposable(s.r.Map().State(), remove); err != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node removal needs every node upgraded first: %w", err))
 	}
-	if err := s.r.handOffPlacement(ctx, req.Msg.GetNodeId()); err != nil {
+	notJobs := s.r.jobsProposable()
+	if err := jobFlags(notJobs, m.GetRequestId(), m.GetForce(), m.GetNoWait()); err != nil {
+		return nil, err
+	}
+	if _, err := s.r.handOffPlacement(ctx, m.GetNodeId()); err != nil {
 		return nil, err
 	}
 	if p := s.r.operatorPeer(req.Header()); p != nil {
 		resp, err := p.admin.RemoveNode(ctx, nextHopReq(req))
 		return resp, err
 	}
-	resp, err := s.removeNode(ctx, remove)
+	if notJobs != nil {
+		resp, err := s.removeNodeMoves(ctx, remove)
+		return resp, err
+	}
+	resp, err := s.removeNodeJob(ctx, m)
 	return resp, err
 }
 
-// removeNode plans a move for each replica of node id (to a live node of
-// the same zone that hosts none of the shard, the least loaded first)
-// and, for a voter of the placement group, its replacement there,
-// refusing before anything moves if one has no place; makes the moves
-// one at a time, replaces the voter, and then removes the node from the
-// map.
-func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Command) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
+// jobsProposable is nil when every node applies placement command
+// version 7 (jobs), else why not.
+func (r *Router) jobsProposable() error {
+	begin := &placementv1.Command{Command: &placementv1.Command_BeginJob{BeginJob: &placementv1.BeginJobCmd{}}}
+	return placement.Proposable(r.Map().State(), begin)
+}
+
+// jobFlags checks the flags of a call that begins a job: request_id as
+// an operation's, and, while some node runs a binary older than version
+// 7 (notJobs), none of the flags that need a job.
+func jobFlags(notJobs error, requestID string, force, noWait bool) error {
+	if requestID != "" {
+		if err := shard.CheckName("request_id", requestID, placement.MaxRequestID); err != nil {
+			return err
+		}
+	}
+	if notJobs != nil && (requestID != "" || force || noWait) {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("force, request_id and no_wait need every node upgraded first: %w", notJobs))
+	}
+	return nil
+}
+
+// removeNodeJob begins the removal of node m.node_id as a job (or finds
+// the one its request id began) and, unless no_wait, waits for its end.
+// Before anything is recorded it refuses, naming the shard or the zone,
+// a removal that could not finish: a replica with no place (unless
+// forced), a placement group vote with no replacement (unless forced).
+func (s *AdminServer) removeNodeJob(ctx context.Context, m *wardenv1.RemoveNodeRequest) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
+	id := m.GetNodeId()
+	st := s.r.Map().State()
+	removal := &placementv1.RemoveNodeOp{NodeId: id, Force: m.GetForce()}
+	begin := &placementv1.BeginJobCmd{Job: &placementv1.BeginJobCmd_RemoveNode{RemoveNode: removal}, RequestId: m.GetRequestId()}
+	if op, _ := placement.FindOperator(st, 0, m.GetRequestId()); op == nil {
+		switch {
+		case s.r.Map().Node(id) == nil && slices.Contains(st.GetRemovedNodeIds(), id):
+			// Removed already: a retry after a lost answer or a timeout.
+			return connect.NewResponse(&wardenv1.RemoveNodeResponse{}), nil
+		case s.r.Map().Node(id) == nil:
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d is not in the map", id))
+		}
+		to, err := s.r.placementSuccessor(ctx, id, m.GetForce())
+		if err != nil {
+			return nil, err
+		}
+		if _, err := placement.PlanRemoval(st, id, s.r.live, m.GetForce()); err != nil {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+		}
+		removal.PlacementNodeId = to
+	}
+	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) { return s.r.ops.BeginJob(ctx, begin) })
+	if err != nil {
+		return nil, err
+	}
+	out := &wardenv1.RemoveNodeResponse{OperationId: op.GetId(), PlacementNodeId: op.GetRemoveNode().GetPlacementNodeId()}
+	if m.GetNoWait() {
+		return connect.NewResponse(out), nil
+	}
+	if err := s.r.RefreshMap(ctx); err != nil {
+		s.r.cfg.Logger.Debug("placement map refresh", "err", err)
+	}
+	if last.GetError() != "" {
+		return nil, connect.NewError(connect.CodeAborted, fmt.Errorf("removal of node %d (operation %d) failed: %s; the moves made stay made: see warden admin operation %d", id, op.GetId(), last.GetError(), op.GetId()))
+	}
+	for _, st := range last.GetSteps() {
+		switch st.GetKind() {
+		case placementv1.JobStepKind_JOB_STEP_KIND_MOVE:
+			out.Moves = append(out.Moves, &wardenv1.ReplicaMove{ShardId: st.GetShard(), FromNodeId: st.GetFromNode(), ToNodeId: st.GetToNode(), ReplicaId: s.r.movedReplica(st.GetOperatorId())})
+		case placementv1.JobStepKind_JOB_STEP_KIND_DROP_REPLICA:
+			out.DroppedShardIds = append(out.DroppedShardIds, st.GetShard())
+		}
+	}
+	return connect.NewResponse(out), nil
+}
+
+// movedReplica returns the replica id that move operator id added, from
+// the operators the map keeps (0 when it is no longer kept).
+func (r *Router) movedReplica(id uint64) uint64 {
+	op, _ := placement.FindOperator(r.Map().State(), id, "")
+	return op.GetMove().GetToReplica()
+}
+
+// placementSuccessor returns the node to take node id's vote in the
+// placement group: 0 when it has none; a live node of its zone that is
+// not a voter (placementReplacement); FAILED_PRECONDITION when there is
+// none, unless force (then 0: the vote is removed).
+func (r *Router) placementSuccessor(ctx context.Context, id uint64, force bool) (uint64, error) {
+	membership, err := r.placementMembership(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if voting, _ := placement.IsMember(membership, id); !voting {
+		return 0, nil
+	}
+	zone := r.Map().Node(id).GetZone()
+	to := r.placementReplacement(membership, id, zone, placement.ReplicaLoad(r.Map().State()))
+	if to == 0 && !force {
+		return 0, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
+			"node %d votes in the placement group: no other live node in zone %q outside it to take its place; add one first, or force the removal", id, zone))
+	}
+	return to, nil
+}
+
+// removeNodeMoves removes a node below placement command version 7: it
+// plans a move for each replica of the node (placement.PlanRemoval) and,
+// for a voter of the placement group, its replacement there, refusing
+// before anything moves if one has no place; makes the moves one at a
+// time, replaces the voter, and then removes the node from the map.
+func (s *AdminServer) removeNodeMoves(ctx context.Context, remove *placementv1.Command) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
 	id := remove.GetRemoveNode().GetNodeId()
 	st := s.r.Map().State()
 	node := s.r.Map().Node(id)
@@ -352,58 +464,29 @@ func (s *AdminServer) removeNode(ctx context.Context, remove *placementv1.Comman
 	if err != nil {
 		return nil, err
 	}
-	load := map[uint64]int{}
-	for _, sh := range st.GetShards() {
-		for _, r := range sh.GetReplicas() {
-			load[r.GetNodeId()]++
-		}
-	}
 	out := &wardenv1.RemoveNodeResponse{}
-	if voting, _ := placement.IsMember(membership, id); voting {
-		if out.PlacementNodeId = s.r.placementReplacement(membership, id, node.GetZone(), load); out.PlacementNodeId == 0 {
-			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
-				"node %d votes in the placement group: no other live node in zone %q outside it to take its place; add one first", id, node.GetZone()))
-		}
+	if out.PlacementNodeId, err = s.r.placementSuccessor(ctx, id, false); err != nil {
+		return nil, err
 	}
-	var plan []*wardenv1.ReplicaMove
-	for _, sh := range st.GetShards() {
-		if !slices.ContainsFunc(sh.GetReplicas(), func(r *placementv1.Replica) bool { return r.GetNodeId() == id }) {
-			continue
-		}
-		var to uint64
-		for _, n := range st.GetNodes() {
-			hosts := slices.ContainsFunc(sh.GetReplicas(), func(r *placementv1.Replica) bool { return r.GetNodeId() == n.GetId() })
-			if n.GetId() == id || hosts || n.GetZone() != node.GetZone() || !s.r.live(n.GetId()) {
-				continue
-			}
-			if to == 0 || load[n.GetId()] < load[to] {
-				to = n.GetId()
-			}
-		}
-		if to == 0 {
-			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf(
-				"shard %d would be left below three replicas in three zones: no other live node in zone %q to take node %d's replica; add one first", sh.GetId(), node.GetZone(), id))
-		}
-		load[to]++
-		plan = append(plan, &wardenv1.ReplicaMove{ShardId: sh.GetId(), FromNodeId: id, ToNodeId: to})
+	plan, err := placement.PlanRemoval(st, id, s.r.live, false)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	}
-
-	for _, mv := range plan {
-		resp, err := s.moveReplica(ctx, &wardenv1.MoveReplicaRequest{ShardId: mv.GetShardId(), FromNodeId: id, ToNodeId: mv.GetToNodeId()})
+	for _, a := range plan {
+		resp, err := s.moveReplica(ctx, &wardenv1.MoveReplicaRequest{ShardId: a.Shard, FromNodeId: id, ToNodeId: a.To})
 		if err != nil {
-			return nil, fmt.Errorf("moving shard %d's replica to node %d (after %d moves): %w", mv.GetShardId(), mv.GetToNodeId(), len(out.Moves), err)
+			return nil, fmt.Errorf("moving shard %d's replica to node %d (after %d moves): %w", a.Shard, a.To, len(out.Moves), err)
 		}
-		mv.ReplicaId = resp.Msg.GetReplicaId()
-		out.Moves = append(out.Moves, mv)
+		out.Moves = append(out.Moves, &wardenv1.ReplicaMove{ShardId: a.Shard, FromNodeId: id, ToNodeId: a.To, ReplicaId: resp.Msg.GetReplicaId()})
 	}
 	if to := out.GetPlacementNodeId(); to != 0 {
-		if err := s.replacePlacementVoter(ctx, id, to); err != nil {
+		if err := s.r.replacePlacementVoter(ctx, id, to); err != nil {
 			return nil, fmt.Errorf("replacing node %d in the placement group by node %d (after %d moves): %w", id, to, len(out.Moves), err)
 		}
 	} else if _, member := placement.IsMember(membership, id); member {
 		// A non-voting member (a replacement that never got to vote)
 		// leaves with the node.
-		if _, err := s.changePlacement(ctx, membership, placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, id); err != nil {
+		if _, err := s.r.changePlacement(ctx, membership, placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, id); err != nil {
 			return nil, err
 		}
 	}

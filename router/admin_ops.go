@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
@@ -246,41 +247,91 @@ func nanos(d *durationpb.Duration) *int64 {
 	return &v
 }
 
-// Rebalance implements AdminService.Rebalance. Moves are driven like
-// MoveReplica: on the placement leader's node.
+// Rebalance implements AdminService.Rebalance. Steps are driven like
+// MoveReplica, on the placement leader's node: from placement command
+// version 7 as a job that plans again before each step, before it as the
+// plan this call makes, step by step.
 func (s *AdminServer) Rebalance(ctx context.Context, req *connect.Request[wardenv1.RebalanceRequest]) (*connect.Response[wardenv1.RebalanceResponse], error) {
-	if p := s.r.operatorPeer(req.Header()); p != nil && !req.Msg.GetDryRun() {
-		resp, err := p.admin.Rebalance(ctx, nextHopReq(req))
-		return resp, err
-	}
+	m := req.Msg
 	if err := s.r.RefreshMap(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}
-	m := s.r.Map()
-	leaders := map[uint64]uint64{}
-	for _, id := range m.DataShards() {
-		leaders[id] = s.r.leaderOf(ctx, id)
+	notJobs := s.r.jobsProposable()
+	if err := jobFlags(notJobs, m.GetRequestId(), false, m.GetNoWait()); err != nil {
+		return nil, err
 	}
+	if p := s.r.operatorPeer(req.Header()); p != nil && !m.GetDryRun() {
+		resp, err := p.admin.Rebalance(ctx, nextHopReq(req))
+		return resp, err
+	}
+	st := s.r.Map().State()
+	var plan []placement.Action
+	if m, err := s.r.placementMembership(ctx); err == nil {
+		if to := placement.PlanPlacementVoter(st, m, s.r.live); to != 0 {
+			plan = append(plan, placement.Action{Kind: "add_placement_voter", To: to})
+		}
+	}
+	plan = append(plan, placement.PlanRebalance(st, s.r.leaders(ctx), s.r.live)...)
 	out := &wardenv1.RebalanceResponse{}
-	for _, a := range placement.PlanRebalance(m.State(), leaders) {
+	switch {
+	case m.GetDryRun(), len(plan) == 0 && m.GetRequestId() == "":
+		for _, a := range plan {
+			out.Actions = append(out.Actions, &wardenv1.RebalanceAction{Kind: a.Kind, ShardId: a.Shard, FromNodeId: a.From, ToNodeId: a.To})
+		}
+		return connect.NewResponse(out), nil
+	case notJobs != nil:
+		s.rebalanceSteps(ctx, plan, out)
+		return connect.NewResponse(out), nil
+	}
+	begin := &placementv1.BeginJobCmd{Job: &placementv1.BeginJobCmd_Rebalance{Rebalance: &placementv1.RebalanceOp{Planned: uint32(len(plan))}}, RequestId: m.GetRequestId()}
+	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) { return s.r.ops.BeginJob(ctx, begin) })
+	if err != nil {
+		return nil, err
+	}
+	out.OperationId = op.GetId()
+	if m.GetNoWait() {
+		return connect.NewResponse(out), nil
+	}
+	for _, st := range last.GetSteps() {
+		out.Actions = append(out.Actions, &wardenv1.RebalanceAction{Kind: placement.ActionKind(st.GetKind()), ShardId: st.GetShard(), FromNodeId: st.GetFromNode(), ToNodeId: st.GetToNode(),
+			Done: st.GetState() == placementv1.JobStepState_JOB_STEP_STATE_DONE, Error: st.GetError()})
+	}
+	if last.GetError() != "" {
+		return nil, connect.NewError(connect.CodeAborted, fmt.Errorf("rebalance (operation %d) failed after %d steps: %s; the steps made stay made: see warden admin operation %d", op.GetId(), len(out.Actions), last.GetError(), op.GetId()))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// rebalanceSteps carries out plan below placement command version 7, one
+// action at a time, each marked done or with its error in out (adding a
+// replica needs version 7).
+func (s *AdminServer) rebalanceSteps(ctx context.Context, plan []placement.Action, out *wardenv1.RebalanceResponse) {
+	for _, a := range plan {
 		act := &wardenv1.RebalanceAction{Kind: a.Kind, ShardId: a.Shard, FromNodeId: a.From, ToNodeId: a.To}
 		out.Actions = append(out.Actions, act)
-		if req.Msg.GetDryRun() {
-			continue
-		}
 		var err error
 		switch a.Kind {
 		case "move_replica":
 			_, err = s.moveReplica(ctx, &wardenv1.MoveReplicaRequest{ShardId: a.Shard, FromNodeId: a.From, ToNodeId: a.To})
 		case "transfer_leader":
 			_, err = s.transferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: a.Shard, NodeId: a.To}))
+		default:
+			err = fmt.Errorf("%s needs every node at placement command version 7: %w", a.Kind, s.r.jobsProposable())
 		}
 		act.Done = err == nil
 		if err != nil {
 			act.Error = err.Error()
 		}
 	}
-	return connect.NewResponse(out), nil
+}
+
+// leaders returns the node leading each data shard (0: unknown).
+func (r *Router) leaders(ctx context.Context) map[uint64]uint64 {
+	out := map[uint64]uint64{}
+	for _, id := range r.Map().DataShards() {
+		out[id] = r.leaderOf(ctx, id)
+	}
+	return out
 }
 
 // leaderOf returns the node leading shardID: as a local replica knows it,

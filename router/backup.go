@@ -98,8 +98,10 @@ const backupWait = 10 * time.Minute
 // waited out first; each data shard is then read on one of its replicas
 // (one on this node if there is one, so a backup through a node of a
 // three-node cluster reads locally), and the placement state read again
-// at the end: if an operator began in between, the shards may not match
-// one map, and the backup fails (ABORTED) rather than record a mix.
+// at the end, once no split or move is in progress: if a split began in
+// between, the shards may not match one map, and the backup fails
+// (ABORTED) rather than record a mix. Moves (a node removal's steps) only
+// change replicas, and a job in progress is left out of the restore.
 func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.BackupRequest], stream *connect.ServerStream[wardenv1.BackupResponse]) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -128,12 +130,12 @@ func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.Ba
 		bs.Start, bs.End = rg.GetStart(), rg.GetEnd()
 		man.Shards = append(man.Shards, bs)
 	}
-	after, err := s.r.meta.Read(ctx)
+	after, err := s.r.quiescentPlacement(ctx)
 	if err != nil {
-		return connect.NewError(connect.CodeUnavailable, err)
+		return err
 	}
-	if after.GetNextOperatorId() != before.GetNextOperatorId() || after.GetGeneration() != before.GetGeneration() {
-		return connect.NewError(connect.CodeAborted, fmt.Errorf("a split or move began while the shards were read (operator %d): take the backup again", before.GetNextOperatorId()))
+	if !placement.NoSplitSince(after, before.GetNextOperatorId()) || after.GetGeneration() != before.GetGeneration() {
+		return connect.NewError(connect.CodeAborted, fmt.Errorf("a split began while the shards were read (operator %d or later): take the backup again", before.GetNextOperatorId()))
 	}
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(after)
 	if err != nil {
@@ -155,17 +157,18 @@ func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.Ba
 }
 
 // quiescentPlacement reads the placement state, linearizably, until no
-// operator is in progress, for as long as ctx allows.
+// split or move is in progress (a node removal or rebalance may be:
+// between its steps the map is whole), for as long as ctx allows.
 func (r *Router) quiescentPlacement(ctx context.Context) (*placementv1.State, error) {
 	for {
 		st, err := r.meta.Read(ctx)
-		if err == nil && len(st.GetOperators()) == 0 {
+		if err == nil && placement.RangeOperator(st) == nil {
 			return st, nil
 		}
 		select {
 		case <-ctx.Done():
 			if err == nil {
-				err = fmt.Errorf("operator %d is still in progress", st.GetOperators()[0].GetId())
+				err = fmt.Errorf("operator %d is still in progress", placement.RangeOperator(st).GetId())
 			}
 			return nil, connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("backup: waiting for a quiet placement map: %w", err))
 		case <-time.After(200 * time.Millisecond):

@@ -16,8 +16,15 @@ import (
 )
 
 // ListOperations implements AdminService.ListOperations, from a
-// linearizable read of the placement state on any node.
-func (s *AdminServer) ListOperations(ctx context.Context, _ *connect.Request[wardenv1.ListOperationsRequest]) (*connect.Response[wardenv1.ListOperationsResponse], error) {
+// linearizable read of the placement state: on the placement leader's
+// node, which knows how far a split it drives has copied its range, or
+// here when that node does not answer.
+func (s *AdminServer) ListOperations(ctx context.Context, req *connect.Request[wardenv1.ListOperationsRequest]) (*connect.Response[wardenv1.ListOperationsResponse], error) {
+	if p := s.r.operatorPeer(req.Header()); p != nil {
+		if resp, err := p.admin.ListOperations(ctx, nextHopReq(req)); err == nil {
+			return resp, nil
+		}
+	}
 	st, err := s.r.meta.Read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
@@ -32,7 +39,8 @@ func (s *AdminServer) ListOperations(ctx context.Context, _ *connect.Request[war
 	return connect.NewResponse(out), nil
 }
 
-// GetOperation implements AdminService.GetOperation.
+// GetOperation implements AdminService.GetOperation, answered like
+// ListOperations.
 func (s *AdminServer) GetOperation(ctx context.Context, req *connect.Request[wardenv1.GetOperationRequest]) (*connect.Response[wardenv1.GetOperationResponse], error) {
 	id, rid := req.Msg.GetId(), req.Msg.GetRequestId()
 	switch {
@@ -40,6 +48,11 @@ func (s *AdminServer) GetOperation(ctx context.Context, req *connect.Request[war
 		return nil, &shard.FieldError{Field: "id", Reason: "is required, or request_id (operation ids start at 1)"}
 	case id != 0 && rid != "":
 		return nil, &shard.FieldError{Field: "request_id", Reason: "give id or request_id, not both"}
+	}
+	if p := s.r.operatorPeer(req.Header()); p != nil {
+		if resp, err := p.admin.GetOperation(ctx, nextHopReq(req)); err == nil || connect.CodeOf(err) == connect.CodeNotFound {
+			return resp, err
+		}
 	}
 	st, err := s.r.meta.Read(ctx)
 	if err != nil {
@@ -60,13 +73,32 @@ func (s *AdminServer) GetOperation(ctx context.Context, req *connect.Request[war
 // is catching up, with how far it got (read from the replicas, best
 // effort: 0 when they do not answer).
 func (s *AdminServer) operation(ctx context.Context, op *placementv1.Operator, running bool) *wardenv1.Operation {
-	out := &wardenv1.Operation{Id: op.GetId(), RequestId: op.GetRequestId()}
+	out := &wardenv1.Operation{Id: op.GetId(), RequestId: op.GetRequestId(), ParentId: op.GetParent(), Error: op.GetError()}
 	rollingBack := false
 	if sp := op.GetSplit(); sp != nil {
 		out.Kind, out.ShardId, out.NewShardId, out.SplitAt, out.Generation = "split", sp.GetSource(), sp.GetTarget(), sp.GetSplitAt(), sp.GetGeneration()
 		out.Step, out.StepsDone = stepName(sp.GetStep().String(), "SPLIT_STEP_"), uint32(sp.GetStep())
 		out.StepsTotal = uint32(placementv1.SplitStep_SPLIT_STEP_COMMITTED)
 		rollingBack = sp.GetRollingBack()
+		if running {
+			c := s.r.ops.Copied(op.GetId())
+			out.RecordsCopied, out.BytesCopied = c.Records, c.Bytes
+		}
+	}
+	if r := op.GetRemoveNode(); r != nil {
+		out.Kind, out.NodeId, out.Force, out.ToNodeId = "remove_node", r.GetNodeId(), r.GetForce(), r.GetPlacementNodeId()
+		out.Step, out.StepsDone = stepName(r.GetStep().String(), "REMOVE_NODE_STEP_"), uint32(r.GetStep())
+		out.StepsTotal, out.StepsPlanned = uint32(placementv1.RemoveNodeStep_REMOVE_NODE_STEP_REMOVED), r.GetReplicas()
+	}
+	if rb := op.GetRebalance(); rb != nil {
+		out.Kind, out.Step, out.StepsPlanned = "rebalance", "running", rb.GetPlanned()
+		if !running {
+			out.Step = "ended"
+		}
+	}
+	for _, st := range op.GetSteps() {
+		out.Steps = append(out.Steps, &wardenv1.OperationStep{Kind: placement.ActionKind(st.GetKind()), ShardId: st.GetShard(), FromNodeId: st.GetFromNode(),
+			ToNodeId: st.GetToNode(), OperationId: st.GetOperatorId(), State: stepName(st.GetState().String(), "JOB_STEP_STATE_"), Error: st.GetError()})
 	}
 	if m := op.GetMove(); m != nil {
 		out.Kind, out.ShardId, out.FromNodeId, out.ToNodeId, out.ReplicaId = "move", m.GetShard(), m.GetFromNode(), m.GetToNode(), m.GetToReplica()
@@ -84,6 +116,8 @@ func (s *AdminServer) operation(ctx context.Context, op *placementv1.Operator, r
 		}
 	}
 	switch {
+	case op.GetError() != "":
+		out.State = wardenv1.OperationState_OPERATION_STATE_FAILED
 	case running && rollingBack:
 		out.State = wardenv1.OperationState_OPERATION_STATE_ROLLING_BACK
 	case running:

@@ -52,13 +52,13 @@ func (r *Router) placementReplacement(m *placementv1.MembershipResponse, id uint
 // non-voting (unless it is one), start its replica there and wait until
 // it has caught up, promote it, remove old. Each step is skipped when
 // the membership shows it done.
-func (s *AdminServer) replacePlacementVoter(ctx context.Context, old, to uint64) error {
-	m, err := s.r.placementMembership(ctx)
+func (r *Router) replacePlacementVoter(ctx context.Context, old, to uint64) error {
+	m, err := r.placementMembership(ctx)
 	if err != nil {
 		return err
 	}
 	change := func(c placementv1.MembershipChange, replica uint64) error {
-		m, err = s.changePlacement(ctx, m, c, replica)
+		m, err = r.changePlacement(ctx, m, c, replica)
 		return err
 	}
 	voting, member := placement.IsMember(m, to)
@@ -68,7 +68,7 @@ func (s *AdminServer) replacePlacementVoter(ctx context.Context, old, to uint64)
 		}
 	}
 	if !voting {
-		if err := s.r.joinPlacement(ctx, to); err != nil {
+		if err := r.joinPlacement(ctx, to); err != nil {
 			return err
 		}
 		if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING, to); err != nil {
@@ -84,19 +84,19 @@ func (s *AdminServer) replacePlacementVoter(ctx context.Context, old, to uint64)
 // changePlacement makes change c of node replica's membership in the
 // placement group, decided against membership m, and returns the new
 // membership.
-func (s *AdminServer) changePlacement(ctx context.Context, m *placementv1.MembershipResponse, c placementv1.MembershipChange, replica uint64) (*placementv1.MembershipResponse, error) {
-	host := s.r.hostOf(placement.MetaShardID)
+func (r *Router) changePlacement(ctx context.Context, m *placementv1.MembershipResponse, c placementv1.MembershipChange, replica uint64) (*placementv1.MembershipResponse, error) {
+	host := r.hostOf(placement.MetaShardID)
 	if host == nil {
 		return nil, fmt.Errorf("%w: this node hosts no replica of the placement group", ErrNoLeader)
 	}
 	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
 	defer cancel()
 	m, err := host.raft.changeMembership(ctx, &placementv1.MembershipRequest{
-		ShardId: placement.MetaShardID, Change: c, ReplicaId: replica, Address: s.r.Map().Node(replica).GetRaftAddr(), ConfigChangeId: m.GetConfigChangeId()})
+		ShardId: placement.MetaShardID, Change: c, ReplicaId: replica, Address: r.Map().Node(replica).GetRaftAddr(), ConfigChangeId: m.GetConfigChangeId()})
 	if err != nil {
 		return nil, fmt.Errorf("%w: the placement group: %v", ErrNoLeader, err)
 	}
-	s.r.cfg.Logger.Info("placement group membership changed", "change", c, "node", replica)
+	r.cfg.Logger.Info("placement group membership changed", "change", c, "node", replica)
 	return m, nil
 }
 
@@ -159,14 +159,15 @@ func (s *NodeServer) JoinPlacement(ctx context.Context, req *connect.Request[pla
 // id, which is to be removed, to another live voter, and waits until a
 // local replica sees the new leader: the removal then runs there (it
 // ends by removing node id from the group, which its own leader cannot
-// go on from). Nothing is done unless id is local and leads.
-func (r *Router) handOffPlacement(ctx context.Context, id uint64) error {
+// go on from). Nothing is done unless id is local and leads; it reports
+// whether the leadership moved.
+func (r *Router) handOffPlacement(ctx context.Context, id uint64) (bool, error) {
 	if l := r.metaLeader(); l == nil || l.GetId() != id || !r.isLocal(id) {
-		return nil
+		return false, nil
 	}
 	m, err := r.placementMembership(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	var to uint64
 	for v := range m.GetVoting() {
@@ -175,22 +176,22 @@ func (r *Router) handOffPlacement(ctx context.Context, id uint64) error {
 		}
 	}
 	if to == 0 {
-		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %d leads the placement group and no other voter of it is live to take over", id))
+		return false, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %d leads the placement group and no other voter of it is live to take over", id))
 	}
 	if err := r.localNode(id).raft.transferLeader(placement.MetaShardID, to); err != nil {
-		return fmt.Errorf("%w: handing the placement leadership to node %d: %v", ErrNoLeader, to, err)
+		return false, fmt.Errorf("%w: handing the placement leadership to node %d: %v", ErrNoLeader, to, err)
 	}
 	for deadline := time.Now().Add(membershipTimeout); ; {
 		if l := r.metaLeader(); l != nil && l.GetId() != id {
 			r.cfg.Logger.Info("placement leadership handed off before removal", "from", id, "to", l.GetId())
-			return nil
+			return true, nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: the placement leadership did not move from node %d to node %d", ErrNoLeader, id, to)
+			return false, fmt.Errorf("%w: the placement leadership did not move from node %d to node %d", ErrNoLeader, id, to)
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

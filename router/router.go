@@ -193,7 +193,8 @@ func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *
 	r.auth.required = cfg.AuthRequired
 	r.auth.set(m.State().GetAuth(), time.Now())
 	r.ops = &placement.Operators{Meta: meta, Shards: r.Shards(), Alloc: placement.NewAllocator(meta),
-		Logger: cfg.Logger, Live: r.live, OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
+		Logger: cfg.Logger, Live: r.live, Leads: r.LeadsPlacement, Cluster: jobCluster{r},
+		OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
 	return r
 }
 

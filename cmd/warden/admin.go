@@ -34,9 +34,9 @@ func (*nodesCmd) Run(g *globals) error {
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "%-4s %-8s %-5s %-10s %-10s %-22s %-22s %s\n", "ID", "ZONE", "STATE", "HEARD", "PLACEMENT", "RAFT", "LISTEN", "VERSION")
 		for _, n := range resp.Msg.GetNodes() {
-			role := ""
+			role := placementRole(n.GetPlacement())
 			if n.GetId() == resp.Msg.GetPlacementLeaderId() {
-				role = "  (placement leader)"
+				role = "leader"
 			}
 			state, heard := "down", "never"
 			if n.GetUp() {
@@ -45,13 +45,14 @@ func (*nodesCmd) Run(g *globals) error {
 			if n.GetLastHeard() != nil {
 				heard = time.Since(n.GetLastHeard().AsTime()).Round(time.Second).String() + " ago"
 			}
-			fmt.Fprintf(w, "%-4d %-8s %-5s %-10s %-10s %-22s %-22s %s%s\n", n.GetId(), n.GetZone(), state, heard, placementRole(n.GetPlacement()), n.GetRaftAddr(), n.GetListenAddr(), n.GetVersion(), role)
+			fmt.Fprintf(w, "%-4d %-8s %-5s %-10s %-10s %-22s %-22s %s\n", n.GetId(), n.GetZone(), state, heard, role, n.GetRaftAddr(), n.GetListenAddr(), n.GetVersion())
 		}
 	})
 }
 
 // placementRole is how `warden admin nodes` shows a node's part in the
-// placement group ("?" when the answering node could not read it).
+// placement group ("?" when the answering node could not read it; the
+// voter that leads shows as "leader").
 func placementRole(r wardenv1.PlacementRole) string {
 	switch r {
 	case wardenv1.PlacementRole_PLACEMENT_ROLE_NONE:
@@ -136,7 +137,7 @@ func (f *opFlags) watch(g *globals, mine func(*wardenv1.Operation) bool) (stop f
 	done, exited := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(exited)
-		var shown string
+		shown := map[uint64]string{} // by operation: a job and its running step each
 		for {
 			select {
 			case <-done:
@@ -150,9 +151,9 @@ func (f *opFlags) watch(g *globals, mine func(*wardenv1.Operation) bool) (stop f
 				return
 			}
 			for _, op := range resp.Msg.GetOperations() {
-				if line := progressLine(op); mine(op) && op.GetState() == wardenv1.OperationState_OPERATION_STATE_RUNNING && line != shown {
+				if line := progressLine(op); mine(op) && op.GetState() == wardenv1.OperationState_OPERATION_STATE_RUNNING && line != shown[op.GetId()] {
 					fmt.Fprintln(os.Stderr, line)
-					shown = line
+					shown[op.GetId()] = line
 				}
 			}
 		}
@@ -306,15 +307,24 @@ func (m *moveCmd) Run(g *globals) error {
 
 type rebalCmd struct {
 	DryRun bool `name:"dry-run" help:"Only print the plan."`
+	opFlags
 }
 
 // Run sends AdminService.Rebalance.
 func (r *rebalCmd) Run(g *globals) error {
-	ctx, cancel := g.ctx()
+	ctx, cancel := r.ctx(g)
 	defer cancel()
-	resp, err := g.admin().Rebalance(ctx, connect.NewRequest(&wardenv1.RebalanceRequest{DryRun: r.DryRun}))
+	stop := func() {}
+	if !r.DryRun {
+		stop = r.watch(g, func(op *wardenv1.Operation) bool { return op.GetKind() == "rebalance" })
+	}
+	resp, err := g.admin().Rebalance(ctx, connect.NewRequest(&wardenv1.RebalanceRequest{DryRun: r.DryRun, RequestId: r.RequestID, NoWait: r.NoWait}))
+	stop()
 	if err != nil {
-		return fmt.Errorf("rebalance: %w", err)
+		return fmt.Errorf("rebalance: %w", unknownOutcome(err, r.RequestID))
+	}
+	if r.NoWait && resp.Msg.GetOperationId() != 0 {
+		return g.printBegun(resp.Msg, resp.Msg.GetOperationId())
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
 		if len(resp.Msg.GetActions()) == 0 {
@@ -328,9 +338,31 @@ func (r *rebalCmd) Run(g *globals) error {
 			case a.GetError() != "":
 				state = "failed: " + a.GetError()
 			}
-			fmt.Fprintf(w, "%-15s shard %d: node %d → node %d  %s\n", a.GetKind(), a.GetShardId(), a.GetFromNodeId(), a.GetToNodeId(), state)
+			fmt.Fprintf(w, "%-19s %s: %s  %s\n", a.GetKind(), stepTarget(a.GetKind(), a.GetShardId()), nodes(a.GetFromNodeId(), a.GetToNodeId()), state)
 		}
 	})
+}
+
+// stepTarget names what a rebalance or removal step changes: a shard,
+// or the placement group.
+func stepTarget(kind string, shardID uint64) string {
+	if kind == "add_placement_voter" {
+		return "placement group"
+	}
+	return "shard " + strconv.FormatUint(shardID, 10)
+}
+
+// nodes says where a step goes: "node 1 → node 4", "→ node 4" (a replica
+// added), "node 1 →" (one dropped).
+func nodes(from, to uint64) string {
+	s := "→"
+	if from != 0 {
+		s = fmt.Sprintf("node %d →", from)
+	}
+	if to != 0 {
+		s += fmt.Sprintf(" node %d", to)
+	}
+	return s
 }
 
 type nodeCmd struct {
@@ -338,21 +370,36 @@ type nodeCmd struct {
 }
 
 type nodeRemoveCmd struct {
-	NodeID   uint64        `arg:"" name:"node-id" help:"Node to take out for good (its id is never used again)."`
-	Deadline time.Duration `default:"30m" help:"How long the moves may take (the global --timeout does not apply)."`
+	NodeID uint64 `arg:"" name:"node-id" help:"Node to take out for good (its id is never used again)."`
+	Force  bool   `help:"Remove it even where a replica has no place in its zone: that replica is dropped, leaving its shard one replica short (never below two) until 'warden admin rebalance' adds one on a node of the zone; a placement group vote with no replacement is removed. Needs every node at placement command version 7."`
+	opFlags
 }
 
 // Run sends AdminService.RemoveNode.
 func (r *nodeRemoveCmd) Run(g *globals) error {
-	ctx, cancel := context.WithTimeout(context.Background(), r.Deadline)
+	ctx, cancel := r.ctx(g)
 	defer cancel()
-	resp, err := g.admin().RemoveNode(ctx, connect.NewRequest(&wardenv1.RemoveNodeRequest{NodeId: r.NodeID}))
+	stop := r.watch(g, func(op *wardenv1.Operation) bool {
+		return (op.GetKind() == "remove_node" && op.GetNodeId() == r.NodeID) || (op.GetKind() == "move" && op.GetFromNodeId() == r.NodeID)
+	})
+	resp, err := g.admin().RemoveNode(ctx, connect.NewRequest(&wardenv1.RemoveNodeRequest{NodeId: r.NodeID, Force: r.Force, RequestId: r.RequestID, NoWait: r.NoWait}))
+	stop()
 	if err != nil {
-		return fmt.Errorf("node remove: %w", err)
+		return fmt.Errorf("node remove: %w", unknownOutcome(err, r.RequestID))
+	}
+	if r.NoWait && resp.Msg.GetOperationId() != 0 {
+		return g.printBegun(resp.Msg, resp.Msg.GetOperationId())
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
+		if resp.Msg.GetOperationId() == 0 && len(resp.Msg.GetMoves()) == 0 && resp.Msg.GetPlacementNodeId() == 0 {
+			fmt.Fprintf(w, "node %d is not in the cluster (removed already, or by this call before an answer was lost)\n", r.NodeID)
+			return
+		}
 		for _, m := range resp.Msg.GetMoves() {
 			fmt.Fprintf(w, "shard %d: replica moved from node %d to node %d (replica %d)\n", m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId(), m.GetReplicaId())
+		}
+		for _, id := range resp.Msg.GetDroppedShardIds() {
+			fmt.Fprintf(w, "shard %d: replica on node %d dropped; the shard is one replica short until 'warden admin rebalance' adds one\n", id, r.NodeID)
 		}
 		if p := resp.Msg.GetPlacementNodeId(); p != 0 {
 			fmt.Fprintf(w, "placement group: node %d votes in place of node %d\n", p, r.NodeID)
@@ -386,12 +433,30 @@ func unknownOutcome(err error, requestID string) error {
 
 // progressLine is one line of an operation's progress.
 func progressLine(op *wardenv1.Operation) string {
-	s := fmt.Sprintf("%s %d: %s (step %d of %d)", op.GetKind(), op.GetId(), op.GetStep(), op.GetStepsDone(), op.GetStepsTotal())
+	s := fmt.Sprintf("%s %d: %s", op.GetKind(), op.GetId(), op.GetStep())
+	if t := op.GetStepsTotal(); t != 0 {
+		s += fmt.Sprintf(" (step %d of %d)", op.GetStepsDone(), t)
+	}
+	if r := op.GetRecordsCopied(); r != 0 {
+		s += fmt.Sprintf(", %d records (%d bytes) copied", r, op.GetBytesCopied())
+	}
 	if t := op.GetCatchUpTarget(); t != 0 {
 		s += fmt.Sprintf(", new replica applied %d of %d", op.GetCaughtUp(), t)
 	}
+	if op.GetKind() == "remove_node" || op.GetKind() == "rebalance" {
+		done := 0
+		for _, st := range op.GetSteps() {
+			if st.GetState() == "done" {
+				done++
+			}
+		}
+		s += fmt.Sprintf(", %d of %d planned steps done", done, op.GetStepsPlanned())
+	}
 	if st := op.GetState(); st != wardenv1.OperationState_OPERATION_STATE_RUNNING {
 		s += ", " + stateName(st)
+	}
+	if e := op.GetError(); e != "" {
+		s += ": " + e
 	}
 	return s
 }
@@ -412,20 +477,42 @@ func (operationsCmd) Run(g *globals) error {
 		return fmt.Errorf("operations: %w", err)
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
-		fmt.Fprintf(w, "%-5s %-6s %-13s %-16s %-6s %-44s %s\n", "ID", "KIND", "STATE", "STEP", "SHARD", "DETAIL", "REQUEST ID")
+		fmt.Fprintf(w, "%-5s %-11s %-13s %-20s %-6s %-44s %s\n", "ID", "KIND", "STATE", "STEP", "SHARD", "DETAIL", "REQUEST ID")
 		for _, op := range resp.Msg.GetOperations() {
-			step := fmt.Sprintf("%s (%d/%d)", op.GetStep(), op.GetStepsDone(), op.GetStepsTotal())
-			fmt.Fprintf(w, "%-5d %-6s %-13s %-16s %-6d %-44s %s\n", op.GetId(), op.GetKind(), stateName(op.GetState()), step, op.GetShardId(), opDetail(op), op.GetRequestId())
+			step, shardID := op.GetStep(), "-"
+			if t := op.GetStepsTotal(); t != 0 {
+				step += fmt.Sprintf(" (%d/%d)", op.GetStepsDone(), t)
+			}
+			if op.GetShardId() != 0 {
+				shardID = strconv.FormatUint(op.GetShardId(), 10)
+			}
+			fmt.Fprintf(w, "%-5d %-11s %-13s %-20s %-6s %-44s %s\n", op.GetId(), op.GetKind(), stateName(op.GetState()), step, shardID, opDetail(op), op.GetRequestId())
 		}
 	})
 }
 
 // opDetail says what an operation does.
 func opDetail(op *wardenv1.Operation) string {
-	if op.GetKind() == "split" {
+	switch op.GetKind() {
+	case "split":
 		return fmt.Sprintf("at %#016x into shard %d", op.GetSplitAt(), op.GetNewShardId())
+	case "remove_node":
+		d := fmt.Sprintf("node %d", op.GetNodeId())
+		if op.GetForce() {
+			d += ", forced"
+		}
+		if op.GetToNodeId() != 0 {
+			d += fmt.Sprintf(", placement vote to node %d", op.GetToNodeId())
+		}
+		return d
+	case "rebalance":
+		return fmt.Sprintf("%d steps taken", len(op.GetSteps()))
 	}
-	return fmt.Sprintf("node %d to node %d", op.GetFromNodeId(), op.GetToNodeId())
+	d := nodes(op.GetFromNodeId(), op.GetToNodeId())
+	if p := op.GetParentId(); p != 0 {
+		d += fmt.Sprintf(" (step of %d)", p)
+	}
+	return d
 }
 
 type operationCmd struct {
@@ -442,6 +529,17 @@ func (o *operationCmd) Run(g *globals) error {
 		return fmt.Errorf("operation: %w", err)
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
-		fmt.Fprintf(w, "%s, %s\n", progressLine(resp.Msg.GetOperation()), opDetail(resp.Msg.GetOperation()))
+		op := resp.Msg.GetOperation()
+		fmt.Fprintf(w, "%s, %s\n", progressLine(op), opDetail(op))
+		for i, st := range op.GetSteps() {
+			line := fmt.Sprintf("  %d. %s of %s: %s, %s", i+1, st.GetKind(), stepTarget(st.GetKind(), st.GetShardId()), nodes(st.GetFromNodeId(), st.GetToNodeId()), st.GetState())
+			if st.GetOperationId() != 0 {
+				line += fmt.Sprintf(" (operation %d)", st.GetOperationId())
+			}
+			if st.GetError() != "" {
+				line += ": " + st.GetError()
+			}
+			fmt.Fprintln(w, line)
+		}
 	})
 }

@@ -53,6 +53,16 @@ func (c *procCluster) replicaNodes(id uint64) []uint64 {
 	return out
 }
 
+// placementVoters lists the nodes that warden admin nodes output shows
+// voting in the placement group (PLACEMENT voter, or leader), in order.
+func placementVoters(out string) string {
+	var ids []string
+	for _, m := range regexp.MustCompile(`(?m)^(\d+) .* (voter|leader) `).FindAllStringSubmatch(out, -1) {
+		ids = append(ids, m[1])
+	}
+	return strings.Join(ids, " ")
+}
+
 // warden runs the CLI against node i.
 func (c *procCluster) warden(i int, args ...string) (string, error) {
 	out, err := exec.Command(cliBinary, append([]string{"--addr", "http://" + c.nodes[i].listen}, args...)...).CombinedOutput()
@@ -73,7 +83,7 @@ func TestClusterRemoveNode(t *testing.T) {
 	c := startProcCluster(t)
 	held := c.holdMany("node-held", 200, 5*time.Minute)
 	four := c.join("az1")
-	if out, err := c.warden(0, "admin", "nodes"); err != nil || strings.Count(out, " voter ") != 3 || !regexp.MustCompile(`(?m)^4 .* - `).MatchString(out) {
+	if out, err := c.warden(0, "admin", "nodes"); err != nil || placementVoters(out) != "1 2 3" || !regexp.MustCompile(`(?m)^4 .* - `).MatchString(out) {
 		t.Fatalf("warden admin nodes: want nodes 1 to 3 voters of the placement group, node 4 none: %v\n%s", err, out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -126,7 +136,7 @@ func TestClusterRemoveNode(t *testing.T) {
 		t.Fatalf("warden admin node remove 4: %v\n%s", err, out)
 	}
 	t.Logf("warden admin node remove 4:\n%s", out)
-	if out, err := c.warden(0, "admin", "node", "remove", "4"); err != nil || strings.Contains(out, "replica moved") || !strings.Contains(out, "node 4 removed") {
+	if out, err := c.warden(0, "admin", "node", "remove", "4"); err != nil || strings.Contains(out, "replica moved") || !strings.Contains(out, "node 4 is not in the cluster") {
 		t.Fatalf("removing node 4 again (a retry): %v\n%s", err, out)
 	}
 	stop.Store(true)
@@ -218,7 +228,7 @@ func TestClusterReplacePlacementMember(t *testing.T) {
 	}
 	t.Logf("warden admin node remove 3:\n%s", out)
 	out, err = c.warden(0, "admin", "nodes")
-	if err != nil || strings.Count(out, " voter ") != 3 || !regexp.MustCompile(`(?m)^4 .* voter `).MatchString(out) || regexp.MustCompile(`(?m)^3 `).MatchString(out) {
+	if err != nil || placementVoters(out) != "1 2 4" || regexp.MustCompile(`(?m)^3 `).MatchString(out) {
 		t.Fatalf("warden admin nodes after the replacement: want nodes 1, 2 and 4 voters and node 3 gone: %v\n%s", err, out)
 	}
 
@@ -235,7 +245,7 @@ func TestClusterReplacePlacementMember(t *testing.T) {
 	// answers unavailable for a moment: retried, as a client would.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		out, err := c.warden(four, "admin", "nodes")
-		if err == nil && regexp.MustCompile(`(?m)^4 .* voter `).MatchString(out) {
+		if err == nil && strings.Contains(" "+placementVoters(out)+" ", " 4 ") {
 			break
 		}
 		if (err == nil || !strings.Contains(out, "unavailable")) || time.Now().After(deadline) {
@@ -253,5 +263,91 @@ func TestClusterReplacePlacementMember(t *testing.T) {
 	if slices.ContainsFunc(st.GetNodes(), func(n *placementv1.Node) bool { return n.GetId() == 3 }) {
 		t.Fatalf("node 3 is still in the map")
 	}
+	t.Logf("placement replicas of nodes 1, 2 and 4 agree: %s…", sum[:16])
+}
+
+// A forced removal and its repair, on four processes. Shard 1 is split
+// in two and a lease is held. Node 3, the only node of az3, is SIGKILLed
+// for good: removing it is refused (naming the shard and --force), and
+// warden admin node remove 3 --force --no-wait, under a request id,
+// begins the removal as an operation, followed to its end: each shard's
+// az3 replica is dropped (two replicas left, still a quorum), node 3's
+// placement vote is removed, node 3 leaves the map. The same command
+// again answers the same removal. Node 4 then joins in az3 and warden
+// admin rebalance adds it as a placement voter and each shard's third
+// replica there. The lease keeps its token throughout, 100 others are
+// intact, and the placement replicas agree.
+func TestClusterForcedRemoval(t *testing.T) {
+	c := startProcCluster(t)
+	if out, err := c.warden(0, "admin", "split", "1"); err != nil {
+		t.Fatalf("split: %v\n%s", err, out)
+	}
+	held := c.holdMany("forced-held", 100, 5*time.Minute)
+	lease, err := c.nodes[0].acquire("held-throughout", "held", 5*time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.kill(2) // for good
+	c.nodeUp(0, 3, false)
+	c.nodeUp(1, 3, false)
+	c.short = true
+	if out, err := c.warden(0, "admin", "node", "remove", "3"); err == nil || !strings.Contains(out, "would be left below three replicas in three zones") || !strings.Contains(out, "force") {
+		t.Fatalf("removing node 3, the only node of az3, unforced: %v\n%s", err, out)
+	}
+	if reps := c.replicaNodes(1); len(reps) != 3 {
+		t.Fatalf("a refused removal changed shard 1: %v", reps)
+	}
+	out, err := c.warden(1, "admin", "node", "remove", "3", "--force", "--request-id", "drain-3", "--no-wait")
+	m := regexp.MustCompile(`operation (\d+): follow it`).FindStringSubmatch(out)
+	if err != nil || m == nil {
+		t.Fatalf("node remove --no-wait: %v\n%s", err, out)
+	}
+	out = c.waitOperation(0, m[1], "removed (step 4 of 4), 2 of 2 planned steps done, done")
+	if strings.Count(out, "drop_replica of shard") != 2 {
+		t.Fatalf("the removal's steps:\n%s", out)
+	}
+	t.Logf("warden admin operation %s:\n%s", m[1], out)
+	again, err := c.warden(0, "admin", "node", "remove", "3", "--force", "--request-id", "drain-3")
+	if err != nil || strings.Count(again, "dropped; the shard is one replica short") != 2 || !strings.Contains(again, "node 3 removed") {
+		t.Fatalf("the same removal again under its request id: %v\n%s", err, again)
+	}
+	for _, id := range []uint64{1, 2} {
+		if reps := c.replicaNodes(id); slices.Contains(reps, 3) || len(reps) != 2 {
+			t.Fatalf("after the forced removal shard %d is on nodes %v", id, reps)
+		}
+	}
+	if out, err := c.warden(0, "admin", "nodes"); err != nil || placementVoters(out) != "1 2" || regexp.MustCompile(`(?m)^3 `).MatchString(out) {
+		t.Fatalf("warden admin nodes after the forced removal: %v\n%s", err, out)
+	}
+	if _, err := c.nodes[1].acquire("after-the-drop", "w", time.Minute, 0); err != nil {
+		t.Fatalf("an acquire with two replicas a shard: %v", err)
+	}
+
+	four := c.join("az3")
+	for i := range 2 {
+		c.nodeUp(i, uint64(four+1), true)
+	}
+	out, err = c.warden(0, "admin", "rebalance", "--dry-run")
+	if err != nil || !strings.Contains(out, "add_placement_voter") || strings.Count(out, "add_replica") != 2 || !strings.Contains(out, "→ node 4  planned") {
+		t.Fatalf("warden admin rebalance --dry-run: %v\n%s", err, out)
+	}
+	out, err = c.warden(0, "admin", "rebalance")
+	if err != nil || !strings.Contains(out, "add_placement_voter") || strings.Count(out, "add_replica") != 2 || strings.Contains(out, "failed") {
+		t.Fatalf("warden admin rebalance: %v\n%s", err, out)
+	}
+	t.Logf("warden admin rebalance:\n%s", out)
+	for _, id := range []uint64{1, 2} {
+		if reps := c.replicaNodes(id); !slices.Contains(reps, 4) || len(reps) != 3 {
+			t.Fatalf("after the rebalance shard %d is on nodes %v", id, reps)
+		}
+	}
+	if out, err := c.warden(four, "admin", "nodes"); err != nil || placementVoters(out) != "1 2 4" {
+		t.Fatalf("warden admin nodes after the rebalance: %v\n%s", err, out)
+	}
+	if d, err := c.nodes[four].describe("held-throughout"); err != nil || !d.GetHeld() || d.GetFencingToken() != lease.GetFencingToken() {
+		t.Fatalf("the held lease after the removal and repair: %v %v, want token %#x", d, err, lease.GetFencingToken())
+	}
+	c.checkLeases(held)
+	sum, _ := c.placementDigest()
 	t.Logf("placement replicas of nodes 1, 2 and 4 agree: %s…", sum[:16])
 }

@@ -74,7 +74,7 @@ func TestClusterOperations(t *testing.T) {
 	}
 	t.Logf("warden admin move:\n%s", out)
 	out, err = c.warden(0, "admin", "operations")
-	if err != nil || !regexp.MustCompile(`(?m)^\d+ +move +done +removed \(4/4\) +1 +node 1 to node 4 +move-a$`).MatchString(out) ||
+	if err != nil || !regexp.MustCompile(`(?m)^\d+ +move +done +removed \(4/4\) +1 +node 1 → node 4 +move-a$`).MatchString(out) ||
 		!regexp.MustCompile(`(?m)^`+m[1]+` +split +done +committed \(4/4\) +1 .* split-a$`).MatchString(out) {
 		t.Fatalf("warden admin operations: %v\n%s", err, out)
 	}
@@ -86,8 +86,10 @@ func TestClusterOperations(t *testing.T) {
 // request id is refused at every new node before anything is begun
 // (node 3, if it leads the placement group, would ignore it); a split
 // without one runs, is not kept once ended, and the placement replicas
-// agree. Node 3 upgraded in place, a split under a request id runs and
-// is kept on every placement replica alike.
+// agree, and a forced node removal (version 7) is refused naming the
+// upgrade. Node 3 upgraded in place, a split under a request id runs
+// and is kept on every placement replica alike, and so is a rebalance,
+// now an operation of its own.
 func TestClusterMixedOperations(t *testing.T) {
 	old := buildBefore(t, "placement/meta.go", "MetaCommandVersion uint32 = 6")
 	c := newProcCluster(t)
@@ -100,6 +102,9 @@ func TestClusterMixedOperations(t *testing.T) {
 	}
 	if out, err := c.warden(0, "admin", "split", "1"); err != nil || !strings.Contains(out, "the upper part is shard 2") {
 		t.Fatalf("a split without a request id: %v\n%s", err, out)
+	}
+	if out, err := c.warden(0, "admin", "node", "remove", "3", "--force"); err == nil || !strings.Contains(out, "need every node upgraded first") {
+		t.Fatalf("a forced removal beside a version 5 binary: %v\n%s", err, out)
 	}
 	sum, st := c.placementDigest()
 	if len(st.GetFinishedOperators()) != 0 {
@@ -123,4 +128,21 @@ func TestClusterMixedOperations(t *testing.T) {
 		t.Fatalf("after the upgrade the placement replicas keep %v", kept)
 	}
 	t.Logf("upgraded: the split kept on every placement replica, digest %s…", sum[:16])
+
+	// Version 7: a rebalance is an operation (a job), kept alike on every
+	// placement replica.
+	if err := retryUnavailable(func() (err error) {
+		out, err = c.warden(0, "admin", "rebalance", "--request-id", "rebalance-a")
+		if err != nil && strings.Contains(out, "unavailable") {
+			return connect.NewError(connect.CodeUnavailable, err)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("a rebalance once every node runs version 7: %v\n%s", err, out)
+	}
+	sum, st = c.placementDigest()
+	if kept := st.GetFinishedOperators(); len(kept) != 2 || kept[1].GetRebalance() == nil || kept[1].GetRequestId() != "rebalance-a" {
+		t.Fatalf("after the rebalance the placement replicas keep %v", kept)
+	}
+	t.Logf("upgraded: the rebalance kept on every placement replica, digest %s…", sum[:16])
 }

@@ -89,6 +89,9 @@ const (
 	OperationState_OPERATION_STATE_ROLLING_BACK OperationState = 2
 	OperationState_OPERATION_STATE_DONE         OperationState = 3
 	OperationState_OPERATION_STATE_ROLLED_BACK  OperationState = 4
+	// OPERATION_STATE_FAILED: a node removal or rebalance that ended before
+	// it finished (Operation.error says why); the steps it made stay made.
+	OperationState_OPERATION_STATE_FAILED OperationState = 5
 )
 
 // Enum value maps for OperationState.
@@ -99,6 +102,7 @@ var (
 		2: "OPERATION_STATE_ROLLING_BACK",
 		3: "OPERATION_STATE_DONE",
 		4: "OPERATION_STATE_ROLLED_BACK",
+		5: "OPERATION_STATE_FAILED",
 	}
 	OperationState_value = map[string]int32{
 		"OPERATION_STATE_UNSPECIFIED":  0,
@@ -106,6 +110,7 @@ var (
 		"OPERATION_STATE_ROLLING_BACK": 2,
 		"OPERATION_STATE_DONE":         3,
 		"OPERATION_STATE_ROLLED_BACK":  4,
+		"OPERATION_STATE_FAILED":       5,
 	}
 )
 
@@ -2369,18 +2374,20 @@ func (x *GetOperationResponse) GetOperation() *Operation {
 	return nil
 }
 
-// Operation is a split or a replica move, in progress or ended: its
-// steps are recorded in the placement group as they are done, and the
-// placement leader of the moment drives it.
+// Operation is a split, a replica move, a node removal or a rebalance,
+// in progress or ended: its steps are recorded in the placement group as
+// they are done, and the placement leader of the moment drives it.
 type Operation struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Id        uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	RequestId string                 `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	// Kind is "split" or "move".
+	// Kind is "split", "move", "remove_node" or "rebalance".
 	Kind  string         `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
 	State OperationState `protobuf:"varint,4,opt,name=state,proto3,enum=warden.v1.OperationState" json:"state,omitempty"`
 	// Step is the last step done: for a split prepared, fenced, activated,
-	// committed; for a move planned, added, promoted, removed.
+	// committed; for a move planned, added, promoted, removed; for a node
+	// removal moving, replicas_moved, placement_left, removed; for a
+	// rebalance, running (its progress is in steps).
 	Step       string `protobuf:"bytes,5,opt,name=step,proto3" json:"step,omitempty"`
 	StepsDone  uint32 `protobuf:"varint,6,opt,name=steps_done,json=stepsDone,proto3" json:"steps_done,omitempty"`
 	StepsTotal uint32 `protobuf:"varint,7,opt,name=steps_total,json=stepsTotal,proto3" json:"steps_total,omitempty"`
@@ -2398,7 +2405,24 @@ type Operation struct {
 	CaughtUp      uint64 `protobuf:"varint,14,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
 	CatchUpTarget uint64 `protobuf:"varint,15,opt,name=catch_up_target,json=catchUpTarget,proto3" json:"catch_up_target,omitempty"`
 	// Generation is the placement generation a split commits.
-	Generation    uint64 `protobuf:"varint,16,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation uint64 `protobuf:"varint,16,opt,name=generation,proto3" json:"generation,omitempty"`
+	// NodeId and Force: a node removal's.
+	NodeId uint64 `protobuf:"varint,17,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Force  bool   `protobuf:"varint,18,opt,name=force,proto3" json:"force,omitempty"`
+	// Error says why a node removal or rebalance failed.
+	Error string `protobuf:"bytes,19,opt,name=error,proto3" json:"error,omitempty"`
+	// ParentId is the node removal or rebalance this move is a step of.
+	ParentId uint64 `protobuf:"varint,20,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
+	// Steps are a node removal's or rebalance's steps, in order.
+	Steps []*OperationStep `protobuf:"bytes,21,rep,name=steps,proto3" json:"steps,omitempty"`
+	// StepsPlanned is how many steps a node removal (its node's replicas)
+	// or rebalance (its plan) had when it began.
+	StepsPlanned uint32 `protobuf:"varint,22,opt,name=steps_planned,json=stepsPlanned,proto3" json:"steps_planned,omitempty"`
+	// RecordsCopied and BytesCopied: a running split's copy of its range
+	// into the new shard, as the node driving it counts (0 when it was
+	// not asked).
+	RecordsCopied uint64 `protobuf:"varint,23,opt,name=records_copied,json=recordsCopied,proto3" json:"records_copied,omitempty"`
+	BytesCopied   uint64 `protobuf:"varint,24,opt,name=bytes_copied,json=bytesCopied,proto3" json:"bytes_copied,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2545,16 +2569,181 @@ func (x *Operation) GetGeneration() uint64 {
 	return 0
 }
 
+func (x *Operation) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *Operation) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *Operation) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Operation) GetParentId() uint64 {
+	if x != nil {
+		return x.ParentId
+	}
+	return 0
+}
+
+func (x *Operation) GetSteps() []*OperationStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *Operation) GetStepsPlanned() uint32 {
+	if x != nil {
+		return x.StepsPlanned
+	}
+	return 0
+}
+
+func (x *Operation) GetRecordsCopied() uint64 {
+	if x != nil {
+		return x.RecordsCopied
+	}
+	return 0
+}
+
+func (x *Operation) GetBytesCopied() uint64 {
+	if x != nil {
+		return x.BytesCopied
+	}
+	return 0
+}
+
+// OperationStep is one step of a node removal or a rebalance.
+type OperationStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Kind is "move_replica", "add_replica", "drop_replica",
+	// "transfer_leader" or "add_placement_voter" (shard 0).
+	Kind       string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	ShardId    uint64 `protobuf:"varint,2,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	FromNodeId uint64 `protobuf:"varint,3,opt,name=from_node_id,json=fromNodeId,proto3" json:"from_node_id,omitempty"`
+	ToNodeId   uint64 `protobuf:"varint,4,opt,name=to_node_id,json=toNodeId,proto3" json:"to_node_id,omitempty"`
+	// OperationId is the move that carries it out (0 for a leadership
+	// transfer).
+	OperationId uint64 `protobuf:"varint,5,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	// State is "running", "done" or "failed".
+	State         string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperationStep) Reset() {
+	*x = OperationStep{}
+	mi := &file_warden_v1_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationStep) ProtoMessage() {}
+
+func (x *OperationStep) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationStep.ProtoReflect.Descriptor instead.
+func (*OperationStep) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *OperationStep) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *OperationStep) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *OperationStep) GetFromNodeId() uint64 {
+	if x != nil {
+		return x.FromNodeId
+	}
+	return 0
+}
+
+func (x *OperationStep) GetToNodeId() uint64 {
+	if x != nil {
+		return x.ToNodeId
+	}
+	return 0
+}
+
+func (x *OperationStep) GetOperationId() uint64 {
+	if x != nil {
+		return x.OperationId
+	}
+	return 0
+}
+
+func (x *OperationStep) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *OperationStep) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type RemoveNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Force removes the node even where a replica has no place: such a
+	// replica is dropped, leaving its shard with one replica fewer (never
+	// fewer than two; Rebalance adds one back once a node of the zone
+	// joins), and a placement group vote with no replacement is removed.
+	// Needs every node at placement command version 7.
+	Force bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	// RequestId names the removal as SplitShardRequest's does (version 7).
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// NoWait returns as soon as the removal is recorded, with operation_id
+	// set; follow it with GetOperation (version 7).
+	NoWait        bool `protobuf:"varint,4,opt,name=no_wait,json=noWait,proto3" json:"no_wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[34]
+	mi := &file_warden_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2566,7 +2755,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[34]
+	mi := &file_warden_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2579,7 +2768,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RemoveNodeRequest) GetNodeId() uint64 {
@@ -2589,20 +2778,49 @@ func (x *RemoveNodeRequest) GetNodeId() uint64 {
 	return 0
 }
 
+func (x *RemoveNodeRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *RemoveNodeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RemoveNodeRequest) GetNoWait() bool {
+	if x != nil {
+		return x.NoWait
+	}
+	return false
+}
+
 type RemoveNodeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Moves are the replica moves made, in order.
+	// Moves are the replica moves made, in order (as far as the ended
+	// operations kept show them).
 	Moves []*ReplicaMove `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
 	// PlacementNodeId is the node that took the removed node's vote in the
-	// placement group (0 when it had none).
+	// placement group (0 when it had none, or a forced removal left it
+	// without a replacement).
 	PlacementNodeId uint64 `protobuf:"varint,2,opt,name=placement_node_id,json=placementNodeId,proto3" json:"placement_node_id,omitempty"`
+	// OperationId is the removal's operation (0 from a cluster below
+	// placement command version 7, where a removal is no operation).
+	OperationId uint64 `protobuf:"varint,3,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	// DroppedShardIds are the shards a forced removal left with one
+	// replica fewer.
+	DroppedShardIds []uint64 `protobuf:"varint,4,rep,packed,name=dropped_shard_ids,json=droppedShardIds,proto3" json:"dropped_shard_ids,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[35]
+	mi := &file_warden_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2832,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[35]
+	mi := &file_warden_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2845,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RemoveNodeResponse) GetMoves() []*ReplicaMove {
@@ -2644,6 +2862,20 @@ func (x *RemoveNodeResponse) GetPlacementNodeId() uint64 {
 	return 0
 }
 
+func (x *RemoveNodeResponse) GetOperationId() uint64 {
+	if x != nil {
+		return x.OperationId
+	}
+	return 0
+}
+
+func (x *RemoveNodeResponse) GetDroppedShardIds() []uint64 {
+	if x != nil {
+		return x.DroppedShardIds
+	}
+	return nil
+}
+
 // ReplicaMove is a shard replica moved from one node to another.
 type ReplicaMove struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2657,7 +2889,7 @@ type ReplicaMove struct {
 
 func (x *ReplicaMove) Reset() {
 	*x = ReplicaMove{}
-	mi := &file_warden_v1_admin_proto_msgTypes[36]
+	mi := &file_warden_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2669,7 +2901,7 @@ func (x *ReplicaMove) String() string {
 func (*ReplicaMove) ProtoMessage() {}
 
 func (x *ReplicaMove) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[36]
+	mi := &file_warden_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2682,7 +2914,7 @@ func (x *ReplicaMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaMove.ProtoReflect.Descriptor instead.
 func (*ReplicaMove) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{36}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReplicaMove) GetShardId() uint64 {
@@ -2716,14 +2948,19 @@ func (x *ReplicaMove) GetReplicaId() uint64 {
 type RebalanceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// DryRun only plans.
-	DryRun        bool `protobuf:"varint,1,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	DryRun bool `protobuf:"varint,1,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// RequestId names the rebalance as SplitShardRequest's does (version 7).
+	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// NoWait returns as soon as the rebalance is recorded, with
+	// operation_id set; follow it with GetOperation (version 7).
+	NoWait        bool `protobuf:"varint,3,opt,name=no_wait,json=noWait,proto3" json:"no_wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[37]
+	mi := &file_warden_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2972,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[37]
+	mi := &file_warden_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2985,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{37}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RebalanceRequest) GetDryRun() bool {
@@ -2758,16 +2995,34 @@ func (x *RebalanceRequest) GetDryRun() bool {
 	return false
 }
 
+func (x *RebalanceRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *RebalanceRequest) GetNoWait() bool {
+	if x != nil {
+		return x.NoWait
+	}
+	return false
+}
+
 type RebalanceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Actions       []*RebalanceAction     `protobuf:"bytes,1,rep,name=actions,proto3" json:"actions,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Actions are the plan (dry_run), or the steps taken.
+	Actions []*RebalanceAction `protobuf:"bytes,1,rep,name=actions,proto3" json:"actions,omitempty"`
+	// OperationId is the rebalance's operation (0 for a dry run, and from
+	// a cluster below placement command version 7).
+	OperationId   uint64 `protobuf:"varint,2,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[38]
+	mi := &file_warden_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2779,7 +3034,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[38]
+	mi := &file_warden_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2792,7 +3047,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{38}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RebalanceResponse) GetActions() []*RebalanceAction {
@@ -2802,10 +3057,20 @@ func (x *RebalanceResponse) GetActions() []*RebalanceAction {
 	return nil
 }
 
+func (x *RebalanceResponse) GetOperationId() uint64 {
+	if x != nil {
+		return x.OperationId
+	}
+	return 0
+}
+
 // RebalanceAction is one step of a rebalance plan.
 type RebalanceAction struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Kind is "move_replica" or "transfer_leader".
+	// Kind is "add_placement_voter" (a zone without a voter of the
+	// placement group; shard 0, from node 0), "add_replica" (a shard short
+	// of a replica in a zone; from node 0), "move_replica" or
+	// "transfer_leader".
 	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	ShardId       uint64 `protobuf:"varint,2,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
 	FromNodeId    uint64 `protobuf:"varint,3,opt,name=from_node_id,json=fromNodeId,proto3" json:"from_node_id,omitempty"`
@@ -2818,7 +3083,7 @@ type RebalanceAction struct {
 
 func (x *RebalanceAction) Reset() {
 	*x = RebalanceAction{}
-	mi := &file_warden_v1_admin_proto_msgTypes[39]
+	mi := &file_warden_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2830,7 +3095,7 @@ func (x *RebalanceAction) String() string {
 func (*RebalanceAction) ProtoMessage() {}
 
 func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[39]
+	mi := &file_warden_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2843,7 +3108,7 @@ func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceAction.ProtoReflect.Descriptor instead.
 func (*RebalanceAction) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{39}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RebalanceAction) GetKind() string {
@@ -3073,7 +3338,7 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\"J\n" +
 	"\x14GetOperationResponse\x122\n" +
-	"\toperation\x18\x01 \x01(\v2\x14.warden.v1.OperationR\toperation\"\xef\x03\n" +
+	"\toperation\x18\x01 \x01(\v2\x14.warden.v1.OperationR\toperation\"\xf0\x05\n" +
 	"\tOperation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1d\n" +
 	"\n" +
@@ -3100,12 +3365,36 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x0fcatch_up_target\x18\x0f \x01(\x04R\rcatchUpTarget\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x10 \x01(\x04R\n" +
-	"generation\",\n" +
+	"generation\x12\x17\n" +
+	"\anode_id\x18\x11 \x01(\x04R\x06nodeId\x12\x14\n" +
+	"\x05force\x18\x12 \x01(\bR\x05force\x12\x14\n" +
+	"\x05error\x18\x13 \x01(\tR\x05error\x12\x1b\n" +
+	"\tparent_id\x18\x14 \x01(\x04R\bparentId\x12.\n" +
+	"\x05steps\x18\x15 \x03(\v2\x18.warden.v1.OperationStepR\x05steps\x12#\n" +
+	"\rsteps_planned\x18\x16 \x01(\rR\fstepsPlanned\x12%\n" +
+	"\x0erecords_copied\x18\x17 \x01(\x04R\rrecordsCopied\x12!\n" +
+	"\fbytes_copied\x18\x18 \x01(\x04R\vbytesCopied\"\xcd\x01\n" +
+	"\rOperationStep\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x19\n" +
+	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12 \n" +
+	"\ffrom_node_id\x18\x03 \x01(\x04R\n" +
+	"fromNodeId\x12\x1c\n" +
+	"\n" +
+	"to_node_id\x18\x04 \x01(\x04R\btoNodeId\x12!\n" +
+	"\foperation_id\x18\x05 \x01(\x04R\voperationId\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\"z\n" +
 	"\x11RemoveNodeRequest\x12\x17\n" +
-	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\"n\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x17\n" +
+	"\ano_wait\x18\x04 \x01(\bR\x06noWait\"\xbd\x01\n" +
 	"\x12RemoveNodeResponse\x12,\n" +
 	"\x05moves\x18\x01 \x03(\v2\x16.warden.v1.ReplicaMoveR\x05moves\x12*\n" +
-	"\x11placement_node_id\x18\x02 \x01(\x04R\x0fplacementNodeId\"\x87\x01\n" +
+	"\x11placement_node_id\x18\x02 \x01(\x04R\x0fplacementNodeId\x12!\n" +
+	"\foperation_id\x18\x03 \x01(\x04R\voperationId\x12*\n" +
+	"\x11dropped_shard_ids\x18\x04 \x03(\x04R\x0fdroppedShardIds\"\x87\x01\n" +
 	"\vReplicaMove\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12 \n" +
 	"\ffrom_node_id\x18\x02 \x01(\x04R\n" +
@@ -3113,11 +3402,15 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"to_node_id\x18\x03 \x01(\x04R\btoNodeId\x12\x1d\n" +
 	"\n" +
-	"replica_id\x18\x04 \x01(\x04R\treplicaId\"+\n" +
+	"replica_id\x18\x04 \x01(\x04R\treplicaId\"c\n" +
 	"\x10RebalanceRequest\x12\x17\n" +
-	"\adry_run\x18\x01 \x01(\bR\x06dryRun\"I\n" +
+	"\adry_run\x18\x01 \x01(\bR\x06dryRun\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12\x17\n" +
+	"\ano_wait\x18\x03 \x01(\bR\x06noWait\"l\n" +
 	"\x11RebalanceResponse\x124\n" +
-	"\aactions\x18\x01 \x03(\v2\x1a.warden.v1.RebalanceActionR\aactions\"\xaa\x01\n" +
+	"\aactions\x18\x01 \x03(\v2\x1a.warden.v1.RebalanceActionR\aactions\x12!\n" +
+	"\foperation_id\x18\x02 \x01(\x04R\voperationId\"\xaa\x01\n" +
 	"\x0fRebalanceAction\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x19\n" +
 	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12 \n" +
@@ -3131,13 +3424,14 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x1aPLACEMENT_ROLE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13PLACEMENT_ROLE_NONE\x10\x01\x12\x18\n" +
 	"\x14PLACEMENT_ROLE_VOTER\x10\x02\x12\x1d\n" +
-	"\x19PLACEMENT_ROLE_NON_VOTING\x10\x03*\xab\x01\n" +
+	"\x19PLACEMENT_ROLE_NON_VOTING\x10\x03*\xc7\x01\n" +
 	"\x0eOperationState\x12\x1f\n" +
 	"\x1bOPERATION_STATE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17OPERATION_STATE_RUNNING\x10\x01\x12 \n" +
 	"\x1cOPERATION_STATE_ROLLING_BACK\x10\x02\x12\x18\n" +
 	"\x14OPERATION_STATE_DONE\x10\x03\x12\x1f\n" +
-	"\x1bOPERATION_STATE_ROLLED_BACK\x10\x042\xa7\b\n" +
+	"\x1bOPERATION_STATE_ROLLED_BACK\x10\x04\x12\x1a\n" +
+	"\x16OPERATION_STATE_FAILED\x10\x052\xa7\b\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
@@ -3169,7 +3463,7 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_warden_v1_admin_proto_goTypes = []any{
 	(PlacementRole)(0),             // 0: warden.v1.PlacementRole
 	(OperationState)(0),            // 1: warden.v1.OperationState
@@ -3207,87 +3501,89 @@ var file_warden_v1_admin_proto_goTypes = []any{
 	(*GetOperationRequest)(nil),    // 33: warden.v1.GetOperationRequest
 	(*GetOperationResponse)(nil),   // 34: warden.v1.GetOperationResponse
 	(*Operation)(nil),              // 35: warden.v1.Operation
-	(*RemoveNodeRequest)(nil),      // 36: warden.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),     // 37: warden.v1.RemoveNodeResponse
-	(*ReplicaMove)(nil),            // 38: warden.v1.ReplicaMove
-	(*RebalanceRequest)(nil),       // 39: warden.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),      // 40: warden.v1.RebalanceResponse
-	(*RebalanceAction)(nil),        // 41: warden.v1.RebalanceAction
-	(*timestamppb.Timestamp)(nil),  // 42: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 43: google.protobuf.Duration
+	(*OperationStep)(nil),          // 36: warden.v1.OperationStep
+	(*RemoveNodeRequest)(nil),      // 37: warden.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),     // 38: warden.v1.RemoveNodeResponse
+	(*ReplicaMove)(nil),            // 39: warden.v1.ReplicaMove
+	(*RebalanceRequest)(nil),       // 40: warden.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),      // 41: warden.v1.RebalanceResponse
+	(*RebalanceAction)(nil),        // 42: warden.v1.RebalanceAction
+	(*timestamppb.Timestamp)(nil),  // 43: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 44: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
 	4,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
 	4,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
 	7,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
-	42, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
+	43, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
 	0,  // 4: warden.v1.NodeInfo.placement:type_name -> warden.v1.PlacementRole
 	10, // 5: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
 	11, // 6: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
 	19, // 7: warden.v1.BackupResponse.file:type_name -> warden.v1.BackupFileStart
 	20, // 8: warden.v1.BackupResponse.end:type_name -> warden.v1.BackupFile
 	21, // 9: warden.v1.BackupResponse.manifest:type_name -> warden.v1.BackupManifest
-	42, // 10: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
+	43, // 10: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
 	22, // 11: warden.v1.BackupManifest.nodes:type_name -> warden.v1.BackupNode
 	23, // 12: warden.v1.BackupManifest.shards:type_name -> warden.v1.BackupShard
 	20, // 13: warden.v1.BackupManifest.placement:type_name -> warden.v1.BackupFile
 	20, // 14: warden.v1.BackupShard.file:type_name -> warden.v1.BackupFile
 	25, // 15: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
-	43, // 16: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
-	43, // 17: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
-	43, // 18: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
-	43, // 19: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
-	43, // 20: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
-	43, // 21: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
-	43, // 22: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
-	43, // 23: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
-	43, // 24: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
+	44, // 16: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	44, // 17: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	44, // 18: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	44, // 19: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	44, // 20: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	44, // 21: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	44, // 22: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
+	44, // 23: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
+	44, // 24: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
 	28, // 25: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	43, // 26: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	43, // 27: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	43, // 28: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	43, // 29: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	43, // 30: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	43, // 31: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
-	43, // 32: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
-	43, // 33: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
-	43, // 34: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
+	44, // 26: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	44, // 27: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	44, // 28: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	44, // 29: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	44, // 30: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	44, // 31: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	44, // 32: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
+	44, // 33: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
+	44, // 34: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
 	35, // 35: warden.v1.ListOperationsResponse.operations:type_name -> warden.v1.Operation
 	35, // 36: warden.v1.GetOperationResponse.operation:type_name -> warden.v1.Operation
 	1,  // 37: warden.v1.Operation.state:type_name -> warden.v1.OperationState
-	38, // 38: warden.v1.RemoveNodeResponse.moves:type_name -> warden.v1.ReplicaMove
-	41, // 39: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
-	5,  // 40: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
-	8,  // 41: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
-	12, // 42: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	29, // 43: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
-	36, // 44: warden.v1.AdminService.RemoveNode:input_type -> warden.v1.RemoveNodeRequest
-	31, // 45: warden.v1.AdminService.ListOperations:input_type -> warden.v1.ListOperationsRequest
-	33, // 46: warden.v1.AdminService.GetOperation:input_type -> warden.v1.GetOperationRequest
-	39, // 47: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
-	14, // 48: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	17, // 49: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
-	16, // 50: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	26, // 51: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	2,  // 52: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	6,  // 53: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	9,  // 54: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	13, // 55: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	30, // 56: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
-	37, // 57: warden.v1.AdminService.RemoveNode:output_type -> warden.v1.RemoveNodeResponse
-	32, // 58: warden.v1.AdminService.ListOperations:output_type -> warden.v1.ListOperationsResponse
-	34, // 59: warden.v1.AdminService.GetOperation:output_type -> warden.v1.GetOperationResponse
-	40, // 60: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
-	15, // 61: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	18, // 62: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
-	24, // 63: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	27, // 64: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	3,  // 65: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	53, // [53:66] is the sub-list for method output_type
-	40, // [40:53] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	36, // 38: warden.v1.Operation.steps:type_name -> warden.v1.OperationStep
+	39, // 39: warden.v1.RemoveNodeResponse.moves:type_name -> warden.v1.ReplicaMove
+	42, // 40: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
+	5,  // 41: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
+	8,  // 42: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
+	12, // 43: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
+	29, // 44: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	37, // 45: warden.v1.AdminService.RemoveNode:input_type -> warden.v1.RemoveNodeRequest
+	31, // 46: warden.v1.AdminService.ListOperations:input_type -> warden.v1.ListOperationsRequest
+	33, // 47: warden.v1.AdminService.GetOperation:input_type -> warden.v1.GetOperationRequest
+	40, // 48: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
+	14, // 49: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
+	17, // 50: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
+	16, // 51: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	26, // 52: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	2,  // 53: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	6,  // 54: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	9,  // 55: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	13, // 56: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	30, // 57: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	38, // 58: warden.v1.AdminService.RemoveNode:output_type -> warden.v1.RemoveNodeResponse
+	32, // 59: warden.v1.AdminService.ListOperations:output_type -> warden.v1.ListOperationsResponse
+	34, // 60: warden.v1.AdminService.GetOperation:output_type -> warden.v1.GetOperationResponse
+	41, // 61: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
+	15, // 62: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	18, // 63: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
+	24, // 64: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	27, // 65: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	3,  // 66: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	54, // [54:67] is the sub-list for method output_type
+	41, // [41:54] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_admin_proto_init() }
@@ -3308,7 +3604,7 @@ func file_warden_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

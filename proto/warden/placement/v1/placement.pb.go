@@ -80,6 +80,192 @@ func (ShardState) EnumDescriptor() ([]byte, []int) {
 	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{0}
 }
 
+// JobStepKind is what one step of a job does.
+type JobStepKind int32
+
+const (
+	JobStepKind_JOB_STEP_KIND_UNSPECIFIED JobStepKind = 0
+	// JOB_STEP_KIND_MOVE moves a replica within its zone (a MoveOp).
+	JobStepKind_JOB_STEP_KIND_MOVE JobStepKind = 1
+	// JOB_STEP_KIND_ADD_REPLICA adds a replica in a zone the shard lacks
+	// one in (a MoveOp from no node).
+	JobStepKind_JOB_STEP_KIND_ADD_REPLICA JobStepKind = 2
+	// JOB_STEP_KIND_DROP_REPLICA removes a replica without a replacement
+	// (a MoveOp to no node; only a forced node removal).
+	JobStepKind_JOB_STEP_KIND_DROP_REPLICA JobStepKind = 3
+	// JOB_STEP_KIND_TRANSFER_LEADER moves a shard's leadership (no operator).
+	JobStepKind_JOB_STEP_KIND_TRANSFER_LEADER JobStepKind = 4
+	// JOB_STEP_KIND_ADD_PLACEMENT_VOTER makes to_node a voter of the
+	// placement group in a zone that has none (after a forced removal; no
+	// operator: the group's membership is Raft's own).
+	JobStepKind_JOB_STEP_KIND_ADD_PLACEMENT_VOTER JobStepKind = 5
+)
+
+// Enum value maps for JobStepKind.
+var (
+	JobStepKind_name = map[int32]string{
+		0: "JOB_STEP_KIND_UNSPECIFIED",
+		1: "JOB_STEP_KIND_MOVE",
+		2: "JOB_STEP_KIND_ADD_REPLICA",
+		3: "JOB_STEP_KIND_DROP_REPLICA",
+		4: "JOB_STEP_KIND_TRANSFER_LEADER",
+		5: "JOB_STEP_KIND_ADD_PLACEMENT_VOTER",
+	}
+	JobStepKind_value = map[string]int32{
+		"JOB_STEP_KIND_UNSPECIFIED":         0,
+		"JOB_STEP_KIND_MOVE":                1,
+		"JOB_STEP_KIND_ADD_REPLICA":         2,
+		"JOB_STEP_KIND_DROP_REPLICA":        3,
+		"JOB_STEP_KIND_TRANSFER_LEADER":     4,
+		"JOB_STEP_KIND_ADD_PLACEMENT_VOTER": 5,
+	}
+)
+
+func (x JobStepKind) Enum() *JobStepKind {
+	p := new(JobStepKind)
+	*p = x
+	return p
+}
+
+func (x JobStepKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (JobStepKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_warden_placement_v1_placement_proto_enumTypes[1].Descriptor()
+}
+
+func (JobStepKind) Type() protoreflect.EnumType {
+	return &file_warden_placement_v1_placement_proto_enumTypes[1]
+}
+
+func (x JobStepKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use JobStepKind.Descriptor instead.
+func (JobStepKind) EnumDescriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{1}
+}
+
+// JobStepState is where one step of a job is.
+type JobStepState int32
+
+const (
+	JobStepState_JOB_STEP_STATE_UNSPECIFIED JobStepState = 0
+	JobStepState_JOB_STEP_STATE_RUNNING     JobStepState = 1
+	JobStepState_JOB_STEP_STATE_DONE        JobStepState = 2
+	// JOB_STEP_STATE_FAILED: the move rolled back, or the transfer failed.
+	JobStepState_JOB_STEP_STATE_FAILED JobStepState = 3
+)
+
+// Enum value maps for JobStepState.
+var (
+	JobStepState_name = map[int32]string{
+		0: "JOB_STEP_STATE_UNSPECIFIED",
+		1: "JOB_STEP_STATE_RUNNING",
+		2: "JOB_STEP_STATE_DONE",
+		3: "JOB_STEP_STATE_FAILED",
+	}
+	JobStepState_value = map[string]int32{
+		"JOB_STEP_STATE_UNSPECIFIED": 0,
+		"JOB_STEP_STATE_RUNNING":     1,
+		"JOB_STEP_STATE_DONE":        2,
+		"JOB_STEP_STATE_FAILED":      3,
+	}
+)
+
+func (x JobStepState) Enum() *JobStepState {
+	p := new(JobStepState)
+	*p = x
+	return p
+}
+
+func (x JobStepState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (JobStepState) Descriptor() protoreflect.EnumDescriptor {
+	return file_warden_placement_v1_placement_proto_enumTypes[2].Descriptor()
+}
+
+func (JobStepState) Type() protoreflect.EnumType {
+	return &file_warden_placement_v1_placement_proto_enumTypes[2]
+}
+
+func (x JobStepState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use JobStepState.Descriptor instead.
+func (JobStepState) EnumDescriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{2}
+}
+
+// RemoveNodeStep is how far a node removal got.
+type RemoveNodeStep int32
+
+const (
+	RemoveNodeStep_REMOVE_NODE_STEP_UNSPECIFIED RemoveNodeStep = 0
+	// REMOVE_NODE_STEP_MOVING: begun; its replicas move off, one at a time.
+	RemoveNodeStep_REMOVE_NODE_STEP_MOVING RemoveNodeStep = 1
+	// REMOVE_NODE_STEP_REPLICAS_MOVED: it hosts no data replica; its vote
+	// in the placement group goes to placement_node_id (or, forced without
+	// one, is removed).
+	RemoveNodeStep_REMOVE_NODE_STEP_REPLICAS_MOVED RemoveNodeStep = 2
+	// REMOVE_NODE_STEP_PLACEMENT_LEFT: it is no member of the placement
+	// group any more.
+	RemoveNodeStep_REMOVE_NODE_STEP_PLACEMENT_LEFT RemoveNodeStep = 3
+	// REMOVE_NODE_STEP_REMOVED: it left the map for good (its id is in
+	// State.removed_node_ids); the job ends.
+	RemoveNodeStep_REMOVE_NODE_STEP_REMOVED RemoveNodeStep = 4
+)
+
+// Enum value maps for RemoveNodeStep.
+var (
+	RemoveNodeStep_name = map[int32]string{
+		0: "REMOVE_NODE_STEP_UNSPECIFIED",
+		1: "REMOVE_NODE_STEP_MOVING",
+		2: "REMOVE_NODE_STEP_REPLICAS_MOVED",
+		3: "REMOVE_NODE_STEP_PLACEMENT_LEFT",
+		4: "REMOVE_NODE_STEP_REMOVED",
+	}
+	RemoveNodeStep_value = map[string]int32{
+		"REMOVE_NODE_STEP_UNSPECIFIED":    0,
+		"REMOVE_NODE_STEP_MOVING":         1,
+		"REMOVE_NODE_STEP_REPLICAS_MOVED": 2,
+		"REMOVE_NODE_STEP_PLACEMENT_LEFT": 3,
+		"REMOVE_NODE_STEP_REMOVED":        4,
+	}
+)
+
+func (x RemoveNodeStep) Enum() *RemoveNodeStep {
+	p := new(RemoveNodeStep)
+	*p = x
+	return p
+}
+
+func (x RemoveNodeStep) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RemoveNodeStep) Descriptor() protoreflect.EnumDescriptor {
+	return file_warden_placement_v1_placement_proto_enumTypes[3].Descriptor()
+}
+
+func (RemoveNodeStep) Type() protoreflect.EnumType {
+	return &file_warden_placement_v1_placement_proto_enumTypes[3]
+}
+
+func (x RemoveNodeStep) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RemoveNodeStep.Descriptor instead.
+func (RemoveNodeStep) EnumDescriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{3}
+}
+
 // MoveStep is how far a replica move got; each step is done before it is
 // recorded, and repeating a step is harmless.
 type MoveStep int32
@@ -126,11 +312,11 @@ func (x MoveStep) String() string {
 }
 
 func (MoveStep) Descriptor() protoreflect.EnumDescriptor {
-	return file_warden_placement_v1_placement_proto_enumTypes[1].Descriptor()
+	return file_warden_placement_v1_placement_proto_enumTypes[4].Descriptor()
 }
 
 func (MoveStep) Type() protoreflect.EnumType {
-	return &file_warden_placement_v1_placement_proto_enumTypes[1]
+	return &file_warden_placement_v1_placement_proto_enumTypes[4]
 }
 
 func (x MoveStep) Number() protoreflect.EnumNumber {
@@ -139,7 +325,7 @@ func (x MoveStep) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MoveStep.Descriptor instead.
 func (MoveStep) EnumDescriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{1}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{4}
 }
 
 // SplitStep is how far a split got; each step is done before it is
@@ -189,11 +375,11 @@ func (x SplitStep) String() string {
 }
 
 func (SplitStep) Descriptor() protoreflect.EnumDescriptor {
-	return file_warden_placement_v1_placement_proto_enumTypes[2].Descriptor()
+	return file_warden_placement_v1_placement_proto_enumTypes[5].Descriptor()
 }
 
 func (SplitStep) Type() protoreflect.EnumType {
-	return &file_warden_placement_v1_placement_proto_enumTypes[2]
+	return &file_warden_placement_v1_placement_proto_enumTypes[5]
 }
 
 func (x SplitStep) Number() protoreflect.EnumNumber {
@@ -202,7 +388,7 @@ func (x SplitStep) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SplitStep.Descriptor instead.
 func (SplitStep) EnumDescriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{2}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{5}
 }
 
 // State is everything the placement group holds.
@@ -223,7 +409,8 @@ type State struct {
 	// been used, none at or above it has. A placement leader hands out the
 	// window [old limit, new limit) after raising it here.
 	EpochLimit uint64 `protobuf:"varint,7,opt,name=epoch_limit,json=epochLimit,proto3" json:"epoch_limit,omitempty"`
-	// Operators are the range moves in progress, at the step they reached.
+	// Operators are the range moves and jobs in progress, at the step they
+	// reached.
 	Operators []*Operator `protobuf:"bytes,8,rep,name=operators,proto3" json:"operators,omitempty"`
 	// LastEpoch is the highest epoch ever given to a shard, even one an
 	// operator rolled back: no epoch is assigned twice.
@@ -983,7 +1170,9 @@ func (x *Replica) GetNonVoting() bool {
 	return false
 }
 
-// Operator is a range move in progress.
+// Operator is a range move in progress (a split or a replica move), or
+// a job whose steps are moves (a node removal, a rebalance: placement
+// command version 7).
 type Operator struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -991,10 +1180,22 @@ type Operator struct {
 	//
 	//	*Operator_Split
 	//	*Operator_Move
+	//	*Operator_RemoveNode
+	//	*Operator_Rebalance
 	Kind isOperator_Kind `protobuf_oneof:"kind"`
-	// RequestId is the caller's id for the operation (BeginSplitCmd and
-	// BeginMoveCmd request_id), empty if it gave none.
-	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// RequestId is the caller's id for the operation (BeginSplitCmd,
+	// BeginMoveCmd and BeginJobCmd request_id), empty if it gave none.
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Parent is the job this move is a step of (version 7); 0 for a split
+	// or move begun on its own.
+	Parent uint64 `protobuf:"varint,7,opt,name=parent,proto3" json:"parent,omitempty"`
+	// Error says why a job ended before it finished (version 7: set by the
+	// EndOperatorCmd that ended it); empty for one that finished, and for
+	// every split and move.
+	Error string `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	// Steps are the steps a job took, in order (version 7): each move it
+	// began, and each leadership transfer it made, with its outcome.
+	Steps         []*JobStep `protobuf:"bytes,9,rep,name=steps,proto3" json:"steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1061,11 +1262,50 @@ func (x *Operator) GetMove() *MoveOp {
 	return nil
 }
 
+func (x *Operator) GetRemoveNode() *RemoveNodeOp {
+	if x != nil {
+		if x, ok := x.Kind.(*Operator_RemoveNode); ok {
+			return x.RemoveNode
+		}
+	}
+	return nil
+}
+
+func (x *Operator) GetRebalance() *RebalanceOp {
+	if x != nil {
+		if x, ok := x.Kind.(*Operator_Rebalance); ok {
+			return x.Rebalance
+		}
+	}
+	return nil
+}
+
 func (x *Operator) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *Operator) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *Operator) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Operator) GetSteps() []*JobStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
 }
 
 type isOperator_Kind interface {
@@ -1080,13 +1320,262 @@ type Operator_Move struct {
 	Move *MoveOp `protobuf:"bytes,3,opt,name=move,proto3,oneof"`
 }
 
+type Operator_RemoveNode struct {
+	RemoveNode *RemoveNodeOp `protobuf:"bytes,5,opt,name=remove_node,json=removeNode,proto3,oneof"`
+}
+
+type Operator_Rebalance struct {
+	Rebalance *RebalanceOp `protobuf:"bytes,6,opt,name=rebalance,proto3,oneof"`
+}
+
 func (*Operator_Split) isOperator_Kind() {}
 
 func (*Operator_Move) isOperator_Kind() {}
 
+func (*Operator_RemoveNode) isOperator_Kind() {}
+
+func (*Operator_Rebalance) isOperator_Kind() {}
+
+// JobStep is one step of a job.
+type JobStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  JobStepKind            `protobuf:"varint,1,opt,name=kind,proto3,enum=warden.placement.v1.JobStepKind" json:"kind,omitempty"`
+	Shard uint64                 `protobuf:"varint,2,opt,name=shard,proto3" json:"shard,omitempty"`
+	// FromNode and ToNode: 0 for an added replica's from, a dropped one's to.
+	FromNode uint64 `protobuf:"varint,3,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	ToNode   uint64 `protobuf:"varint,4,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	// OperatorId is the move that carries the step out (0 for a
+	// leadership transfer).
+	OperatorId    uint64       `protobuf:"varint,5,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	State         JobStepState `protobuf:"varint,6,opt,name=state,proto3,enum=warden.placement.v1.JobStepState" json:"state,omitempty"`
+	Error         string       `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobStep) Reset() {
+	*x = JobStep{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobStep) ProtoMessage() {}
+
+func (x *JobStep) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobStep.ProtoReflect.Descriptor instead.
+func (*JobStep) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *JobStep) GetKind() JobStepKind {
+	if x != nil {
+		return x.Kind
+	}
+	return JobStepKind_JOB_STEP_KIND_UNSPECIFIED
+}
+
+func (x *JobStep) GetShard() uint64 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *JobStep) GetFromNode() uint64 {
+	if x != nil {
+		return x.FromNode
+	}
+	return 0
+}
+
+func (x *JobStep) GetToNode() uint64 {
+	if x != nil {
+		return x.ToNode
+	}
+	return 0
+}
+
+func (x *JobStep) GetOperatorId() uint64 {
+	if x != nil {
+		return x.OperatorId
+	}
+	return 0
+}
+
+func (x *JobStep) GetState() JobStepState {
+	if x != nil {
+		return x.State
+	}
+	return JobStepState_JOB_STEP_STATE_UNSPECIFIED
+}
+
+func (x *JobStep) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// RemoveNodeOp takes a node out of the cluster (version 7): every replica
+// it hosts moves to another live node of its zone (or, forced, is
+// dropped where none can take it), a placement group vote it has goes to
+// placement_node_id, and it leaves the map.
+type RemoveNodeOp struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Force: a replica with no place in the node's zone is dropped, leaving
+	// its shard with one replica fewer (never fewer than two), and a
+	// placement vote with no replacement is removed.
+	Force bool           `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	Step  RemoveNodeStep `protobuf:"varint,3,opt,name=step,proto3,enum=warden.placement.v1.RemoveNodeStep" json:"step,omitempty"`
+	// PlacementNodeId is the node that takes node_id's vote in the
+	// placement group (chosen when the removal began; 0: it had none, or
+	// forced without a replacement).
+	PlacementNodeId uint64 `protobuf:"varint,4,opt,name=placement_node_id,json=placementNodeId,proto3" json:"placement_node_id,omitempty"`
+	// Replicas is how many data replicas node_id hosted when the removal
+	// began.
+	Replicas      uint32 `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeOp) Reset() {
+	*x = RemoveNodeOp{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeOp) ProtoMessage() {}
+
+func (x *RemoveNodeOp) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeOp.ProtoReflect.Descriptor instead.
+func (*RemoveNodeOp) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RemoveNodeOp) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *RemoveNodeOp) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *RemoveNodeOp) GetStep() RemoveNodeStep {
+	if x != nil {
+		return x.Step
+	}
+	return RemoveNodeStep_REMOVE_NODE_STEP_UNSPECIFIED
+}
+
+func (x *RemoveNodeOp) GetPlacementNodeId() uint64 {
+	if x != nil {
+		return x.PlacementNodeId
+	}
+	return 0
+}
+
+func (x *RemoveNodeOp) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+// RebalanceOp evens out the cluster (version 7): it adds a placement
+// group voter in a zone without one and replicas to shards short of one
+// in a zone, then moves replicas within zones and leaderships across
+// nodes (placement.PlanRebalance, planned again before each step), one
+// step at a time.
+type RebalanceOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Planned is how many steps the plan had when the rebalance began.
+	Planned       uint32 `protobuf:"varint,1,opt,name=planned,proto3" json:"planned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebalanceOp) Reset() {
+	*x = RebalanceOp{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebalanceOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebalanceOp) ProtoMessage() {}
+
+func (x *RebalanceOp) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebalanceOp.ProtoReflect.Descriptor instead.
+func (*RebalanceOp) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RebalanceOp) GetPlanned() uint32 {
+	if x != nil {
+		return x.Planned
+	}
+	return 0
+}
+
 // MoveOp moves a shard's replica from one node to another: add the new
 // one as non-voting, let it catch up, promote it, remove the old one
 // (Raft membership changes one at a time; leases are state, untouched).
+// A job's move may have no from (from_node and from_replica 0: a replica
+// added, the last step skipped) or no to (to_node and to_replica 0: a
+// replica dropped, the first two steps skipped).
 type MoveOp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Shard         uint64                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
@@ -1102,7 +1591,7 @@ type MoveOp struct {
 
 func (x *MoveOp) Reset() {
 	*x = MoveOp{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1603,7 @@ func (x *MoveOp) String() string {
 func (*MoveOp) ProtoMessage() {}
 
 func (x *MoveOp) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[10]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1616,7 @@ func (x *MoveOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveOp.ProtoReflect.Descriptor instead.
 func (*MoveOp) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{10}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MoveOp) GetShard() uint64 {
@@ -1201,7 +1690,7 @@ type SplitOp struct {
 
 func (x *SplitOp) Reset() {
 	*x = SplitOp{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1702,7 @@ func (x *SplitOp) String() string {
 func (*SplitOp) ProtoMessage() {}
 
 func (x *SplitOp) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[11]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1715,7 @@ func (x *SplitOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SplitOp.ProtoReflect.Descriptor instead.
 func (*SplitOp) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{11}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SplitOp) GetSource() uint64 {
@@ -1300,6 +1789,8 @@ type Command struct {
 	//	*Command_Auth
 	//	*Command_Restore
 	//	*Command_RemoveNode
+	//	*Command_BeginJob
+	//	*Command_AdvanceJob
 	Command       isCommand_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1307,7 +1798,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1810,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[12]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1823,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{12}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Command) GetVersion() uint32 {
@@ -1448,6 +1939,24 @@ func (x *Command) GetRemoveNode() *RemoveNodeCmd {
 	return nil
 }
 
+func (x *Command) GetBeginJob() *BeginJobCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Command_BeginJob); ok {
+			return x.BeginJob
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetAdvanceJob() *AdvanceJobCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Command_AdvanceJob); ok {
+			return x.AdvanceJob
+		}
+	}
+	return nil
+}
+
 type isCommand_Command interface {
 	isCommand_Command()
 }
@@ -1496,6 +2005,14 @@ type Command_RemoveNode struct {
 	RemoveNode *RemoveNodeCmd `protobuf:"bytes,11,opt,name=remove_node,json=removeNode,proto3,oneof"`
 }
 
+type Command_BeginJob struct {
+	BeginJob *BeginJobCmd `protobuf:"bytes,12,opt,name=begin_job,json=beginJob,proto3,oneof"`
+}
+
+type Command_AdvanceJob struct {
+	AdvanceJob *AdvanceJobCmd `protobuf:"bytes,13,opt,name=advance_job,json=advanceJob,proto3,oneof"`
+}
+
 func (*Command_Bootstrap) isCommand_Command() {}
 
 func (*Command_RegisterNode) isCommand_Command() {}
@@ -1518,6 +2035,171 @@ func (*Command_Restore) isCommand_Command() {}
 
 func (*Command_RemoveNode) isCommand_Command() {}
 
+func (*Command_BeginJob) isCommand_Command() {}
+
+func (*Command_AdvanceJob) isCommand_Command() {}
+
+// BeginJobCmd begins a node removal or a rebalance (placement command
+// version 7); one job runs at a time, beside at most one split or move
+// (its own step, or one begun on its own). A removal needs the node in
+// the map and no other removal of it.
+type BeginJobCmd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Job:
+	//
+	//	*BeginJobCmd_RemoveNode
+	//	*BeginJobCmd_Rebalance
+	Job isBeginJobCmd_Job `protobuf_oneof:"job"`
+	// RequestId as in BeginMoveCmd: a job of the same kind (for a removal,
+	// of the same node) is the same job.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginJobCmd) Reset() {
+	*x = BeginJobCmd{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginJobCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginJobCmd) ProtoMessage() {}
+
+func (x *BeginJobCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginJobCmd.ProtoReflect.Descriptor instead.
+func (*BeginJobCmd) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *BeginJobCmd) GetJob() isBeginJobCmd_Job {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+func (x *BeginJobCmd) GetRemoveNode() *RemoveNodeOp {
+	if x != nil {
+		if x, ok := x.Job.(*BeginJobCmd_RemoveNode); ok {
+			return x.RemoveNode
+		}
+	}
+	return nil
+}
+
+func (x *BeginJobCmd) GetRebalance() *RebalanceOp {
+	if x != nil {
+		if x, ok := x.Job.(*BeginJobCmd_Rebalance); ok {
+			return x.Rebalance
+		}
+	}
+	return nil
+}
+
+func (x *BeginJobCmd) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type isBeginJobCmd_Job interface {
+	isBeginJobCmd_Job()
+}
+
+type BeginJobCmd_RemoveNode struct {
+	RemoveNode *RemoveNodeOp `protobuf:"bytes,1,opt,name=remove_node,json=removeNode,proto3,oneof"`
+}
+
+type BeginJobCmd_Rebalance struct {
+	Rebalance *RebalanceOp `protobuf:"bytes,2,opt,name=rebalance,proto3,oneof"`
+}
+
+func (*BeginJobCmd_RemoveNode) isBeginJobCmd_Job() {}
+
+func (*BeginJobCmd_Rebalance) isBeginJobCmd_Job() {}
+
+// AdvanceJobCmd records a job's progress (version 7): a removal's next
+// step (one after its current; REMOVE_NODE_STEP_REMOVED takes the node
+// out of the map as RemoveNodeCmd does and ends the job), or a
+// rebalance's step that is no operator (a leadership transfer, a
+// placement voter added), done or failed, appended to its steps.
+type AdvanceJobCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OperatorId    uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	RemoveStep    RemoveNodeStep         `protobuf:"varint,2,opt,name=remove_step,json=removeStep,proto3,enum=warden.placement.v1.RemoveNodeStep" json:"remove_step,omitempty"`
+	Step          *JobStep               `protobuf:"bytes,3,opt,name=step,proto3" json:"step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdvanceJobCmd) Reset() {
+	*x = AdvanceJobCmd{}
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdvanceJobCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdvanceJobCmd) ProtoMessage() {}
+
+func (x *AdvanceJobCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdvanceJobCmd.ProtoReflect.Descriptor instead.
+func (*AdvanceJobCmd) Descriptor() ([]byte, []int) {
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *AdvanceJobCmd) GetOperatorId() uint64 {
+	if x != nil {
+		return x.OperatorId
+	}
+	return 0
+}
+
+func (x *AdvanceJobCmd) GetRemoveStep() RemoveNodeStep {
+	if x != nil {
+		return x.RemoveStep
+	}
+	return RemoveNodeStep_REMOVE_NODE_STEP_UNSPECIFIED
+}
+
+func (x *AdvanceJobCmd) GetStep() *JobStep {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
 // RemoveNodeCmd takes node_id out of the map (placement command version
 // 5) and records it in State.removed_node_ids. It is refused while a
 // shard has a replica on the node or an operator names it.
@@ -1530,7 +2212,7 @@ type RemoveNodeCmd struct {
 
 func (x *RemoveNodeCmd) Reset() {
 	*x = RemoveNodeCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +2224,7 @@ func (x *RemoveNodeCmd) String() string {
 func (*RemoveNodeCmd) ProtoMessage() {}
 
 func (x *RemoveNodeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[13]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +2237,7 @@ func (x *RemoveNodeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeCmd.ProtoReflect.Descriptor instead.
 func (*RemoveNodeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{13}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RemoveNodeCmd) GetNodeId() uint64 {
@@ -1582,7 +2264,7 @@ type RestoreCmd struct {
 
 func (x *RestoreCmd) Reset() {
 	*x = RestoreCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +2276,7 @@ func (x *RestoreCmd) String() string {
 func (*RestoreCmd) ProtoMessage() {}
 
 func (x *RestoreCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[14]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +2289,7 @@ func (x *RestoreCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreCmd.ProtoReflect.Descriptor instead.
 func (*RestoreCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{14}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RestoreCmd) GetState() *State {
@@ -1645,7 +2327,7 @@ type AuthCmd struct {
 
 func (x *AuthCmd) Reset() {
 	*x = AuthCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +2339,7 @@ func (x *AuthCmd) String() string {
 func (*AuthCmd) ProtoMessage() {}
 
 func (x *AuthCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[15]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +2352,7 @@ func (x *AuthCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthCmd.ProtoReflect.Descriptor instead.
 func (*AuthCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{15}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AuthCmd) GetOp() isAuthCmd_Op {
@@ -1824,14 +2506,20 @@ type BeginMoveCmd struct {
 	// idempotent: when an operator in progress or finished has it, that
 	// operator is the result (refused if it is not this same move) and
 	// nothing else changes.
-	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Parent (version 7), if set, is the running job this move is a step
+	// of; the job must have no other step running. With a parent,
+	// from_node 0 adds a replica in a zone the shard lacks one in (a shard
+	// below three replicas), and to_node 0 drops the replica on from_node
+	// (only a forced removal of from_node, never below two replicas).
+	Parent        uint64 `protobuf:"varint,5,opt,name=parent,proto3" json:"parent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BeginMoveCmd) Reset() {
 	*x = BeginMoveCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +2531,7 @@ func (x *BeginMoveCmd) String() string {
 func (*BeginMoveCmd) ProtoMessage() {}
 
 func (x *BeginMoveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[16]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +2544,7 @@ func (x *BeginMoveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginMoveCmd.ProtoReflect.Descriptor instead.
 func (*BeginMoveCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{16}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BeginMoveCmd) GetShard() uint64 {
@@ -1887,6 +2575,13 @@ func (x *BeginMoveCmd) GetRequestId() string {
 	return ""
 }
 
+func (x *BeginMoveCmd) GetParent() uint64 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
 // AdvanceMoveCmd records that move operator_id has done step to; it
 // fails unless the operator is at the step before. Reaching
 // MOVE_STEP_REMOVED drops the old replica from the map.
@@ -1900,7 +2595,7 @@ type AdvanceMoveCmd struct {
 
 func (x *AdvanceMoveCmd) Reset() {
 	*x = AdvanceMoveCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1912,7 +2607,7 @@ func (x *AdvanceMoveCmd) String() string {
 func (*AdvanceMoveCmd) ProtoMessage() {}
 
 func (x *AdvanceMoveCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[17]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1925,7 +2620,7 @@ func (x *AdvanceMoveCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceMoveCmd.ProtoReflect.Descriptor instead.
 func (*AdvanceMoveCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{17}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AdvanceMoveCmd) GetOperatorId() uint64 {
@@ -1954,7 +2649,7 @@ type BootstrapCmd struct {
 
 func (x *BootstrapCmd) Reset() {
 	*x = BootstrapCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1966,7 +2661,7 @@ func (x *BootstrapCmd) String() string {
 func (*BootstrapCmd) ProtoMessage() {}
 
 func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[18]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1979,7 +2674,7 @@ func (x *BootstrapCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapCmd.ProtoReflect.Descriptor instead.
 func (*BootstrapCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{18}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BootstrapCmd) GetNodes() []*Node {
@@ -1999,7 +2694,7 @@ type RegisterNodeCmd struct {
 
 func (x *RegisterNodeCmd) Reset() {
 	*x = RegisterNodeCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +2706,7 @@ func (x *RegisterNodeCmd) String() string {
 func (*RegisterNodeCmd) ProtoMessage() {}
 
 func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[19]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +2719,7 @@ func (x *RegisterNodeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCmd.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{19}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RegisterNodeCmd) GetNode() *Node {
@@ -2046,7 +2741,7 @@ type ReserveEpochsCmd struct {
 
 func (x *ReserveEpochsCmd) Reset() {
 	*x = ReserveEpochsCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2058,7 +2753,7 @@ func (x *ReserveEpochsCmd) String() string {
 func (*ReserveEpochsCmd) ProtoMessage() {}
 
 func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[20]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2071,7 +2766,7 @@ func (x *ReserveEpochsCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveEpochsCmd.ProtoReflect.Descriptor instead.
 func (*ReserveEpochsCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{20}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReserveEpochsCmd) GetExpectedLimit() uint64 {
@@ -2106,7 +2801,7 @@ type BeginSplitCmd struct {
 
 func (x *BeginSplitCmd) Reset() {
 	*x = BeginSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2813,7 @@ func (x *BeginSplitCmd) String() string {
 func (*BeginSplitCmd) ProtoMessage() {}
 
 func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[21]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2826,7 @@ func (x *BeginSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginSplitCmd.ProtoReflect.Descriptor instead.
 func (*BeginSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{21}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BeginSplitCmd) GetSource() uint64 {
@@ -2182,7 +2877,7 @@ type AdvanceSplitCmd struct {
 
 func (x *AdvanceSplitCmd) Reset() {
 	*x = AdvanceSplitCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2889,7 @@ func (x *AdvanceSplitCmd) String() string {
 func (*AdvanceSplitCmd) ProtoMessage() {}
 
 func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[22]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2902,7 @@ func (x *AdvanceSplitCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdvanceSplitCmd.ProtoReflect.Descriptor instead.
 func (*AdvanceSplitCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{22}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AdvanceSplitCmd) GetOperatorId() uint64 {
@@ -2231,16 +2926,22 @@ func (x *AdvanceSplitCmd) GetTo() SplitStep {
 // marks it rolling back. Without rollback it removes an operator that is
 // done or rolling back.
 type EndOperatorCmd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	OperatorId    uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
-	Rollback      bool                   `protobuf:"varint,2,opt,name=rollback,proto3" json:"rollback,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	OperatorId uint64                 `protobuf:"varint,1,opt,name=operator_id,json=operatorId,proto3" json:"operator_id,omitempty"`
+	Rollback   bool                   `protobuf:"varint,2,opt,name=rollback,proto3" json:"rollback,omitempty"`
+	// Error (version 7) ends a job before it finished, recording why. A job
+	// ends without one only when done: a removal at
+	// REMOVE_NODE_STEP_REMOVED, a rebalance with no step running. From
+	// version 7 a move's end also records its outcome in its parent job's
+	// step.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EndOperatorCmd) Reset() {
 	*x = EndOperatorCmd{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +2953,7 @@ func (x *EndOperatorCmd) String() string {
 func (*EndOperatorCmd) ProtoMessage() {}
 
 func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[23]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +2966,7 @@ func (x *EndOperatorCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndOperatorCmd.ProtoReflect.Descriptor instead.
 func (*EndOperatorCmd) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{23}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EndOperatorCmd) GetOperatorId() uint64 {
@@ -2282,13 +2983,20 @@ func (x *EndOperatorCmd) GetRollback() bool {
 	return false
 }
 
+func (x *EndOperatorCmd) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // Result answers a Command.
 type Result struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Error is empty on success, else why the command was refused.
 	Error string `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
-	// Operator is the operator a BeginSplitCmd or BeginMoveCmd created, or
-	// the one that already had its request_id.
+	// Operator is the operator a BeginSplitCmd, BeginMoveCmd or BeginJobCmd
+	// created, or the one that already had its request_id.
 	Operator *Operator `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
 	// EpochStart is the first epoch of a ReserveEpochsCmd's window.
 	EpochStart    uint64 `protobuf:"varint,3,opt,name=epoch_start,json=epochStart,proto3" json:"epoch_start,omitempty"`
@@ -2298,7 +3006,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[24]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +3018,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_placement_v1_placement_proto_msgTypes[24]
+	mi := &file_warden_placement_v1_placement_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +3031,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{24}
+	return file_warden_placement_v1_placement_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Result) GetError() string {
@@ -2418,14 +3126,37 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x12\n" +
 	"\x04join\x18\x03 \x01(\bR\x04join\x12\x1d\n" +
 	"\n" +
-	"non_voting\x18\x04 \x01(\bR\tnonVoting\"\xaa\x01\n" +
+	"non_voting\x18\x04 \x01(\bR\tnonVoting\"\x94\x03\n" +
 	"\bOperator\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
 	"\x05split\x18\x02 \x01(\v2\x1c.warden.placement.v1.SplitOpH\x00R\x05split\x121\n" +
-	"\x04move\x18\x03 \x01(\v2\x1b.warden.placement.v1.MoveOpH\x00R\x04move\x12\x1d\n" +
+	"\x04move\x18\x03 \x01(\v2\x1b.warden.placement.v1.MoveOpH\x00R\x04move\x12D\n" +
+	"\vremove_node\x18\x05 \x01(\v2!.warden.placement.v1.RemoveNodeOpH\x00R\n" +
+	"removeNode\x12@\n" +
+	"\trebalance\x18\x06 \x01(\v2 .warden.placement.v1.RebalanceOpH\x00R\trebalance\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x04 \x01(\tR\trequestIdB\x06\n" +
-	"\x04kind\"\xec\x01\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06parent\x18\a \x01(\x04R\x06parent\x12\x14\n" +
+	"\x05error\x18\b \x01(\tR\x05error\x122\n" +
+	"\x05steps\x18\t \x03(\v2\x1c.warden.placement.v1.JobStepR\x05stepsB\x06\n" +
+	"\x04kind\"\xfb\x01\n" +
+	"\aJobStep\x124\n" +
+	"\x04kind\x18\x01 \x01(\x0e2 .warden.placement.v1.JobStepKindR\x04kind\x12\x14\n" +
+	"\x05shard\x18\x02 \x01(\x04R\x05shard\x12\x1b\n" +
+	"\tfrom_node\x18\x03 \x01(\x04R\bfromNode\x12\x17\n" +
+	"\ato_node\x18\x04 \x01(\x04R\x06toNode\x12\x1f\n" +
+	"\voperator_id\x18\x05 \x01(\x04R\n" +
+	"operatorId\x127\n" +
+	"\x05state\x18\x06 \x01(\x0e2!.warden.placement.v1.JobStepStateR\x05state\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\"\xbe\x01\n" +
+	"\fRemoveNodeOp\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\x127\n" +
+	"\x04step\x18\x03 \x01(\x0e2#.warden.placement.v1.RemoveNodeStepR\x04step\x12*\n" +
+	"\x11placement_node_id\x18\x04 \x01(\x04R\x0fplacementNodeId\x12\x1a\n" +
+	"\breplicas\x18\x05 \x01(\rR\breplicas\"'\n" +
+	"\vRebalanceOp\x12\x18\n" +
+	"\aplanned\x18\x01 \x01(\rR\aplanned\"\xec\x01\n" +
 	"\x06MoveOp\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x04R\x05shard\x12!\n" +
 	"\ffrom_replica\x18\x02 \x01(\x04R\vfromReplica\x12\x1b\n" +
@@ -2444,7 +3175,7 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x06 \x01(\x04R\n" +
 	"generation\x12!\n" +
-	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xb2\x06\n" +
+	"\frolling_back\x18\a \x01(\bR\vrollingBack\"\xba\a\n" +
 	"\aCommand\x12\x18\n" +
 	"\aversion\x18\x14 \x01(\rR\aversion\x12A\n" +
 	"\tbootstrap\x18\x01 \x01(\v2!.warden.placement.v1.BootstrapCmdH\x00R\tbootstrap\x12K\n" +
@@ -2461,8 +3192,24 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\arestore\x18\n" +
 	" \x01(\v2\x1f.warden.placement.v1.RestoreCmdH\x00R\arestore\x12E\n" +
 	"\vremove_node\x18\v \x01(\v2\".warden.placement.v1.RemoveNodeCmdH\x00R\n" +
-	"removeNodeB\t\n" +
-	"\acommand\"(\n" +
+	"removeNode\x12?\n" +
+	"\tbegin_job\x18\f \x01(\v2 .warden.placement.v1.BeginJobCmdH\x00R\bbeginJob\x12E\n" +
+	"\vadvance_job\x18\r \x01(\v2\".warden.placement.v1.AdvanceJobCmdH\x00R\n" +
+	"advanceJobB\t\n" +
+	"\acommand\"\xbb\x01\n" +
+	"\vBeginJobCmd\x12D\n" +
+	"\vremove_node\x18\x01 \x01(\v2!.warden.placement.v1.RemoveNodeOpH\x00R\n" +
+	"removeNode\x12@\n" +
+	"\trebalance\x18\x02 \x01(\v2 .warden.placement.v1.RebalanceOpH\x00R\trebalance\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestIdB\x05\n" +
+	"\x03job\"\xa8\x01\n" +
+	"\rAdvanceJobCmd\x12\x1f\n" +
+	"\voperator_id\x18\x01 \x01(\x04R\n" +
+	"operatorId\x12D\n" +
+	"\vremove_step\x18\x02 \x01(\x0e2#.warden.placement.v1.RemoveNodeStepR\n" +
+	"removeStep\x120\n" +
+	"\x04step\x18\x03 \x01(\v2\x1c.warden.placement.v1.JobStepR\x04step\"(\n" +
 	"\rRemoveNodeCmd\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\"]\n" +
 	"\n" +
@@ -2481,13 +3228,14 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\x06unbind\x18\x06 \x01(\v2\x1c.warden.placement.v1.BindingH\x00R\x06unbind\x12?\n" +
 	"\fcreate_token\x18\a \x01(\v2\x1a.warden.placement.v1.TokenH\x00R\vcreateToken\x12#\n" +
 	"\frevoke_token\x18\b \x01(\tH\x00R\vrevokeTokenB\x04\n" +
-	"\x02op\"y\n" +
+	"\x02op\"\x91\x01\n" +
 	"\fBeginMoveCmd\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x04R\x05shard\x12\x1b\n" +
 	"\tfrom_node\x18\x02 \x01(\x04R\bfromNode\x12\x17\n" +
 	"\ato_node\x18\x03 \x01(\x04R\x06toNode\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x04 \x01(\tR\trequestId\"`\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06parent\x18\x05 \x01(\x04R\x06parent\"`\n" +
 	"\x0eAdvanceMoveCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
 	"operatorId\x12-\n" +
@@ -2509,11 +3257,12 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"\x0fAdvanceSplitCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
 	"operatorId\x12.\n" +
-	"\x02to\x18\x02 \x01(\x0e2\x1e.warden.placement.v1.SplitStepR\x02to\"M\n" +
+	"\x02to\x18\x02 \x01(\x0e2\x1e.warden.placement.v1.SplitStepR\x02to\"c\n" +
 	"\x0eEndOperatorCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
 	"operatorId\x12\x1a\n" +
-	"\brollback\x18\x02 \x01(\bR\brollback\"z\n" +
+	"\brollback\x18\x02 \x01(\bR\brollback\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"z\n" +
 	"\x06Result\x12\x14\n" +
 	"\x05error\x18\x01 \x01(\tR\x05error\x129\n" +
 	"\boperator\x18\x02 \x01(\v2\x1d.warden.placement.v1.OperatorR\boperator\x12\x1f\n" +
@@ -2523,7 +3272,25 @@ const file_warden_placement_v1_placement_proto_rawDesc = "" +
 	"ShardState\x12\x1b\n" +
 	"\x17SHARD_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12SHARD_STATE_ACTIVE\x10\x01\x12\x17\n" +
-	"\x13SHARD_STATE_PENDING\x10\x02*\x80\x01\n" +
+	"\x13SHARD_STATE_PENDING\x10\x02*\xcd\x01\n" +
+	"\vJobStepKind\x12\x1d\n" +
+	"\x19JOB_STEP_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12JOB_STEP_KIND_MOVE\x10\x01\x12\x1d\n" +
+	"\x19JOB_STEP_KIND_ADD_REPLICA\x10\x02\x12\x1e\n" +
+	"\x1aJOB_STEP_KIND_DROP_REPLICA\x10\x03\x12!\n" +
+	"\x1dJOB_STEP_KIND_TRANSFER_LEADER\x10\x04\x12%\n" +
+	"!JOB_STEP_KIND_ADD_PLACEMENT_VOTER\x10\x05*~\n" +
+	"\fJobStepState\x12\x1e\n" +
+	"\x1aJOB_STEP_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16JOB_STEP_STATE_RUNNING\x10\x01\x12\x17\n" +
+	"\x13JOB_STEP_STATE_DONE\x10\x02\x12\x19\n" +
+	"\x15JOB_STEP_STATE_FAILED\x10\x03*\xb7\x01\n" +
+	"\x0eRemoveNodeStep\x12 \n" +
+	"\x1cREMOVE_NODE_STEP_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17REMOVE_NODE_STEP_MOVING\x10\x01\x12#\n" +
+	"\x1fREMOVE_NODE_STEP_REPLICAS_MOVED\x10\x02\x12#\n" +
+	"\x1fREMOVE_NODE_STEP_PLACEMENT_LEFT\x10\x03\x12\x1c\n" +
+	"\x18REMOVE_NODE_STEP_REMOVED\x10\x04*\x80\x01\n" +
 	"\bMoveStep\x12\x19\n" +
 	"\x15MOVE_STEP_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11MOVE_STEP_PLANNED\x10\x01\x12\x13\n" +
@@ -2549,83 +3316,103 @@ func file_warden_placement_v1_placement_proto_rawDescGZIP() []byte {
 	return file_warden_placement_v1_placement_proto_rawDescData
 }
 
-var file_warden_placement_v1_placement_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_warden_placement_v1_placement_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_warden_placement_v1_placement_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_warden_placement_v1_placement_proto_goTypes = []any{
 	(ShardState)(0),            // 0: warden.placement.v1.ShardState
-	(MoveStep)(0),              // 1: warden.placement.v1.MoveStep
-	(SplitStep)(0),             // 2: warden.placement.v1.SplitStep
-	(*State)(nil),              // 3: warden.placement.v1.State
-	(*AuthState)(nil),          // 4: warden.placement.v1.AuthState
-	(*Role)(nil),               // 5: warden.placement.v1.Role
-	(*Grant)(nil),              // 6: warden.placement.v1.Grant
-	(*Binding)(nil),            // 7: warden.placement.v1.Binding
-	(*Token)(nil),              // 8: warden.placement.v1.Token
-	(*Node)(nil),               // 9: warden.placement.v1.Node
-	(*Shard)(nil),              // 10: warden.placement.v1.Shard
-	(*Replica)(nil),            // 11: warden.placement.v1.Replica
-	(*Operator)(nil),           // 12: warden.placement.v1.Operator
-	(*MoveOp)(nil),             // 13: warden.placement.v1.MoveOp
-	(*SplitOp)(nil),            // 14: warden.placement.v1.SplitOp
-	(*Command)(nil),            // 15: warden.placement.v1.Command
-	(*RemoveNodeCmd)(nil),      // 16: warden.placement.v1.RemoveNodeCmd
-	(*RestoreCmd)(nil),         // 17: warden.placement.v1.RestoreCmd
-	(*AuthCmd)(nil),            // 18: warden.placement.v1.AuthCmd
-	(*BeginMoveCmd)(nil),       // 19: warden.placement.v1.BeginMoveCmd
-	(*AdvanceMoveCmd)(nil),     // 20: warden.placement.v1.AdvanceMoveCmd
-	(*BootstrapCmd)(nil),       // 21: warden.placement.v1.BootstrapCmd
-	(*RegisterNodeCmd)(nil),    // 22: warden.placement.v1.RegisterNodeCmd
-	(*ReserveEpochsCmd)(nil),   // 23: warden.placement.v1.ReserveEpochsCmd
-	(*BeginSplitCmd)(nil),      // 24: warden.placement.v1.BeginSplitCmd
-	(*AdvanceSplitCmd)(nil),    // 25: warden.placement.v1.AdvanceSplitCmd
-	(*EndOperatorCmd)(nil),     // 26: warden.placement.v1.EndOperatorCmd
-	(*Result)(nil),             // 27: warden.placement.v1.Result
-	(*v1.RangeDescriptor)(nil), // 28: warden.shard.v1.RangeDescriptor
+	(JobStepKind)(0),           // 1: warden.placement.v1.JobStepKind
+	(JobStepState)(0),          // 2: warden.placement.v1.JobStepState
+	(RemoveNodeStep)(0),        // 3: warden.placement.v1.RemoveNodeStep
+	(MoveStep)(0),              // 4: warden.placement.v1.MoveStep
+	(SplitStep)(0),             // 5: warden.placement.v1.SplitStep
+	(*State)(nil),              // 6: warden.placement.v1.State
+	(*AuthState)(nil),          // 7: warden.placement.v1.AuthState
+	(*Role)(nil),               // 8: warden.placement.v1.Role
+	(*Grant)(nil),              // 9: warden.placement.v1.Grant
+	(*Binding)(nil),            // 10: warden.placement.v1.Binding
+	(*Token)(nil),              // 11: warden.placement.v1.Token
+	(*Node)(nil),               // 12: warden.placement.v1.Node
+	(*Shard)(nil),              // 13: warden.placement.v1.Shard
+	(*Replica)(nil),            // 14: warden.placement.v1.Replica
+	(*Operator)(nil),           // 15: warden.placement.v1.Operator
+	(*JobStep)(nil),            // 16: warden.placement.v1.JobStep
+	(*RemoveNodeOp)(nil),       // 17: warden.placement.v1.RemoveNodeOp
+	(*RebalanceOp)(nil),        // 18: warden.placement.v1.RebalanceOp
+	(*MoveOp)(nil),             // 19: warden.placement.v1.MoveOp
+	(*SplitOp)(nil),            // 20: warden.placement.v1.SplitOp
+	(*Command)(nil),            // 21: warden.placement.v1.Command
+	(*BeginJobCmd)(nil),        // 22: warden.placement.v1.BeginJobCmd
+	(*AdvanceJobCmd)(nil),      // 23: warden.placement.v1.AdvanceJobCmd
+	(*RemoveNodeCmd)(nil),      // 24: warden.placement.v1.RemoveNodeCmd
+	(*RestoreCmd)(nil),         // 25: warden.placement.v1.RestoreCmd
+	(*AuthCmd)(nil),            // 26: warden.placement.v1.AuthCmd
+	(*BeginMoveCmd)(nil),       // 27: warden.placement.v1.BeginMoveCmd
+	(*AdvanceMoveCmd)(nil),     // 28: warden.placement.v1.AdvanceMoveCmd
+	(*BootstrapCmd)(nil),       // 29: warden.placement.v1.BootstrapCmd
+	(*RegisterNodeCmd)(nil),    // 30: warden.placement.v1.RegisterNodeCmd
+	(*ReserveEpochsCmd)(nil),   // 31: warden.placement.v1.ReserveEpochsCmd
+	(*BeginSplitCmd)(nil),      // 32: warden.placement.v1.BeginSplitCmd
+	(*AdvanceSplitCmd)(nil),    // 33: warden.placement.v1.AdvanceSplitCmd
+	(*EndOperatorCmd)(nil),     // 34: warden.placement.v1.EndOperatorCmd
+	(*Result)(nil),             // 35: warden.placement.v1.Result
+	(*v1.RangeDescriptor)(nil), // 36: warden.shard.v1.RangeDescriptor
 }
 var file_warden_placement_v1_placement_proto_depIdxs = []int32{
-	28, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
-	10, // 1: warden.placement.v1.State.shards:type_name -> warden.placement.v1.Shard
-	9,  // 2: warden.placement.v1.State.nodes:type_name -> warden.placement.v1.Node
-	12, // 3: warden.placement.v1.State.operators:type_name -> warden.placement.v1.Operator
-	4,  // 4: warden.placement.v1.State.auth:type_name -> warden.placement.v1.AuthState
-	12, // 5: warden.placement.v1.State.finished_operators:type_name -> warden.placement.v1.Operator
-	5,  // 6: warden.placement.v1.AuthState.roles:type_name -> warden.placement.v1.Role
-	7,  // 7: warden.placement.v1.AuthState.bindings:type_name -> warden.placement.v1.Binding
-	8,  // 8: warden.placement.v1.AuthState.tokens:type_name -> warden.placement.v1.Token
-	6,  // 9: warden.placement.v1.Role.grants:type_name -> warden.placement.v1.Grant
-	11, // 10: warden.placement.v1.Shard.replicas:type_name -> warden.placement.v1.Replica
+	36, // 0: warden.placement.v1.State.ranges:type_name -> warden.shard.v1.RangeDescriptor
+	13, // 1: warden.placement.v1.State.shards:type_name -> warden.placement.v1.Shard
+	12, // 2: warden.placement.v1.State.nodes:type_name -> warden.placement.v1.Node
+	15, // 3: warden.placement.v1.State.operators:type_name -> warden.placement.v1.Operator
+	7,  // 4: warden.placement.v1.State.auth:type_name -> warden.placement.v1.AuthState
+	15, // 5: warden.placement.v1.State.finished_operators:type_name -> warden.placement.v1.Operator
+	8,  // 6: warden.placement.v1.AuthState.roles:type_name -> warden.placement.v1.Role
+	10, // 7: warden.placement.v1.AuthState.bindings:type_name -> warden.placement.v1.Binding
+	11, // 8: warden.placement.v1.AuthState.tokens:type_name -> warden.placement.v1.Token
+	9,  // 9: warden.placement.v1.Role.grants:type_name -> warden.placement.v1.Grant
+	14, // 10: warden.placement.v1.Shard.replicas:type_name -> warden.placement.v1.Replica
 	0,  // 11: warden.placement.v1.Shard.state:type_name -> warden.placement.v1.ShardState
-	14, // 12: warden.placement.v1.Operator.split:type_name -> warden.placement.v1.SplitOp
-	13, // 13: warden.placement.v1.Operator.move:type_name -> warden.placement.v1.MoveOp
-	1,  // 14: warden.placement.v1.MoveOp.step:type_name -> warden.placement.v1.MoveStep
-	2,  // 15: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
-	21, // 16: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
-	22, // 17: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
-	23, // 18: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
-	24, // 19: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
-	25, // 20: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
-	26, // 21: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
-	19, // 22: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
-	20, // 23: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
-	18, // 24: warden.placement.v1.Command.auth:type_name -> warden.placement.v1.AuthCmd
-	17, // 25: warden.placement.v1.Command.restore:type_name -> warden.placement.v1.RestoreCmd
-	16, // 26: warden.placement.v1.Command.remove_node:type_name -> warden.placement.v1.RemoveNodeCmd
-	3,  // 27: warden.placement.v1.RestoreCmd.state:type_name -> warden.placement.v1.State
-	4,  // 28: warden.placement.v1.AuthCmd.bootstrap:type_name -> warden.placement.v1.AuthState
-	5,  // 29: warden.placement.v1.AuthCmd.put_role:type_name -> warden.placement.v1.Role
-	7,  // 30: warden.placement.v1.AuthCmd.bind:type_name -> warden.placement.v1.Binding
-	7,  // 31: warden.placement.v1.AuthCmd.unbind:type_name -> warden.placement.v1.Binding
-	8,  // 32: warden.placement.v1.AuthCmd.create_token:type_name -> warden.placement.v1.Token
-	1,  // 33: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
-	9,  // 34: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
-	9,  // 35: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
-	2,  // 36: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
-	12, // 37: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
-	38, // [38:38] is the sub-list for method output_type
-	38, // [38:38] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	20, // 12: warden.placement.v1.Operator.split:type_name -> warden.placement.v1.SplitOp
+	19, // 13: warden.placement.v1.Operator.move:type_name -> warden.placement.v1.MoveOp
+	17, // 14: warden.placement.v1.Operator.remove_node:type_name -> warden.placement.v1.RemoveNodeOp
+	18, // 15: warden.placement.v1.Operator.rebalance:type_name -> warden.placement.v1.RebalanceOp
+	16, // 16: warden.placement.v1.Operator.steps:type_name -> warden.placement.v1.JobStep
+	1,  // 17: warden.placement.v1.JobStep.kind:type_name -> warden.placement.v1.JobStepKind
+	2,  // 18: warden.placement.v1.JobStep.state:type_name -> warden.placement.v1.JobStepState
+	3,  // 19: warden.placement.v1.RemoveNodeOp.step:type_name -> warden.placement.v1.RemoveNodeStep
+	4,  // 20: warden.placement.v1.MoveOp.step:type_name -> warden.placement.v1.MoveStep
+	5,  // 21: warden.placement.v1.SplitOp.step:type_name -> warden.placement.v1.SplitStep
+	29, // 22: warden.placement.v1.Command.bootstrap:type_name -> warden.placement.v1.BootstrapCmd
+	30, // 23: warden.placement.v1.Command.register_node:type_name -> warden.placement.v1.RegisterNodeCmd
+	31, // 24: warden.placement.v1.Command.reserve_epochs:type_name -> warden.placement.v1.ReserveEpochsCmd
+	32, // 25: warden.placement.v1.Command.begin_split:type_name -> warden.placement.v1.BeginSplitCmd
+	33, // 26: warden.placement.v1.Command.advance_split:type_name -> warden.placement.v1.AdvanceSplitCmd
+	34, // 27: warden.placement.v1.Command.end_operator:type_name -> warden.placement.v1.EndOperatorCmd
+	27, // 28: warden.placement.v1.Command.begin_move:type_name -> warden.placement.v1.BeginMoveCmd
+	28, // 29: warden.placement.v1.Command.advance_move:type_name -> warden.placement.v1.AdvanceMoveCmd
+	26, // 30: warden.placement.v1.Command.auth:type_name -> warden.placement.v1.AuthCmd
+	25, // 31: warden.placement.v1.Command.restore:type_name -> warden.placement.v1.RestoreCmd
+	24, // 32: warden.placement.v1.Command.remove_node:type_name -> warden.placement.v1.RemoveNodeCmd
+	22, // 33: warden.placement.v1.Command.begin_job:type_name -> warden.placement.v1.BeginJobCmd
+	23, // 34: warden.placement.v1.Command.advance_job:type_name -> warden.placement.v1.AdvanceJobCmd
+	17, // 35: warden.placement.v1.BeginJobCmd.remove_node:type_name -> warden.placement.v1.RemoveNodeOp
+	18, // 36: warden.placement.v1.BeginJobCmd.rebalance:type_name -> warden.placement.v1.RebalanceOp
+	3,  // 37: warden.placement.v1.AdvanceJobCmd.remove_step:type_name -> warden.placement.v1.RemoveNodeStep
+	16, // 38: warden.placement.v1.AdvanceJobCmd.step:type_name -> warden.placement.v1.JobStep
+	6,  // 39: warden.placement.v1.RestoreCmd.state:type_name -> warden.placement.v1.State
+	7,  // 40: warden.placement.v1.AuthCmd.bootstrap:type_name -> warden.placement.v1.AuthState
+	8,  // 41: warden.placement.v1.AuthCmd.put_role:type_name -> warden.placement.v1.Role
+	10, // 42: warden.placement.v1.AuthCmd.bind:type_name -> warden.placement.v1.Binding
+	10, // 43: warden.placement.v1.AuthCmd.unbind:type_name -> warden.placement.v1.Binding
+	11, // 44: warden.placement.v1.AuthCmd.create_token:type_name -> warden.placement.v1.Token
+	4,  // 45: warden.placement.v1.AdvanceMoveCmd.to:type_name -> warden.placement.v1.MoveStep
+	12, // 46: warden.placement.v1.BootstrapCmd.nodes:type_name -> warden.placement.v1.Node
+	12, // 47: warden.placement.v1.RegisterNodeCmd.node:type_name -> warden.placement.v1.Node
+	5,  // 48: warden.placement.v1.AdvanceSplitCmd.to:type_name -> warden.placement.v1.SplitStep
+	15, // 49: warden.placement.v1.Result.operator:type_name -> warden.placement.v1.Operator
+	50, // [50:50] is the sub-list for method output_type
+	50, // [50:50] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_warden_placement_v1_placement_proto_init() }
@@ -2636,8 +3423,10 @@ func file_warden_placement_v1_placement_proto_init() {
 	file_warden_placement_v1_placement_proto_msgTypes[9].OneofWrappers = []any{
 		(*Operator_Split)(nil),
 		(*Operator_Move)(nil),
+		(*Operator_RemoveNode)(nil),
+		(*Operator_Rebalance)(nil),
 	}
-	file_warden_placement_v1_placement_proto_msgTypes[12].OneofWrappers = []any{
+	file_warden_placement_v1_placement_proto_msgTypes[15].OneofWrappers = []any{
 		(*Command_Bootstrap)(nil),
 		(*Command_RegisterNode)(nil),
 		(*Command_ReserveEpochs)(nil),
@@ -2649,8 +3438,14 @@ func file_warden_placement_v1_placement_proto_init() {
 		(*Command_Auth)(nil),
 		(*Command_Restore)(nil),
 		(*Command_RemoveNode)(nil),
+		(*Command_BeginJob)(nil),
+		(*Command_AdvanceJob)(nil),
 	}
-	file_warden_placement_v1_placement_proto_msgTypes[15].OneofWrappers = []any{
+	file_warden_placement_v1_placement_proto_msgTypes[16].OneofWrappers = []any{
+		(*BeginJobCmd_RemoveNode)(nil),
+		(*BeginJobCmd_Rebalance)(nil),
+	}
+	file_warden_placement_v1_placement_proto_msgTypes[20].OneofWrappers = []any{
 		(*AuthCmd_Bootstrap)(nil),
 		(*AuthCmd_SetEnabled)(nil),
 		(*AuthCmd_PutRole)(nil),
@@ -2665,8 +3460,8 @@ func file_warden_placement_v1_placement_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_placement_v1_placement_proto_rawDesc), len(file_warden_placement_v1_placement_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   25,
+			NumEnums:      6,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

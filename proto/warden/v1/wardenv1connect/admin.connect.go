@@ -86,7 +86,8 @@ type AdminServiceClient interface {
 	// Errors: NOT_FOUND for an unknown shard; INVALID_ARGUMENT for a
 	// split_at outside the range; FAILED_PRECONDITION while another
 	// operator runs; UNAVAILABLE without a placement quorum.
-	// (Not idempotent: a retry after a split that completed splits again.)
+	// (Not idempotent without request_id: a retry after a split that
+	// completed splits again.)
 	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
 	// MoveReplica moves a shard's replica from one node to another: the new
 	// replica joins as non-voting, catches up, is promoted, and the old one
@@ -102,30 +103,40 @@ type AdminServiceClient interface {
 	// time, as MoveReplica), then the node leaves the map, and its id is
 	// never accepted again. Nothing moves unless every replica has a place:
 	// FAILED_PRECONDITION naming the first shard that would be left below
-	// three replicas in three zones. A voter of the placement group is
-	// replaced after the moves, by a live node of its zone that is not one:
-	// added as a non-voting member, started, caught up (a linearizable read
-	// on it succeeds), promoted, and only then is the old one removed; with
-	// no such node, FAILED_PRECONDITION before anything moves. The
-	// placement leader hands its leadership to another voter first when it
-	// is the node removed. A node removed already answers OK with no moves
-	// (a retry after an unknown outcome). Errors: NOT_FOUND for a node
-	// never in the map;
-	// FAILED_PRECONDITION when the replacement runs a binary without
+	// three replicas in three zones, unless force (RemoveNodeRequest). A
+	// voter of the placement group is replaced after the moves, by a live
+	// node of its zone that is not one: added as a non-voting member,
+	// started, caught up (a linearizable read on it succeeds), promoted,
+	// and only then is the old one removed; with no such node,
+	// FAILED_PRECONDITION before anything moves (unless force). From
+	// placement command version 7 the removal is an operation
+	// ("remove_node": GetOperation, request_id, no_wait) that the placement
+	// leader of the moment drives to its end; it fails (state FAILED, with
+	// its error) when a step cannot be made (a move rolled back, a target
+	// gone), keeping the steps made. A node removed already answers OK with
+	// no moves (a retry after an unknown outcome). Errors: NOT_FOUND for a
+	// node never in the map; FAILED_PRECONDITION while another node removal
+	// or rebalance runs, and when the replacement runs a binary without
 	// NodeService.JoinPlacement (upgrade it and call again: the moves done
 	// are not repeated, the non-voting member is reused).
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
-	// ListOperations lists the splits and moves in progress and the last
-	// 64 that ended (those ended under placement command version 6).
+	// ListOperations lists the operations in progress (splits, moves, node
+	// removals, rebalances) and the last 64 that ended (those ended under
+	// placement command version 6 or later). Answered by the placement
+	// leader, which adds the progress of a split's copy that it drives.
 	ListOperations(context.Context, *connect.Request[v1.ListOperationsRequest]) (*connect.Response[v1.ListOperationsResponse], error)
 	// GetOperation returns one operation, by id or request_id: NOT_FOUND
 	// when it is neither in progress nor among the ended ones kept.
 	GetOperation(context.Context, *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error)
-	// Rebalance plans, and unless dry_run carries out, the moves that even
-	// out the cluster: replicas between the nodes of one zone (a zone's
-	// nodes should hold about as many replicas each), then shard leaders
-	// across nodes (none should lead more than its share). It returns the
-	// plan, each action marked done or with its error.
+	// Rebalance plans, and unless dry_run carries out, the steps that even
+	// out the cluster: a voter of the placement group added in a zone with
+	// none, and a replica added to each shard short of one, in a zone that
+	// has a live node (after a forced node removal), replicas moved
+	// between the nodes of one zone (a zone's nodes should hold about as
+	// many replicas each), then shard leaders moved across nodes (none
+	// should lead more than its share). From placement command version 7 it
+	// is an operation ("rebalance") that plans again before each step; it
+	// returns the steps taken, each done or with its error.
 	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
 	// TransferLeader moves a shard's Raft leadership to its replica on
 	// node_id and returns once that replica leads (or the deadline passes).
@@ -359,7 +370,8 @@ type AdminServiceHandler interface {
 	// Errors: NOT_FOUND for an unknown shard; INVALID_ARGUMENT for a
 	// split_at outside the range; FAILED_PRECONDITION while another
 	// operator runs; UNAVAILABLE without a placement quorum.
-	// (Not idempotent: a retry after a split that completed splits again.)
+	// (Not idempotent without request_id: a retry after a split that
+	// completed splits again.)
 	SplitShard(context.Context, *connect.Request[v1.SplitShardRequest]) (*connect.Response[v1.SplitShardResponse], error)
 	// MoveReplica moves a shard's replica from one node to another: the new
 	// replica joins as non-voting, catches up, is promoted, and the old one
@@ -375,30 +387,40 @@ type AdminServiceHandler interface {
 	// time, as MoveReplica), then the node leaves the map, and its id is
 	// never accepted again. Nothing moves unless every replica has a place:
 	// FAILED_PRECONDITION naming the first shard that would be left below
-	// three replicas in three zones. A voter of the placement group is
-	// replaced after the moves, by a live node of its zone that is not one:
-	// added as a non-voting member, started, caught up (a linearizable read
-	// on it succeeds), promoted, and only then is the old one removed; with
-	// no such node, FAILED_PRECONDITION before anything moves. The
-	// placement leader hands its leadership to another voter first when it
-	// is the node removed. A node removed already answers OK with no moves
-	// (a retry after an unknown outcome). Errors: NOT_FOUND for a node
-	// never in the map;
-	// FAILED_PRECONDITION when the replacement runs a binary without
+	// three replicas in three zones, unless force (RemoveNodeRequest). A
+	// voter of the placement group is replaced after the moves, by a live
+	// node of its zone that is not one: added as a non-voting member,
+	// started, caught up (a linearizable read on it succeeds), promoted,
+	// and only then is the old one removed; with no such node,
+	// FAILED_PRECONDITION before anything moves (unless force). From
+	// placement command version 7 the removal is an operation
+	// ("remove_node": GetOperation, request_id, no_wait) that the placement
+	// leader of the moment drives to its end; it fails (state FAILED, with
+	// its error) when a step cannot be made (a move rolled back, a target
+	// gone), keeping the steps made. A node removed already answers OK with
+	// no moves (a retry after an unknown outcome). Errors: NOT_FOUND for a
+	// node never in the map; FAILED_PRECONDITION while another node removal
+	// or rebalance runs, and when the replacement runs a binary without
 	// NodeService.JoinPlacement (upgrade it and call again: the moves done
 	// are not repeated, the non-voting member is reused).
 	RemoveNode(context.Context, *connect.Request[v1.RemoveNodeRequest]) (*connect.Response[v1.RemoveNodeResponse], error)
-	// ListOperations lists the splits and moves in progress and the last
-	// 64 that ended (those ended under placement command version 6).
+	// ListOperations lists the operations in progress (splits, moves, node
+	// removals, rebalances) and the last 64 that ended (those ended under
+	// placement command version 6 or later). Answered by the placement
+	// leader, which adds the progress of a split's copy that it drives.
 	ListOperations(context.Context, *connect.Request[v1.ListOperationsRequest]) (*connect.Response[v1.ListOperationsResponse], error)
 	// GetOperation returns one operation, by id or request_id: NOT_FOUND
 	// when it is neither in progress nor among the ended ones kept.
 	GetOperation(context.Context, *connect.Request[v1.GetOperationRequest]) (*connect.Response[v1.GetOperationResponse], error)
-	// Rebalance plans, and unless dry_run carries out, the moves that even
-	// out the cluster: replicas between the nodes of one zone (a zone's
-	// nodes should hold about as many replicas each), then shard leaders
-	// across nodes (none should lead more than its share). It returns the
-	// plan, each action marked done or with its error.
+	// Rebalance plans, and unless dry_run carries out, the steps that even
+	// out the cluster: a voter of the placement group added in a zone with
+	// none, and a replica added to each shard short of one, in a zone that
+	// has a live node (after a forced node removal), replicas moved
+	// between the nodes of one zone (a zone's nodes should hold about as
+	// many replicas each), then shard leaders moved across nodes (none
+	// should lead more than its share). From placement command version 7 it
+	// is an operation ("rebalance") that plans again before each step; it
+	// returns the steps taken, each done or with its error.
 	Rebalance(context.Context, *connect.Request[v1.RebalanceRequest]) (*connect.Response[v1.RebalanceResponse], error)
 	// TransferLeader moves a shard's Raft leadership to its replica on
 	// node_id and returns once that replica leads (or the deadline passes).
