@@ -14,8 +14,9 @@ import (
 
 // The replicas' Raft state, read at each scrape from every running
 // router's local replicas (a process runs one router; a test process may
-// run several): whether each has a leader and is it, its term, and its
-// applied index. A replica's lag is a query away:
+// run several): whether each has a leader and is it, its term, its
+// applied index, and how many replicas the map gives its shard. A
+// replica's lag is a query away:
 //
 //	max by (shard) (warden_shard_applied_index) - warden_shard_applied_index
 //
@@ -30,6 +31,8 @@ var (
 		"The Raft term this node's replica of the shard knows.", []string{"shard", "node"}, nil)
 	appliedDesc = prometheus.NewDesc("warden_shard_applied_index",
 		"The last Raft log index this node's replica of a data shard applied.", []string{"shard", "node"}, nil)
+	replicasDesc = prometheus.NewDesc("warden_shard_replicas",
+		"How many replicas the placement map gives a data shard (three, one per zone; two after a forced node removal until a rebalance adds one), as the node hosting this replica of it reads the map.", []string{"shard", "node"}, nil)
 	diskUsedDesc = prometheus.NewDesc("warden_disk_used_bytes",
 		"Bytes a node's data take on disk, by kind: raft_log (Dragonboat's NodeHost and WAL) or state_machine (the replicas' Pebble stores).", []string{"node", "kind"}, nil)
 	diskSizeDesc = prometheus.NewDesc("warden_disk_size_bytes",
@@ -62,7 +65,7 @@ func (c *replicaCollector) remove(r *Router) {
 }
 
 func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{hasLeaderDesc, isLeaderDesc, termDesc, appliedDesc, diskUsedDesc, diskSizeDesc, diskFreeDesc} {
+	for _, d := range []*prometheus.Desc{hasLeaderDesc, isLeaderDesc, termDesc, appliedDesc, replicasDesc, diskUsedDesc, diskSizeDesc, diskFreeDesc} {
 		ch <- d
 	}
 }
@@ -108,6 +111,7 @@ func (r *Router) collectReplicas(ch chan<- prometheus.Metric) {
 			if !raftStateOf(n, id, reps[at].GetReplicaId(), shard, node, gauge) {
 				continue
 			}
+			gauge(replicasDesc, float64(len(reps)), shard, node)
 			if out, err := n.raft.staleRead(id, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err == nil {
 				gauge(appliedDesc, float64(out.GetAppliedIndex()), shard, node)
 			}

@@ -268,12 +268,13 @@ func TestClusterReplacePlacementMember(t *testing.T) {
 
 // A forced removal and its repair, on four processes. Shard 1 is split
 // in two and a lease is held. Node 3, the only node of az3, is SIGKILLed
-// for good: removing it is refused (naming the shard and --force), and
+// for good: removing it is refused (naming its zone and force), and
 // warden admin node remove 3 --force --no-wait, under a request id,
 // begins the removal as an operation, followed to its end: each shard's
 // az3 replica is dropped (two replicas left, still a quorum), node 3's
-// placement vote is removed, node 3 leaves the map. The same command
-// again answers the same removal. Node 4 then joins in az3 and warden
+// placement vote is removed, node 3 leaves the map, and
+// warden_shard_replicas says 2. The same command again answers the same
+// removal. Node 4 then joins in az3 and warden
 // admin rebalance adds it as a placement voter and each shard's third
 // replica there. The lease keeps its token throughout, 100 others are
 // intact, and the placement replicas agree.
@@ -291,7 +292,7 @@ func TestClusterForcedRemoval(t *testing.T) {
 	c.nodeUp(0, 3, false)
 	c.nodeUp(1, 3, false)
 	c.short = true
-	if out, err := c.warden(0, "admin", "node", "remove", "3"); err == nil || !strings.Contains(out, "would be left below three replicas in three zones") || !strings.Contains(out, "force") {
+	if out, err := c.warden(0, "admin", "node", "remove", "3"); err == nil || !strings.Contains(out, `no other live node in zone "az3"`) || !strings.Contains(out, "force the removal") {
 		t.Fatalf("removing node 3, the only node of az3, unforced: %v\n%s", err, out)
 	}
 	if reps := c.replicaNodes(1); len(reps) != 3 {
@@ -318,6 +319,14 @@ func TestClusterForcedRemoval(t *testing.T) {
 	}
 	if out, err := c.warden(0, "admin", "nodes"); err != nil || placementVoters(out) != "1 2" || regexp.MustCompile(`(?m)^3 `).MatchString(out) {
 		t.Fatalf("warden admin nodes after the forced removal: %v\n%s", err, out)
+	}
+	// The map refreshes every 200 ms; the gauge follows it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if v, ok := c.nodes[0].metric(`warden_shard_replicas{node="1",shard="1"}`); ok && v == 2 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("warden_shard_replicas of shard 1 at node 1: %v (exported %v), want 2", v, ok)
+		}
 	}
 	if _, err := c.nodes[1].acquire("after-the-drop", "w", time.Minute, 0); err != nil {
 		t.Fatalf("an acquire with two replicas a shard: %v", err)
