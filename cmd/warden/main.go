@@ -109,9 +109,9 @@ type adminCmd struct {
 	Shards       shardsCmd     `cmd:"" help:"List the data shards: ranges, epochs, replicas, leaders, load."`
 	Split        splitCmd      `cmd:"" help:"Split a shard's hash range in two (at --at, default the middle)."`
 	Move         moveCmd       `cmd:"" help:"Move a shard's replica from one node to another."`
-	Operations   operationsCmd `cmd:"" help:"List the splits and moves in progress and the last ones that ended."`
-	Operation    operationCmd  `cmd:"" help:"Show one operation (split or move): its state, step and progress."`
-	Rebalance    rebalCmd      `cmd:"" help:"Even out replicas within zones and leaders across nodes (--dry-run: print the plan)."`
+	Operations   operationsCmd `cmd:"" help:"List the operations (splits, moves, node removals, rebalances) in progress and the last ones that ended."`
+	Operation    operationCmd  `cmd:"" help:"Show one operation: its state, step and progress (a node removal's or rebalance's steps)."`
+	Rebalance    rebalCmd      `cmd:"" help:"Add missing replicas and placement voters (after a forced removal), then even out replicas within zones and leaders across nodes (--dry-run: print the plan)."`
 	Leader       leaderCmd     `cmd:"" help:"Move a shard's leadership to its replica on a node."`
 	Snapshot     snapCmd       `cmd:"" help:"Snapshot a shard's replicas (all shards without an id) and compact their logs."`
 	SetConfig    configCmd     `cmd:"" name:"set-config" help:"Change a shard's replicated config (all shards with id 0)."`
