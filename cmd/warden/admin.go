@@ -18,7 +18,7 @@ import (
 )
 
 func (g *globals) admin() wardenv1connect.AdminServiceClient {
-	return wardenv1connect.NewAdminServiceClient(g.http, g.Addr)
+	return wardenv1connect.NewAdminServiceClient(g.http, g.base)
 }
 
 type nodesCmd struct{}
@@ -112,7 +112,7 @@ type splitCmd struct {
 
 // opFlags are the flags of a command that begins an operation.
 type opFlags struct {
-	RequestID string        `name:"request-id" help:"Name the operation: run again with the same id after a timeout, and it follows the operation the first run began instead of beginning another (needs every node at placement command version 6)."`
+	RequestID string        `name:"request-id" env:"-" help:"Name the operation: run again with the same id after a timeout, and it follows the operation the first run began instead of beginning another (needs every node at placement command version 6)."`
 	NoWait    bool          `name:"no-wait" help:"Print the operation id as soon as it is recorded, and return (follow it with warden admin operation ID)."`
 	Deadline  time.Duration `default:"30m" help:"How long to wait for the operation to end (the global --timeout does not apply)."`
 }
@@ -517,7 +517,7 @@ func opDetail(op *wardenv1.Operation) string {
 
 type operationCmd struct {
 	ID        uint64 `arg:"" optional:"" help:"Operation id."`
-	RequestID string `name:"request-id" help:"Find it by the request id it was begun with instead."`
+	RequestID string `name:"request-id" env:"-" help:"Find it by the request id it was begun with instead."`
 }
 
 // Run sends AdminService.GetOperation.

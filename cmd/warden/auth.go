@@ -15,7 +15,7 @@ import (
 )
 
 func (g *globals) auth() wardenv1connect.AuthServiceClient {
-	return wardenv1connect.NewAuthServiceClient(g.http, g.Addr)
+	return wardenv1connect.NewAuthServiceClient(g.http, g.base)
 }
 
 type authCmd struct {

@@ -40,7 +40,7 @@ func (b *backupCmd) Run(g *globals) error {
 	defer cancel()
 	// Backup data is mostly random lease ids: gzip would cost the serving
 	// node CPU for little.
-	admin := wardenv1connect.NewAdminServiceClient(g.http, g.Addr, connect.WithAcceptCompression("gzip", nil, nil))
+	admin := wardenv1connect.NewAdminServiceClient(g.http, g.base, connect.WithAcceptCompression("gzip", nil, nil))
 	start := time.Now()
 	var man *wardenv1.BackupManifest
 	var err error

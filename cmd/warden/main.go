@@ -7,9 +7,11 @@
 //	warden admin shards
 //	warden admin split 1
 //
-// Every command takes --addr (default http://127.0.0.1:7070) and --json,
-// which prints the response as Connect JSON. Errors go to stderr with
-// their Connect code, and the exit status is 1.
+// Every command takes --endpoints (default http://127.0.0.1:7070; --addr
+// is an alias) and --json, which prints the response as Connect JSON;
+// every flag also reads WARDEN_<FLAG> (but --request-id). Errors go to
+// stderr with their Connect code (JSON with --json), and the exit status
+// tells the kind apart (exit.go, warden --help).
 package main
 
 import (
@@ -23,8 +25,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
+	"os/signal"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -40,16 +46,26 @@ import (
 )
 
 type globals struct {
-	Addr      string        `default:"http://127.0.0.1:7070" env:"WARDEN_ADDR" help:"Base URL of a Warden node."`
-	JSON      bool          `name:"json" help:"Print responses as JSON."`
+	Endpoints []string      `default:"http://127.0.0.1:7070" sep:"," aliases:"addr" env:"WARDEN_ENDPOINTS,WARDEN_ADDR" placeholder:"URL" help:"Warden nodes to call, comma-separated (host:port or http(s)://host:port): a node that cannot be reached is skipped for the next. --addr and WARDEN_ADDR are aliases."`
+	JSON      bool          `name:"json" help:"Print responses as JSON (errors too, on stderr)."`
 	Timeout   time.Duration `default:"10s" help:"Deadline of the RPC."`
-	CACert    string        `name:"cacert" env:"WARDEN_CACERT" placeholder:"PATH" help:"PEM CA bundle that verifies the node's certificate (an https --addr; default: the system's roots)."`
+	CACert    string        `name:"cacert" env:"WARDEN_CACERT" placeholder:"PATH" help:"PEM CA bundle that verifies the node's certificate (https endpoints; default: the system's roots)."`
 	Cert      string        `env:"WARDEN_CERT" placeholder:"PATH" help:"PEM client certificate to present, with --key."`
 	Key       string        `env:"WARDEN_KEY" placeholder:"PATH" help:"PEM private key of --cert."`
 	Token     string        `env:"WARDEN_TOKEN" placeholder:"TOKEN" help:"Bearer token to authenticate with (prefer --token-file or WARDEN_TOKEN: a flag shows in ps)."`
 	TokenFile string        `name:"token-file" env:"WARDEN_TOKEN_FILE" placeholder:"PATH" help:"File holding the bearer token alone on one line."`
 	out       io.Writer
 	http      *http.Client
+	// root ends on SIGINT or SIGTERM.
+	root context.Context
+	// base is the first endpoint's URL: the connect clients' base, whose
+	// host the failover transport replaces.
+	base string
+	// endpoints are --endpoints parsed, and transport carries a request
+	// to one of them (TLS, the bearer token), for the SDK (lock run),
+	// which fails over by itself.
+	endpoints []*url.URL
+	transport http.RoundTripper
 }
 
 // httpClient returns the HTTP client of the global flags: the default
@@ -58,7 +74,7 @@ func (g *globals) httpClient() (*http.Client, error) {
 	token := g.Token
 	if g.TokenFile != "" {
 		if token != "" {
-			return nil, errors.New("--token and --token-file exclude each other")
+			return nil, usage(errors.New("--token and --token-file exclude each other"))
 		}
 		b, err := os.ReadFile(g.TokenFile)
 		if err != nil {
@@ -77,7 +93,12 @@ func (g *globals) httpClient() (*http.Client, error) {
 	if token != "" {
 		t = bearerTransport{token: token, next: t}
 	}
-	return &http.Client{Transport: t}, nil
+	endpoints, err := parseEndpoints(g.Endpoints, g.CACert != "" || g.Cert != "")
+	if err != nil {
+		return nil, err
+	}
+	g.endpoints, g.transport, g.base = endpoints, t, endpoints[0].String()
+	return &http.Client{Transport: &failover{endpoints: endpoints, next: t}}, nil
 }
 
 // bearerTransport adds the bearer token to every request.
@@ -143,7 +164,8 @@ func (h *hotCmd) Run(g *globals) error {
 }
 
 type lockCmd struct {
-	Acquire  acquireCmd  `cmd:"" help:"Acquire a lock; when it is held, wait in its queue (--wait) or fail at once."`
+	Run      lockRunCmd  `cmd:"" help:"Hold a lock while a command runs (warden lock run RESOURCE -- CMD ARGS…): renews the lease, gives the command WARDEN_FENCING_TOKEN and WARDEN_RESOURCE, and stops it before the lease could pass to another."`
+	Acquire  acquireCmd  `cmd:"" help:"Acquire a lock once and print its lease; it is not renewed (warden lock renew, or lock run, which renews): it ends at its TTL."`
 	Renew    renewCmd    `cmd:"" help:"Renew a lease by its lease TTL."`
 	Release  releaseCmd  `cmd:"" help:"Release a lease; a stale lease id is a no-op."`
 	Describe describeCmd `cmd:"" help:"Show who holds a lock (never the lease id)."`
@@ -151,7 +173,7 @@ type lockCmd struct {
 
 type acquireCmd struct {
 	Resource  string        `arg:"" help:"Resource to lock."`
-	RequestID string        `name:"request-id" help:"Idempotency key; reuse it to retry. Default: a random one, printed."`
+	RequestID string        `name:"request-id" env:"-" help:"Idempotency key; reuse it to retry. Default: a random one, printed."`
 	TTL       time.Duration `name:"ttl" help:"Lease TTL (default: the shard's, 30s)."`
 	Wait      time.Duration `help:"How long to wait in the lock's queue when it is held (0: fail at once)."`
 	Holder    string        `help:"Free text recorded as the holder."`
@@ -173,36 +195,52 @@ type describeCmd struct {
 }
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "warden:", describeErr(err))
-		os.Exit(1)
-	}
+	os.Exit(runMain(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run parses args and runs the command, printing its output to out.
-func run(args []string, out io.Writer) error {
+// runMain runs warden with args, printing its output to stdout and an
+// error to stderr, and returns the exit status (exit.go).
+func runMain(args []string, stdout, stderr io.Writer) int {
+	root, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	asJSON, err := run(root, args, stdout)
+	var ee *exitError
+	if err != nil && root.Err() != nil && !errors.As(err, &ee) {
+		err = fmt.Errorf("%w: %v", errInterrupted, err)
+	}
+	if err != nil && !(errors.As(err, &ee) && ee.err == nil) {
+		printError(stderr, err, asJSON)
+	}
+	return exitStatus(err)
+}
+
+// run parses args and runs the command, printing its output to out, and
+// says whether errors are to be JSON (--json, or WARDEN_JSON).
+func run(root context.Context, args []string, out io.Writer) (asJSON bool, err error) {
 	var c cli
-	parser, err := kong.New(&c, kong.Name("warden"), kong.Description("Command-line client for Warden."), kong.UsageOnError())
+	parser, err := kong.New(&c, kong.Name("warden"), kong.Description("Command-line client for Warden.\n\n"+exitHelp),
+		kong.UsageOnError(), kong.DefaultEnvars("WARDEN"))
 	if err != nil {
-		return err
+		return false, err
 	}
 	ctx, err := parser.Parse(args)
 	if err != nil {
-		return err
+		return slices.Contains(args, "--json"), err
 	}
-	c.out = out
+	c.out, c.root = out, root
 	if c.http, err = c.httpClient(); err != nil {
-		return err
+		return c.JSON, err
 	}
-	return ctx.Run(&c.globals)
+	return c.JSON, ctx.Run(&c.globals)
 }
 
 func (g *globals) client() wardenv1connect.LockServiceClient {
-	return wardenv1connect.NewLockServiceClient(g.http, g.Addr)
+	return wardenv1connect.NewLockServiceClient(g.http, g.base)
 }
 
+// ctx is the deadline of one call: --timeout, ended early by SIGINT.
 func (g *globals) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), g.Timeout)
+	return context.WithTimeout(g.root, g.Timeout)
 }
 
 // print writes m as JSON with --json, else runs human.
@@ -242,6 +280,10 @@ func (a *acquireCmd) Run(g *globals) error {
 	ctx, cancel := g.ctx()
 	defer cancel()
 	resp, err := g.client().Acquire(ctx, connect.NewRequest(req))
+	if a.Wait != 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded && ctx.Err() == nil {
+		// The server's answer, not our deadline: the wait ended.
+		return &exitError{status: exitHeld, err: fmt.Errorf("acquire %s (request id %s): waited %v without the lock: %w", a.Resource, req.RequestId, a.Wait, err)}
+	}
 	if err != nil {
 		return fmt.Errorf("acquire %s (request id %s): %w", a.Resource, req.RequestId, err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http/httptest"
@@ -34,7 +35,7 @@ func devCLI(t *testing.T) func(args ...string) (string, error) {
 	t.Setenv("WARDEN_ADDR", srv.URL) // in place of --addr
 	return func(args ...string) (string, error) {
 		var out bytes.Buffer
-		err := run(args, &out)
+		_, err := run(context.Background(), args, &out)
 		return out.String(), err
 	}
 }

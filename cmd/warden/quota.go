@@ -26,7 +26,7 @@ type quotaCmd struct {
 }
 
 func (g *globals) quota() wardenv1connect.QuotaServiceClient {
-	return wardenv1connect.NewQuotaServiceClient(g.http, g.Addr)
+	return wardenv1connect.NewQuotaServiceClient(g.http, g.base)
 }
 
 func printLevel(w io.Writer, l *wardenv1.QuotaLevel) {
@@ -64,7 +64,7 @@ func (c *setLimitCmd) Run(g *globals) error {
 type reserveCmd struct {
 	Key           string        `arg:""`
 	Amount        int64         `arg:""`
-	ReservationID string        `name:"reservation-id" help:"Idempotency key; reuse it to retry. Default: a random one, printed."`
+	ReservationID string        `name:"reservation-id" env:"-" help:"Idempotency key; reuse it to retry. Default: a random one, printed."`
 	TTL           time.Duration `name:"ttl" help:"How long the reservation holds (default: the shard's, 5m)."`
 }
 

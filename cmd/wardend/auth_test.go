@@ -146,8 +146,11 @@ func TestClusterAuth(t *testing.T) {
 	if out, err := cli("--cert", cliPEM, "--key", cliKey, "lock", "acquire", "orders/cli"); err != nil || !strings.Contains(out, "fencing_token") {
 		t.Fatalf("warden lock acquire with the client certificate: %v\n%s", err, out)
 	}
-	if out, err := cli("--cert", cliPEM, "--key", cliKey, "admin", "shards"); err == nil || !strings.Contains(out, "permission_denied") {
-		t.Fatalf("warden admin shards with the client certificate: %v\n%s", err, out)
+	if out, err := cli("--cert", cliPEM, "--key", cliKey, "admin", "shards"); exitCode(err) != 7 || !strings.Contains(out, "permission_denied") {
+		t.Fatalf("warden admin shards with the client certificate: %v, want status 7\n%s", err, out)
+	}
+	if out, err := cli("lock", "acquire", "orders/anonymous"); exitCode(err) != 7 || !strings.Contains(out, "unauthenticated") {
+		t.Fatalf("warden lock acquire with no credentials: %v, want status 7\n%s", err, out)
 	}
 	adminFile := filepath.Join(p.dir, "admin.token")
 	// A backup over TLS: the stream carries the token, the shards are read
