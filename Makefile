@@ -13,7 +13,7 @@ MODULES := client proto loadtest
 # and the commit (git describe), "dev" outside a git checkout.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all generate check-generate build run cluster cluster-stop test soak fuzz bench loadtest loadtest-secure loadtest-compare lint clean
+.PHONY: all generate check-generate build image-bin image run cluster cluster-stop test soak fuzz bench loadtest loadtest-secure loadtest-compare lint clean
 
 all: build
 
@@ -29,6 +29,17 @@ check-generate: generate
 ## build: build wardend and warden into bin/
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/...
+
+## image-bin: static wardend and warden (CGO_ENABLED=0) and an empty data directory in bin/image/, what the
+## Containerfile copies (then `docker build -f Containerfile .` works too)
+image-bin:
+	rm -rf bin/image && mkdir -p bin/image/data
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/image/ ./cmd/wardend ./cmd/warden
+
+## image: the OCI image IMAGE (default localhost/warden:VERSION), FROM scratch, built offline by buildah
+IMAGE ?= localhost/warden:$(VERSION)
+image: image-bin
+	buildah build --isolation chroot --layers=false -f Containerfile -t $(IMAGE) .
 
 ## run: a whole dev cluster in one process (three Raft nodes, zones az1..az3)
 run: build

@@ -10,6 +10,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -23,6 +25,35 @@ type backupCmd struct {
 	Out      string        `required:"" placeholder:"DIR" help:"Directory to write the backup to; it must not exist (its parent must). Holds lease ids and token hashes: keep it as a secret."`
 	Deadline time.Duration `default:"30m" help:"How long the backup may take, waiting for a split or move in progress included (the global --timeout does not apply)."`
 	Retries  int           `default:"3" help:"How many times to start again when a split or move began during the backup."`
+	// Timestamped and Keep serve timers and CronJobs, which have no shell
+	// to name each backup or to prune old ones.
+	Timestamped bool `help:"Put the backup in a new directory inside --out (which must exist), named by the time it began: warden-backup-20261206T041500.000Z."`
+	Keep        int  `help:"With --timestamped, keep only the newest N warden-backup-* directories in --out once this one succeeded (0: keep all)."`
+}
+
+// backupPrefix names the directories --timestamped makes.
+const backupPrefix = "warden-backup-"
+
+// prune removes, from dir, all but the newest keep directories that
+// --timestamped made (their names sort by time).
+func prune(dir string, keep int) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var made []string
+	for _, e := range entries {
+		if e.IsDir() && strings.HasPrefix(e.Name(), backupPrefix) {
+			made = append(made, e.Name())
+		}
+	}
+	slices.Sort(made)
+	for _, name := range made[:max(0, len(made)-keep)] {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // manifestFile is the backup directory's manifest (wardend restore reads
@@ -33,10 +64,17 @@ const manifestFile = "manifest.json"
 // size and SHA-256 checked against the server's, then manifest.json. A
 // failed backup leaves no directory behind.
 func (b *backupCmd) Run(g *globals) error {
+	parent := b.Out
+	switch {
+	case b.Keep < 0 || (b.Keep > 0 && !b.Timestamped):
+		return usage(errors.New("backup: --keep takes a count of backups, with --timestamped"))
+	case b.Timestamped:
+		b.Out = filepath.Join(parent, backupPrefix+time.Now().UTC().Format("20060102T150405.000Z"))
+	}
 	if err := os.Mkdir(b.Out, 0o700); err != nil {
 		return fmt.Errorf("backup: --out: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.Deadline)
+	ctx, cancel := context.WithTimeout(g.root, b.Deadline)
 	defer cancel()
 	// Backup data is mostly random lease ids: gzip would cost the serving
 	// node CPU for little.
@@ -60,6 +98,11 @@ func (b *backupCmd) Run(g *globals) error {
 	if err != nil {
 		os.RemoveAll(b.Out)
 		return fmt.Errorf("backup: %w", err)
+	}
+	if b.Keep > 0 {
+		if err := prune(parent, b.Keep); err != nil {
+			return fmt.Errorf("backup: done in %s, but pruning the older ones: %w", b.Out, err)
+		}
 	}
 	var size int64
 	var records uint64

@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"go.uber.org/goleak"
@@ -127,5 +130,43 @@ func TestQuotaCLI(t *testing.T) {
 	}
 	if out, err := cli("quota", "reservations", "gpu"); err != nil || out != "" {
 		t.Fatalf("reservations printed %q (%v)", out, err)
+	}
+}
+
+// backup --timestamped names each backup by its time inside --out, and
+// --keep prunes all but the newest.
+func TestBackupTimestampedKeep(t *testing.T) {
+	cli := devCLI(t)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := cli("lock", "describe", "probe"); err == nil { // the shard has a leader
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+	}
+	parent := t.TempDir()
+	var made []string
+	for range 3 {
+		if out, err := cli("admin", "backup", "--out", parent, "--timestamped", "--keep", "2"); err != nil {
+			t.Fatalf("backup: %v\n%s", err, out)
+		}
+		entries, err := os.ReadDir(parent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = made[:0]
+		for _, e := range entries {
+			made = append(made, e.Name())
+		}
+		time.Sleep(2 * time.Millisecond) // a new name
+	}
+	if len(made) != 2 || !strings.HasPrefix(made[0], "warden-backup-") || made[0] >= made[1] {
+		t.Fatalf("after three backups with --keep 2: %v", made)
+	}
+	if _, err := os.Stat(filepath.Join(parent, made[1], "manifest.json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli("admin", "backup", "--out", parent, "--keep", "2"); exitStatus(err) != exitUsage {
+		t.Fatalf("--keep without --timestamped: %v", err)
 	}
 }

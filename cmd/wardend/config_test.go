@@ -115,7 +115,7 @@ func TestAdvertisedAddresses(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", tc.args, err)
 		}
-		cfg, err := c.clusterConfig()
+		cfg, err := clusterConfig(*c)
 		switch {
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)

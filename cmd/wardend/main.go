@@ -44,51 +44,16 @@ import (
 	"github.com/alecthomas/kong"
 
 	"github.com/warden-dev/warden/auth"
+	"github.com/warden-dev/warden/cmd/wardend/flags"
 	"github.com/warden-dev/warden/placement"
 	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/server"
 	"github.com/warden-dev/warden/tlsconfig"
 )
 
-type cli struct {
-	Config         kong.ConfigFlag  `placeholder:"FILE" env:"-" help:"Read flags from FILE (YAML: flag names without the dashes as keys, docs/operations.md). Command-line flags and WARDEN_… variables override it."`
-	Version        kong.VersionFlag `env:"-" help:"Print the version and exit."`
-	Dev            bool             `help:"Run a whole three-node cluster in this process (the embedded setup make run uses). Without it, run one production node (--node-id and the flags below)."`
-	NodeID         uint64           `name:"node-id" placeholder:"ID" help:"This node's id (production mode), unique in the cluster, never reused."`
-	Zone           string           `help:"This node's availability zone; a shard's replicas go to distinct zones."`
-	RaftAddr       string           `name:"raft-addr" help:"host:port the Raft transport binds (and advertises, unless --raft-advertise-addr)."`
-	RaftAdvertise  string           `name:"raft-advertise-addr" placeholder:"HOST:PORT" help:"host:port the other nodes reach this node's Raft transport at, when it differs from --raft-addr (a 0.0.0.0 bind, NAT). Peer certificates name its host."`
-	Advertise      string           `name:"advertise-addr" placeholder:"HOST:PORT" help:"host:port the other nodes and clients reach this node's Connect API at, when it differs from --listen (a 0.0.0.0 bind, NAT)."`
-	InitialMembers string           `name:"initial-members" help:"The cluster's first nodes, id=raftaddr=listenaddr,... (the same list on each of them)."`
-	Join           []string         `help:"Connect addresses of running nodes, for a node that is not an initial member."`
-	InitialState   string           `name:"initial-cluster-state" enum:"new,existing" default:"existing" help:"new: this initial member may initialise an empty --data-dir, as every initial member of a cluster being created does on its first start (only then). existing (the default): a node whose data directory holds no state refuses to start, since a member that lost its data must never vote again under its id."`
-	SecretFile     string           `name:"cluster-secret-file" placeholder:"PATH" help:"File holding the cluster secret, the same on every node (at least 16 characters). Required with --insecure, where it authenticates the nodes to each other in place of the peer certificates."`
-	TLSCert        string           `name:"tls-cert" placeholder:"PATH" group:"TLS" help:"PEM certificate (chain) the client API presents on --listen. With --tls-key, serves TLS (HTTP/2 by ALPN, and HTTP/1.1). Reloaded on SIGHUP and when the file changes."`
-	TLSKey         string           `name:"tls-key" placeholder:"PATH" group:"TLS" help:"PEM private key of --tls-cert."`
-	TLSClientCA    string           `name:"tls-client-ca" placeholder:"PATH" group:"TLS" help:"PEM CA bundle that verifies client certificates; without it the client API asks for none. Health probes and /metrics need none either way."`
-	PeerCA         string           `name:"peer-ca" placeholder:"PATH" group:"TLS" help:"PEM CA that signs the nodes' peer certificates, and only those (not the client CA): verifies the other nodes on the node API and on Raft."`
-	PeerCert       string           `name:"peer-cert" placeholder:"PATH" group:"TLS" help:"PEM peer certificate of this node: names its node id (DNS node-<id>.peer.warden) and the host of --raft-addr; for server and client use."`
-	PeerKey        string           `name:"peer-key" placeholder:"PATH" group:"TLS" help:"PEM private key of --peer-cert. Raft reads the peer files at start: rotate them with a rolling restart."`
-	AuthBootstrap  string           `name:"auth-bootstrap" placeholder:"FILE" help:"Turn authentication on for a cluster that has no auth state yet, with the roles, bindings and tokens of FILE (JSON; docs/security.md). Give the same file to every initial member; the first to commit wins, and later starts ignore it. Needs TLS. Until it commits the node refuses client calls."`
-	Insecure       bool             `group:"TLS" env:"-" help:"Serve every port in cleartext, with no TLS: the nodes authenticate each other by --cluster-secret-file alone, and anyone on the network can read and alter traffic. For tests and trusted networks; logged and exported as warden_insecure 1."`
-	ClockOffset    time.Duration    `name:"debug-clock-offset" hidden:"" env:"-" help:"Pretend this node's wall clock is off by this much (clock skew tests only)."`
-	DataDir        string           `placeholder:"DIR" help:"Directory for Raft logs and state: required for a production node; --dev defaults to ./data/dev."`
-	Listen         string           `default:"127.0.0.1:7070" help:"Address to serve the Connect API on."`
-	LogLevel       slog.Level       `default:"info" help:"Log level: debug, info, warn, error."`
-	RaftLogLevel   slog.Level       `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
-	ShutdownWait   time.Duration    `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
-	AuditLog       string           `help:"Write the audit log (one JSON line per state-changing call, with its principal) to this file, or - for stderr. Reopened on SIGHUP, for rotation."`
-	PprofAddr      string           `name:"pprof-addr" placeholder:"HOST:PORT" help:"Serve Go's profiler (/debug/pprof/) on this address, for performance work; keep it on loopback. Off by default."`
-
-	Serve   struct{}   `cmd:"" default:"withargs" help:"Run the node, or with --dev the whole dev cluster (the default command)."`
-	Restore restoreCmd `cmd:"" help:"Write an empty --data-dir from a backup (warden admin backup --out), for this node's first start in the restored cluster; takes the node's usual flags (--node-id, --zone, --data-dir, or --dev). Every node of the backup restores its own directory from the same backup, then all start with --initial-members naming them."`
-}
-
-// restoreCmd is wardend restore's own flags.
-type restoreCmd struct {
-	From     string `required:"" placeholder:"DIR" help:"The backup directory (warden admin backup --out DIR)."`
-	MinEpoch uint64 `name:"min-epoch" placeholder:"EPOCH" help:"The lowest fencing-token epoch the restored shards may take: the old cluster's epoch limit (warden admin shards shows it), if it can still be read; never below the backup's. Default: the backup's epoch limit plus 65,536 (placement.RestoreEpochGap). Give every node the same value."`
-}
+// cli is wardend's command line (package flags, which deploy/kubernetes's
+// tests parse rendered manifests with).
+type cli = flags.CLI
 
 func main() {
 	var c cli
@@ -98,6 +63,7 @@ func main() {
 	}
 	kctx, err := k.Parse(os.Args[1:])
 	k.FatalIfErrorf(err)
+	k.FatalIfErrorf(c.ResolveNodeID(os.Hostname))
 	if c.Dev && c.DataDir == "" {
 		c.DataDir = "./data/dev"
 	}
@@ -106,7 +72,7 @@ func main() {
 		return
 	}
 	if !c.Dev {
-		_, err := c.clusterConfig()
+		_, err := clusterConfig(c)
 		k.FatalIfErrorf(err) // a usage error, before anything starts
 	} else if c.PeerCA != "" || c.PeerCert != "" || c.PeerKey != "" {
 		k.Fatalf("--dev serves no node API (its nodes share one process): the --peer flags do not apply")
@@ -145,7 +111,7 @@ func run(c cli) error {
 	if c.Dev {
 		cfg.Dev = &server.DevConfig{DataDir: c.DataDir, ListenAddr: c.Listen, Router: router.Config{Audit: audit}, BuildVersion: buildVersion()}
 	} else {
-		if cfg.Cluster, err = c.clusterConfig(); err != nil {
+		if cfg.Cluster, err = clusterConfig(c); err != nil {
 			return err
 		}
 		cfg.Cluster.Router.Audit = audit
@@ -173,13 +139,10 @@ func run(c cli) error {
 	return errors.Join(failed, srv.Shutdown(sctx))
 }
 
-// parser is wardend's command line: the flags of cli, each also read
-// from a WARDEN_… environment variable (but --insecure and the debug
-// flags) and from --config's file, the command line winning over the
-// environment and the environment over the file.
+// parser is wardend's command line (flags.Parser) with this binary's
+// version.
 func parser(c *cli) (*kong.Kong, error) {
-	return kong.New(c, kong.Name("wardend"), kong.Description("Warden: exclusive locks with leases and fencing tokens, replicated by Raft."),
-		kong.DefaultEnvars("WARDEN"), kong.Configuration(yamlConfig), kong.Vars{"version": "wardend " + buildVersion() + " " + runtime.Version()})
+	return flags.Parser(c, "wardend "+buildVersion()+" "+runtime.Version())
 }
 
 // reloadOnHangup, on each SIGHUP until ctx ends, reloads the TLS
@@ -208,10 +171,10 @@ func reloadOnHangup(ctx context.Context, s *tlsconfig.Store, audit *auditFile) {
 }
 
 // clusterConfig builds a production node's config from the flags.
-func (c cli) clusterConfig() (server.ClusterConfig, error) {
+func clusterConfig(c cli) (server.ClusterConfig, error) {
 	switch {
 	case c.NodeID == 0:
-		return server.ClusterConfig{}, errors.New("--node-id is required (or --dev)")
+		return server.ClusterConfig{}, errors.New("--node-id is required (or --node-id-from-ordinal, or --dev)")
 	case c.Zone == "":
 		return server.ClusterConfig{}, errors.New("--zone is required")
 	case c.RaftAddr == "":
