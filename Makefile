@@ -6,9 +6,9 @@ DATA    ?= ./data/dev
 LISTEN  ?= 127.0.0.1:7070
 PKGS    := ./...
 # The repository's Go modules besides the server's (the root): the SDK, the
-# public API it shares with the server, and the load harness. A root
-# `go test ./...` skips them.
-MODULES := client proto loadtest
+# public API it shares with the server, the load harness, and the
+# Kubernetes manifests' tests (k8s.io/api). A root `go test ./...` skips them.
+MODULES := client proto loadtest deploy/kubernetes
 # VERSION is what wardend --version and ListNodes show: the nearest tag
 # and the commit (git describe), "dev" outside a git checkout.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -54,13 +54,17 @@ cluster-stop:
 
 ## test: vet, then the whole test suite with the race detector, in every module (the SDK in client/, the API in proto/,
 ## the load harness in loadtest/, whose etcd and ZooKeeper adapter tests skip when those servers are not installed,
-## unless WARDEN_PEER_TESTS=1), and the check that the SDK pulls none of the server's dependencies
+## unless WARDEN_PEER_TESTS=1), the deployment artifacts' tests (deploy/: the image, systemd, Kubernetes, compose,
+## monitoring; verbose, so that a test this machine cannot run says why it skipped; CI=true fails instead), and the
+## check that the SDK pulls none of the server's dependencies
 test:
 	$(GO) vet $(PKGS)
 	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list $(PKGS) | grep -v '/deploy/')
 	cd client && $(GO) test -race -count=1 -timeout 5m ./...
 	cd loadtest && $(GO) test -race -count=1 -timeout 10m ./...
+	$(GO) test -count=1 -v -timeout 15m ./deploy/...
+	cd deploy/kubernetes && $(GO) test -count=1 -v -timeout 5m ./...
 	./.ci/check-sdk-deps
 
 ## soak: the long cases of shared/cases at full scale (make test runs them reduced); bounded by -timeout
@@ -109,7 +113,7 @@ lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))"
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
-	for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) tool -modfile=../tools/staticcheck/go.mod staticcheck ./...) || exit 1; done
+	for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) tool -modfile=$(CURDIR)/tools/staticcheck/go.mod staticcheck ./...) || exit 1; done
 	./.ci/check-pins
 	./.ci/check-imports
 	./.ci/check-proto
