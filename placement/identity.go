@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/shard"
@@ -188,8 +189,13 @@ func (e *IdentityError) Error() string { return "placement: " + e.Reason }
 // state st registered under its id. A node registered with another
 // incarnation runs on a replaced data directory; a node that joins on a
 // fresh directory (Identity.Joined) under an id the map already has
-// reuses the id of a node that was a member. Either is an *IdentityError.
+// reuses the id of a node that was a member; a node removed from the
+// cluster (State.removed_node_ids) may not start again. Each is an
+// *IdentityError.
 func CheckIncarnation(st *placementv1.State, id Identity) error {
+	if slices.Contains(st.GetRemovedNodeIds(), id.NodeID) {
+		return &IdentityError{fmt.Sprintf("node %d was removed from the cluster: a node id is never used again; wipe this data directory and join under a new id", id.NodeID)}
+	}
 	for _, n := range st.GetNodes() {
 		if n.GetId() != id.NodeID {
 			continue

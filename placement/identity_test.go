@@ -97,7 +97,7 @@ func TestOpenIdentity(t *testing.T) {
 // The placement group's record decides: another incarnation is a
 // replaced directory; a fresh joiner under a known id reuses it.
 func TestCheckIncarnation(t *testing.T) {
-	st := &placementv1.State{Nodes: []*placementv1.Node{{Id: 1, Incarnation: "aa"}, {Id: 2}}}
+	st := &placementv1.State{Nodes: []*placementv1.Node{{Id: 1, Incarnation: "aa"}, {Id: 2}}, RemovedNodeIds: []uint64{3}}
 	for _, tc := range []struct {
 		id   Identity
 		want string // "" for accepted
@@ -108,6 +108,7 @@ func TestCheckIncarnation(t *testing.T) {
 		{Identity{NodeID: 2, Incarnation: "cc"}, ""}, // registered before incarnations, or never started
 		{Identity{NodeID: 2, Incarnation: "cc", Joined: true}, "was a member of this cluster already"},
 		{Identity{NodeID: 5, Incarnation: "dd", Joined: true}, ""},
+		{Identity{NodeID: 3, Incarnation: "ee"}, "node 3 was removed from the cluster"},
 	} {
 		err := CheckIncarnation(st, tc.id)
 		var ie *IdentityError

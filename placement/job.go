@@ -174,11 +174,12 @@ func endJob(st *placementv1.State, job *placementv1.Operator, c *placementv1.End
 const maxJobError = 1024
 
 // sameJob reports whether an operator is the job c asks for: a removal
-// of the same node, or a rebalance.
+// of the same node, forced alike, or a rebalance.
 func sameJob(c *placementv1.BeginJobCmd) func(*placementv1.Operator) bool {
 	return func(op *placementv1.Operator) bool {
 		if r := c.GetRemoveNode(); r != nil {
-			return op.GetRemoveNode().GetNodeId() == r.GetNodeId() && op.GetRemoveNode() != nil
+			o := op.GetRemoveNode()
+			return o != nil && o.GetNodeId() == r.GetNodeId() && o.GetForce() == r.GetForce()
 		}
 		return op.GetRebalance() != nil
 	}

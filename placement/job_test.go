@@ -88,6 +88,9 @@ func TestRemovalJobRules(t *testing.T) {
 	if got := refusal(st, removalJob(2, 0, false, "drain-1")); !strings.Contains(got, "names operation") {
 		t.Fatalf("the request id of another job: %q", got)
 	}
+	if got := refusal(st, removalJob(1, 4, true, "drain-1")); !strings.Contains(got, "names operation") {
+		t.Fatalf("the request id of the removal, forced this time: %q", got)
+	}
 
 	// A move begun on its own still runs beside the job (version 7), not
 	// below version 7, where any operator in progress keeps it out.

@@ -444,7 +444,9 @@ func describeOperator(op *placementv1.Operator) string {
 	if s := op.GetSplit(); s != nil {
 		return fmt.Sprintf("a split of shard %d at %#016x", s.GetSource(), s.GetSplitAt())
 	}
-	if r := op.GetRemoveNode(); r != nil {
+	if r := op.GetRemoveNode(); r != nil && r.GetForce() {
+		return fmt.Sprintf("a forced removal of node %d", r.GetNodeId())
+	} else if r != nil {
 		return fmt.Sprintf("a removal of node %d", r.GetNodeId())
 	}
 	if op.GetRebalance() != nil {

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -100,6 +102,9 @@ type Node struct {
 	stop     chan struct{} // closed by Close
 	stopOnce sync.Once
 	done     chan struct{} // closed when the fsync probe has stopped
+	// runsMeta: StartMeta or JoinMeta started this node's replica of
+	// the placement group in this process.
+	runsMeta atomic.Bool
 }
 
 // StartNode starts a NodeHost with a small LogDB (Dragonboat's default
@@ -327,6 +332,7 @@ func (n *Node) StartMeta(members map[uint64]string, join bool) error {
 	if err := n.nh.StartReplica(members, join, NewMetaStateMachine, n.raftConfig(MetaShardID, n.cfg.ID)); err != nil {
 		return fmt.Errorf("placement: node %d: start the placement group: %w", n.cfg.ID, err)
 	}
+	n.runsMeta.Store(true)
 	return nil
 }
 
@@ -346,8 +352,42 @@ func (n *Node) JoinMeta() error {
 	if err != nil && !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
 		return fmt.Errorf("placement: node %d: join the placement group: %w", n.cfg.ID, err)
 	}
+	n.runsMeta.Store(true)
 	return nil
 }
+
+// LocalFirst returns the placement client of a process whose nodes are
+// nodes: through the replica of the first node that runs one (StartMeta
+// or JoinMeta, checked at each call), else through remote (a node that
+// hosts none asks the others, over NodeService). A node that joins the
+// placement group at run time (it replaces a voter) reads and proposes
+// through its own replica from then on, never through the others: a
+// voter that asked the others would ask voters that do the same, in a
+// circle, once no initial member is left. While its replica catches up,
+// its reads fail (unavailable) and are retried.
+func LocalFirst(nodes []*Node, remote MetaClient) MetaClient {
+	return localFirst{nodes: nodes, remote: remote}
+}
+
+type localFirst struct {
+	nodes  []*Node
+	remote MetaClient
+}
+
+func (l localFirst) pick() MetaClient {
+	for _, n := range l.nodes {
+		if n.runsMeta.Load() {
+			return n.Meta()
+		}
+	}
+	return l.remote
+}
+
+func (l localFirst) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
+	return l.pick().Propose(ctx, cmd)
+}
+
+func (l localFirst) Read(ctx context.Context) (*placementv1.State, error) { return l.pick().Read(ctx) }
 
 // HostsMeta reports whether this node has ever started a replica of the
 // placement group (an initial member, or one JoinMeta started): it must

@@ -319,6 +319,9 @@ func (s *AdminServer) RemoveNode(ctx context.Context, req *connect.Request[warde
 		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}
 	m := req.Msg
+	if m.GetNodeId() == 0 {
+		return nil, &shard.FieldError{Field: "node_id", Reason: "is required (node ids start at 1)"}
+	}
 	remove := &placementv1.Command{Command: &placementv1.Command_RemoveNode{RemoveNode: &placementv1.RemoveNodeCmd{NodeId: m.GetNodeId()}}}
 	if err := placement.Proposable(s.r.Map().State(), remove); err != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node removal needs every node upgraded first: %w", err))

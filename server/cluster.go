@@ -105,6 +105,8 @@ type Cluster struct {
 	Modes  []StartMode
 	agents []*placement.Agent
 	// driving is set while the loop's operator driver runs.
+	// peers are the addresses rememberPeers wrote last (the loop's alone).
+	peers   []string
 	driving atomic.Bool
 	// ctx ends when the cluster closes.
 	ctx    context.Context
@@ -152,7 +154,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		}
 		ids[i] = id
 		if c.Modes[i] == ModeNewCluster {
-			if err := c.probeIncarnation(p, spec, id); err != nil {
+			if err := c.probeIdentity(p, spec, id, nil); err != nil {
 				_ = id.Forget(spec.DataDir)
 				c.closeNodes()
 				return nil, err
@@ -180,18 +182,26 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			// its replica.
 			err = n.JoinMeta()
 		}
+		if err == nil && c.Modes[i] == ModeRestart {
+			// A node removed while it was down, or while it ran cut off,
+			// asks the nodes of the last map it saw too: the initial
+			// members may all be gone.
+			err = c.probeIdentity(p, spec, id, loadPeers(spec.DataDir))
+		}
 		if err != nil {
 			c.closeNodes()
 			return nil, err
 		}
 	}
 	// The process reads the placement group through the replica of its
-	// first node that hosts one, else through the join addresses
-	// (startMode made sure every node here has some).
-	meta := p.Placement(cfg.Join, c.knownAddrs)
-	if i := slices.IndexFunc(c.Nodes, func(n router.LocalNode) bool { return n.Node.HostsMeta() }); i >= 0 {
-		meta = c.Nodes[i].Node.Meta()
+	// first node that runs one (from now, or once it joins the group),
+	// else through the join addresses and the map's (startMode made sure
+	// every node here has some).
+	var nodes []*placement.Node
+	for _, n := range c.Nodes {
+		nodes = append(nodes, n.Node)
 	}
+	meta := placement.LocalFirst(nodes, p.Placement(cfg.Join, c.knownAddrs))
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.BootstrapTimeout)
 	defer cancel()
 	var initial []*placementv1.Node
@@ -252,19 +262,28 @@ func isMember(members []Member, id uint64) bool {
 	return slices.ContainsFunc(members, func(m Member) bool { return m.ID == id })
 }
 
-// probeIncarnation asks the other initial members, before an initial
-// member on a freshly initialised directory starts any replica, whether
-// their placement group knows the node under another incarnation. Its
-// own check (placement.Bootstrap) comes only after its placement replica
-// has started, and in that window an empty replica could acknowledge
-// entries under the old id. Peers that do not answer (a cluster being
-// created, its other members not up yet) leave the decision to the later
-// check; in a dev cluster every member is local and none is asked.
-func (c *Cluster) probeIncarnation(p *router.Peers, spec NodeSpec, id placement.Identity) error {
+// probeIdentity asks the other nodes it knows (the initial members, the
+// join addresses and known), before the node starts a data replica,
+// whether their placement group knows it under another incarnation, or
+// removed it: an initial member on a freshly initialised directory,
+// before it starts any replica (its own check, placement.Bootstrap,
+// comes only after its placement replica has started, and in that
+// window an empty replica could acknowledge entries under the old id),
+// and a node restarting from its directory (a node removed from the
+// cluster, whose replicas were removed from their groups, would
+// otherwise wait for a placement group that no longer answers it).
+// Peers that do not answer (a cluster being created, or all restarting)
+// are not waited for: the later checks decide.
+func (c *Cluster) probeIdentity(p *router.Peers, spec NodeSpec, id placement.Identity, known []string) error {
 	var seeds []string
 	for _, m := range c.cfg.Members {
 		if m.ID != spec.ID && m.ListenAddr != c.cfg.ListenAddr {
 			seeds = append(seeds, m.ListenAddr)
+		}
+	}
+	for _, a := range append(slices.Clone(c.cfg.Join), known...) {
+		if a != c.cfg.ListenAddr && !slices.Contains(seeds, a) {
+			seeds = append(seeds, a)
 		}
 	}
 	if len(seeds) == 0 {
@@ -335,6 +354,7 @@ func (c *Cluster) loop() {
 		if err := c.Router.RefreshMap(ctx); err != nil {
 			log.Debug("placement map refresh", "err", err)
 		}
+		c.rememberPeers()
 		if err := c.reconcile(); err != nil {
 			log.Warn("node agent", "err", err)
 		}

@@ -150,6 +150,9 @@ func (f *opFlags) watch(g *globals, mine func(*wardenv1.Operation) bool) (stop f
 			if connect.CodeOf(err) == connect.CodeUnimplemented {
 				return
 			}
+			if err != nil {
+				continue // a poll that failed (a leader changing): the next one shows the progress
+			}
 			for _, op := range resp.Msg.GetOperations() {
 				if line := progressLine(op); mine(op) && op.GetState() == wardenv1.OperationState_OPERATION_STATE_RUNNING && line != shown[op.GetId()] {
 					fmt.Fprintln(os.Stderr, line)
@@ -506,7 +509,10 @@ func opDetail(op *wardenv1.Operation) string {
 		}
 		return d
 	case "rebalance":
-		return fmt.Sprintf("%d steps taken", len(op.GetSteps()))
+		if n := len(op.GetSteps()); n != 1 {
+			return fmt.Sprintf("%d steps taken", n)
+		}
+		return "1 step taken"
 	}
 	d := nodes(op.GetFromNodeId(), op.GetToNodeId())
 	if p := op.GetParentId(); p != 0 {

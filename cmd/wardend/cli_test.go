@@ -73,6 +73,8 @@ func TestCLIExitStatuses(t *testing.T) {
 		{"resource_exhausted", 5, []string{at, "quota", "reserve", "gpus", "3"}},
 		{"failed_precondition", 6, []string{at, "lock", "renew", "exit/held", strings.Repeat("ab", 16)}},
 		{"not_found", 6, []string{at, "admin", "operation", "999"}},
+		// Its progress polls fail (1 ns each); the split goes on.
+		{"ok, following a split whose progress cannot be read", 0, []string{at, "--timeout=1ns", "admin", "split", "1"}},
 	} {
 		code, out, errOut := cliStatus(t, c.args...)
 		if code != c.want {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -67,6 +68,18 @@ func placementVoters(out string) string {
 func (c *procCluster) warden(i int, args ...string) (string, error) {
 	out, err := exec.Command(cliBinary, append([]string{"--addr", "http://" + c.nodes[i].listen}, args...)...).CombinedOutput()
 	return string(out), err
+}
+
+// wardenRetried runs the CLI against node i again while it exits 3
+// (unavailable: a leader changing on a loaded machine), as a script
+// would, for up to 30 s.
+func (c *procCluster) wardenRetried(i int, args ...string) (string, error) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		out, err := c.warden(i, args...)
+		if exitCode(err) != 3 || time.Now().After(deadline) {
+			return out, err
+		}
+	}
 }
 
 // Node removal on four processes. Node 4 joins in az1 and takes shard
@@ -136,7 +149,7 @@ func TestClusterRemoveNode(t *testing.T) {
 		t.Fatalf("warden admin node remove 4: %v\n%s", err, out)
 	}
 	t.Logf("warden admin node remove 4:\n%s", out)
-	if out, err := c.warden(0, "admin", "node", "remove", "4"); err != nil || strings.Contains(out, "replica moved") || !strings.Contains(out, "node 4 is not in the cluster") {
+	if out, err := c.wardenRetried(0, "admin", "node", "remove", "4"); err != nil || strings.Contains(out, "replica moved") || !strings.Contains(out, "node 4 is not in the cluster") {
 		t.Fatalf("removing node 4 again (a retry): %v\n%s", err, out)
 	}
 	stop.Store(true)
@@ -264,6 +277,91 @@ func TestClusterReplacePlacementMember(t *testing.T) {
 		t.Fatalf("node 3 is still in the map")
 	}
 	t.Logf("placement replicas of nodes 1, 2 and 4 agree: %s…", sum[:16])
+
+	// Node 3, removed, started again on its directory: refused at once
+	// (its peers know it removed), not after waiting out the bootstrap
+	// for a placement group that no longer answers it.
+	c.expectRemoved(2, 3, 20*time.Second)
+}
+
+// expectRemoved starts node i (id), removed from the cluster, on its
+// directory, and waits up to within for it to exit refusing, naming the
+// removal.
+func (c *procCluster) expectRemoved(i int, id uint64, within time.Duration) {
+	c.t.Helper()
+	began := time.Now()
+	c.start(i)
+	n := c.nodes[i]
+	n.up.Store(false)
+	select {
+	case err := <-n.exited:
+		n.cmd = nil // exited: nothing for the cleanup to stop
+		if err == nil || !strings.Contains(n.log.String(), fmt.Sprintf("node %d was removed from the cluster", id)) {
+			c.t.Fatalf("node %d, removed, started again: %v\n%s", id, err, lastLines(n.log.String(), 10))
+		}
+		c.t.Logf("node %d, removed, refused to start in %v", id, time.Since(began).Round(time.Millisecond))
+	case <-time.After(within):
+		c.t.Fatalf("node %d, removed, still runs %v after its start:\n%s", id, within, lastLines(n.log.String(), 10))
+	}
+}
+
+// Once no initial member is left, the placement group runs on nodes that
+// joined it at run time, five processes. Node 4 joins in az3 and node 5
+// in az1; node 3 is removed (node 4 takes its vote), then node 1 (node 5
+// takes its), neither restarted since: the voters are 2, 4 and 5. Node 2
+// is SIGKILLed for good. Nodes 4 and 5, a quorum, still read and change
+// the placement state through their own replicas (each asking the other
+// would go in circles): warden admin nodes answers at both, and node 2
+// is removed with --force (the placement group and shard 1 shrink to
+// nodes 4 and 5). A lease held throughout keeps its token. Node 1,
+// removed while it ran, is refused when it starts again.
+func TestClusterJoinedVotersServe(t *testing.T) {
+	c := startProcCluster(t)
+	lease, err := c.nodes[1].acquire("joined-voters", "held", 5*time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	four, five := c.join("az3"), c.join("az1")
+	for _, r := range []struct {
+		node uint64
+		by   int
+	}{{3, four}, {1, five}} {
+		for i := range c.nodes {
+			if c.nodes[i].up.Load() {
+				c.nodeUp(i, uint64(r.by+1), true)
+			}
+		}
+		out, err := c.wardenRetried(1, "admin", "node", "remove", fmt.Sprint(r.node))
+		if err != nil || !strings.Contains(out, fmt.Sprintf("node %d votes in place of node %d", r.by+1, r.node)) {
+			t.Fatalf("warden admin node remove %d: %v\n%s", r.node, err, out)
+		}
+		c.kill(int(r.node - 1))
+	}
+	c.kill(1) // node 2, for good
+	for _, i := range []int{four, five} {
+		c.nodeUp(i, 2, false)
+	}
+	for _, i := range []int{four, five} {
+		out, err := c.wardenRetried(i, "admin", "nodes")
+		if err != nil || placementVoters(out) != "2 4 5" {
+			t.Fatalf("warden admin nodes at node %d, with nodes 4 and 5 the placement group's quorum: %v\n%s", i+1, err, out)
+		}
+	}
+	c.short = true
+	out, err := c.wardenRetried(four, "admin", "node", "remove", "2", "--force")
+	if err != nil || !strings.Contains(out, "node 2 removed") {
+		t.Fatalf("warden admin node remove 2 --force with only joined voters left: %v\n%s", err, out)
+	}
+	if out, err := c.wardenRetried(five, "admin", "nodes"); err != nil || placementVoters(out) != "4 5" {
+		t.Fatalf("warden admin nodes after removing node 2: %v\n%s", err, out)
+	}
+	if reps := c.replicaNodes(1); !slices.Equal(reps, []uint64{4, 5}) && !slices.Equal(reps, []uint64{5, 4}) {
+		t.Fatalf("shard 1 after the removals is on nodes %v, want 4 and 5", reps)
+	}
+	if d, err := c.nodes[four].describe("joined-voters"); err != nil || !d.GetHeld() || d.GetFencingToken() != lease.GetFencingToken() {
+		t.Fatalf("the held lease: %v %v, want token %#x", d, err, lease.GetFencingToken())
+	}
+	c.expectRemoved(0, 1, 20*time.Second)
 }
 
 // A forced removal and its repair, on four processes. Shard 1 is split
