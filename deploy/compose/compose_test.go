@@ -18,6 +18,7 @@ import (
 
 	"github.com/warden-dev/warden/auth"
 	"github.com/warden-dev/warden/cmd/wardend/flags"
+	"github.com/warden-dev/warden/deploy/deploytest"
 )
 
 // service is the part of a compose service the test reads.
@@ -40,12 +41,7 @@ type service struct {
 // token, and every node's flags parse with wardend's own definitions,
 // with --initial-members naming each node as it advertises itself.
 func TestCompose(t *testing.T) {
-	for _, e := range os.Environ() {
-		if name, _, _ := strings.Cut(e, "="); strings.HasPrefix(name, "WARDEN_") {
-			t.Setenv(name, "")
-			os.Unsetenv(name)
-		}
-	}
+	deploytest.ClearEnv(t)
 	b, err := os.ReadFile("compose.yaml")
 	if err != nil {
 		t.Fatal(err)

@@ -17,20 +17,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-// need skips the test when the machine lacks what it needs, saying why;
-// under CI (CI=true) it fails instead: .ci/run installs it.
-func need(t *testing.T, ok bool, why string) {
-	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI must be able to run this: %s", why)
-	}
-	t.Skipf("skipped: %s", why)
-}
+	"github.com/warden-dev/warden/deploy/deploytest"
+)
 
 func run(t *testing.T, dir string, name string, args ...string) string {
 	t.Helper()
@@ -62,8 +51,8 @@ func freePort(t *testing.T) string {
 // and a dev cluster starts from /data and answers /readyz.
 func TestImage(t *testing.T) {
 	_, err := exec.LookPath("buildah")
-	need(t, err == nil, "buildah is not installed (Debian's buildah builds the FROM scratch image offline)")
-	need(t, os.Geteuid() == 0, "not root: buildah's storage and chroot need it")
+	deploytest.Need(t, err == nil, "buildah is not installed (Debian's buildah builds the FROM scratch image offline)")
+	deploytest.Need(t, os.Geteuid() == 0, "not root: buildah's storage and chroot need it")
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)

@@ -9,7 +9,6 @@ package kubernetes
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -24,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/warden-dev/warden/cmd/wardend/flags"
+	"github.com/warden-dev/warden/deploy/deploytest"
 )
 
 // objects are a rendering's objects by kind.
@@ -115,12 +115,7 @@ func envFrom(c corev1.Container, name string) string {
 // it derives are the initial members', each advertising the addresses
 // its entry names.
 func TestManifests(t *testing.T) {
-	for _, e := range os.Environ() {
-		if name, _, _ := strings.Cut(e, "="); strings.HasPrefix(name, "WARDEN_") {
-			t.Setenv(name, "")
-			os.Unsetenv(name)
-		}
-	}
+	deploytest.ClearEnv(t)
 	for _, dir := range []string{"base", "overlays/example"} {
 		t.Run(dir, func(t *testing.T) {
 			objs := render(t, dir)

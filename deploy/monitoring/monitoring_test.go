@@ -23,27 +23,14 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/deploy/deploytest"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/server"
 )
 
-// need returns the path of tool, skipping the test without it (CI
-// installs Debian's prometheus package, which has both).
-func need(t *testing.T, tool string) string {
-	t.Helper()
-	p, err := exec.LookPath(tool)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s is not installed (.ci/run installs Debian's prometheus)", tool)
-		}
-		t.Skipf("%s is not installed (apt-get install prometheus)", tool)
-	}
-	return p
-}
-
 func TestPromtool(t *testing.T) {
-	promtool := need(t, "promtool")
+	promtool := deploytest.Tool(t, "promtool", ".ci/run installs Debian's prometheus")
 	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
 		if out, err := exec.Command(promtool, args...).CombinedOutput(); err != nil {
 			t.Fatalf("promtool %v: %v\n%s", args, err, out)
@@ -103,7 +90,7 @@ var metricName = regexp.MustCompile(`\b(warden_[a-z0-9_]+|up)\b`)
 // alert and dashboard expression evaluates without error, every metric
 // they name is one Warden exports, and the rules load healthy.
 func TestExpressionsAgainstPrometheus(t *testing.T) {
-	prom := need(t, "prometheus")
+	prom := deploytest.Tool(t, "prometheus", ".ci/run installs Debian's prometheus")
 	srv, err := server.Start(server.Config{Listen: "127.0.0.1:0", Dev: &server.DevConfig{DataDir: t.TempDir(), BuildVersion: "test"}})
 	if err != nil {
 		t.Fatal(err)

@@ -12,20 +12,8 @@ import (
 	"testing"
 
 	"github.com/warden-dev/warden/cmd/wardend/flags"
+	"github.com/warden-dev/warden/deploy/deploytest"
 )
-
-// need skips the test when the machine lacks what it needs, saying why;
-// under CI (CI=true) it fails instead: .ci/run installs it.
-func need(t *testing.T, ok bool, why string) {
-	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI must be able to run this: %s", why)
-	}
-	t.Skipf("skipped: %s", why)
-}
 
 var units = []string{"wardend.service", "warden-backup.service", "warden-backup.timer"}
 
@@ -37,13 +25,13 @@ var units = []string{"wardend.service", "warden-backup.service", "warden-backup.
 // docs/operations.md promises.
 func TestUnitsVerify(t *testing.T) {
 	_, err := exec.LookPath("systemd-analyze")
-	need(t, err == nil, "systemd-analyze is not installed (Debian's systemd)")
+	deploytest.Need(t, err == nil, "systemd-analyze is not installed (Debian's systemd)")
 	system := "/usr/lib/systemd/system"
 	if _, err := os.Stat(filepath.Join(system, "sysinit.target")); err != nil {
 		system = "/lib/systemd/system"
 	}
 	_, err = os.Stat(filepath.Join(system, "sysinit.target"))
-	need(t, err == nil, "no systemd units on this machine to verify against")
+	deploytest.Need(t, err == nil, "no systemd units on this machine to verify against")
 
 	root := t.TempDir()
 	for _, d := range []string{"etc/systemd/system", "usr/local/bin", "bin", "usr/lib/systemd", "etc/warden"} {
@@ -129,12 +117,7 @@ func copyFile(t *testing.T, from, to string, mode os.FileMode) {
 // with wardend's own flag definitions into a complete node 1, and every
 // variable the environment file names (commented out or not) is a flag's.
 func TestExampleConfig(t *testing.T) {
-	for _, e := range os.Environ() {
-		if name, _, _ := strings.Cut(e, "="); strings.HasPrefix(name, "WARDEN_") {
-			t.Setenv(name, "")
-			os.Unsetenv(name)
-		}
-	}
+	deploytest.ClearEnv(t)
 	var c flags.CLI
 	k, err := flags.Parser(&c, "test")
 	if err != nil {
