@@ -34,6 +34,9 @@ type Config struct {
 	// PprofAddr, if set, serves Go's profiler (/debug/pprof/) on this
 	// address, for performance work; keep it on loopback.
 	PprofAddr string
+	// CORSOrigins are the origins (ParseCORSOrigins's forms) whose
+	// browser pages may call the API: none when empty.
+	CORSOrigins []string
 	// TLS, if set, serves Listen over TLS with its material (HTTP/2 by
 	// ALPN, and HTTP/1.1), the node API included: other nodes' calls
 	// present the peer certificate. Cluster.TLS is set to it. Without it
@@ -130,7 +133,7 @@ func Start(cfg Config) (*Server, error) {
 		// net/http/pprof registers its handlers on the default mux.
 		go func() { _ = http.Serve(s.pprof, http.DefaultServeMux) }()
 	}
-	s.http = newHTTPServer(router.NewHandler(s.Cluster.Router), cfg.TLS != nil)
+	s.http = newHTTPServer(withCORS(grpcWebText(router.NewHandler(s.Cluster.Router), maxTextRequestBytes), cfg.CORSOrigins), cfg.TLS != nil)
 	serve := ln
 	if cfg.TLS != nil {
 		serve = tls.NewListener(ln, cfg.TLS.ServerConfig())

@@ -60,6 +60,7 @@ join: [node2.example:7070, node3.example:7070]
 shutdown-wait: 3s
 log-level: debug
 data-dir: /var/lib/warden
+cors-allowed-origins: [https://dash.example, "http://localhost:*"]
 `)
 	c, err := parse(t, nil, "--config", file)
 	if err != nil {
@@ -68,6 +69,13 @@ data-dir: /var/lib/warden
 	if c.NodeID != 1 || c.Zone != "az1" || c.Advertise != "node1.example:7070" || len(c.Join) != 2 || c.Join[1] != "node3.example:7070" ||
 		c.ShutdownWait != 3*time.Second || c.LogLevel.String() != "DEBUG" || c.DataDir != "/var/lib/warden" {
 		t.Fatalf("from the file: %+v", c)
+	}
+	if len(c.CORSOrigins) != 2 || c.CORSOrigins[1] != "http://localhost:*" {
+		t.Fatalf("cors-allowed-origins from the file: %q", c.CORSOrigins)
+	}
+	c, err = parse(t, map[string]string{"WARDEN_CORS_ALLOWED_ORIGINS": "https://a.example,https://b.example"})
+	if err != nil || len(c.CORSOrigins) != 2 || c.CORSOrigins[1] != "https://b.example" {
+		t.Fatalf("WARDEN_CORS_ALLOWED_ORIGINS: %q, %v", c.CORSOrigins, err)
 	}
 	c, err = parse(t, map[string]string{"WARDEN_ZONE": "az2", "WARDEN_NODE_ID": "2"}, "--config", file, "--node-id", "3")
 	if err != nil {

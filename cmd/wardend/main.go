@@ -97,6 +97,12 @@ func run(c cli) error {
 	}
 	defer auditFile.Close()
 	cfg := server.Config{Listen: c.Listen, PprofAddr: c.PprofAddr}
+	if cfg.CORSOrigins, err = server.ParseCORSOrigins(c.CORSOrigins); err != nil {
+		return err
+	}
+	if c.Dev && len(c.CORSOrigins) == 0 {
+		cfg.CORSOrigins = server.DevCORSOrigins
+	}
 	if c.TLSCert != "" || c.TLSKey != "" {
 		files := tlsconfig.Files{ClientCert: c.TLSCert, ClientKey: c.TLSKey, ClientCA: c.TLSClientCA, PeerCA: c.PeerCA, PeerCert: c.PeerCert, PeerKey: c.PeerKey}
 		if cfg.TLS, err = tlsconfig.Load(files); err != nil {
