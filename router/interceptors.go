@@ -133,8 +133,11 @@ func auditOf(method string, idem connect.IdempotencyLevel, req, resp any) *audit
 		return nil
 	}
 	e := &auditEntry{method: method}
-	if k, ok := req.(interface{ GetKey() string }); ok {
+	switch k := req.(type) {
+	case interface{ GetKey() string }:
 		e.resource = k.GetKey()
+	case interface{ GetResource() string }:
+		e.resource = k.GetResource() // RevokeLease
 	}
 	if m, ok := req.(proto.Message); ok {
 		e.request = requestText(m)

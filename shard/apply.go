@@ -44,10 +44,12 @@ const (
 	// replay: a command carrying it needs this version, and the router
 	// drops it (StripPrincipals) while some replica applies less.
 	VersionPrincipal = 8
+	// VersionRevoke adds RevokeCmd (AdminService.RevokeLease).
+	VersionRevoke = 9
 )
 
 // CommandVersion is the newest envelope version this binary applies.
-const CommandVersion = VersionPrincipal
+const CommandVersion = VersionRevoke
 
 // MaxRenewBatch is the most renewals one RenewBatchCmd (and one RenewBatch
 // RPC) carries.
@@ -61,6 +63,8 @@ const MaxBatch = 1000
 // binary that applies it.
 func VersionOf(env *shardv1.Envelope) uint32 {
 	switch {
+	case env.GetRevoke() != nil:
+		return VersionRevoke
 	case hasPrincipal(env):
 		return VersionPrincipal
 	case env.GetNewEpoch() != nil:
@@ -254,6 +258,12 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 			break
 		}
 		res = a.newEpoch(c.NewEpoch)
+	case *shardv1.Envelope_Revoke:
+		if env.GetVersion() < VersionRevoke {
+			res = invalid("command", "is missing or unknown (revoke needs envelope version 9)")
+			break
+		}
+		res, err = a.revoke(c.Revoke)
 	default:
 		res = invalid("command", "is missing or unknown")
 	}

@@ -376,6 +376,27 @@ func (a *applier) releaseCurrent(lock *shardv1.LockRecord, leaseID []byte) (*sha
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Released: true}, nil
 }
 
+// revoke ends the lock's current lease if it is the one with the fencing
+// token the operator saw (Describe), and hands the lock on: a token, never
+// a lease id, names it, since no one but the holder knows the lease id.
+// An expired lease is the expiry timer's to end, as for Release (rule 3).
+func (a *applier) revoke(c *shardv1.RevokeCmd) (*shardv1.Result, error) {
+	if res := a.checkKey(c.GetResource()); res != nil {
+		return res, nil
+	}
+	if c.GetFencingToken() == 0 {
+		return invalid("fencing_token", "is required"), nil
+	}
+	lock, err := a.lock(c.GetResource())
+	if err != nil {
+		return nil, err
+	}
+	if lock.GetFencingToken() != c.GetFencingToken() {
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
+	}
+	return a.releaseCurrent(lock, lock.GetLeaseId())
+}
+
 func (a *applier) expire(c *shardv1.ExpireCmd) (*shardv1.Result, error) {
 	var n uint32
 	for _, it := range c.GetItems() {

@@ -26,6 +26,7 @@ import (
 //	drop RES SEQ DEADLINE                   the leader drops a timed-out waiter
 //	renew RES L
 //	release RES L
+//	revoke RES TOKEN                       an operator ends the lease with that token (a revision, in the record's epoch)
 //	expire RES L EXP                       EXP: the expiry the leader saw, or "seen"
 //	forget [dedup=RES/REQ,...] [idle=RES,...] [res=KEY:ID,...]
 //	set skew=D window=D min_ttl=D max_ttl=D default_ttl=D
@@ -146,6 +147,17 @@ func (s *script) step(f []string) string {
 		return out(f[0], res)
 	case "release":
 		return out(f[0], s.rep.propose(s.now, releaseCmd(f[1], leaseID(f[2]))))
+	case "revoke":
+		n, _ := strconv.ParseUint(f[2], 10, 64)
+		epoch := uint64(1)
+		if l := s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: f[1]}}}).GetLock(); l != nil {
+			epoch, _ = SplitToken(l.GetFencingToken())
+		}
+		token := Token(epoch, n)
+		if n == 0 {
+			token = 0
+		}
+		return out(f[0], s.rep.propose(s.now, &shardv1.Envelope{Command: &shardv1.Envelope_Revoke{Revoke: &shardv1.RevokeCmd{Resource: f[1], FencingToken: token}}}))
 	case "expire":
 		exp := s.expires[f[2]]
 		if f[3] != "seen" {
@@ -398,7 +410,7 @@ func out(verb string, r *shardv1.Result) string {
 	}
 	if r.GetCode() == shardv1.Code_CODE_OK {
 		switch verb {
-		case "release":
+		case "release", "revoke":
 			b.WriteString(" released=" + strconv.FormatBool(r.GetReleased()))
 		case "expire", "forget", "drop", "cancel", "reclaim", "compact":
 			b.WriteString(" count=" + strconv.Itoa(int(r.GetCount())))

@@ -593,3 +593,100 @@ func (c *procCluster) upgradeNode3(v uint32) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// A rolling upgrade across envelope version 9 (RevokeCmd): beside a
+// replica of the binary before it, AdminService.RevokeLease is refused
+// with FAILED_PRECONDITION naming the upgrade, and the lease stays. Once
+// node 3 is upgraded in place, a revoke of the token Describe shows hands
+// the lock to the waiter under a larger token, the revoked holder's
+// renewal fails, a stale token revokes nothing, and the three replicas
+// hold the same state.
+func TestClusterMixedRevokeLease(t *testing.T) {
+	old := buildBefore(t, "shard/apply.go", "VersionRevoke = 9")
+	c := newProcCluster(t)
+	c.bins = map[int]string{2: old}
+	c.boot()
+	c.waitClockReadings()
+	acquire := func(n *node, reqID string, wait time.Duration) (*wardenv1.AcquireResponse, error) {
+		resp, err := retryResponse(func() (*connect.Response[wardenv1.AcquireResponse], error) {
+			ctx, cancel := context.WithTimeout(context.Background(), wait+20*time.Second)
+			defer cancel()
+			return n.locks.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "revoke/mixed", RequestId: reqID,
+				LeaseTtl: durationpb.New(10 * time.Minute), WaitTimeout: durationpb.New(wait), Holder: reqID}))
+		})
+		return resp.Msg, err
+	}
+	revoke := func(n *node, token uint64) (*wardenv1.RevokeLeaseResponse, error) {
+		ctx, cancel := rpcCtx()
+		defer cancel()
+		resp, err := n.admin.RevokeLease(ctx, connect.NewRequest(&wardenv1.RevokeLeaseRequest{Resource: "revoke/mixed", FencingToken: token}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg, nil
+	}
+	stuck, err := acquire(c.nodes[0], "stuck", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes[:2] {
+		if _, err := revoke(n, stuck.GetFencingToken()); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "rolling upgrade") {
+			t.Fatalf("RevokeLease via node %d beside an old replica: %v, want failed_precondition naming the upgrade", n.id, err)
+		}
+	}
+	c.agree("mixed binaries")
+
+	c.bins = nil // node 3 upgraded in place
+	for i := range c.nodes {
+		c.start(i)
+	}
+	for i := range c.nodes {
+		c.waitServing(i)
+	}
+	c.waitClockReadings()
+	ctx, cancel := rpcCtx()
+	d, err := c.nodes[1].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "revoke/mixed"}))
+	cancel()
+	if err != nil || !d.Msg.GetHeld() || d.Msg.GetFencingToken() != stuck.GetFencingToken() {
+		t.Fatalf("after the upgrade: %v, %v; want the refused revoke to have left the lease held under token %d", d, err, stuck.GetFencingToken())
+	}
+	next := make(chan *wardenv1.AcquireResponse, 1)
+	go func() {
+		a, err := acquire(c.nodes[1], "next", 30*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		next <- a
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := rpcCtx()
+		d, err := c.nodes[0].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "revoke/mixed"}))
+		cancel()
+		if err == nil && d.Msg.GetWaiters() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the second Acquire did not queue: %v, %v", d, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r, err := revoke(c.nodes[2], stuck.GetFencingToken()+1); err != nil || r.GetRevoked() {
+		t.Fatalf("RevokeLease of a token the lock is not held under: %v, %v; want revoked false", r, err)
+	}
+	var r *wardenv1.RevokeLeaseResponse
+	if err := retryUnavailable(func() (err error) { r, err = revoke(c.nodes[2], stuck.GetFencingToken()); return err }); err != nil || !r.GetRevoked() {
+		t.Fatalf("RevokeLease after the upgrade: %v, %v; want revoked", r, err)
+	}
+	got := <-next
+	if got.GetFencingToken() <= stuck.GetFencingToken() {
+		t.Fatalf("the waiter got token %d after revoking token %d", got.GetFencingToken(), stuck.GetFencingToken())
+	}
+	ctx, cancel = rpcCtx()
+	_, err = c.nodes[0].locks.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: "revoke/mixed", LeaseId: stuck.GetLeaseId()}))
+	cancel()
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("the revoked holder's renewal: %v, want failed_precondition (the lease is lost)", err)
+	}
+	c.agree("upgraded")
+}

@@ -1031,6 +1031,105 @@ func (x *TransferLeaderResponse) GetLeaderNodeId() uint64 {
 	return 0
 }
 
+type RevokeLeaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	FencingToken  uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeLeaseRequest) Reset() {
+	*x = RevokeLeaseRequest{}
+	mi := &file_warden_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeLeaseRequest) ProtoMessage() {}
+
+func (x *RevokeLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeLeaseRequest.ProtoReflect.Descriptor instead.
+func (*RevokeLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RevokeLeaseRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *RevokeLeaseRequest) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+type RevokeLeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Revoked is true when the call ended the lease; false when the lock
+	// was not held under fencing_token (already released, expired,
+	// revoked, or regranted).
+	Revoked       bool `protobuf:"varint,1,opt,name=revoked,proto3" json:"revoked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeLeaseResponse) Reset() {
+	*x = RevokeLeaseResponse{}
+	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeLeaseResponse) ProtoMessage() {}
+
+func (x *RevokeLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeLeaseResponse.ProtoReflect.Descriptor instead.
+func (*RevokeLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RevokeLeaseResponse) GetRevoked() bool {
+	if x != nil {
+		return x.Revoked
+	}
+	return false
+}
+
 type SnapshotRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ShardId       uint64                 `protobuf:"varint,1,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
@@ -1040,7 +1139,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[14]
+	mi := &file_warden_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1151,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[14]
+	mi := &file_warden_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1164,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SnapshotRequest) GetShardId() uint64 {
@@ -1083,7 +1182,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	mi := &file_warden_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1095,7 +1194,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[15]
+	mi := &file_warden_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1108,7 +1207,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 // BackupResponse is a part of a backup stream: for each file, a file, its
@@ -1128,7 +1227,7 @@ type BackupResponse struct {
 
 func (x *BackupResponse) Reset() {
 	*x = BackupResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[16]
+	mi := &file_warden_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1239,7 @@ func (x *BackupResponse) String() string {
 func (*BackupResponse) ProtoMessage() {}
 
 func (x *BackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[16]
+	mi := &file_warden_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1252,7 @@ func (x *BackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupResponse.ProtoReflect.Descriptor instead.
 func (*BackupResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BackupResponse) GetPart() isBackupResponse_Part {
@@ -1238,7 +1337,7 @@ type BackupFileStart struct {
 
 func (x *BackupFileStart) Reset() {
 	*x = BackupFileStart{}
-	mi := &file_warden_v1_admin_proto_msgTypes[17]
+	mi := &file_warden_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1349,7 @@ func (x *BackupFileStart) String() string {
 func (*BackupFileStart) ProtoMessage() {}
 
 func (x *BackupFileStart) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[17]
+	mi := &file_warden_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1362,7 @@ func (x *BackupFileStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupFileStart.ProtoReflect.Descriptor instead.
 func (*BackupFileStart) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BackupFileStart) GetName() string {
@@ -1285,7 +1384,7 @@ type BackupFile struct {
 
 func (x *BackupFile) Reset() {
 	*x = BackupFile{}
-	mi := &file_warden_v1_admin_proto_msgTypes[18]
+	mi := &file_warden_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1396,7 @@ func (x *BackupFile) String() string {
 func (*BackupFile) ProtoMessage() {}
 
 func (x *BackupFile) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[18]
+	mi := &file_warden_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1409,7 @@ func (x *BackupFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupFile.ProtoReflect.Descriptor instead.
 func (*BackupFile) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BackupFile) GetName() string {
@@ -1361,7 +1460,7 @@ type BackupManifest struct {
 
 func (x *BackupManifest) Reset() {
 	*x = BackupManifest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[19]
+	mi := &file_warden_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1472,7 @@ func (x *BackupManifest) String() string {
 func (*BackupManifest) ProtoMessage() {}
 
 func (x *BackupManifest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[19]
+	mi := &file_warden_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1485,7 @@ func (x *BackupManifest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupManifest.ProtoReflect.Descriptor instead.
 func (*BackupManifest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BackupManifest) GetBackupId() string {
@@ -1462,7 +1561,7 @@ type BackupNode struct {
 
 func (x *BackupNode) Reset() {
 	*x = BackupNode{}
-	mi := &file_warden_v1_admin_proto_msgTypes[20]
+	mi := &file_warden_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1573,7 @@ func (x *BackupNode) String() string {
 func (*BackupNode) ProtoMessage() {}
 
 func (x *BackupNode) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[20]
+	mi := &file_warden_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1586,7 @@ func (x *BackupNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupNode.ProtoReflect.Descriptor instead.
 func (*BackupNode) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BackupNode) GetId() uint64 {
@@ -1525,7 +1624,7 @@ type BackupShard struct {
 
 func (x *BackupShard) Reset() {
 	*x = BackupShard{}
-	mi := &file_warden_v1_admin_proto_msgTypes[21]
+	mi := &file_warden_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1636,7 @@ func (x *BackupShard) String() string {
 func (*BackupShard) ProtoMessage() {}
 
 func (x *BackupShard) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[21]
+	mi := &file_warden_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1649,7 @@ func (x *BackupShard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupShard.ProtoReflect.Descriptor instead.
 func (*BackupShard) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BackupShard) GetShardId() uint64 {
@@ -1625,7 +1724,7 @@ type SnapshotResponse struct {
 
 func (x *SnapshotResponse) Reset() {
 	*x = SnapshotResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[22]
+	mi := &file_warden_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1637,7 +1736,7 @@ func (x *SnapshotResponse) String() string {
 func (*SnapshotResponse) ProtoMessage() {}
 
 func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[22]
+	mi := &file_warden_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1650,7 +1749,7 @@ func (x *SnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SnapshotResponse) GetSnapshots() []*ReplicaSnapshot {
@@ -1676,7 +1775,7 @@ type ReplicaSnapshot struct {
 
 func (x *ReplicaSnapshot) Reset() {
 	*x = ReplicaSnapshot{}
-	mi := &file_warden_v1_admin_proto_msgTypes[23]
+	mi := &file_warden_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1787,7 @@ func (x *ReplicaSnapshot) String() string {
 func (*ReplicaSnapshot) ProtoMessage() {}
 
 func (x *ReplicaSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[23]
+	mi := &file_warden_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1800,7 @@ func (x *ReplicaSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaSnapshot.ProtoReflect.Descriptor instead.
 func (*ReplicaSnapshot) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReplicaSnapshot) GetShardId() uint64 {
@@ -1760,7 +1859,7 @@ type SetShardConfigRequest struct {
 
 func (x *SetShardConfigRequest) Reset() {
 	*x = SetShardConfigRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[24]
+	mi := &file_warden_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1871,7 @@ func (x *SetShardConfigRequest) String() string {
 func (*SetShardConfigRequest) ProtoMessage() {}
 
 func (x *SetShardConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[24]
+	mi := &file_warden_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1884,7 @@ func (x *SetShardConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetShardConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetShardConfigRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SetShardConfigRequest) GetShardId() uint64 {
@@ -1888,7 +1987,7 @@ type SetShardConfigResponse struct {
 
 func (x *SetShardConfigResponse) Reset() {
 	*x = SetShardConfigResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[25]
+	mi := &file_warden_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1900,7 +1999,7 @@ func (x *SetShardConfigResponse) String() string {
 func (*SetShardConfigResponse) ProtoMessage() {}
 
 func (x *SetShardConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[25]
+	mi := &file_warden_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1913,7 +2012,7 @@ func (x *SetShardConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetShardConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetShardConfigResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetShardConfigResponse) GetShards() []*ShardConfigInfo {
@@ -1945,7 +2044,7 @@ type ShardConfigInfo struct {
 
 func (x *ShardConfigInfo) Reset() {
 	*x = ShardConfigInfo{}
-	mi := &file_warden_v1_admin_proto_msgTypes[26]
+	mi := &file_warden_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2056,7 @@ func (x *ShardConfigInfo) String() string {
 func (*ShardConfigInfo) ProtoMessage() {}
 
 func (x *ShardConfigInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[26]
+	mi := &file_warden_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2069,7 @@ func (x *ShardConfigInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardConfigInfo.ProtoReflect.Descriptor instead.
 func (*ShardConfigInfo) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ShardConfigInfo) GetShardId() uint64 {
@@ -2078,7 +2177,7 @@ type MoveReplicaRequest struct {
 
 func (x *MoveReplicaRequest) Reset() {
 	*x = MoveReplicaRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[27]
+	mi := &file_warden_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2090,7 +2189,7 @@ func (x *MoveReplicaRequest) String() string {
 func (*MoveReplicaRequest) ProtoMessage() {}
 
 func (x *MoveReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[27]
+	mi := &file_warden_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2103,7 +2202,7 @@ func (x *MoveReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveReplicaRequest.ProtoReflect.Descriptor instead.
 func (*MoveReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MoveReplicaRequest) GetShardId() uint64 {
@@ -2153,7 +2252,7 @@ type MoveReplicaResponse struct {
 
 func (x *MoveReplicaResponse) Reset() {
 	*x = MoveReplicaResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[28]
+	mi := &file_warden_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2264,7 @@ func (x *MoveReplicaResponse) String() string {
 func (*MoveReplicaResponse) ProtoMessage() {}
 
 func (x *MoveReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[28]
+	mi := &file_warden_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2277,7 @@ func (x *MoveReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveReplicaResponse.ProtoReflect.Descriptor instead.
 func (*MoveReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MoveReplicaResponse) GetReplicaId() uint64 {
@@ -2203,7 +2302,7 @@ type ListOperationsRequest struct {
 
 func (x *ListOperationsRequest) Reset() {
 	*x = ListOperationsRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	mi := &file_warden_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +2314,7 @@ func (x *ListOperationsRequest) String() string {
 func (*ListOperationsRequest) ProtoMessage() {}
 
 func (x *ListOperationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[29]
+	mi := &file_warden_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +2327,7 @@ func (x *ListOperationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperationsRequest.ProtoReflect.Descriptor instead.
 func (*ListOperationsRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 type ListOperationsResponse struct {
@@ -2242,7 +2341,7 @@ type ListOperationsResponse struct {
 
 func (x *ListOperationsResponse) Reset() {
 	*x = ListOperationsResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	mi := &file_warden_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2353,7 @@ func (x *ListOperationsResponse) String() string {
 func (*ListOperationsResponse) ProtoMessage() {}
 
 func (x *ListOperationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[30]
+	mi := &file_warden_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2366,7 @@ func (x *ListOperationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOperationsResponse.ProtoReflect.Descriptor instead.
 func (*ListOperationsResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListOperationsResponse) GetOperations() []*Operation {
@@ -2288,7 +2387,7 @@ type GetOperationRequest struct {
 
 func (x *GetOperationRequest) Reset() {
 	*x = GetOperationRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	mi := &file_warden_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2300,7 +2399,7 @@ func (x *GetOperationRequest) String() string {
 func (*GetOperationRequest) ProtoMessage() {}
 
 func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[31]
+	mi := &file_warden_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2313,7 +2412,7 @@ func (x *GetOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationRequest.ProtoReflect.Descriptor instead.
 func (*GetOperationRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetOperationRequest) GetId() uint64 {
@@ -2339,7 +2438,7 @@ type GetOperationResponse struct {
 
 func (x *GetOperationResponse) Reset() {
 	*x = GetOperationResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[32]
+	mi := &file_warden_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2450,7 @@ func (x *GetOperationResponse) String() string {
 func (*GetOperationResponse) ProtoMessage() {}
 
 func (x *GetOperationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[32]
+	mi := &file_warden_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2463,7 @@ func (x *GetOperationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOperationResponse.ProtoReflect.Descriptor instead.
 func (*GetOperationResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetOperationResponse) GetOperation() *Operation {
@@ -2429,7 +2528,7 @@ type Operation struct {
 
 func (x *Operation) Reset() {
 	*x = Operation{}
-	mi := &file_warden_v1_admin_proto_msgTypes[33]
+	mi := &file_warden_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2441,7 +2540,7 @@ func (x *Operation) String() string {
 func (*Operation) ProtoMessage() {}
 
 func (x *Operation) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[33]
+	mi := &file_warden_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2454,7 +2553,7 @@ func (x *Operation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Operation.ProtoReflect.Descriptor instead.
 func (*Operation) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Operation) GetId() uint64 {
@@ -2646,7 +2745,7 @@ type OperationStep struct {
 
 func (x *OperationStep) Reset() {
 	*x = OperationStep{}
-	mi := &file_warden_v1_admin_proto_msgTypes[34]
+	mi := &file_warden_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2757,7 @@ func (x *OperationStep) String() string {
 func (*OperationStep) ProtoMessage() {}
 
 func (x *OperationStep) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[34]
+	mi := &file_warden_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2770,7 @@ func (x *OperationStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationStep.ProtoReflect.Descriptor instead.
 func (*OperationStep) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *OperationStep) GetKind() string {
@@ -2743,7 +2842,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[35]
+	mi := &file_warden_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +2854,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[35]
+	mi := &file_warden_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +2867,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RemoveNodeRequest) GetNodeId() uint64 {
@@ -2820,7 +2919,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[36]
+	mi := &file_warden_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2832,7 +2931,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[36]
+	mi := &file_warden_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2845,7 +2944,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{36}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RemoveNodeResponse) GetMoves() []*ReplicaMove {
@@ -2889,7 +2988,7 @@ type ReplicaMove struct {
 
 func (x *ReplicaMove) Reset() {
 	*x = ReplicaMove{}
-	mi := &file_warden_v1_admin_proto_msgTypes[37]
+	mi := &file_warden_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2901,7 +3000,7 @@ func (x *ReplicaMove) String() string {
 func (*ReplicaMove) ProtoMessage() {}
 
 func (x *ReplicaMove) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[37]
+	mi := &file_warden_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2914,7 +3013,7 @@ func (x *ReplicaMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaMove.ProtoReflect.Descriptor instead.
 func (*ReplicaMove) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{37}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReplicaMove) GetShardId() uint64 {
@@ -2960,7 +3059,7 @@ type RebalanceRequest struct {
 
 func (x *RebalanceRequest) Reset() {
 	*x = RebalanceRequest{}
-	mi := &file_warden_v1_admin_proto_msgTypes[38]
+	mi := &file_warden_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3071,7 @@ func (x *RebalanceRequest) String() string {
 func (*RebalanceRequest) ProtoMessage() {}
 
 func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[38]
+	mi := &file_warden_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3084,7 @@ func (x *RebalanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceRequest.ProtoReflect.Descriptor instead.
 func (*RebalanceRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{38}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RebalanceRequest) GetDryRun() bool {
@@ -3022,7 +3121,7 @@ type RebalanceResponse struct {
 
 func (x *RebalanceResponse) Reset() {
 	*x = RebalanceResponse{}
-	mi := &file_warden_v1_admin_proto_msgTypes[39]
+	mi := &file_warden_v1_admin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3034,7 +3133,7 @@ func (x *RebalanceResponse) String() string {
 func (*RebalanceResponse) ProtoMessage() {}
 
 func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[39]
+	mi := &file_warden_v1_admin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3047,7 +3146,7 @@ func (x *RebalanceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceResponse.ProtoReflect.Descriptor instead.
 func (*RebalanceResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{39}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RebalanceResponse) GetActions() []*RebalanceAction {
@@ -3083,7 +3182,7 @@ type RebalanceAction struct {
 
 func (x *RebalanceAction) Reset() {
 	*x = RebalanceAction{}
-	mi := &file_warden_v1_admin_proto_msgTypes[40]
+	mi := &file_warden_v1_admin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3095,7 +3194,7 @@ func (x *RebalanceAction) String() string {
 func (*RebalanceAction) ProtoMessage() {}
 
 func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_admin_proto_msgTypes[40]
+	mi := &file_warden_v1_admin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3108,7 +3207,7 @@ func (x *RebalanceAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebalanceAction.ProtoReflect.Descriptor instead.
 func (*RebalanceAction) Descriptor() ([]byte, []int) {
-	return file_warden_v1_admin_proto_rawDescGZIP(), []int{40}
+	return file_warden_v1_admin_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RebalanceAction) GetKind() string {
@@ -3227,7 +3326,12 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\">\n" +
 	"\x16TransferLeaderResponse\x12$\n" +
-	"\x0eleader_node_id\x18\x01 \x01(\x04R\fleaderNodeId\",\n" +
+	"\x0eleader_node_id\x18\x01 \x01(\x04R\fleaderNodeId\"U\n" +
+	"\x12RevokeLeaseRequest\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12#\n" +
+	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"/\n" +
+	"\x13RevokeLeaseResponse\x12\x18\n" +
+	"\arevoked\x18\x01 \x01(\bR\arevoked\",\n" +
 	"\x0fSnapshotRequest\x12\x19\n" +
 	"\bshard_id\x18\x01 \x01(\x04R\ashardId\"\x0f\n" +
 	"\rBackupRequest\"\xc4\x01\n" +
@@ -3431,7 +3535,7 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x1cOPERATION_STATE_ROLLING_BACK\x10\x02\x12\x18\n" +
 	"\x14OPERATION_STATE_DONE\x10\x03\x12\x1f\n" +
 	"\x1bOPERATION_STATE_ROLLED_BACK\x10\x04\x12\x1a\n" +
-	"\x16OPERATION_STATE_FAILED\x10\x052\xa7\b\n" +
+	"\x16OPERATION_STATE_FAILED\x10\x052\xfa\b\n" +
 	"\fAdminService\x12K\n" +
 	"\tListNodes\x12\x1b.warden.v1.ListNodesRequest\x1a\x1c.warden.v1.ListNodesResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
@@ -3444,7 +3548,8 @@ const file_warden_v1_admin_proto_rawDesc = "" +
 	"\x0eListOperations\x12 .warden.v1.ListOperationsRequest\x1a!.warden.v1.ListOperationsResponse\"\x03\x90\x02\x01\x12T\n" +
 	"\fGetOperation\x12\x1e.warden.v1.GetOperationRequest\x1a\x1f.warden.v1.GetOperationResponse\"\x03\x90\x02\x01\x12K\n" +
 	"\tRebalance\x12\x1b.warden.v1.RebalanceRequest\x1a\x1c.warden.v1.RebalanceResponse\"\x03\x90\x02\x02\x12Z\n" +
-	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12?\n" +
+	"\x0eTransferLeader\x12 .warden.v1.TransferLeaderRequest\x1a!.warden.v1.TransferLeaderResponse\"\x03\x90\x02\x02\x12Q\n" +
+	"\vRevokeLease\x12\x1d.warden.v1.RevokeLeaseRequest\x1a\x1e.warden.v1.RevokeLeaseResponse\"\x03\x90\x02\x02\x12?\n" +
 	"\x06Backup\x12\x18.warden.v1.BackupRequest\x1a\x19.warden.v1.BackupResponse0\x01\x12H\n" +
 	"\bSnapshot\x12\x1a.warden.v1.SnapshotRequest\x1a\x1b.warden.v1.SnapshotResponse\"\x03\x90\x02\x02\x12Z\n" +
 	"\x0eSetShardConfig\x12 .warden.v1.SetShardConfigRequest\x1a!.warden.v1.SetShardConfigResponse\"\x03\x90\x02\x02\x12T\n" +
@@ -3463,7 +3568,7 @@ func file_warden_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_warden_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_warden_v1_admin_proto_goTypes = []any{
 	(PlacementRole)(0),             // 0: warden.v1.PlacementRole
 	(OperationState)(0),            // 1: warden.v1.OperationState
@@ -3481,106 +3586,110 @@ var file_warden_v1_admin_proto_goTypes = []any{
 	(*SplitShardResponse)(nil),     // 13: warden.v1.SplitShardResponse
 	(*TransferLeaderRequest)(nil),  // 14: warden.v1.TransferLeaderRequest
 	(*TransferLeaderResponse)(nil), // 15: warden.v1.TransferLeaderResponse
-	(*SnapshotRequest)(nil),        // 16: warden.v1.SnapshotRequest
-	(*BackupRequest)(nil),          // 17: warden.v1.BackupRequest
-	(*BackupResponse)(nil),         // 18: warden.v1.BackupResponse
-	(*BackupFileStart)(nil),        // 19: warden.v1.BackupFileStart
-	(*BackupFile)(nil),             // 20: warden.v1.BackupFile
-	(*BackupManifest)(nil),         // 21: warden.v1.BackupManifest
-	(*BackupNode)(nil),             // 22: warden.v1.BackupNode
-	(*BackupShard)(nil),            // 23: warden.v1.BackupShard
-	(*SnapshotResponse)(nil),       // 24: warden.v1.SnapshotResponse
-	(*ReplicaSnapshot)(nil),        // 25: warden.v1.ReplicaSnapshot
-	(*SetShardConfigRequest)(nil),  // 26: warden.v1.SetShardConfigRequest
-	(*SetShardConfigResponse)(nil), // 27: warden.v1.SetShardConfigResponse
-	(*ShardConfigInfo)(nil),        // 28: warden.v1.ShardConfigInfo
-	(*MoveReplicaRequest)(nil),     // 29: warden.v1.MoveReplicaRequest
-	(*MoveReplicaResponse)(nil),    // 30: warden.v1.MoveReplicaResponse
-	(*ListOperationsRequest)(nil),  // 31: warden.v1.ListOperationsRequest
-	(*ListOperationsResponse)(nil), // 32: warden.v1.ListOperationsResponse
-	(*GetOperationRequest)(nil),    // 33: warden.v1.GetOperationRequest
-	(*GetOperationResponse)(nil),   // 34: warden.v1.GetOperationResponse
-	(*Operation)(nil),              // 35: warden.v1.Operation
-	(*OperationStep)(nil),          // 36: warden.v1.OperationStep
-	(*RemoveNodeRequest)(nil),      // 37: warden.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),     // 38: warden.v1.RemoveNodeResponse
-	(*ReplicaMove)(nil),            // 39: warden.v1.ReplicaMove
-	(*RebalanceRequest)(nil),       // 40: warden.v1.RebalanceRequest
-	(*RebalanceResponse)(nil),      // 41: warden.v1.RebalanceResponse
-	(*RebalanceAction)(nil),        // 42: warden.v1.RebalanceAction
-	(*timestamppb.Timestamp)(nil),  // 43: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 44: google.protobuf.Duration
+	(*RevokeLeaseRequest)(nil),     // 16: warden.v1.RevokeLeaseRequest
+	(*RevokeLeaseResponse)(nil),    // 17: warden.v1.RevokeLeaseResponse
+	(*SnapshotRequest)(nil),        // 18: warden.v1.SnapshotRequest
+	(*BackupRequest)(nil),          // 19: warden.v1.BackupRequest
+	(*BackupResponse)(nil),         // 20: warden.v1.BackupResponse
+	(*BackupFileStart)(nil),        // 21: warden.v1.BackupFileStart
+	(*BackupFile)(nil),             // 22: warden.v1.BackupFile
+	(*BackupManifest)(nil),         // 23: warden.v1.BackupManifest
+	(*BackupNode)(nil),             // 24: warden.v1.BackupNode
+	(*BackupShard)(nil),            // 25: warden.v1.BackupShard
+	(*SnapshotResponse)(nil),       // 26: warden.v1.SnapshotResponse
+	(*ReplicaSnapshot)(nil),        // 27: warden.v1.ReplicaSnapshot
+	(*SetShardConfigRequest)(nil),  // 28: warden.v1.SetShardConfigRequest
+	(*SetShardConfigResponse)(nil), // 29: warden.v1.SetShardConfigResponse
+	(*ShardConfigInfo)(nil),        // 30: warden.v1.ShardConfigInfo
+	(*MoveReplicaRequest)(nil),     // 31: warden.v1.MoveReplicaRequest
+	(*MoveReplicaResponse)(nil),    // 32: warden.v1.MoveReplicaResponse
+	(*ListOperationsRequest)(nil),  // 33: warden.v1.ListOperationsRequest
+	(*ListOperationsResponse)(nil), // 34: warden.v1.ListOperationsResponse
+	(*GetOperationRequest)(nil),    // 35: warden.v1.GetOperationRequest
+	(*GetOperationResponse)(nil),   // 36: warden.v1.GetOperationResponse
+	(*Operation)(nil),              // 37: warden.v1.Operation
+	(*OperationStep)(nil),          // 38: warden.v1.OperationStep
+	(*RemoveNodeRequest)(nil),      // 39: warden.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),     // 40: warden.v1.RemoveNodeResponse
+	(*ReplicaMove)(nil),            // 41: warden.v1.ReplicaMove
+	(*RebalanceRequest)(nil),       // 42: warden.v1.RebalanceRequest
+	(*RebalanceResponse)(nil),      // 43: warden.v1.RebalanceResponse
+	(*RebalanceAction)(nil),        // 44: warden.v1.RebalanceAction
+	(*timestamppb.Timestamp)(nil),  // 45: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 46: google.protobuf.Duration
 }
 var file_warden_v1_admin_proto_depIdxs = []int32{
 	4,  // 0: warden.v1.HotResourcesResponse.by_waiters:type_name -> warden.v1.HotResource
 	4,  // 1: warden.v1.HotResourcesResponse.by_acquire_rate:type_name -> warden.v1.HotResource
 	7,  // 2: warden.v1.ListNodesResponse.nodes:type_name -> warden.v1.NodeInfo
-	43, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
+	45, // 3: warden.v1.NodeInfo.last_heard:type_name -> google.protobuf.Timestamp
 	0,  // 4: warden.v1.NodeInfo.placement:type_name -> warden.v1.PlacementRole
 	10, // 5: warden.v1.ListShardsResponse.shards:type_name -> warden.v1.ShardInfo
 	11, // 6: warden.v1.ShardInfo.replicas:type_name -> warden.v1.ReplicaInfo
-	19, // 7: warden.v1.BackupResponse.file:type_name -> warden.v1.BackupFileStart
-	20, // 8: warden.v1.BackupResponse.end:type_name -> warden.v1.BackupFile
-	21, // 9: warden.v1.BackupResponse.manifest:type_name -> warden.v1.BackupManifest
-	43, // 10: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
-	22, // 11: warden.v1.BackupManifest.nodes:type_name -> warden.v1.BackupNode
-	23, // 12: warden.v1.BackupManifest.shards:type_name -> warden.v1.BackupShard
-	20, // 13: warden.v1.BackupManifest.placement:type_name -> warden.v1.BackupFile
-	20, // 14: warden.v1.BackupShard.file:type_name -> warden.v1.BackupFile
-	25, // 15: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
-	44, // 16: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
-	44, // 17: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
-	44, // 18: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
-	44, // 19: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
-	44, // 20: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
-	44, // 21: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
-	44, // 22: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
-	44, // 23: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
-	44, // 24: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
-	28, // 25: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
-	44, // 26: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
-	44, // 27: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
-	44, // 28: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
-	44, // 29: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
-	44, // 30: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
-	44, // 31: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
-	44, // 32: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
-	44, // 33: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
-	44, // 34: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
-	35, // 35: warden.v1.ListOperationsResponse.operations:type_name -> warden.v1.Operation
-	35, // 36: warden.v1.GetOperationResponse.operation:type_name -> warden.v1.Operation
+	21, // 7: warden.v1.BackupResponse.file:type_name -> warden.v1.BackupFileStart
+	22, // 8: warden.v1.BackupResponse.end:type_name -> warden.v1.BackupFile
+	23, // 9: warden.v1.BackupResponse.manifest:type_name -> warden.v1.BackupManifest
+	45, // 10: warden.v1.BackupManifest.created_at:type_name -> google.protobuf.Timestamp
+	24, // 11: warden.v1.BackupManifest.nodes:type_name -> warden.v1.BackupNode
+	25, // 12: warden.v1.BackupManifest.shards:type_name -> warden.v1.BackupShard
+	22, // 13: warden.v1.BackupManifest.placement:type_name -> warden.v1.BackupFile
+	22, // 14: warden.v1.BackupShard.file:type_name -> warden.v1.BackupFile
+	27, // 15: warden.v1.SnapshotResponse.snapshots:type_name -> warden.v1.ReplicaSnapshot
+	46, // 16: warden.v1.SetShardConfigRequest.max_clock_skew:type_name -> google.protobuf.Duration
+	46, // 17: warden.v1.SetShardConfigRequest.min_lease_ttl:type_name -> google.protobuf.Duration
+	46, // 18: warden.v1.SetShardConfigRequest.max_lease_ttl:type_name -> google.protobuf.Duration
+	46, // 19: warden.v1.SetShardConfigRequest.default_lease_ttl:type_name -> google.protobuf.Duration
+	46, // 20: warden.v1.SetShardConfigRequest.dedup_window:type_name -> google.protobuf.Duration
+	46, // 21: warden.v1.SetShardConfigRequest.max_wait_timeout:type_name -> google.protobuf.Duration
+	46, // 22: warden.v1.SetShardConfigRequest.default_reservation_ttl:type_name -> google.protobuf.Duration
+	46, // 23: warden.v1.SetShardConfigRequest.max_reservation_ttl:type_name -> google.protobuf.Duration
+	46, // 24: warden.v1.SetShardConfigRequest.ledger_retention:type_name -> google.protobuf.Duration
+	30, // 25: warden.v1.SetShardConfigResponse.shards:type_name -> warden.v1.ShardConfigInfo
+	46, // 26: warden.v1.ShardConfigInfo.max_clock_skew:type_name -> google.protobuf.Duration
+	46, // 27: warden.v1.ShardConfigInfo.min_lease_ttl:type_name -> google.protobuf.Duration
+	46, // 28: warden.v1.ShardConfigInfo.max_lease_ttl:type_name -> google.protobuf.Duration
+	46, // 29: warden.v1.ShardConfigInfo.default_lease_ttl:type_name -> google.protobuf.Duration
+	46, // 30: warden.v1.ShardConfigInfo.dedup_window:type_name -> google.protobuf.Duration
+	46, // 31: warden.v1.ShardConfigInfo.max_wait_timeout:type_name -> google.protobuf.Duration
+	46, // 32: warden.v1.ShardConfigInfo.default_reservation_ttl:type_name -> google.protobuf.Duration
+	46, // 33: warden.v1.ShardConfigInfo.max_reservation_ttl:type_name -> google.protobuf.Duration
+	46, // 34: warden.v1.ShardConfigInfo.ledger_retention:type_name -> google.protobuf.Duration
+	37, // 35: warden.v1.ListOperationsResponse.operations:type_name -> warden.v1.Operation
+	37, // 36: warden.v1.GetOperationResponse.operation:type_name -> warden.v1.Operation
 	1,  // 37: warden.v1.Operation.state:type_name -> warden.v1.OperationState
-	36, // 38: warden.v1.Operation.steps:type_name -> warden.v1.OperationStep
-	39, // 39: warden.v1.RemoveNodeResponse.moves:type_name -> warden.v1.ReplicaMove
-	42, // 40: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
+	38, // 38: warden.v1.Operation.steps:type_name -> warden.v1.OperationStep
+	41, // 39: warden.v1.RemoveNodeResponse.moves:type_name -> warden.v1.ReplicaMove
+	44, // 40: warden.v1.RebalanceResponse.actions:type_name -> warden.v1.RebalanceAction
 	5,  // 41: warden.v1.AdminService.ListNodes:input_type -> warden.v1.ListNodesRequest
 	8,  // 42: warden.v1.AdminService.ListShards:input_type -> warden.v1.ListShardsRequest
 	12, // 43: warden.v1.AdminService.SplitShard:input_type -> warden.v1.SplitShardRequest
-	29, // 44: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
-	37, // 45: warden.v1.AdminService.RemoveNode:input_type -> warden.v1.RemoveNodeRequest
-	31, // 46: warden.v1.AdminService.ListOperations:input_type -> warden.v1.ListOperationsRequest
-	33, // 47: warden.v1.AdminService.GetOperation:input_type -> warden.v1.GetOperationRequest
-	40, // 48: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
+	31, // 44: warden.v1.AdminService.MoveReplica:input_type -> warden.v1.MoveReplicaRequest
+	39, // 45: warden.v1.AdminService.RemoveNode:input_type -> warden.v1.RemoveNodeRequest
+	33, // 46: warden.v1.AdminService.ListOperations:input_type -> warden.v1.ListOperationsRequest
+	35, // 47: warden.v1.AdminService.GetOperation:input_type -> warden.v1.GetOperationRequest
+	42, // 48: warden.v1.AdminService.Rebalance:input_type -> warden.v1.RebalanceRequest
 	14, // 49: warden.v1.AdminService.TransferLeader:input_type -> warden.v1.TransferLeaderRequest
-	17, // 50: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
-	16, // 51: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
-	26, // 52: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
-	2,  // 53: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
-	6,  // 54: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
-	9,  // 55: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
-	13, // 56: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
-	30, // 57: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
-	38, // 58: warden.v1.AdminService.RemoveNode:output_type -> warden.v1.RemoveNodeResponse
-	32, // 59: warden.v1.AdminService.ListOperations:output_type -> warden.v1.ListOperationsResponse
-	34, // 60: warden.v1.AdminService.GetOperation:output_type -> warden.v1.GetOperationResponse
-	41, // 61: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
-	15, // 62: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
-	18, // 63: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
-	24, // 64: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
-	27, // 65: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
-	3,  // 66: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
-	54, // [54:67] is the sub-list for method output_type
-	41, // [41:54] is the sub-list for method input_type
+	16, // 50: warden.v1.AdminService.RevokeLease:input_type -> warden.v1.RevokeLeaseRequest
+	19, // 51: warden.v1.AdminService.Backup:input_type -> warden.v1.BackupRequest
+	18, // 52: warden.v1.AdminService.Snapshot:input_type -> warden.v1.SnapshotRequest
+	28, // 53: warden.v1.AdminService.SetShardConfig:input_type -> warden.v1.SetShardConfigRequest
+	2,  // 54: warden.v1.AdminService.HotResources:input_type -> warden.v1.HotResourcesRequest
+	6,  // 55: warden.v1.AdminService.ListNodes:output_type -> warden.v1.ListNodesResponse
+	9,  // 56: warden.v1.AdminService.ListShards:output_type -> warden.v1.ListShardsResponse
+	13, // 57: warden.v1.AdminService.SplitShard:output_type -> warden.v1.SplitShardResponse
+	32, // 58: warden.v1.AdminService.MoveReplica:output_type -> warden.v1.MoveReplicaResponse
+	40, // 59: warden.v1.AdminService.RemoveNode:output_type -> warden.v1.RemoveNodeResponse
+	34, // 60: warden.v1.AdminService.ListOperations:output_type -> warden.v1.ListOperationsResponse
+	36, // 61: warden.v1.AdminService.GetOperation:output_type -> warden.v1.GetOperationResponse
+	43, // 62: warden.v1.AdminService.Rebalance:output_type -> warden.v1.RebalanceResponse
+	15, // 63: warden.v1.AdminService.TransferLeader:output_type -> warden.v1.TransferLeaderResponse
+	17, // 64: warden.v1.AdminService.RevokeLease:output_type -> warden.v1.RevokeLeaseResponse
+	20, // 65: warden.v1.AdminService.Backup:output_type -> warden.v1.BackupResponse
+	26, // 66: warden.v1.AdminService.Snapshot:output_type -> warden.v1.SnapshotResponse
+	29, // 67: warden.v1.AdminService.SetShardConfig:output_type -> warden.v1.SetShardConfigResponse
+	3,  // 68: warden.v1.AdminService.HotResources:output_type -> warden.v1.HotResourcesResponse
+	55, // [55:69] is the sub-list for method output_type
+	41, // [41:55] is the sub-list for method input_type
 	41, // [41:41] is the sub-list for extension type_name
 	41, // [41:41] is the sub-list for extension extendee
 	0,  // [0:41] is the sub-list for field type_name
@@ -3591,20 +3700,20 @@ func file_warden_v1_admin_proto_init() {
 	if File_warden_v1_admin_proto != nil {
 		return
 	}
-	file_warden_v1_admin_proto_msgTypes[16].OneofWrappers = []any{
+	file_warden_v1_admin_proto_msgTypes[18].OneofWrappers = []any{
 		(*BackupResponse_File)(nil),
 		(*BackupResponse_Data)(nil),
 		(*BackupResponse_End)(nil),
 		(*BackupResponse_Manifest)(nil),
 	}
-	file_warden_v1_admin_proto_msgTypes[24].OneofWrappers = []any{}
+	file_warden_v1_admin_proto_msgTypes[26].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_admin_proto_rawDesc), len(file_warden_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -211,6 +211,7 @@ type Envelope struct {
 	//	*Envelope_RenewBatch
 	//	*Envelope_Batch
 	//	*Envelope_NewEpoch
+	//	*Envelope_Revoke
 	Command       isEnvelope_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -488,6 +489,15 @@ func (x *Envelope) GetNewEpoch() *NewEpochCmd {
 	return nil
 }
 
+func (x *Envelope) GetRevoke() *RevokeCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_Revoke); ok {
+			return x.Revoke
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Command interface {
 	isEnvelope_Command()
 }
@@ -584,6 +594,10 @@ type Envelope_NewEpoch struct {
 	NewEpoch *NewEpochCmd `protobuf:"bytes,32,opt,name=new_epoch,json=newEpoch,proto3,oneof"`
 }
 
+type Envelope_Revoke struct {
+	Revoke *RevokeCmd `protobuf:"bytes,33,opt,name=revoke,proto3,oneof"`
+}
+
 func (*Envelope_Acquire) isEnvelope_Command() {}
 
 func (*Envelope_Renew) isEnvelope_Command() {}
@@ -629,6 +643,8 @@ func (*Envelope_RenewBatch) isEnvelope_Command() {}
 func (*Envelope_Batch) isEnvelope_Command() {}
 
 func (*Envelope_NewEpoch) isEnvelope_Command() {}
+
+func (*Envelope_Revoke) isEnvelope_Command() {}
 
 type AcquireCmd struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -3756,6 +3772,64 @@ func (x *NewEpochCmd) GetEpoch() uint64 {
 	return 0
 }
 
+// RevokeCmd ends the current lease of resource, if its fencing token is
+// fencing_token, and hands the lock to the head waiter, as a Release by
+// its holder would (AdminService.RevokeLease: an operator frees a lock
+// whose holder is stuck but still renewing). Any other state of the lock
+// (free, expired, held under another token) is left as it is. Envelope
+// version 9.
+type RevokeCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Resource      string                 `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	FencingToken  uint64                 `protobuf:"varint,2,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeCmd) Reset() {
+	*x = RevokeCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeCmd) ProtoMessage() {}
+
+func (x *RevokeCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeCmd.ProtoReflect.Descriptor instead.
+func (*RevokeCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *RevokeCmd) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *RevokeCmd) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
 // ActivateRangeCmd makes an inactive shard own range with a fresh epoch
 // from the placement allocator (so its tokens exceed every token the
 // source granted), the source's config, and a time no earlier than the
@@ -3773,7 +3847,7 @@ type ActivateRangeCmd struct {
 
 func (x *ActivateRangeCmd) Reset() {
 	*x = ActivateRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3785,7 +3859,7 @@ func (x *ActivateRangeCmd) String() string {
 func (*ActivateRangeCmd) ProtoMessage() {}
 
 func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[43]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3798,7 +3872,7 @@ func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActivateRangeCmd.ProtoReflect.Descriptor instead.
 func (*ActivateRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{43}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ActivateRangeCmd) GetOperatorId() uint64 {
@@ -3850,7 +3924,7 @@ type ReleaseRangeCmd struct {
 
 func (x *ReleaseRangeCmd) Reset() {
 	*x = ReleaseRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3862,7 +3936,7 @@ func (x *ReleaseRangeCmd) String() string {
 func (*ReleaseRangeCmd) ProtoMessage() {}
 
 func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3875,7 +3949,7 @@ func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRangeCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{44}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReleaseRangeCmd) GetOperatorId() uint64 {
@@ -3919,7 +3993,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3931,7 +4005,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3944,7 +4018,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{45}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LockRecord) GetResource() string {
@@ -4048,7 +4122,7 @@ type WaiterRecord struct {
 
 func (x *WaiterRecord) Reset() {
 	*x = WaiterRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4060,7 +4134,7 @@ func (x *WaiterRecord) String() string {
 func (*WaiterRecord) ProtoMessage() {}
 
 func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4073,7 +4147,7 @@ func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterRecord.ProtoReflect.Descriptor instead.
 func (*WaiterRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{46}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *WaiterRecord) GetResource() string {
@@ -4158,7 +4232,7 @@ type DedupRecord struct {
 
 func (x *DedupRecord) Reset() {
 	*x = DedupRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4170,7 +4244,7 @@ func (x *DedupRecord) String() string {
 func (*DedupRecord) ProtoMessage() {}
 
 func (x *DedupRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4183,7 +4257,7 @@ func (x *DedupRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupRecord.ProtoReflect.Descriptor instead.
 func (*DedupRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{47}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DedupRecord) GetResource() string {
@@ -4290,7 +4364,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4302,7 +4376,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4315,7 +4389,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Query) GetNowUnixNano() int64 {
@@ -4558,7 +4632,7 @@ type DedupQuery struct {
 
 func (x *DedupQuery) Reset() {
 	*x = DedupQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4570,7 +4644,7 @@ func (x *DedupQuery) String() string {
 func (*DedupQuery) ProtoMessage() {}
 
 func (x *DedupQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4583,7 +4657,7 @@ func (x *DedupQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupQuery.ProtoReflect.Descriptor instead.
 func (*DedupQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DedupQuery) GetResource() string {
@@ -4610,7 +4684,7 @@ type QuotaQuery struct {
 
 func (x *QuotaQuery) Reset() {
 	*x = QuotaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4622,7 +4696,7 @@ func (x *QuotaQuery) String() string {
 func (*QuotaQuery) ProtoMessage() {}
 
 func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4635,7 +4709,7 @@ func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaQuery.ProtoReflect.Descriptor instead.
 func (*QuotaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *QuotaQuery) GetKey() string {
@@ -4659,7 +4733,7 @@ type ReservationsQuery struct {
 
 func (x *ReservationsQuery) Reset() {
 	*x = ReservationsQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4671,7 +4745,7 @@ func (x *ReservationsQuery) String() string {
 func (*ReservationsQuery) ProtoMessage() {}
 
 func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4684,7 +4758,7 @@ func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservationsQuery.ProtoReflect.Descriptor instead.
 func (*ReservationsQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReservationsQuery) GetKey() string {
@@ -4727,7 +4801,7 @@ type LedgerQuery struct {
 
 func (x *LedgerQuery) Reset() {
 	*x = LedgerQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4739,7 +4813,7 @@ func (x *LedgerQuery) String() string {
 func (*LedgerQuery) ProtoMessage() {}
 
 func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4752,7 +4826,7 @@ func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerQuery.ProtoReflect.Descriptor instead.
 func (*LedgerQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *LedgerQuery) GetKey() string {
@@ -4792,7 +4866,7 @@ type QuotaLevel struct {
 
 func (x *QuotaLevel) Reset() {
 	*x = QuotaLevel{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4804,7 +4878,7 @@ func (x *QuotaLevel) String() string {
 func (*QuotaLevel) ProtoMessage() {}
 
 func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4817,7 +4891,7 @@ func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaLevel.ProtoReflect.Descriptor instead.
 func (*QuotaLevel) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{53}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *QuotaLevel) GetRecord() *QuotaRecord {
@@ -4863,7 +4937,7 @@ type ExportQuery struct {
 
 func (x *ExportQuery) Reset() {
 	*x = ExportQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4875,7 +4949,7 @@ func (x *ExportQuery) String() string {
 func (*ExportQuery) ProtoMessage() {}
 
 func (x *ExportQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4888,7 +4962,7 @@ func (x *ExportQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportQuery.ProtoReflect.Descriptor instead.
 func (*ExportQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{54}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ExportQuery) GetStart() uint64 {
@@ -4929,7 +5003,7 @@ type DigestQuery struct {
 
 func (x *DigestQuery) Reset() {
 	*x = DigestQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4941,7 +5015,7 @@ func (x *DigestQuery) String() string {
 func (*DigestQuery) ProtoMessage() {}
 
 func (x *DigestQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4954,7 +5028,7 @@ func (x *DigestQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestQuery.ProtoReflect.Descriptor instead.
 func (*DigestQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{55}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{56}
 }
 
 type DescribeQuery struct {
@@ -4966,7 +5040,7 @@ type DescribeQuery struct {
 
 func (x *DescribeQuery) Reset() {
 	*x = DescribeQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4978,7 +5052,7 @@ func (x *DescribeQuery) String() string {
 func (*DescribeQuery) ProtoMessage() {}
 
 func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4991,7 +5065,7 @@ func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeQuery.ProtoReflect.Descriptor instead.
 func (*DescribeQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{56}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DescribeQuery) GetResource() string {
@@ -5011,7 +5085,7 @@ type ScanQuery struct {
 
 func (x *ScanQuery) Reset() {
 	*x = ScanQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5023,7 +5097,7 @@ func (x *ScanQuery) String() string {
 func (*ScanQuery) ProtoMessage() {}
 
 func (x *ScanQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5036,7 +5110,7 @@ func (x *ScanQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanQuery.ProtoReflect.Descriptor instead.
 func (*ScanQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{57}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ScanQuery) GetLimit() uint32 {
@@ -5054,7 +5128,7 @@ type MetaQuery struct {
 
 func (x *MetaQuery) Reset() {
 	*x = MetaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5066,7 +5140,7 @@ func (x *MetaQuery) String() string {
 func (*MetaQuery) ProtoMessage() {}
 
 func (x *MetaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5079,7 +5153,7 @@ func (x *MetaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaQuery.ProtoReflect.Descriptor instead.
 func (*MetaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{58}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{59}
 }
 
 // HotQuery lists up to limit locks with the most waiters.
@@ -5092,7 +5166,7 @@ type HotQuery struct {
 
 func (x *HotQuery) Reset() {
 	*x = HotQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5104,7 +5178,7 @@ func (x *HotQuery) String() string {
 func (*HotQuery) ProtoMessage() {}
 
 func (x *HotQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5117,7 +5191,7 @@ func (x *HotQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotQuery.ProtoReflect.Descriptor instead.
 func (*HotQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{59}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *HotQuery) GetLimit() uint32 {
@@ -5169,7 +5243,7 @@ type QueryResult struct {
 
 func (x *QueryResult) Reset() {
 	*x = QueryResult{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[60]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5181,7 +5255,7 @@ func (x *QueryResult) String() string {
 func (*QueryResult) ProtoMessage() {}
 
 func (x *QueryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[60]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5194,7 +5268,7 @@ func (x *QueryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResult.ProtoReflect.Descriptor instead.
 func (*QueryResult) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{60}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *QueryResult) GetLock() *LockRecord {
@@ -5334,7 +5408,7 @@ var File_warden_shard_v1_shard_proto protoreflect.FileDescriptor
 
 const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xd4\f\n" +
+	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\x8a\r\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x19\n" +
 	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12\x1e\n" +
@@ -5369,7 +5443,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\vrenew_batch\x18\x1e \x01(\v2\x1e.warden.shard.v1.RenewBatchCmdH\x00R\n" +
 	"renewBatch\x121\n" +
 	"\x05batch\x18\x1f \x01(\v2\x19.warden.shard.v1.BatchCmdH\x00R\x05batch\x12;\n" +
-	"\tnew_epoch\x18  \x01(\v2\x1c.warden.shard.v1.NewEpochCmdH\x00R\bnewEpochB\t\n" +
+	"\tnew_epoch\x18  \x01(\v2\x1c.warden.shard.v1.NewEpochCmdH\x00R\bnewEpoch\x124\n" +
+	"\x06revoke\x18! \x01(\v2\x1a.warden.shard.v1.RevokeCmdH\x00R\x06revokeB\t\n" +
 	"\acommand\"\x86\x02\n" +
 	"\n" +
 	"AcquireCmd\x12\x1a\n" +
@@ -5640,7 +5715,10 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"operatorId\x127\n" +
 	"\arecords\x18\x02 \x01(\v2\x1d.warden.shard.v1.RangeRecordsR\arecords\"#\n" +
 	"\vNewEpochCmd\x12\x14\n" +
-	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"\xf1\x01\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"L\n" +
+	"\tRevokeCmd\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12#\n" +
+	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"\xf1\x01\n" +
 	"\x10ActivateRangeCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
 	"operatorId\x126\n" +
@@ -5803,7 +5881,7 @@ func file_warden_shard_v1_shard_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(Code)(0),                     // 0: warden.shard.v1.Code
 	(ReservationState)(0),         // 1: warden.shard.v1.ReservationState
@@ -5850,24 +5928,25 @@ var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(*RangeRecords)(nil),          // 42: warden.shard.v1.RangeRecords
 	(*ImportRangeCmd)(nil),        // 43: warden.shard.v1.ImportRangeCmd
 	(*NewEpochCmd)(nil),           // 44: warden.shard.v1.NewEpochCmd
-	(*ActivateRangeCmd)(nil),      // 45: warden.shard.v1.ActivateRangeCmd
-	(*ReleaseRangeCmd)(nil),       // 46: warden.shard.v1.ReleaseRangeCmd
-	(*LockRecord)(nil),            // 47: warden.shard.v1.LockRecord
-	(*WaiterRecord)(nil),          // 48: warden.shard.v1.WaiterRecord
-	(*DedupRecord)(nil),           // 49: warden.shard.v1.DedupRecord
-	(*Query)(nil),                 // 50: warden.shard.v1.Query
-	(*DedupQuery)(nil),            // 51: warden.shard.v1.DedupQuery
-	(*QuotaQuery)(nil),            // 52: warden.shard.v1.QuotaQuery
-	(*ReservationsQuery)(nil),     // 53: warden.shard.v1.ReservationsQuery
-	(*LedgerQuery)(nil),           // 54: warden.shard.v1.LedgerQuery
-	(*QuotaLevel)(nil),            // 55: warden.shard.v1.QuotaLevel
-	(*ExportQuery)(nil),           // 56: warden.shard.v1.ExportQuery
-	(*DigestQuery)(nil),           // 57: warden.shard.v1.DigestQuery
-	(*DescribeQuery)(nil),         // 58: warden.shard.v1.DescribeQuery
-	(*ScanQuery)(nil),             // 59: warden.shard.v1.ScanQuery
-	(*MetaQuery)(nil),             // 60: warden.shard.v1.MetaQuery
-	(*HotQuery)(nil),              // 61: warden.shard.v1.HotQuery
-	(*QueryResult)(nil),           // 62: warden.shard.v1.QueryResult
+	(*RevokeCmd)(nil),             // 45: warden.shard.v1.RevokeCmd
+	(*ActivateRangeCmd)(nil),      // 46: warden.shard.v1.ActivateRangeCmd
+	(*ReleaseRangeCmd)(nil),       // 47: warden.shard.v1.ReleaseRangeCmd
+	(*LockRecord)(nil),            // 48: warden.shard.v1.LockRecord
+	(*WaiterRecord)(nil),          // 49: warden.shard.v1.WaiterRecord
+	(*DedupRecord)(nil),           // 50: warden.shard.v1.DedupRecord
+	(*Query)(nil),                 // 51: warden.shard.v1.Query
+	(*DedupQuery)(nil),            // 52: warden.shard.v1.DedupQuery
+	(*QuotaQuery)(nil),            // 53: warden.shard.v1.QuotaQuery
+	(*ReservationsQuery)(nil),     // 54: warden.shard.v1.ReservationsQuery
+	(*LedgerQuery)(nil),           // 55: warden.shard.v1.LedgerQuery
+	(*QuotaLevel)(nil),            // 56: warden.shard.v1.QuotaLevel
+	(*ExportQuery)(nil),           // 57: warden.shard.v1.ExportQuery
+	(*DigestQuery)(nil),           // 58: warden.shard.v1.DigestQuery
+	(*DescribeQuery)(nil),         // 59: warden.shard.v1.DescribeQuery
+	(*ScanQuery)(nil),             // 60: warden.shard.v1.ScanQuery
+	(*MetaQuery)(nil),             // 61: warden.shard.v1.MetaQuery
+	(*HotQuery)(nil),              // 62: warden.shard.v1.HotQuery
+	(*QueryResult)(nil),           // 63: warden.shard.v1.QueryResult
 }
 var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	3,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
@@ -5881,8 +5960,8 @@ var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	40, // 8: warden.shard.v1.Envelope.fence_range:type_name -> warden.shard.v1.FenceRangeCmd
 	41, // 9: warden.shard.v1.Envelope.unfence_range:type_name -> warden.shard.v1.UnfenceRangeCmd
 	43, // 10: warden.shard.v1.Envelope.import_range:type_name -> warden.shard.v1.ImportRangeCmd
-	45, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
-	46, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
+	46, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
+	47, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
 	17, // 13: warden.shard.v1.Envelope.set_limit:type_name -> warden.shard.v1.SetLimitCmd
 	18, // 14: warden.shard.v1.Envelope.reserve:type_name -> warden.shard.v1.ReserveCmd
 	19, // 15: warden.shard.v1.Envelope.commit:type_name -> warden.shard.v1.CommitCmd
@@ -5893,79 +5972,80 @@ var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	8,  // 20: warden.shard.v1.Envelope.renew_batch:type_name -> warden.shard.v1.RenewBatchCmd
 	9,  // 21: warden.shard.v1.Envelope.batch:type_name -> warden.shard.v1.BatchCmd
 	44, // 22: warden.shard.v1.Envelope.new_epoch:type_name -> warden.shard.v1.NewEpochCmd
-	6,  // 23: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
-	7,  // 24: warden.shard.v1.RenewBatchCmd.items:type_name -> warden.shard.v1.RenewCmd
-	10, // 25: warden.shard.v1.BatchCmd.items:type_name -> warden.shard.v1.BatchItem
-	3,  // 26: warden.shard.v1.BatchItem.acquire:type_name -> warden.shard.v1.AcquireCmd
-	11, // 27: warden.shard.v1.BatchItem.release:type_name -> warden.shard.v1.ReleaseCmd
-	13, // 28: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
-	15, // 29: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
-	22, // 30: warden.shard.v1.ForgetCmd.reservations:type_name -> warden.shard.v1.ReservationRef
-	22, // 31: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
-	0,  // 32: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
-	35, // 33: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
-	36, // 34: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
-	37, // 35: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
-	34, // 36: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
-	34, // 37: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
-	25, // 38: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
-	24, // 39: warden.shard.v1.Result.items:type_name -> warden.shard.v1.Result
-	27, // 40: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
-	26, // 41: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
-	1,  // 42: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
-	32, // 43: warden.shard.v1.CompactLedgerCmd.items:type_name -> warden.shard.v1.PoolSeq
-	35, // 44: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
-	37, // 45: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
-	36, // 46: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
-	39, // 47: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
-	39, // 48: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
-	47, // 49: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
-	49, // 50: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
-	48, // 51: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
-	26, // 52: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
-	27, // 53: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
-	28, // 54: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
-	29, // 55: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
-	33, // 56: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
-	30, // 57: warden.shard.v1.RangeRecords.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
-	42, // 58: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
-	36, // 59: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
-	37, // 60: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
-	36, // 61: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
-	58, // 62: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	59, // 63: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	59, // 64: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	60, // 65: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	57, // 66: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
-	59, // 67: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
-	61, // 68: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
-	56, // 69: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
-	52, // 70: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
-	53, // 71: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
-	54, // 72: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
-	59, // 73: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
-	59, // 74: warden.shard.v1.Query.compactable:type_name -> warden.shard.v1.ScanQuery
-	51, // 75: warden.shard.v1.Query.dedup:type_name -> warden.shard.v1.DedupQuery
-	26, // 76: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
-	47, // 77: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	38, // 78: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	12, // 79: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	14, // 80: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	5,  // 81: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
-	47, // 82: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
-	42, // 83: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
-	55, // 84: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
-	27, // 85: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
-	29, // 86: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
-	21, // 87: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
-	31, // 88: warden.shard.v1.QueryResult.compact:type_name -> warden.shard.v1.CompactLedgerCmd
-	30, // 89: warden.shard.v1.QueryResult.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
-	49, // 90: warden.shard.v1.QueryResult.dedup:type_name -> warden.shard.v1.DedupRecord
-	91, // [91:91] is the sub-list for method output_type
-	91, // [91:91] is the sub-list for method input_type
-	91, // [91:91] is the sub-list for extension type_name
-	91, // [91:91] is the sub-list for extension extendee
-	0,  // [0:91] is the sub-list for field type_name
+	45, // 23: warden.shard.v1.Envelope.revoke:type_name -> warden.shard.v1.RevokeCmd
+	6,  // 24: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
+	7,  // 25: warden.shard.v1.RenewBatchCmd.items:type_name -> warden.shard.v1.RenewCmd
+	10, // 26: warden.shard.v1.BatchCmd.items:type_name -> warden.shard.v1.BatchItem
+	3,  // 27: warden.shard.v1.BatchItem.acquire:type_name -> warden.shard.v1.AcquireCmd
+	11, // 28: warden.shard.v1.BatchItem.release:type_name -> warden.shard.v1.ReleaseCmd
+	13, // 29: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
+	15, // 30: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
+	22, // 31: warden.shard.v1.ForgetCmd.reservations:type_name -> warden.shard.v1.ReservationRef
+	22, // 32: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
+	0,  // 33: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
+	35, // 34: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
+	36, // 35: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
+	37, // 36: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
+	34, // 37: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
+	34, // 38: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
+	25, // 39: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
+	24, // 40: warden.shard.v1.Result.items:type_name -> warden.shard.v1.Result
+	27, // 41: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
+	26, // 42: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
+	1,  // 43: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
+	32, // 44: warden.shard.v1.CompactLedgerCmd.items:type_name -> warden.shard.v1.PoolSeq
+	35, // 45: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
+	37, // 46: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
+	36, // 47: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
+	39, // 48: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
+	39, // 49: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
+	48, // 50: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
+	50, // 51: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
+	49, // 52: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
+	26, // 53: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
+	27, // 54: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
+	28, // 55: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
+	29, // 56: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
+	33, // 57: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
+	30, // 58: warden.shard.v1.RangeRecords.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
+	42, // 59: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
+	36, // 60: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
+	37, // 61: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
+	36, // 62: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
+	59, // 63: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	60, // 64: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	60, // 65: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	61, // 66: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	58, // 67: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	60, // 68: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
+	62, // 69: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
+	57, // 70: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
+	53, // 71: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
+	54, // 72: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
+	55, // 73: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
+	60, // 74: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
+	60, // 75: warden.shard.v1.Query.compactable:type_name -> warden.shard.v1.ScanQuery
+	52, // 76: warden.shard.v1.Query.dedup:type_name -> warden.shard.v1.DedupQuery
+	26, // 77: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
+	48, // 78: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	38, // 79: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	12, // 80: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	14, // 81: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	5,  // 82: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
+	48, // 83: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
+	42, // 84: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
+	56, // 85: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
+	27, // 86: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
+	29, // 87: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
+	21, // 88: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
+	31, // 89: warden.shard.v1.QueryResult.compact:type_name -> warden.shard.v1.CompactLedgerCmd
+	30, // 90: warden.shard.v1.QueryResult.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
+	50, // 91: warden.shard.v1.QueryResult.dedup:type_name -> warden.shard.v1.DedupRecord
+	92, // [92:92] is the sub-list for method output_type
+	92, // [92:92] is the sub-list for method input_type
+	92, // [92:92] is the sub-list for extension type_name
+	92, // [92:92] is the sub-list for extension extendee
+	0,  // [0:92] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
@@ -5997,6 +6077,7 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Envelope_RenewBatch)(nil),
 		(*Envelope_Batch)(nil),
 		(*Envelope_NewEpoch)(nil),
+		(*Envelope_Revoke)(nil),
 	}
 	file_warden_shard_v1_shard_proto_msgTypes[8].OneofWrappers = []any{
 		(*BatchItem_Acquire)(nil),
@@ -6005,7 +6086,7 @@ func file_warden_shard_v1_shard_proto_init() {
 	file_warden_shard_v1_shard_proto_msgTypes[14].OneofWrappers = []any{}
 	file_warden_shard_v1_shard_proto_msgTypes[21].OneofWrappers = []any{}
 	file_warden_shard_v1_shard_proto_msgTypes[31].OneofWrappers = []any{}
-	file_warden_shard_v1_shard_proto_msgTypes[48].OneofWrappers = []any{
+	file_warden_shard_v1_shard_proto_msgTypes[49].OneofWrappers = []any{
 		(*Query_Describe)(nil),
 		(*Query_Expired)(nil),
 		(*Query_Forgettable)(nil),
@@ -6027,7 +6108,7 @@ func file_warden_shard_v1_shard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_shard_v1_shard_proto_rawDesc), len(file_warden_shard_v1_shard_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   61,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

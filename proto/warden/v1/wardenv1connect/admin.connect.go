@@ -55,6 +55,9 @@ const (
 	// AdminServiceTransferLeaderProcedure is the fully-qualified name of the AdminService's
 	// TransferLeader RPC.
 	AdminServiceTransferLeaderProcedure = "/warden.v1.AdminService/TransferLeader"
+	// AdminServiceRevokeLeaseProcedure is the fully-qualified name of the AdminService's RevokeLease
+	// RPC.
+	AdminServiceRevokeLeaseProcedure = "/warden.v1.AdminService/RevokeLease"
 	// AdminServiceBackupProcedure is the fully-qualified name of the AdminService's Backup RPC.
 	AdminServiceBackupProcedure = "/warden.v1.AdminService/Backup"
 	// AdminServiceSnapshotProcedure is the fully-qualified name of the AdminService's Snapshot RPC.
@@ -145,6 +148,19 @@ type AdminServiceClient interface {
 	// Errors: NOT_FOUND for an unknown shard or a node without a replica of
 	// it; UNAVAILABLE when the transfer did not happen in time.
 	TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error)
+	// RevokeLease ends the lease of resource whose fencing token is
+	// fencing_token (what Describe shows) and hands the lock to the head
+	// waiter, under a larger token, as a Release by the holder would: for
+	// an operator freeing a lock whose holder is stuck but still renewing.
+	// The holder's next renewal fails (NOT_FOUND: the lease is lost), and
+	// its writes are refused by any fence that checks tokens. A lock held
+	// under another token, free, or expired is left alone (revoked false),
+	// so a revoke never ends a lease its caller did not see. Needs the
+	// admin permission, and is audited. Errors: INVALID_ARGUMENT naming
+	// resource or fencing_token; FAILED_PRECONDITION while a replica of
+	// the resource's shard runs a binary older than the call (a rolling
+	// upgrade under way).
+	RevokeLease(context.Context, *connect.Request[v1.RevokeLeaseRequest]) (*connect.Response[v1.RevokeLeaseResponse], error)
 	// Snapshot asks every replica of a shard (every shard if shard_id is 0)
 	// to take a snapshot and compact its Raft log behind it.
 	// Backup streams a consistent backup of the cluster: every data
@@ -239,6 +255,13 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		revokeLease: connect.NewClient[v1.RevokeLeaseRequest, v1.RevokeLeaseResponse](
+			httpClient,
+			baseURL+AdminServiceRevokeLeaseProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("RevokeLease")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 		backup: connect.NewClient[v1.BackupRequest, v1.BackupResponse](
 			httpClient,
 			baseURL+AdminServiceBackupProcedure,
@@ -280,6 +303,7 @@ type adminServiceClient struct {
 	getOperation   *connect.Client[v1.GetOperationRequest, v1.GetOperationResponse]
 	rebalance      *connect.Client[v1.RebalanceRequest, v1.RebalanceResponse]
 	transferLeader *connect.Client[v1.TransferLeaderRequest, v1.TransferLeaderResponse]
+	revokeLease    *connect.Client[v1.RevokeLeaseRequest, v1.RevokeLeaseResponse]
 	backup         *connect.Client[v1.BackupRequest, v1.BackupResponse]
 	snapshot       *connect.Client[v1.SnapshotRequest, v1.SnapshotResponse]
 	setShardConfig *connect.Client[v1.SetShardConfigRequest, v1.SetShardConfigResponse]
@@ -329,6 +353,11 @@ func (c *adminServiceClient) Rebalance(ctx context.Context, req *connect.Request
 // TransferLeader calls warden.v1.AdminService.TransferLeader.
 func (c *adminServiceClient) TransferLeader(ctx context.Context, req *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error) {
 	return c.transferLeader.CallUnary(ctx, req)
+}
+
+// RevokeLease calls warden.v1.AdminService.RevokeLease.
+func (c *adminServiceClient) RevokeLease(ctx context.Context, req *connect.Request[v1.RevokeLeaseRequest]) (*connect.Response[v1.RevokeLeaseResponse], error) {
+	return c.revokeLease.CallUnary(ctx, req)
 }
 
 // Backup calls warden.v1.AdminService.Backup.
@@ -429,6 +458,19 @@ type AdminServiceHandler interface {
 	// Errors: NOT_FOUND for an unknown shard or a node without a replica of
 	// it; UNAVAILABLE when the transfer did not happen in time.
 	TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error)
+	// RevokeLease ends the lease of resource whose fencing token is
+	// fencing_token (what Describe shows) and hands the lock to the head
+	// waiter, under a larger token, as a Release by the holder would: for
+	// an operator freeing a lock whose holder is stuck but still renewing.
+	// The holder's next renewal fails (NOT_FOUND: the lease is lost), and
+	// its writes are refused by any fence that checks tokens. A lock held
+	// under another token, free, or expired is left alone (revoked false),
+	// so a revoke never ends a lease its caller did not see. Needs the
+	// admin permission, and is audited. Errors: INVALID_ARGUMENT naming
+	// resource or fencing_token; FAILED_PRECONDITION while a replica of
+	// the resource's shard runs a binary older than the call (a rolling
+	// upgrade under way).
+	RevokeLease(context.Context, *connect.Request[v1.RevokeLeaseRequest]) (*connect.Response[v1.RevokeLeaseResponse], error)
 	// Snapshot asks every replica of a shard (every shard if shard_id is 0)
 	// to take a snapshot and compact its Raft log behind it.
 	// Backup streams a consistent backup of the cluster: every data
@@ -519,6 +561,13 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceRevokeLeaseHandler := connect.NewUnaryHandler(
+		AdminServiceRevokeLeaseProcedure,
+		svc.RevokeLease,
+		connect.WithSchema(adminServiceMethods.ByName("RevokeLease")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceBackupHandler := connect.NewServerStreamHandler(
 		AdminServiceBackupProcedure,
 		svc.Backup,
@@ -566,6 +615,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceRebalanceHandler.ServeHTTP(w, r)
 		case AdminServiceTransferLeaderProcedure:
 			adminServiceTransferLeaderHandler.ServeHTTP(w, r)
+		case AdminServiceRevokeLeaseProcedure:
+			adminServiceRevokeLeaseHandler.ServeHTTP(w, r)
 		case AdminServiceBackupProcedure:
 			adminServiceBackupHandler.ServeHTTP(w, r)
 		case AdminServiceSnapshotProcedure:
@@ -617,6 +668,10 @@ func (UnimplementedAdminServiceHandler) Rebalance(context.Context, *connect.Requ
 
 func (UnimplementedAdminServiceHandler) TransferLeader(context.Context, *connect.Request[v1.TransferLeaderRequest]) (*connect.Response[v1.TransferLeaderResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.TransferLeader is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) RevokeLease(context.Context, *connect.Request[v1.RevokeLeaseRequest]) (*connect.Response[v1.RevokeLeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.AdminService.RevokeLease is not implemented"))
 }
 
 func (UnimplementedAdminServiceHandler) Backup(context.Context, *connect.Request[v1.BackupRequest], *connect.ServerStream[v1.BackupResponse]) error {

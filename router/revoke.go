@@ -1,0 +1,42 @@
+package router
+
+import (
+	"context"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// RevokeLease implements AdminService.RevokeLease: on the node that
+// leads the resource's shard, it proposes a RevokeCmd (envelope version
+// 9), once every replica of that shard applies it.
+func (s *AdminServer) RevokeLease(ctx context.Context, req *connect.Request[wardenv1.RevokeLeaseRequest]) (*connect.Response[wardenv1.RevokeLeaseResponse], error) {
+	m := req.Msg
+	if err := validateResource(m.GetResource()); err != nil {
+		return nil, err
+	}
+	if m.GetFencingToken() == 0 {
+		return nil, &shard.FieldError{Field: "fencing_token", Reason: "is required (the token Describe shows)"}
+	}
+	if resp, ok, err := forward(ctx, s.r, req, m.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RevokeLeaseRequest]) (*connect.Response[wardenv1.RevokeLeaseResponse], error) {
+		return p.admin.RevokeLease
+	}); ok {
+		return resp, err
+	}
+	rg, err := s.r.Map().ShardFor(m.GetResource())
+	if err != nil {
+		return nil, err
+	}
+	if !s.r.applies(rg.GetShardId(), shard.VersionRevoke) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("a replica of shard %d runs a binary older than RevokeLease (envelope version %d): finish the rolling upgrade first", rg.GetShardId(), shard.VersionRevoke))
+	}
+	res, err := s.r.propose(ctx, m.GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_Revoke{Revoke: &shardv1.RevokeCmd{Resource: m.GetResource(), FencingToken: m.GetFencingToken()}}})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&wardenv1.RevokeLeaseResponse{Revoked: res.GetReleased()}), nil
+}
