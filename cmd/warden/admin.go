@@ -209,6 +209,29 @@ func (l *leaderCmd) Run(g *globals) error {
 	})
 }
 
+type revokeCmd struct {
+	Resource string `arg:""`
+	Token    uint64 `name:"fencing-token" required:"" help:"The fencing token of the lease to end (lock describe shows it)."`
+}
+
+// Run sends AdminService.RevokeLease; a lease that was no longer held
+// under the token is reported, not an error.
+func (r *revokeCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.admin().RevokeLease(ctx, connect.NewRequest(&wardenv1.RevokeLeaseRequest{Resource: r.Resource, FencingToken: r.Token}))
+	if err != nil {
+		return fmt.Errorf("revoke: %w", err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		if resp.Msg.GetRevoked() {
+			fmt.Fprintf(w, "revoked the lease of %s with token %d\n", r.Resource, r.Token)
+		} else {
+			fmt.Fprintf(w, "%s is not held under token %d: nothing revoked\n", r.Resource, r.Token)
+		}
+	})
+}
+
 type snapCmd struct {
 	ShardID uint64 `arg:"" optional:"" name:"shard-id" help:"Shard to snapshot (default: all)."`
 }

@@ -169,6 +169,7 @@ type lockCmd struct {
 	Renew    renewCmd    `cmd:"" help:"Renew a lease by its lease TTL."`
 	Release  releaseCmd  `cmd:"" help:"Release a lease; a stale lease id is a no-op."`
 	Describe describeCmd `cmd:"" help:"Show who holds a lock (never the lease id)."`
+	Revoke   revokeCmd   `cmd:"" help:"End the lease a stuck holder keeps renewing (needs admin): the lease with --fencing-token, as lock describe shows it, and nothing else; the lock passes to its next waiter."`
 }
 
 type acquireCmd struct {

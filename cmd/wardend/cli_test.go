@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -102,5 +103,32 @@ func TestCLIExitStatuses(t *testing.T) {
 	var ee *exec.ExitError
 	if err := cmd.Wait(); !errors.As(err, &ee) || ee.ExitCode() != 130 {
 		t.Fatalf("interrupted while waiting: %v, want status 130", err)
+	}
+}
+
+// warden lock revoke ends the lease with the token lock describe shows,
+// and only that lease: a stale token revokes nothing and says so.
+func TestCLIRevoke(t *testing.T) {
+	s := startServer(t, t.TempDir())
+	at := "--endpoints=" + s.addr
+	code, out, errOut := cliStatus(t, at, "--json", "lock", "acquire", "revoke/cli", "--ttl", "10m", "--holder", "stuck")
+	var lease struct {
+		Token string `json:"fencing_token"`
+	}
+	if err := json.Unmarshal([]byte(out), &lease); code != 0 || err != nil || lease.Token == "" {
+		t.Fatalf("acquire: status %d, %q %s (%v)", code, out, errOut, err)
+	}
+	token, _ := strconv.ParseUint(lease.Token, 10, 64)
+	if code, out, _ := cliStatus(t, at, "lock", "revoke", "revoke/cli", "--fencing-token", strconv.FormatUint(token+1, 10)); code != 0 || !strings.Contains(out, "nothing revoked") {
+		t.Fatalf("revoke of a stale token: status %d, %q", code, out)
+	}
+	if code, out, _ := cliStatus(t, at, "lock", "revoke", "revoke/cli", "--fencing-token", lease.Token); code != 0 || !strings.Contains(out, "revoked the lease") {
+		t.Fatalf("revoke: status %d, %q", code, out)
+	}
+	if code, out, _ := cliStatus(t, at, "--json", "lock", "describe", "revoke/cli"); code != 0 || strings.Contains(out, `"held":true`) {
+		t.Fatalf("describe after the revoke: status %d, %q; want the lock free", code, out)
+	}
+	if code, _, errOut := cliStatus(t, at, "lock", "revoke", "revoke/cli"); code != 2 || !strings.Contains(errOut, "--fencing-token") {
+		t.Fatalf("revoke without --fencing-token: status %d, %q", code, errOut)
 	}
 }
