@@ -9,22 +9,32 @@ PKGS    := ./...
 # public API it shares with the server, the load harness, and the
 # Kubernetes manifests' tests (k8s.io/api). A root `go test ./...` skips them.
 MODULES := client proto loadtest deploy/kubernetes
+# npm installs exactly what each package-lock.json pins.
+NPM_CI := npm ci --no-audit --no-fund --loglevel=error
 # VERSION is what wardend --version and ListNodes show: the nearest tag
 # and the commit (git describe), "dev" outside a git checkout.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all generate check-generate build image-bin image run cluster cluster-stop test soak fuzz bench loadtest loadtest-secure loadtest-compare lint clean
+.PHONY: all generate check-generate ui test-js bench-sdk build image-bin image run cluster cluster-stop test soak fuzz bench loadtest loadtest-secure loadtest-compare lint clean
 
 all: build
 
-## generate: regenerate the protobuf and Connect code under proto/
+## generate: regenerate the protobuf and Connect code under proto/, and the TypeScript SDK's (clients/typescript/src/gen,
+## by protoc-gen-es pinned in its package.json)
 generate:
 	$(BUF) lint
 	$(BUF) generate
+	cd clients/typescript && $(NPM_CI)
+	$(BUF) generate --template clients/typescript/buf.gen.yaml --path proto/warden/v1
 
-## check-generate: fail if the committed generated code is not what generate makes
-check-generate: generate
-	git diff --exit-code -- proto/
+## ui: rebuild the dashboard's committed assets (ui/dist, embedded in wardend) from ui/src and the TypeScript SDK
+ui:
+	cd ui && $(NPM_CI) && npm run build
+
+## check-generate: fail if the committed generated code and dashboard assets are not what generate and ui make
+check-generate: generate ui
+	git diff --exit-code -- proto/ clients/typescript/src/gen ui/dist
+	test -z "$$(git status --porcelain -- proto/ clients/typescript/src/gen ui/dist)"
 
 ## build: build wardend and warden into bin/
 build:
@@ -66,6 +76,17 @@ test:
 	$(GO) test -count=1 -v -timeout 15m ./deploy/...
 	cd deploy/kubernetes && $(GO) test -count=1 -v -timeout 5m ./...
 	./.ci/check-sdk-deps
+	$(MAKE) test-js
+
+## test-js: the TypeScript SDK's type check and tests (Node's test runner, against wardend processes it starts), and
+## the dashboard's browser tests (Debian's Chromium, driven by playwright-core); without npm or Chromium they skip
+## saying why, except under CI=true, where they fail
+test-js: build
+	@if ! command -v npm >/dev/null; then \
+		if [ "$$CI" = true ]; then echo "test-js: npm not found (.ci/run installs nodejs and npm)"; exit 1; fi; \
+		echo "SKIP test-js: npm not found: the TypeScript SDK and dashboard tests did not run (apt-get install nodejs npm)"; exit 0; fi; \
+	cd clients/typescript && $(NPM_CI) && npm run typecheck && npm test && \
+	cd ../../ui && $(NPM_CI) && npm run typecheck && npm test
 
 ## soak: the long cases of shared/cases at full scale (make test runs them reduced); bounded by -timeout
 soak:
@@ -91,6 +112,12 @@ bench:
 	$(GO) test ./router -run '^$$' -bench 'AcquireRelease|HandOff' -benchtime 5s -count 3 -timeout 30m
 	WARDEN_BENCH=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
 	WARDEN_BENCH=1 WARDEN_BENCH_SECURE=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
+
+## bench-sdk: the lock round trip (lock, then unlock) of the Go SDK and of the TypeScript SDK from Node.js, against one
+## wardend --dev, in the same run (N pairs each, default 2000)
+bench-sdk: build
+	cd clients/typescript && $(NPM_CI)
+	./clients/typescript/bench/compare.sh
 
 ## loadtest: the reference profile for 60 s on a three-process cluster, one replica SIGKILLed at 30 s,
 ## snapshot and log compaction forced at 35 s, restart at 50 s; writes loadtest/out/report.{json,md} and chart.png
