@@ -13,13 +13,15 @@ import (
 
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/ui"
 )
 
 // NewHandler serves a node's HTTP surface: the Connect services (Connect,
-// gRPC and gRPC-Web protocols), grpc.health.v1, server reflection and
-// Prometheus's /metrics. Extra handler options (interceptors) apply to
-// the Warden services, outside the observer that counts, audits and maps
-// the errors of the client services.
+// gRPC and gRPC-Web protocols), grpc.health.v1, server reflection,
+// Prometheus's /metrics and the web dashboard at /ui/. Extra handler
+// options (interceptors) apply to the Warden services, outside the
+// observer that counts, audits and maps the errors of the client
+// services.
 func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	opts = append([]connect.HandlerOption{
 		// Compressing Warden's small messages costs more CPU than their
@@ -57,6 +59,9 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
 	mux.Handle("/metrics", promhttp.Handler())
+	// The dashboard's static page; it calls the services above like any
+	// client, with the user's token.
+	mux.Handle(ui.Prefix, ui.Handler())
 	// A node that has just registered may call before this node's next
 	// map read: read it once more before refusing. Only holders of a peer
 	// certificate get here.
