@@ -216,14 +216,7 @@ func TestClusterMixedBinariesAgree(t *testing.T) {
 	}
 	c.agree("mixed binaries")
 
-	c.bins = nil // node 3 upgraded in place
-	for i := range c.nodes {
-		c.start(i)
-	}
-	for i := range c.nodes {
-		c.waitServing(i)
-	}
-	c.waitClockReadings()
+	c.upgradeInPlace()
 	if err := retryUnavailable(func() error { return reserve(c.nodes[0], "mix/y", "y-new", 8) }); err != nil {
 		t.Fatalf("Reserve(mix/y, 8) once every replica applies version 4: %v", err)
 	}
@@ -413,14 +406,7 @@ func TestClusterMixedReplayPrincipal(t *testing.T) {
 	}
 	c.agree("mixed binaries")
 
-	c.bins = nil // node 3 upgraded in place
-	for i := range c.nodes {
-		c.start(i)
-	}
-	for i := range c.nodes {
-		c.waitServing(i)
-	}
-	c.waitClockReadings()
+	c.upgradeInPlace()
 	mine, err = acquire(orders[0], "orders/upgraded", "u1")
 	if err != nil {
 		t.Fatal(err)
@@ -572,6 +558,21 @@ func retryResponse[T any](f func() (*connect.Response[T], error)) (*connect.Resp
 	return resp, err
 }
 
+// upgradeInPlace starts every node of the stopped cluster (agree stops
+// it) on this binary, node 3 upgraded in place with its data, and waits
+// until each serves and the clock readings report the versions.
+func (c *procCluster) upgradeInPlace() {
+	c.t.Helper()
+	c.bins = nil
+	for i := range c.nodes {
+		c.start(i)
+	}
+	for i := range c.nodes {
+		c.waitServing(i)
+	}
+	c.waitClockReadings()
+}
+
 // upgradeNode3 restarts node 3 on this binary (in place, its data kept)
 // and waits until the placement state records that it applies placement
 // command version v.
@@ -636,14 +637,7 @@ func TestClusterMixedRevokeLease(t *testing.T) {
 	}
 	c.agree("mixed binaries")
 
-	c.bins = nil // node 3 upgraded in place
-	for i := range c.nodes {
-		c.start(i)
-	}
-	for i := range c.nodes {
-		c.waitServing(i)
-	}
-	c.waitClockReadings()
+	c.upgradeInPlace()
 	ctx, cancel := rpcCtx()
 	d, err := c.nodes[1].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "revoke/mixed"}))
 	cancel()
