@@ -1870,7 +1870,7 @@ export const AdminService: GenService<{
    * fencing_token (what Describe shows) and hands the lock to the head
    * waiter, under a larger token, as a Release by the holder would: for
    * an operator freeing a lock whose holder is stuck but still renewing.
-   * The holder's next renewal fails (NOT_FOUND: the lease is lost), and
+   * The holder's next renewal fails (FAILED_PRECONDITION: the lease is lost), and
    * its writes are refused by any fence that checks tokens. A lock held
    * under another token, free, or expired is left alone (revoked false),
    * so a revoke never ends a lease its caller did not see. Needs the
