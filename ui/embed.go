@@ -3,8 +3,9 @@
 // the binary. The page is a client of the node's own Connect API: it
 // lists nodes, shards, hot locks, operations, one lock and a quota tree,
 // refreshing at most once a second, and calls the write RPCs
-// (TransferLeader, MoveReplica) only after an explicit confirmation. It
-// holds no state on the server and needs no other route.
+// (TransferLeader, MoveReplica, RevokeLease) only after an explicit
+// confirmation. It holds no state on the server and needs no other
+// route.
 package ui
 
 import (

@@ -1,15 +1,15 @@
 // The API clients, and the errors people see.
 //
-// Lock and quota reads go through the TypeScript SDK's browser client
-// (clients/typescript/src/web.ts: createClient, its bearer token and
-// protocol options). The SDK has no admin calls and no ledger listing:
-// those use Connect clients of the SDK's generated service descriptors on
-// a transport made as the SDK makes its own (connect-web, binary format).
-import { Code, ConnectError, createClient as createConnectClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
-import { createConnectTransport, createGrpcWebTransport } from "@connectrpc/connect-web";
+// Every call goes through the TypeScript SDK's browser transport
+// (clients/typescript/src/web.ts): lock and quota reads through its client
+// (createClient, which retries), admin calls and the ledger through
+// Connect clients of the SDK's generated service descriptors on a
+// createWebTransport transport. Both carry the SDK's bearer-token
+// interceptor and the page's protocol.
+import { Code, ConnectError, createClient as createConnectClient, type Client } from "@connectrpc/connect";
 import { AdminService } from "../../clients/typescript/src/gen/warden/v1/admin_pb.js";
 import { QuotaService } from "../../clients/typescript/src/gen/warden/v1/quota_pb.js";
-import { createClient, WardenError, type WardenClient } from "../../clients/typescript/src/web.js";
+import { createClient, createWebTransport, WardenError, type WardenClient } from "../../clients/typescript/src/web.js";
 import type { Settings } from "./settings.js";
 
 export interface Api {
@@ -26,17 +26,13 @@ export interface Api {
 export const callTimeoutMs = 4000;
 
 export function makeApi(settings: Settings): Api {
-  const bearer: Interceptor = (next) => (req) => {
-    if (settings.token) req.header.set("Authorization", `Bearer ${settings.token}`);
-    return next(req);
-  };
-  const opts = { baseUrl: settings.baseUrl, useBinaryFormat: true, interceptors: [bearer], defaultTimeoutMs: callTimeoutMs };
-  const transport: Transport = settings.protocol === "grpc-web" ? createGrpcWebTransport(opts) : createConnectTransport(opts);
+  const token = settings.token || undefined;
+  const transport = createWebTransport({ baseUrl: settings.baseUrl, protocol: settings.protocol, token, defaultTimeoutMs: callTimeoutMs });
   // One endpoint, and a call budget of callTimeoutMs: the SDK's retries
   // (an Unavailable answer, a lost one) end in time for the next refresh.
   const sdk = createClient({
     endpoints: [settings.baseUrl],
-    token: settings.token || undefined,
+    token,
     protocol: settings.protocol,
     retry: { attemptTimeoutMs: callTimeoutMs, callTimeoutMs },
   });

@@ -3,7 +3,6 @@
 // token or with one that lacks the permission, working with the operator's
 // token (kept in sessionStorage only), and no quorum once two of the three
 // nodes are gone.
-import "./env.js";
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import type { Browser } from "playwright-core";

@@ -5,7 +5,6 @@
 // a page served by node 2 may call node 1. A page served from
 // http://localhost:PORT (the same node, by another name) is an origin no
 // node allows.
-import "./env.js";
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import type { Browser } from "playwright-core";
@@ -27,13 +26,12 @@ const t0 = Date.now();
 before(async () => {
   if (skip) return;
   assert.ok(haveChromium, "CI=true and /usr/bin/chromium is missing");
-  // extraArgs runs at each start; the ports are known once startCluster
-  // returns, so each node is restarted once with its CORS list.
-  let known: WardenCluster | undefined;
-  const others = (n: number) => known!.endpoints.filter((_, i) => i !== n - 1).join(",");
-  cluster = await startCluster({ nodes: 3, extraArgs: (n) => (known ? ["--cors-allowed-origins", others(n)] : []) });
-  known = cluster;
-  for (let n = 1; n <= 3; n++) await cluster.restart(n);
+  // The harness picks every port before the first node starts, and
+  // extraArgs gets them all: each node allows the other nodes' origins.
+  cluster = await startCluster({
+    nodes: 3,
+    extraArgs: (n, endpoints) => ["--cors-allowed-origins", endpoints.filter((_, i) => i !== n - 1).join(",")],
+  });
   console.log(`# cluster of 3 up with CORS lists after ${Date.now() - t0} ms: ${cluster.endpoints.join(" ")}`);
   browser = await launch();
 }, { timeout: 240_000 });
@@ -238,6 +236,67 @@ test("admin actions are off by default, and a leadership transfer asks for confi
   assert.match(await p.textContent("#action-result") ?? "", new RegExp(`done, node ${target} leads`));
   assert.equal(writes(), 1);
   await p.waitForFunction(({ id, t }) => [...document.querySelectorAll("#shards tbody tr")].some((tr) => tr.querySelector("th")?.textContent === id && tr.children[4]?.textContent === `node ${t}`), { id: shard.id, t: target });
+  noProblems(w);
+  await w.close();
+});
+
+test("Revoke lease: a stuck holder's lease ends after a confirmation, and its waiter gets the lock", { skip }, async () => {
+  const res = "ui-test/stuck";
+  const held = await cli(["lock", "acquire", res, "--ttl", "10m", "--holder", "stuck-worker"]);
+  const token = String(held.fencing_token);
+  // A waiter queued behind it, in the background: the CLI returns once granted.
+  const waiter = cluster.cli(["--json", "lock", "acquire", res, "--wait", "60s", "--ttl", "2m", "--holder", "next-worker"], { timeoutMs: 90_000 });
+  const describe = () => cli(["lock", "describe", res]);
+  await eventually("the waiter queued", async () => (await describe()).waiters === 1);
+  const w = await page(`#/resource/${encodeURIComponent(res)}`);
+  const { page: p } = w;
+  await p.waitForSelector('#lock[data-held="true"]');
+  assert.equal(await p.$("#revoke-lease"), null, "no Revoke button before admin actions are enabled");
+  await p.check("#admin-toggle");
+  const revokes = () => w.requests.filter((r) => /RevokeLease/.test(r.url)).length;
+  const button = p.getByRole("button", { name: "Revoke lease…" });
+  // Cancel: nothing is sent, nothing changes.
+  await button.click();
+  await p.waitForSelector("dialog#confirm[open]");
+  assert.equal(await p.textContent("#confirm-title"), `Revoke the lease on ${res}`);
+  assert.equal(await p.textContent("#confirm-text"), `End the lease with token ${token} held by stuck-worker? The lock passes to its next waiter; the holder's next renewal fails.`);
+  assert.equal(await p.evaluate(() => document.activeElement?.id), "confirm-cancel", "the dialog focuses Cancel");
+  await screenshot(p, "revoke-dialog");
+  await checkAccessibility(p, "revoke dialog");
+  await p.click("#confirm-cancel");
+  await p.waitForSelector("dialog#confirm", { state: "detached" });
+  assert.equal(await p.evaluate(() => document.activeElement?.id), "revoke-lease", "focus returns to the button");
+  assert.equal(revokes(), 0, "a cancelled revoke sends nothing");
+  const still = await describe();
+  assert.deepEqual([still.held, String(still.fencing_token), still.holder, still.waiters], [true, token, "stuck-worker", 1], "still held under the same token");
+  assert.match(await p.textContent("#lock-token") ?? "", new RegExp(`^${token}\\b`));
+  // Confirm: the lease ends and the waiter gets the lock under a larger token.
+  await button.click();
+  await p.click("#confirm-ok");
+  await p.waitForFunction(() => /: (revoked|.*nothing revoked)$|failed/.test(document.getElementById("action-result")?.textContent ?? ""), undefined, { timeout: 35_000 });
+  assert.equal(await p.textContent("#action-result"), `Revoke of the lease on ${res} with token ${token}: revoked`);
+  assert.equal(revokes(), 1);
+  const got = await waiter;
+  assert.equal(got.code, 0, `the waiter: ${got.stderr}`);
+  const next = JSON.parse(got.stdout) as Record<string, unknown>;
+  const newToken = String(next.fencing_token);
+  assert.ok(BigInt(newToken) > BigInt(token), `the waiter's token ${newToken} > ${token}`);
+  await p.waitForFunction((t) => (document.getElementById("lock-token")?.textContent ?? "").startsWith(`${t} `), newToken);
+  assert.equal(await p.textContent("#lock-holder"), "next-worker");
+  assert.equal(await p.textContent("#lock-waiters"), "0");
+  const now = await describe();
+  assert.deepEqual([now.held, String(now.fencing_token), now.holder, now.waiters], [true, newToken, "next-worker", 0], "the CLI agrees");
+  await screenshot(p, "revoked");
+  // A lease that ends while the dialog is open: the stale token revokes nothing.
+  await button.click();
+  await p.waitForSelector("dialog#confirm[open]");
+  assert.match(await p.textContent("#confirm-text") ?? "", new RegExp(`^End the lease with token ${newToken} held by next-worker\\?`));
+  await cli(["lock", "release", res, String(next.lease_id)]);
+  await p.click("#confirm-ok");
+  await p.waitForFunction(() => /nothing revoked|failed/.test(document.getElementById("action-result")?.textContent ?? ""), undefined, { timeout: 35_000 });
+  assert.equal(await p.textContent("#action-result"), `Revoke of the lease on ${res} with token ${newToken}: not held under token ${newToken} any more: nothing revoked`);
+  await p.waitForSelector('#lock[data-held="false"]');
+  assert.equal(await p.$("#revoke-lease"), null, "no Revoke button for a free lock");
   noProblems(w);
   await w.close();
 });

@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { Code, ConnectError, createClient as createConnectClient, type CallOptions, type Client, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient as createConnectClient, type CallOptions, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate } from "@bufbuild/protobuf/wkt";
 import { LockService, type AcquireRequestSchema, type AcquireResponse } from "./gen/warden/v1/lock_pb.js";
@@ -17,6 +17,44 @@ import { isRetryable, isTransportError, jitter, leaderAddress, retryPolicy, type
 
 /** A bearer token source, called before every request; "" sends none. */
 export type Credentials = () => string | Promise<string>;
+
+/**
+ * The token source of `token` and `credentials` options: `credentials`
+ * wins; neither gives undefined (no Authorization header).
+ */
+export function credentialsFrom(opts: { token?: string; credentials?: Credentials }): Credentials | undefined {
+  const token = opts.token;
+  return opts.credentials ?? (token !== undefined ? () => token : undefined);
+}
+
+/**
+ * A Connect interceptor that sends `Authorization: Bearer <token>` with
+ * every call, asking `credentials` for the token each time (a rotating
+ * token is picked up at the next call); an empty token sends no header.
+ * Every client transport of the SDK carries it: the clients of
+ * `createClient` and the transports of `createWebTransport`.
+ *
+ * A `credentials` callback that throws (or rejects) fails the call, not
+ * retried, with a `ConnectError` of code `Unauthenticated` whose cause is
+ * what it threw (client methods turn it into an `UnauthenticatedError`).
+ *
+ * @example
+ * ```ts
+ * const transport = createConnectTransport({ baseUrl, interceptors: [bearerInterceptor(async () => fetchToken())] });
+ * ```
+ */
+export function bearerInterceptor(credentials: Credentials): Interceptor {
+  return (next) => async (req) => {
+    let token: string;
+    try {
+      token = await credentials();
+    } catch (e) {
+      throw new ConnectError(`warden: credentials: ${e instanceof Error ? e.message : String(e)}`, Code.Unauthenticated, undefined, undefined, e);
+    }
+    if (token !== "") req.header.set("Authorization", `Bearer ${token}`);
+    return next(req);
+  };
+}
 
 /** Options common to every client, whatever its transport. */
 export interface ClientOptions {
@@ -39,8 +77,12 @@ export interface ClientOptions {
  * what to close when the client closes.
  */
 export interface TransportFactory {
-  /** Makes the transport for one endpoint's base URL. */
-  create(baseUrl: string): Transport;
+  /**
+   * Makes the transport for one endpoint's base URL. The transport must run
+   * `interceptors` on every call: they carry the client's bearer token
+   * ({@link bearerInterceptor}; empty without `token` or `credentials`).
+   */
+  create(baseUrl: string, interceptors: Interceptor[]): Transport;
   /** Closes the transports' connections (called by `close()`). */
   close?(): void;
 }
@@ -203,7 +245,6 @@ export class WardenClient implements LeaseHost {
   private readonly endpoints: Endpoint[];
   private readonly policy: RetryPolicy;
   private readonly transports: TransportFactory;
-  private readonly credentials: Credentials | undefined;
   private readonly leases = new Set<Lease>();
   private next = 0;
   private closed = false;
@@ -216,8 +257,8 @@ export class WardenClient implements LeaseHost {
     if (opts.endpoints.length === 0) throw new WardenError("warden: no endpoints", Code.InvalidArgument);
     this.policy = retryPolicy(opts.retry);
     this.transports = transports;
-    const token = opts.token;
-    this.credentials = opts.credentials ?? (token !== undefined ? () => token : undefined);
+    const credentials = credentialsFrom(opts);
+    const interceptors = credentials === undefined ? [] : [bearerInterceptor(credentials)];
     this.endpoints = opts.endpoints.map((url) => {
       let host: string;
       try {
@@ -225,26 +266,15 @@ export class WardenClient implements LeaseHost {
       } catch {
         throw new WardenError(`warden: endpoint ${JSON.stringify(url)} is not a base URL ("http://host:port")`, Code.InvalidArgument);
       }
-      const t = transports.create(url);
+      const t = transports.create(url, interceptors);
       const lock = createConnectClient(LockService, t);
-      return { url, host, lock, quota: createConnectClient(QuotaService, t), renewer: new Renewer(lock, () => this.headers()) };
+      return { url, host, lock, quota: createConnectClient(QuotaService, t), renewer: new Renewer(lock) };
     });
   }
 
   /** The endpoint the next call goes to first. */
   get currentEndpoint(): string {
     return this.endpoints[this.next % this.endpoints.length]!.url;
-  }
-
-  private async headers(): Promise<HeadersInit | undefined> {
-    if (this.credentials === undefined) return undefined;
-    let token: string;
-    try {
-      token = await this.credentials();
-    } catch (e) {
-      throw new WardenError(`warden: credentials: ${e instanceof Error ? e.message : String(e)}`, Code.Unauthenticated, { cause: e });
-    }
-    return token === "" ? undefined : { authorization: `Bearer ${token}` };
   }
 
   private checkOpen(): void {
@@ -284,7 +314,7 @@ export class WardenClient implements LeaseHost {
           attempt.abort(new ConnectError(`attempt unanswered after ${attemptMs} ms`, Code.DeadlineExceeded));
         }, attemptMs);
         timer(attemptTimer);
-        const call = this.headers().then((headers) => f(ep, { signal: attempt.signal, headers }));
+        const call = Promise.resolve().then(() => f(ep, { signal: attempt.signal }));
         let outcome: { ok: true; value: T } | { ok: false; err: unknown };
         try {
           outcome = await Promise.race([

@@ -10,6 +10,8 @@
 export {
   WardenClient,
   Reservation,
+  bearerInterceptor,
+  credentialsFrom,
   type ClientOptions,
   type Credentials,
   type TransportFactory,

@@ -43,15 +43,15 @@ export function createClient(opts: NodeClientOptions): WardenClient {
   const tls = { ca: opts.ca, cert: opts.cert, key: opts.key };
   const closers: Array<() => void> = [];
   const factory: TransportFactory = {
-    create(baseUrl: string) {
+    create(baseUrl, interceptors) {
       if ((opts.httpVersion ?? "2") === "1.1") {
         const agent = baseUrl.startsWith("https:") ? new https.Agent({ keepAlive: true, ...tls }) : new http.Agent({ keepAlive: true });
         closers.push(() => agent.destroy());
-        return createConnectTransport({ baseUrl, httpVersion: "1.1", nodeOptions: { agent } });
+        return createConnectTransport({ baseUrl, httpVersion: "1.1", nodeOptions: { agent }, interceptors });
       }
       const sessionManager = new Http2SessionManager(baseUrl, { pingIntervalMs: 10_000, pingTimeoutMs: 5_000 }, tls);
       closers.push(() => sessionManager.abort());
-      const options = { baseUrl, httpVersion: "2" as const, sessionManager };
+      const options = { baseUrl, httpVersion: "2" as const, sessionManager, interceptors };
       return opts.protocol === "grpc" ? createGrpcTransport(options) : createConnectTransport(options);
     },
     close() {

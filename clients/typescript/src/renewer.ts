@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { Code, ConnectError, type CallOptions, type Client } from "@connectrpc/connect";
+import { Code, ConnectError, type Client } from "@connectrpc/connect";
 import { codeFromString } from "@connectrpc/connect/protocol-connect";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { LockService, RenewOutcome } from "./gen/warden/v1/lock_pb.js";
@@ -47,10 +47,7 @@ export class Renewer {
   private timer: ReturnType<typeof setTimeout> | undefined;
   private single = false;
 
-  constructor(
-    private readonly locks: Client<typeof LockService>,
-    private readonly headers: () => Promise<HeadersInit | undefined>,
-  ) {}
+  constructor(private readonly locks: Client<typeof LockService>) {}
 
   /**
    * Renews one lease, batched with the renewals due at about the same
@@ -102,7 +99,7 @@ export class Renewer {
     try {
       const resp = await this.locks.renewBatch(
         { renewals: batch.map((p) => ({ resource: p.resource, leaseId: p.leaseId })) },
-        await this.options(call.signal),
+        { signal: call.signal },
       );
       if (resp.outcomes.length !== batch.length) {
         const e = new ConnectError(`RenewBatch answered ${resp.outcomes.length} outcomes for ${batch.length} renewals`, Code.Internal);
@@ -131,17 +128,13 @@ export class Renewer {
       batch.map(async (p) => {
         const sentAt = performance.now();
         try {
-          const r = await this.locks.renew({ resource: p.resource, leaseId: p.leaseId }, await this.options(p.signal));
+          const r = await this.locks.renew({ resource: p.resource, leaseId: p.leaseId }, { signal: p.signal });
           p.resolve({ sentAt, expiresAt: r.expiresAt && timestampDate(r.expiresAt) });
         } catch (err) {
           p.reject(err);
         }
       }),
     );
-  }
-
-  private async options(signal: AbortSignal): Promise<CallOptions> {
-    return { signal, headers: await this.headers() };
   }
 }
 

@@ -53,6 +53,9 @@ export function jitter(boundMs: number): number {
  */
 export function isTransportError(err: unknown): boolean {
   if (!(err instanceof ConnectError)) return false;
+  // A credentials callback that failed (bearerInterceptor) — say, its own
+  // token fetch — is no lost answer, whatever its cause.
+  if (err.code === Code.Unauthenticated) return false;
   const seen = new Set<unknown>();
   for (let c: unknown = err.cause; c instanceof Error && !seen.has(c); c = c.cause) {
     seen.add(c);

@@ -6,8 +6,11 @@
  * (SIGKILL, SIGSTOP/SIGCONT, restart).
  *
  * Binaries come from the environment variables `WARDEND` and `WARDEN`,
- * defaulting to `bin/wardend` and `bin/warden` of the repository that holds
- * this package (`make build` at the repository root makes them).
+ * defaulting to `bin/wardend` and `bin/warden` of the repository root
+ * ({@link repoRoot}: the directory whose go.mod declares
+ * `module github.com/warden-dev/warden`, found upward from this file, so
+ * also when a bundler copied the harness elsewhere in the repository);
+ * `make build` at the repository root makes them.
  *
  * Every process the harness spawns dies with the test process: on a normal
  * exit, on SIGINT/SIGTERM/SIGHUP, and — through a small watchdog per
@@ -23,19 +26,32 @@ import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
-/** The package directory (the one holding package.json), found from this file, not from the cwd. */
-function packageDir(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  for (;;) {
-    if (existsSync(join(dir, "package.json"))) return dir;
+const rootModule = /^module\s+github\.com\/warden-dev\/warden\s*$/m;
+
+/**
+ * The repository root: the nearest directory above `from` whose go.mod
+ * declares `module github.com/warden-dev/warden` (not the SDK's
+ * `…/warden/client`), or undefined.
+ */
+function findRepoRoot(from: string): string | undefined {
+  for (let dir = resolve(from); ; ) {
+    try {
+      if (rootModule.test(readFileSync(join(dir, "go.mod"), "utf8"))) return dir;
+    } catch {
+      // no go.mod here
+    }
     const up = dirname(dir);
-    if (up === dir) throw new Error("harness: no package.json above " + fileURLToPath(import.meta.url));
+    if (up === dir) return undefined;
     dir = up;
   }
 }
 
-/** The repository root: two levels above clients/typescript. */
-export const repoRoot = resolve(packageDir(), "../..");
+/**
+ * The repository root, found from this file's location (so that it is
+ * right whether this runs from test/, dist/test/ or bundled elsewhere in
+ * the repository, e.g. ui/test-build/), else from the working directory.
+ */
+export const repoRoot = findRepoRoot(dirname(fileURLToPath(import.meta.url))) ?? findRepoRoot(process.cwd()) ?? process.cwd();
 
 /** Path of the wardend binary ($WARDEND, default <repo>/bin/wardend). */
 export const wardendPath = process.env.WARDEND ?? join(repoRoot, "bin/wardend");
@@ -204,8 +220,13 @@ export interface StartDevOptions {
 export interface StartClusterOptions {
   /** Number of nodes (default 3). */
   nodes?: number;
-  /** Extra wardend flags for node n (1-based), e.g. `--cors-allowed-origins`. */
-  extraArgs?: (n: number) => string[];
+  /**
+   * Extra wardend flags for node n (1-based), called at each start of the
+   * node (restarts too). `endpoints` are every node's base URL, node 1
+   * first, known before any node starts: e.g.
+   * `(n, endpoints) => ["--cors-allowed-origins", endpoints.filter((_, i) => i !== n - 1).join(",")]`.
+   */
+  extraArgs?: (n: number, endpoints: string[]) => string[];
   /** Serve TLS with authentication on (like `deploy/local/cluster.sh start --secure`). */
   secure?: boolean;
   /** How long to wait for readiness, ms (default 90000). */
@@ -496,6 +517,7 @@ export async function startCluster(opts: StartClusterOptions = {}): Promise<Ward
     rafts.push(`127.0.0.1:${await freePort()}`);
   }
   const members = listens.map((l, i) => `${i + 1}=${rafts[i]}=${l}`).join(",");
+  const endpoints = listens.map((l) => `${opts.secure ? "https" : "http"}://${l}`);
   let secure: SecureMaterial | undefined;
   const secretPath = join(dir, "cluster-secret");
   if (opts.secure) {
@@ -543,7 +565,7 @@ export async function startCluster(opts: StartClusterOptions = {}): Promise<Ward
         } else {
           a.push("--cluster-secret-file", secretPath, "--insecure");
         }
-        return [...a, ...(opts.extraArgs?.(n) ?? [])];
+        return [...a, ...(opts.extraArgs?.(n, [...endpoints]) ?? [])];
       },
     };
   });

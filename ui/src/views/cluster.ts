@@ -1,7 +1,7 @@
 // Cluster: the nodes and the shards, and (behind a toggle and a
 // confirmation) leadership transfers and replica moves.
-import { ConnectError } from "@connectrpc/connect";
 import { PlacementRole, type ListNodesResponse, type ListShardsResponse, type ShardInfo } from "../../../clients/typescript/src/gen/warden/v1/admin_pb.js";
+import { actionResult as resultLine, adminEnabled, adminToggle, runAction } from "../admin.js";
 import { h, loading, replace, table } from "../dom.js";
 import { hashRange, isoTime, nodeName, num } from "../format.js";
 import type { View, ViewContext } from "../view.js";
@@ -13,9 +13,6 @@ const roles: Record<number, string> = {
   [PlacementRole.NON_VOTING]: "non-voting",
 };
 
-/** Admin actions stay enabled across views until the page reloads. */
-let adminEnabled = false;
-
 export function clusterView(ctx: ViewContext): View {
   let nodes: ListNodesResponse | undefined;
   let shards: ListShardsResponse | undefined;
@@ -23,17 +20,7 @@ export function clusterView(ctx: ViewContext): View {
   const down = h("div", { id: "nodes-down" });
   const nodesEl = h("section", { "aria-labelledby": "nodes-h" }, loading());
   const shardsEl = h("section", { "aria-labelledby": "shards-h" }, loading());
-  const actionResult = h("p", { id: "action-result", role: "status", class: "action-result" });
-  const toggle = h("input", {
-    id: "admin-toggle",
-    type: "checkbox",
-    checked: adminEnabled,
-    "aria-describedby": "admin-help",
-    onchange: () => {
-      adminEnabled = toggle.checked;
-      renderShards();
-    },
-  });
+  const actionResult = resultLine();
 
   const root = h("div", null,
     h("h1", { tabindex: -1 }, "Cluster"),
@@ -42,10 +29,7 @@ export function clusterView(ctx: ViewContext): View {
     h("h2", { id: "nodes-h" }, "Nodes"),
     nodesEl,
     h("h2", { id: "shards-h" }, "Shards"),
-    h("div", { class: "admin-toggle" },
-      toggle,
-      h("label", { for: "admin-toggle" }, "Enable admin actions"),
-      h("p", { id: "admin-help", class: "help" }, "Shows leadership transfer and replica move buttons on each shard. Each asks for confirmation first; the server audits every call.")),
+    adminToggle("Shows leadership transfer and replica move buttons on each shard. Each asks for confirmation first; the server audits every call.", () => renderShards()),
     actionResult,
     shardsEl,
   );
@@ -84,7 +68,7 @@ export function clusterView(ctx: ViewContext): View {
 
   function renderShards() {
     if (!shards) return;
-    const admin = adminEnabled;
+    const admin = adminEnabled();
     const list = shards.shards;
     const rows = () => list.map((s) => [
       String(s.id),
@@ -112,15 +96,7 @@ export function clusterView(ctx: ViewContext): View {
     return [h("div", { class: "field" }, h("label", { for: id }, label), sel), sel];
   }
 
-  async function run(what: string, call: () => Promise<string>) {
-    actionResult.textContent = `${what}: running…`;
-    try {
-      actionResult.textContent = `${what}: ${await call()}`;
-    } catch (err) {
-      actionResult.textContent = `${what} failed: ${ConnectError.from(err).message}`;
-    }
-    ctx.kick();
-  }
+  const run = (what: string, call: () => Promise<string>) => runAction(actionResult, what, call, ctx.kick);
 
   async function transferLeader(s: ShardInfo) {
     const targets = s.replicas.map((r) => r.nodeId).filter((n) => n !== s.leaderNodeId);

@@ -1,6 +1,9 @@
 // One resource: LockService.Describe (the SDK's describe), with the
-// lease's expiry counting down every second between refreshes.
+// lease's expiry counting down every second between refreshes, and
+// (behind the admin-actions switch and a confirmation) Revoke lease:
+// AdminService.RevokeLease of the fencing token shown.
 import type { LockState } from "../../../clients/typescript/src/web.js";
+import { actionResult, adminEnabled, adminToggle, runAction } from "../admin.js";
 import { h, replace } from "../dom.js";
 import { countdown } from "../format.js";
 import type { View, ViewContext } from "../view.js";
@@ -12,6 +15,7 @@ export function resourceView(ctx: ViewContext): View {
   const input = h("input", { id: "resource-input", type: "search", value: resource, required: true, autocomplete: "off", spellcheck: "false", placeholder: "orders/42" });
   const out = h("div", { id: "resource-out", "aria-live": "off" });
   const count = h("span", { id: "lock-countdown" });
+  const result = actionResult();
   const form = h("form", {
     class: "search", role: "search",
     onsubmit: (e: Event) => {
@@ -19,6 +23,7 @@ export function resourceView(ctx: ViewContext): View {
       resource = input.value.trim();
       desc = undefined;
       described = "";
+      result.textContent = "";
       ctx.setParam(resource);
       replace(out, "loading", () => resource ? h("p", null, `Looking up ${resource}…`) : null);
       ctx.kick();
@@ -26,7 +31,12 @@ export function resourceView(ctx: ViewContext): View {
   },
   h("label", { for: "resource-input" }, "Resource"), input, h("button", { type: "submit" }, "Describe"));
 
-  const root = h("div", null, h("h1", { tabindex: -1 }, "Resource"), form, out);
+  const root = h("div", null,
+    h("h1", { tabindex: -1 }, "Resource"),
+    form,
+    out,
+    adminToggle("Shows Revoke lease while the lock is held: it ends the holder's lease, by the fencing token shown, after a confirmation; the server audits the call.", () => render()),
+    result);
 
   function tick() {
     const at = desc?.expiresAt;
@@ -36,8 +46,9 @@ export function resourceView(ctx: ViewContext): View {
   function render() {
     if (!desc) return;
     const d = desc;
+    const admin = adminEnabled();
     const expires = d.expiresAt?.toISOString() ?? "—";
-    const key = JSON.stringify([described, d.held, d.holder, String(d.token), expires, d.waiters]);
+    const key = JSON.stringify([described, d.held, d.holder, String(d.token), expires, d.waiters, admin]);
     tick();
     replace(out, key, () => [
       h("h2", null, described),
@@ -49,7 +60,27 @@ export function resourceView(ctx: ViewContext): View {
           h("dt", null, "Expires at"), h("dd", { id: "lock-expires" }, expires),
           h("dt", null, "Expires in"), h("dd", null, count),
         ] : [],
-        h("dt", null, "Waiters"), h("dd", { id: "lock-waiters" }, String(d.waiters)))]);
+        h("dt", null, "Waiters"), h("dd", { id: "lock-waiters" }, String(d.waiters))),
+      d.held && admin
+        ? h("div", { class: "actions" },
+          h("button", { type: "button", id: "revoke-lease", "data-focus": "revoke", "aria-describedby": "lock-token", onclick: () => void revoke(described, d) }, "Revoke lease…"))
+        : null]);
+  }
+
+  /** revoke ends the lease shown (res under d.token) once the user confirms. */
+  async function revoke(res: string, d: LockState) {
+    const holder = d.holder || "(anonymous)";
+    const token = d.token;
+    const ok = await ctx.confirm({
+      title: `Revoke the lease on ${res}`,
+      text: () => `End the lease with token ${token} held by ${holder}? The lock passes to its next waiter; the holder's next renewal fails.`,
+      action: "Revoke lease",
+    });
+    if (!ok) return;
+    await runAction(result, `Revoke of the lease on ${res} with token ${token}`, async () => {
+      const r = await ctx.api.admin.revokeLease({ resource: res, fencingToken: token }, { timeoutMs: 30000 });
+      return r.revoked ? "revoked" : `not held under token ${token} any more: nothing revoked`;
+    }, ctx.kick);
   }
 
   return {
