@@ -57,10 +57,14 @@ type LockOptions struct {
 	Tenant string
 	// RequestID makes the acquisition idempotent (default: a random id).
 	// Set it only to retry with it after Lock gave up: a lease granted to
-	// an id of yours after Lock returned is not released by the SDK.
+	// an id of yours after Lock returned is not released by the SDK. A
+	// Lock with it renews the lease at once (the grant it gets back may
+	// be older than the call, so its deadline is measured afresh).
 	RequestID string
 	// SafetyMargin is how long before the local deadline Done closes when
-	// renewals fail (default TTL/10, at least 100 ms).
+	// renewals fail (default TTL/10, at least 100 ms). It must be at least
+	// 0 and below the TTL (invalid_argument otherwise, before or, when the
+	// shard picked the TTL, right after the grant, which is then released).
 	SafetyMargin time.Duration
 }
 
@@ -123,6 +127,13 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 	if c.closed() {
 		return nil, ErrClosed
 	}
+	if opts.SafetyMargin < 0 || (opts.TTL > 0 && opts.SafetyMargin >= opts.TTL) {
+		return nil, badMargin(opts.SafetyMargin, opts.TTL)
+	}
+	// A caller's request id may be a retry of a request granted earlier
+	// than this call's first send: the grant's own clock started before
+	// firstSend, so firstSend + TTL would be too late a deadline.
+	replay := opts.RequestID != ""
 	var orphaned func(*wardenv1.AcquireResponse)
 	if opts.RequestID == "" {
 		opts.RequestID = newRequestID()
@@ -130,8 +141,9 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 		// after this call gave up is held by no one: release it.
 		orphaned = func(a *wardenv1.AcquireResponse) { go c.releaseOrphan(resource, a) }
 	}
-	// Every attempt's grant happens after the first attempt was sent, so
-	// its send time + TTL is a safe local deadline.
+	// Every attempt's grant of a request id of this call's own happens
+	// after the first attempt was sent, so its send time + TTL is a safe
+	// local deadline.
 	firstSend := time.Now()
 	var resp *wardenv1.AcquireResponse
 	err := c.retry(ctx, func(ctx context.Context, i int) error {
@@ -173,16 +185,25 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 	}
 	l.mu.expiresAt = resp.GetExpiresAt().AsTime()
 	l.mu.deadline = firstSend.Add(l.ttl)
-	if time.Since(firstSend) > l.ttl/3 {
-		// A long wait used up much of the conservative deadline: renew now
-		// to measure a fresh one. The caller has not seen the lease yet, so
-		// no work depends on the old deadline.
+	if l.margin >= l.ttl { // the shard's default TTL was shorter than the margin
+		err := badMargin(l.margin, l.ttl)
+		l.close(err)
+		if orphaned != nil {
+			orphaned(resp)
+		}
+		return nil, err
+	}
+	if replay || time.Since(firstSend) > l.ttl/3 {
+		// A replayed grant, or a long wait that used up much of the
+		// conservative deadline: renew now to measure a fresh one from
+		// the renewal's send time. The caller has not seen the lease yet,
+		// so no work depends on the old deadline.
 		if err := l.renew(ctx, time.Now().Add(l.ttl-l.margin)); err != nil {
 			l.close(err)
 			if orphaned != nil && !errors.Is(err, ErrLeaseLost) {
 				orphaned(resp) // it may still be held
 			}
-			return nil, fmt.Errorf("warden: renewing %s right after a long wait: %w", resource, err)
+			return nil, fmt.Errorf("warden: renewing %s right after its grant: %w", resource, err)
 		}
 	}
 	// The renew loop is counted before Close can see the lease: Close's
@@ -195,6 +216,14 @@ func (c *Client) Lock(ctx context.Context, resource string, opts LockOptions) (*
 	}
 	go l.keepAlive()
 	return l, nil
+}
+
+// badMargin is the error of a SafetyMargin outside [0, TTL): a negative
+// one would keep Done open past the local deadline, while the server may
+// already grant the lock to another holder; one of the TTL or more would
+// close Done at once.
+func badMargin(margin, ttl time.Duration) error {
+	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("warden: LockOptions.SafetyMargin %v must be at least 0 and below the lease TTL (%v)", margin, ttl))
 }
 
 // releaseOrphan releases lease a of resource, which the server granted to

@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/client"
 	"github.com/warden-dev/warden/placement"
@@ -315,5 +317,57 @@ func TestLockAll(t *testing.T) {
 	}
 	for _, l := range all {
 		_ = l.Unlock(bg(t))
+	}
+}
+
+// A Lock with the caller's request id may get back a grant older than
+// the call (a retry after giving up): its lease is renewed at once, so
+// that the local deadline runs from that renewal's send time and never
+// from the call's, which would lie beyond the grant's server expiry.
+func TestLockReplayRenewsAtOnce(t *testing.T) {
+	c := startCluster(t)
+	ctx := bg(t)
+	first, err := c.locks.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "replay", RequestId: "mine", LeaseTtl: durationpb.New(10 * time.Second)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // real time: the replay comes later than the grant
+	l, err := c.client(nil).Lock(ctx, "replay", client.LockOptions{TTL: 10 * time.Second, RequestID: "mine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Unlock(context.Background())
+	if l.Token() != first.Msg.GetFencingToken() {
+		t.Fatalf("the replay got token %d; the grant was %d", l.Token(), first.Msg.GetFencingToken())
+	}
+	if !l.ExpiresAt().After(first.Msg.GetExpiresAt().AsTime()) {
+		t.Fatalf("the replayed lease's expiry %v is the grant's (%v): it was not renewed at once", l.ExpiresAt(), first.Msg.GetExpiresAt().AsTime())
+	}
+}
+
+// A safety margin outside [0, TTL) is refused before anything is
+// acquired: a negative one would keep Done open past the point where the
+// server may grant the lock to another holder.
+func TestLockRefusesBadSafetyMargin(t *testing.T) {
+	c := startCluster(t)
+	cl := c.client(nil)
+	for _, m := range []time.Duration{-time.Second, 5 * time.Second, 6 * time.Second} {
+		_, err := cl.Lock(bg(t), "margin", client.LockOptions{TTL: 5 * time.Second, SafetyMargin: m})
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "SafetyMargin") {
+			t.Errorf("SafetyMargin %v with a 5 s TTL: %v, want invalid_argument naming it", m, err)
+		}
+	}
+	// The shard's default TTL (30 s) is below this margin: the grant is
+	// released and the call refused.
+	_, err := cl.Lock(bg(t), "margin", client.LockOptions{SafetyMargin: time.Minute})
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("SafetyMargin 1m with the default TTL: %v, want invalid_argument", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.describe("margin").GetHeld() {
+		if time.Now().After(deadline) {
+			t.Fatal("the grant refused for its margin is still held")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
