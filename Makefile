@@ -104,6 +104,8 @@ fuzz:
 	$(GO) test ./auth -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./auth -run '^$$' -fuzz '^FuzzParseBootstrap$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./cmd/wardend -run '^$$' -fuzz '^FuzzConfigFile$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./server -run '^$$' -fuzz '^FuzzDecodeChunks$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./server -run '^$$' -fuzz '^FuzzParseCORSOrigins$$' -fuzztime $(FUZZTIME)
 
 ## bench: acquire+release throughput and latency (1 and 64 clients) and waiter hand-off latency on a dev cluster,
 ## then, on a three-process cluster, acquire+release before and after a split and reserve+commit, in cleartext

@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
@@ -9,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/server"
 )
@@ -51,6 +56,13 @@ func TestAuditLog(t *testing.T) {
 	if got, err = c.batch(releaseOp("orders/42", got[0].GetAcquire().GetLeaseId())); err != nil || got[0].GetCode() != "" {
 		t.Fatal(got, err)
 	}
+	// An operator's revoke is audited with its resource and whether a
+	// lease ended.
+	b := c.mustAcquire("orders/43", "q4", time.Minute)
+	admin := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL)
+	if r, err := admin.RevokeLease(context.Background(), connect.NewRequest(&wardenv1.RevokeLeaseRequest{Resource: "orders/43", FencingToken: b.GetFencingToken()})); err != nil || !r.Msg.GetRevoked() {
+		t.Fatal(r, err)
+	}
 	out := buf.String()
 	if strings.Contains(out, a.GetLeaseId()) {
 		t.Fatal("the audit log contains a lease id")
@@ -63,8 +75,11 @@ func TestAuditLog(t *testing.T) {
 		}
 		lines = append(lines, m)
 	}
-	if len(lines) != 6 {
-		t.Fatalf("%d audit lines, want 6:\n%s", len(lines), out)
+	if len(lines) != 8 {
+		t.Fatalf("%d audit lines, want 8:\n%s", len(lines), out)
+	}
+	if l := lines[7]; l["method"] != "RevokeLease" || l["resource"] != "orders/43" || l["outcome"] != "ok" || l["released"] != true {
+		t.Fatalf("revoke line: %v", l)
 	}
 	want := []struct{ method, outcome string }{{"Acquire", "ok"}, {"Acquire", "conflict"}, {"Renew", "ok"}, {"Release", "ok"}, {"Acquire", "ok"}, {"Release", "ok"}}
 	for i, w := range want {

@@ -128,16 +128,20 @@ func auditOf(method string, idem connect.IdempotencyLevel, req, resp any) *audit
 		return releaseEntry(m, r)
 	case *wardenv1.BatchRequest, *wardenv1.RenewBatchRequest:
 		return nil
+	case *wardenv1.RevokeLeaseRequest:
+		e := &auditEntry{method: method, resource: m.GetResource(), request: requestText(m)}
+		if r, ok := resp.(*wardenv1.RevokeLeaseResponse); ok && r != nil {
+			revoked := r.GetRevoked()
+			e.released = &revoked // whether a lease ended, as for Release
+		}
+		return e
 	}
 	if idem == connect.IdempotencyNoSideEffects {
 		return nil
 	}
 	e := &auditEntry{method: method}
-	switch k := req.(type) {
-	case interface{ GetKey() string }:
+	if k, ok := req.(interface{ GetKey() string }); ok {
 		e.resource = k.GetKey()
-	case interface{ GetResource() string }:
-		e.resource = k.GetResource() // RevokeLease
 	}
 	if m, ok := req.(proto.Message); ok {
 		e.request = requestText(m)

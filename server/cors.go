@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	connectcors "connectrpc.com/cors"
@@ -52,8 +53,21 @@ func ParseCORSOrigins(origins []string) ([]string, error) {
 			return nil, bad("an origin has no user, path, query or fragment")
 		case strings.Contains(u.Hostname(), "*"):
 			return nil, bad("only the port may be *")
-		case strings.ToLower(u.Host) != u.Host:
-			return nil, bad("browsers send the host in lower case")
+		case strings.ToLower(u.Host) != u.Host || !strings.HasPrefix(o, u.Scheme+"://"):
+			return nil, bad("browsers send the scheme and host in lower case")
+		case strings.ContainsAny(o, "?#") || strings.HasSuffix(u.Host, ":"):
+			return nil, bad("an origin has no query or fragment, and a port has digits")
+		case strings.IndexFunc(u.Host, func(r rune) bool { return r > 0x7f }) >= 0:
+			return nil, bad("browsers send an international host name in its xn-- (punycode) form")
+		}
+		if port := u.Port(); port != "" && !strings.HasSuffix(o, ":*") {
+			n, err := strconv.Atoi(port)
+			switch {
+			case err != nil || n < 1 || n > 65535 || port[0] == '0':
+				return nil, bad("the port must be 1 to 65535, without leading zeros")
+			case u.Scheme == "http" && n == 80, u.Scheme == "https" && n == 443:
+				return nil, bad("browsers leave the scheme's default port out of the origin: give " + u.Scheme + "://" + u.Hostname())
+			}
 		}
 		out = append(out, strings.TrimSuffix(o, "/"))
 	}
@@ -63,17 +77,21 @@ func ParseCORSOrigins(origins []string) ([]string, error) {
 // originMatches reports whether a browser's Origin header matches
 // pattern (ParseCORSOrigins's forms): exactly, or with any port for a
 // pattern ending in ":*" (the port's digits alone, so that
-// "http://localhost:*" never matches "http://localhost.evil.example").
+// "http://localhost:*" never matches "http://localhost.evil.example",
+// or none: a page on the scheme's default port sends no port).
 func originMatches(pattern, origin string) bool {
 	if pattern == "*" || pattern == origin {
 		return true
 	}
-	prefix, ok := strings.CutSuffix(pattern, "*")
-	port, found := strings.CutPrefix(origin, prefix)
-	if !ok || !found || port == "" {
+	host, ok := strings.CutSuffix(pattern, ":*")
+	if !ok {
 		return false
 	}
-	return strings.Trim(port, "0123456789") == ""
+	if origin == host {
+		return true
+	}
+	port, found := strings.CutPrefix(origin, host+":")
+	return found && port != "" && strings.Trim(port, "0123456789") == ""
 }
 
 // withCORS wraps h so that browser pages from origins (ParseCORSOrigins's
@@ -86,11 +104,15 @@ func originMatches(pattern, origin string) bool {
 // Credentials), so a page can call only with a token it holds. A request
 // from any other origin gets no CORS header, and the browser hides the
 // answer from the page. Without origins, h is returned as it is.
+//
+// Only the RPC paths (the Warden services and grpc.health.v1) take part:
+// /metrics, the probes, reflection and the dashboard's files answer no
+// page of another origin, whatever the list says.
 func withCORS(h http.Handler, origins []string) http.Handler {
 	if len(origins) == 0 {
 		return h
 	}
-	return cors.New(cors.Options{
+	c := cors.New(cors.Options{
 		AllowOriginFunc: func(origin string) bool {
 			return slices.ContainsFunc(origins, func(p string) bool { return originMatches(p, origin) })
 		},
@@ -104,4 +126,11 @@ func withCORS(h http.Handler, origins []string) http.Handler {
 		// preflight before most calls.
 		MaxAge: 3600,
 	}).Handler(h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/warden.v1.") || strings.HasPrefix(r.URL.Path, "/grpc.health.v1.") {
+			c.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -21,12 +22,13 @@ import (
 
 func TestParseCORSOrigins(t *testing.T) {
 	good := map[string]string{
-		"https://app.example.com":      "https://app.example.com",
-		" http://localhost:* ":         "http://localhost:*",
-		"http://127.0.0.1:5173/":       "http://127.0.0.1:5173",
-		"*":                            "*",
-		"https://[::1]:8443":           "https://[::1]:8443",
-		"https://dash.example.com:443": "https://dash.example.com:443",
+		"https://app.example.com":       "https://app.example.com",
+		" http://localhost:* ":          "http://localhost:*",
+		"http://127.0.0.1:5173/":        "http://127.0.0.1:5173",
+		"*":                             "*",
+		"https://[::1]:8443":            "https://[::1]:8443",
+		"https://dash.example.com:8443": "https://dash.example.com:8443",
+		"https://xn--bcher-kva.example": "https://xn--bcher-kva.example",
 	}
 	for in, want := range good {
 		got, err := ParseCORSOrigins([]string{in})
@@ -44,6 +46,15 @@ func TestParseCORSOrigins(t *testing.T) {
 		"https://app.example.com?q=1",
 		"https://",
 		"http://localhost:port",
+		"HTTP://app.example.com",    // browsers send the scheme in lower case
+		"http://app.example.com:80", // and leave default ports out
+		"https://app.example.com:443",
+		"http://app.example.com:",
+		"http://app.example.com?",
+		"http://app.example.com#",
+		"http://app.example.com:0080",
+		"http://app.example.com:99999",
+		"http://bücher.example", // browsers send punycode
 	} {
 		_, err := ParseCORSOrigins([]string{in})
 		if err == nil || !strings.Contains(err.Error(), "--cors-allowed-origins") || !strings.Contains(err.Error(), in) {
@@ -58,7 +69,8 @@ func TestOriginMatches(t *testing.T) {
 		want            bool
 	}{
 		{"http://localhost:*", "http://localhost:5173", true},
-		{"http://localhost:*", "http://localhost", false},
+		{"http://localhost:*", "http://localhost", true}, // port 80, left out
+		{"http://localhost:*", "http://localhostx", false},
 		{"http://localhost:*", "http://localhost:5173.evil.example", false},
 		{"http://localhost:*", "https://localhost:5173", false},
 		{"https://app.example", "https://app.example", true},
@@ -193,6 +205,21 @@ func TestCORSAndGRPCWeb(t *testing.T) {
 	}
 	checkGRPCWebAnswer(t, "text", h.Get("Content-Type"), "application/grpc-web-text+proto", raw)
 
+	// Only the RPC paths take part: a page of an allowed origin reads no
+	// metrics, probe or dashboard file of another origin.
+	for _, path := range []string{"/metrics", "/readyz", "/ui/"} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+		req.Header.Set("Origin", "https://app.example")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if v := resp.Header.Get("Access-Control-Allow-Origin"); v != "" {
+			t.Errorf("GET %s from an allowed origin: Allow-Origin %q, want none", path, v)
+		}
+	}
+
 	// A disallowed origin's call is served (CORS binds browsers, not
 	// servers) but carries no CORS header, so a browser hides it.
 	h, _ = call("application/json", []byte(`{"resource":"cors/evil","requestId":"e1","leaseTtl":"60s"}`), "https://evil.example")
@@ -243,4 +270,67 @@ func checkGRPCWebAnswer(t *testing.T, name, contentType, wantType string, b []by
 	if !strings.Contains(trailer, "grpc-status: 0") || got.GetFencingToken() == 0 {
 		t.Fatalf("%s: trailer %q, token %d", name, trailer, got.GetFencingToken())
 	}
+}
+
+// A gRPC-Web-text request to a path that answers no gRPC-Web (a 404)
+// gets that answer as it is, not base64; bad base64 is a 400 naming it.
+func TestGRPCWebTextPassesOtherAnswers(t *testing.T) {
+	h := grpcWebText(http.NotFoundHandler(), 1<<10)
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/nope", strings.NewReader("AAAAAAA="))
+	req.Header.Set("Content-Type", "application/grpc-web-text")
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), "404 page not found") {
+		t.Fatalf("404 through the text layer: %d %q", rec.Code, rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
+	req = httptest.NewRequest(http.MethodPost, "/nope", strings.NewReader("not base64!"))
+	req.Header.Set("Content-Type", "application/grpc-web-text")
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "not base64") {
+		t.Fatalf("bad base64: %d %q", rec.Code, rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
+	req = httptest.NewRequest(http.MethodPost, "/nope", strings.NewReader(strings.Repeat("A", 2<<10)))
+	req.Header.Set("Content-Type", "application/grpc-web-text")
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("a body over the bound: %d %q", rec.Code, rec.Body.String())
+	}
+}
+
+// decodeChunks never panics, and decodes any run of padded chunks to
+// their bytes joined.
+func FuzzDecodeChunks(f *testing.F) {
+	f.Add([]byte("ab"), []byte("cde"), []byte("AAAA=="))
+	f.Fuzz(func(t *testing.T, a, b, raw []byte) {
+		_, _ = decodeChunks(raw)
+		text := base64.StdEncoding.EncodeToString(a) + base64.StdEncoding.EncodeToString(b)
+		got, err := decodeChunks([]byte(text))
+		if err != nil || !bytes.Equal(got, append(slices.Clone(a), b...)) {
+			t.Fatalf("decodeChunks(%q) = %q, %v; want %q", text, got, err, append(slices.Clone(a), b...))
+		}
+	})
+}
+
+// ParseCORSOrigins never panics, and every origin it accepts as exact
+// matches itself and nothing with a path appended.
+func FuzzParseCORSOrigins(f *testing.F) {
+	for _, s := range []string{"https://app.example", "http://localhost:*", "*", "http://[::1]:8080", "HTTP://x", "http://x:80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		out, err := ParseCORSOrigins([]string{in})
+		if err != nil {
+			if !strings.Contains(err.Error(), "--cors-allowed-origins") {
+				t.Fatalf("error %v does not name the flag", err)
+			}
+			return
+		}
+		for _, o := range out {
+			if !strings.HasSuffix(o, ":*") && (!originMatches(o, o) || (o != "*" && originMatches(o, o+"/x"))) {
+				t.Fatalf("accepted %q does not match exactly itself", o)
+			}
+		}
+	})
 }

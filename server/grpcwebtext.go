@@ -64,7 +64,7 @@ func grpcWebText(h http.Handler, maxBody int64) http.Handler {
 }
 
 // decodeChunks decodes base64 text made of one or more padded chunks
-// (standard alphabet; whitespace is not allowed).
+// (standard alphabet; line breaks are skipped, other whitespace refused).
 func decodeChunks(text []byte) ([]byte, error) {
 	var out []byte
 	for len(text) > 0 {
@@ -87,13 +87,15 @@ func decodeChunks(text []byte) ([]byte, error) {
 	return out, nil
 }
 
-// textWriter base64-encodes what the handler writes. It holds back the
-// last 0 to 2 bytes of each write (base64 encodes whole groups of 3) and
-// writes them, padded, when the handler flushes or ends.
+// textWriter base64-encodes what the handler writes, when the handler
+// answers gRPC-Web (anything else, a 404 say, passes as it is). It holds
+// back the last 0 to 2 bytes of each write (base64 encodes whole groups
+// of 3) and writes them, padded, when the handler flushes or ends.
 type textWriter struct {
 	w           http.ResponseWriter
 	contentType string
 	wroteHeader bool
+	encode      bool // the answer is gRPC-Web, sent as text
 	pending     []byte
 }
 
@@ -105,15 +107,18 @@ func (t *textWriter) WriteHeader(code int) {
 	}
 	t.wroteHeader = true
 	h := t.w.Header()
-	if strings.HasPrefix(h.Get("Content-Type"), "application/grpc-web") {
+	if t.encode = strings.HasPrefix(h.Get("Content-Type"), "application/grpc-web"); t.encode {
 		h.Set("Content-Type", t.contentType)
+		h.Del("Content-Length")
 	}
-	h.Del("Content-Length")
 	t.w.WriteHeader(code)
 }
 
 func (t *textWriter) Write(p []byte) (int, error) {
 	t.WriteHeader(http.StatusOK)
+	if !t.encode {
+		return t.w.Write(p)
+	}
 	buf := append(t.pending, p...)
 	whole := len(buf) - len(buf)%3
 	if whole > 0 {
