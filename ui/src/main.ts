@@ -116,16 +116,24 @@ function connect() {
   $<HTMLInputElement>("set-endpoint").value = s.crossOrigin ? s.baseUrl : "";
   $<HTMLSelectElement>("set-protocol").value = s.protocol;
   $<HTMLInputElement>("set-token").value = s.token;
+  delete $<HTMLInputElement>("set-token").dataset.edited;
+  $("set-token-help").textContent = `Needed when the cluster has authentication on. Kept in this tab's session storage only, and sent to ${s.baseUrl} only: `
+    + (s.token ? "the token entered for that origin." : "no token is stored for that origin, so none is sent.");
+  $("set-token-help").dataset.origin = s.baseUrl;
   document.body.dataset.protocol = s.protocol;
 }
 
 function init() {
   connect();
+  // Only a token typed here is saved (for the endpoint's origin): one
+  // shown for the current origin is not carried to another endpoint.
+  $("set-token").addEventListener("input", () => { $("set-token").dataset.edited = "1"; });
   $("settings-form").addEventListener("submit", (e) => {
     e.preventDefault();
     const endpoint = $<HTMLInputElement>("set-endpoint");
     try {
-      saveSettings(endpoint.value, $<HTMLSelectElement>("set-protocol").value as Protocol, $<HTMLInputElement>("set-token").value);
+      const token = $<HTMLInputElement>("set-token");
+      saveSettings(endpoint.value, $<HTMLSelectElement>("set-protocol").value as Protocol, token.dataset.edited ? token.value : undefined);
       endpoint.setCustomValidity("");
     } catch (err) {
       endpoint.setCustomValidity(String((err as Error).message));

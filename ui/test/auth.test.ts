@@ -48,8 +48,8 @@ test("not authorised, then authorised with a token kept in sessionStorage; no qu
   await p.waitForFunction(() => document.querySelectorAll('#nodes [data-up="true"]').length === 3);
   await p.waitForSelector(".banner", { state: "detached" });
   assert.ok(w.requests.some((r) => r.authorization === `Bearer ${sec.adminToken}`), "the token is sent as a bearer token");
-  const stored = await p.evaluate(() => ({ session: sessionStorage.getItem("warden.token"), local: localStorage.length, url: location.href }));
-  assert.equal(stored.session, sec.adminToken);
+  const stored = await p.evaluate(() => ({ session: sessionStorage.getItem(`warden.token:${location.origin}`), local: localStorage.length, url: location.href }));
+  assert.equal(stored.session, sec.adminToken, "kept for the page's own API origin");
   assert.equal(stored.local, 0, "nothing in localStorage");
   assert.ok(!stored.url.includes(sec.adminToken), "the token is not in the URL");
   // Lose the quorum: two of three nodes gone.

@@ -10,7 +10,7 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate } from "@bufbuild/protobuf/wkt";
 import { LockService, type AcquireRequestSchema, type AcquireResponse } from "./gen/warden/v1/lock_pb.js";
 import { Consistency, QuotaService, type QuotaLevel as QuotaLevelMessage } from "./gen/warden/v1/quota_pb.js";
-import { ClientClosedError, LockHeldError, WaitTimeoutError, WardenError, toWardenError } from "./errors.js";
+import { ClientClosedError, InvalidArgumentError, LockHeldError, WaitTimeoutError, WardenError, toWardenError } from "./errors.js";
 import { Lease, type LeaseHost } from "./lease.js";
 import { Renewer, unref, type Renewed } from "./renewer.js";
 import { isRetryable, isTransportError, jitter, leaderAddress, retryPolicy, type RetryOptions, type RetryPolicy } from "./retry.js";
@@ -89,9 +89,16 @@ export interface TransportFactory {
 
 /** Options of {@link WardenClient.lock}. Times are in milliseconds. */
 export interface LockOptions {
-  /** Lease TTL, ms (default: the shard's, 30 s; the shard bounds it, 1 s – 10 min by default). */
+  /**
+   * Lease TTL, ms (default: the shard's, 30 s; the shard bounds it, 1 s – 10 min by default).
+   * A finite number, rounded to the nearest whole ms (1500.7 → 1501); NaN, ±Infinity or
+   * less than 1 ms after rounding throw an InvalidArgumentError.
+   */
   ttl?: number;
-  /** How long to wait in the lock's queue when it is held, ms; 0 (the default) fails at once with a LockHeldError. */
+  /**
+   * How long to wait in the lock's queue when it is held, ms; 0 (the default) fails at once with a LockHeldError.
+   * A finite number ≥ 0, rounded to the nearest whole ms.
+   */
   wait?: number;
   /** Free text shown by describe() and in the audit log (at most 256 bytes). */
   holder?: string;
@@ -100,14 +107,25 @@ export interface LockOptions {
   /**
    * Idempotency key of the acquisition (default: a random one). Set it
    * only to retry with it after `lock()` gave up: a lease granted to an id
-   * of yours after `lock()` gave up is not released by the SDK.
+   * of yours after `lock()` gave up is not released by the SDK. Such a
+   * grant may be older than this call, so with a caller-supplied id
+   * `lock()` always renews the lease once before returning it and takes
+   * the local deadline from that renewal's send time; if the server says
+   * the lease is no longer current, `lock()` throws a LeaseLostError.
    */
   requestId?: string;
-  /** How long before the local deadline the lease's signal aborts when renewals fail, ms (default TTL/10, at least 100). */
+  /**
+   * How long before the local deadline the lease's signal aborts when
+   * renewals fail, ms (default TTL/10, at least 100). A finite number with
+   * 0 ≤ safetyMargin < TTL, else an InvalidArgumentError (`field`
+   * "safetyMargin"): checked against `ttl` before the call, and against
+   * the TTL the server granted when `ttl` is not given (the grant is then
+   * released before the error is thrown).
+   */
   safetyMargin?: number;
   /** Aborting it gives up the call (its error is the signal's reason, wrapped). */
   signal?: AbortSignal;
-  /** How long the call may take, ms, besides `wait` (default the client's `retry.callTimeoutMs`, 30 s). */
+  /** How long the call may take, ms, besides `wait` (default the client's `retry.callTimeoutMs`, 30 s); a finite number ≥ 0. */
   timeoutMs?: number;
 }
 
@@ -115,7 +133,7 @@ export interface LockOptions {
 export interface CallOpts {
   /** Aborting it gives up the call. */
   signal?: AbortSignal;
-  /** How long the call may take with its retries, ms (default the client's `retry.callTimeoutMs`, 30 s). */
+  /** How long the call may take with its retries, ms (default the client's `retry.callTimeoutMs`, 30 s); a finite number ≥ 0. */
   timeoutMs?: number;
 }
 
@@ -135,7 +153,7 @@ export interface LockState {
 
 /** Options of {@link WardenClient.reserve}. */
 export interface ReserveOptions extends CallOpts {
-  /** How long the reservation holds, ms (default: the shard's, 5 min; at most 1 h). */
+  /** How long the reservation holds, ms (default: the shard's, 5 min; at most 1 h); rounded to the nearest whole ms. */
   ttl?: number;
   /** Idempotency key (default: a random one); every retry carries it, so a reserve is charged once. */
   reservationId?: string;
@@ -251,21 +269,30 @@ export class WardenClient implements LeaseHost {
 
   /**
    * Prefer `createClient` of the node or web entry point.
-   * @throws WardenError `InvalidArgument` when there is no endpoint or one is not a base URL
+   * @throws InvalidArgumentError (`field` "endpoints") when there is no endpoint or one is not an http: or https: base URL;
+   *   (`field` "retry.…") for a retry bound that is not a finite number ≥ 0
    */
   constructor(opts: ClientOptions, transports: TransportFactory) {
-    if (opts.endpoints.length === 0) throw new WardenError("warden: no endpoints", Code.InvalidArgument);
+    if (!Array.isArray(opts.endpoints) || opts.endpoints.length === 0) throw invalid("endpoints", "no endpoints");
+    const hosts = opts.endpoints.map((url) => {
+      let u: URL | undefined;
+      try {
+        u = typeof url === "string" ? new URL(url) : undefined;
+      } catch {
+        u = undefined;
+      }
+      if (u === undefined || (u.protocol !== "http:" && u.protocol !== "https:")) {
+        throw invalid("endpoints", `endpoint ${JSON.stringify(url)} is not an http: or https: base URL ("http://host:port")`);
+      }
+      return u.host;
+    });
+    for (const k of ["baseMs", "maxMs", "attemptTimeoutMs", "callTimeoutMs"] as const) checkMs(`retry.${k}`, opts.retry?.[k]);
     this.policy = retryPolicy(opts.retry);
     this.transports = transports;
     const credentials = credentialsFrom(opts);
     const interceptors = credentials === undefined ? [] : [bearerInterceptor(credentials)];
-    this.endpoints = opts.endpoints.map((url) => {
-      let host: string;
-      try {
-        host = new URL(url).host;
-      } catch {
-        throw new WardenError(`warden: endpoint ${JSON.stringify(url)} is not a base URL ("http://host:port")`, Code.InvalidArgument);
-      }
+    this.endpoints = opts.endpoints.map((url, i) => {
+      const host = hosts[i]!;
       const t = transports.create(url, interceptors);
       const lock = createConnectClient(LockService, t);
       return { url, host, lock, quota: createConnectClient(QuotaService, t), renewer: new Renewer(lock) };
@@ -281,6 +308,11 @@ export class WardenClient implements LeaseHost {
     if (this.closed) throw new ClientClosedError();
   }
 
+  /** A call's timeout: its `timeoutMs` (checked) or the policy's. */
+  private callTimeout(opts: CallOpts): number {
+    return checkMs("timeoutMs", opts.timeoutMs) ?? this.policy.callTimeoutMs;
+  }
+
   /**
    * Runs f against the current endpoint until it answers something other
    * than a retryable failure, the caller's signal aborts, or timeoutMs
@@ -293,7 +325,7 @@ export class WardenClient implements LeaseHost {
     c.signal?.addEventListener("abort", onCallerAbort, { once: true });
     const overall = setTimeout(
       () => give.abort(new GaveUp(new WardenError(`warden: ${c.what}: timed out after ${c.timeoutMs} ms`, Code.DeadlineExceeded))),
-      c.timeoutMs,
+      Math.min(c.timeoutMs, MAX_TIMER_MS),
     );
     const timer = c.background ? unref : () => undefined;
     timer(overall);
@@ -312,7 +344,7 @@ export class WardenClient implements LeaseHost {
         const attemptTimer = setTimeout(() => {
           attemptTimedOut = true;
           attempt.abort(new ConnectError(`attempt unanswered after ${attemptMs} ms`, Code.DeadlineExceeded));
-        }, attemptMs);
+        }, Math.min(attemptMs, MAX_TIMER_MS));
         timer(attemptTimer);
         const call = Promise.resolve().then(() => f(ep, { signal: attempt.signal }));
         let outcome: { ok: true; value: T } | { ok: false; err: unknown };
@@ -405,16 +437,25 @@ export class WardenClient implements LeaseHost {
    * @param resource - the lock's name: 1–256 bytes of UTF-8 without control characters
    * @throws LockHeldError when the lock is held and `wait` is 0
    * @throws WaitTimeoutError when not granted within `wait`
-   * @throws InvalidArgumentError for a refused field (`field` names it)
+   * @throws InvalidArgumentError for a refused field (`field` names it): the server's, or before
+   *   any call for `ttl`, `wait`, `timeoutMs` or `safetyMargin` out of range (see {@link LockOptions})
+   * @throws LeaseLostError when the renewal of a grant to a caller-supplied `requestId` says it is no longer current
    * @throws UnauthenticatedError / PermissionDeniedError on a cluster with authentication
    * @throws ClientClosedError after `close()`
    * @throws WardenError `DeadlineExceeded` (timeout), `Canceled` (signal) or the code of another refusal
    */
   async lock(resource: string, opts: LockOptions = {}): Promise<Lease> {
     this.checkOpen();
+    // Times are whole milliseconds: ttl and wait are rounded to the nearest.
+    const ttl = roundMs("ttl", opts.ttl, 1);
+    const wait = roundMs("wait", opts.wait) ?? 0;
+    const timeoutMs = checkMs("timeoutMs", opts.timeoutMs) ?? this.policy.callTimeoutMs;
+    const margin = checkMs("safetyMargin", opts.safetyMargin);
+    if (margin !== undefined && ttl !== undefined && margin >= ttl) {
+      throw invalid("safetyMargin", `safetyMargin ${margin} ms must be less than the ttl, ${ttl} ms`);
+    }
     const own = opts.requestId === undefined;
     const requestId = opts.requestId ?? newRequestId();
-    const wait = opts.wait ?? 0;
     // Every attempt's grant happens after the first attempt was sent, so
     // its send time + TTL is a safe local deadline.
     const firstSentAt = performance.now();
@@ -424,13 +465,13 @@ export class WardenClient implements LeaseHost {
         {
           what: `acquire ${resource}`,
           signal: opts.signal,
-          timeoutMs: (opts.timeoutMs ?? this.policy.callTimeoutMs) + wait,
+          timeoutMs: timeoutMs + wait,
           extraAttemptMs: wait,
           onOrphan: own ? (a) => this.releaseOrphan(resource, a) : undefined,
         },
         (ep, co) => {
           const req: MessageInitShape<typeof AcquireRequestSchema> = { resource, requestId, holder: opts.holder ?? "", tenant: opts.tenant ?? "" };
-          if (opts.ttl !== undefined) req.leaseTtl = durationFromMs(opts.ttl);
+          if (ttl !== undefined) req.leaseTtl = durationFromMs(ttl);
           if (wait > 0) {
             const left = wait - (performance.now() - firstSentAt);
             if (left <= 0) throw new WaitTimeoutError(resource);
@@ -447,20 +488,30 @@ export class WardenClient implements LeaseHost {
       if (we instanceof LockHeldError || we.code !== Code.Aborted) throw we;
       throw new LockHeldError(resource, 0n, undefined, err);
     }
-    const ttlMs = resp.leaseTtl ? durationMs(resp.leaseTtl) : (opts.ttl ?? 30_000);
+    const ttlMs = resp.leaseTtl ? durationMs(resp.leaseTtl) : (ttl ?? 30_000);
+    if (margin !== undefined && margin >= ttlMs) {
+      // The server picked a TTL the margin does not fit: the lease would
+      // be uncertain at once. Nobody can use it: give it back.
+      this.releaseOrphan(resource, resp);
+      throw invalid("safetyMargin", `safetyMargin ${margin} ms must be less than the lease's ttl, ${ttlMs} ms (the server's)`);
+    }
     const lease = new Lease(this, {
       resource,
       leaseId: resp.leaseId,
       token: resp.fencingToken,
       ttlMs,
-      marginMs: opts.safetyMargin ?? Math.max(ttlMs / 10, 100),
+      marginMs: margin ?? Math.max(ttlMs / 10, 100),
       firstSentAt,
       serverExpiresAt: resp.expiresAt && timestampDate(resp.expiresAt),
     });
-    if (performance.now() - firstSentAt > ttlMs / 3) {
-      // A long wait (or slow retries) used up much of the conservative
-      // deadline: renew now to measure a fresh one. Nobody has seen the
-      // lease yet, so no work depends on the old deadline.
+    // A caller-supplied request id may return an earlier grant, made
+    // before this call's first send (a lock() that gave up, another
+    // process): firstSentAt + TTL may then be later than the server's
+    // expiry. A long wait (or slow retries) used up much of the
+    // conservative deadline. Either way, renew now to measure a fresh
+    // one, from the renewal's own send time; nobody has seen the lease
+    // yet, so no work depends on the old deadline.
+    if (!own || performance.now() - firstSentAt > ttlMs / 3) {
       try {
         await lease.renewNow();
       } catch (err) {
@@ -502,7 +553,7 @@ export class WardenClient implements LeaseHost {
   async describe(resource: string, opts: CallOpts = {}): Promise<LockState> {
     this.checkOpen();
     try {
-      const r = await this.retry({ what: `describe ${resource}`, signal: opts.signal, timeoutMs: opts.timeoutMs ?? this.policy.callTimeoutMs }, (ep, co) =>
+      const r = await this.retry({ what: `describe ${resource}`, signal: opts.signal, timeoutMs: this.callTimeout(opts) }, (ep, co) =>
         ep.lock.describe({ resource }, co),
       );
       return { held: r.held, holder: r.holder, token: r.fencingToken, expiresAt: r.expiresAt && timestampDate(r.expiresAt), waiters: r.waiters };
@@ -516,6 +567,7 @@ export class WardenClient implements LeaseHost {
    * same reservation id, so the server charges it once.
    *
    * @param key - a slash path, "pool/tenant/project"
+   * @param amount - a bigint in the int64 range or a safe-integer number (else an InvalidArgumentError naming "amount")
    * @throws QuotaExhaustedError when a level has no room (nothing is charged)
    * @throws WardenError `FailedPrecondition` when no level of the path has a limit
    * @throws InvalidArgumentError when the reservation id was used with other parameters
@@ -523,10 +575,12 @@ export class WardenClient implements LeaseHost {
   async reserve(key: string, amount: number | bigint, opts: ReserveOptions = {}): Promise<Reservation> {
     this.checkOpen();
     const reservationId = opts.reservationId ?? newRequestId();
-    const amt = BigInt(amount);
+    const amt = int64("amount", amount);
+    const ttl = roundMs("ttl", opts.ttl, 1);
+    const timeoutMs = this.callTimeout(opts);
     try {
-      const r = await this.retry({ what: `reserve ${key}`, signal: opts.signal, timeoutMs: opts.timeoutMs ?? this.policy.callTimeoutMs }, (ep, co) =>
-        ep.quota.reserve({ key, amount: amt, reservationId, ttl: opts.ttl === undefined ? undefined : durationFromMs(opts.ttl) }, co),
+      const r = await this.retry({ what: `reserve ${key}`, signal: opts.signal, timeoutMs }, (ep, co) =>
+        ep.quota.reserve({ key, amount: amt, reservationId, ttl: ttl === undefined ? undefined : durationFromMs(ttl) }, co),
       );
       return new Reservation(this, key, reservationId, amt, r.remaining, r.expiresAt && timestampDate(r.expiresAt));
     } catch (err) {
@@ -537,9 +591,11 @@ export class WardenClient implements LeaseHost {
   /** {@link Reservation.commit}. @internal */
   async commitReservation(r: Reservation, amount: number | bigint | undefined, opts: CallOpts = {}): Promise<bigint> {
     this.checkOpen();
+    const amt = amount === undefined ? 0n : int64("amount", amount);
+    const timeoutMs = this.callTimeout(opts);
     try {
-      const resp = await this.retry({ what: `commit ${r.key}`, signal: opts.signal, timeoutMs: opts.timeoutMs ?? this.policy.callTimeoutMs }, (ep, co) =>
-        ep.quota.commit({ key: r.key, reservationId: r.id, amount: amount === undefined ? 0n : BigInt(amount) }, co),
+      const resp = await this.retry({ what: `commit ${r.key}`, signal: opts.signal, timeoutMs }, (ep, co) =>
+        ep.quota.commit({ key: r.key, reservationId: r.id, amount: amt }, co),
       );
       return resp.committed;
     } catch (err) {
@@ -551,7 +607,7 @@ export class WardenClient implements LeaseHost {
   async releaseReservation(r: Reservation, opts: CallOpts = {}): Promise<boolean> {
     this.checkOpen();
     try {
-      const resp = await this.retry({ what: `release ${r.key}`, signal: opts.signal, timeoutMs: opts.timeoutMs ?? this.policy.callTimeoutMs }, (ep, co) =>
+      const resp = await this.retry({ what: `release ${r.key}`, signal: opts.signal, timeoutMs: this.callTimeout(opts) }, (ep, co) =>
         ep.quota.release({ key: r.key, reservationId: r.id }, co),
       );
       return resp.released;
@@ -568,7 +624,7 @@ export class WardenClient implements LeaseHost {
   async query(key: string, opts: CallOpts & { stale?: boolean } = {}): Promise<QuotaLevel[]> {
     this.checkOpen();
     try {
-      const r = await this.retry({ what: `query ${key}`, signal: opts.signal, timeoutMs: opts.timeoutMs ?? this.policy.callTimeoutMs }, (ep, co) =>
+      const r = await this.retry({ what: `query ${key}`, signal: opts.signal, timeoutMs: this.callTimeout(opts) }, (ep, co) =>
         ep.quota.query({ key, consistency: opts.stale ? Consistency.STALE : Consistency.LINEARIZABLE }, co),
       );
       return r.levels.map(level);
@@ -585,9 +641,11 @@ export class WardenClient implements LeaseHost {
    */
   async setLimit(key: string, limit: number | bigint, opts: CallOpts & { weight?: number } = {}): Promise<QuotaLevel | undefined> {
     this.checkOpen();
+    const lim = int64("limit", limit);
+    const timeoutMs = this.callTimeout(opts);
     try {
-      const r = await this.retry({ what: `set limit ${key}`, signal: opts.signal, timeoutMs: opts.timeoutMs ?? this.policy.callTimeoutMs }, (ep, co) =>
-        ep.quota.setLimit({ key, limit: BigInt(limit), weight: opts.weight ?? 0 }, co),
+      const r = await this.retry({ what: `set limit ${key}`, signal: opts.signal, timeoutMs }, (ep, co) =>
+        ep.quota.setLimit({ key, limit: lim, weight: opts.weight ?? 0 }, co),
       );
       return r.level && level(r.level);
     } catch (err) {
@@ -604,6 +662,7 @@ export class WardenClient implements LeaseHost {
    * @throws WardenError (with an AggregateError cause) when some releases failed; those leases end at their TTL
    */
   async close(timeoutMs?: number): Promise<void> {
+    checkMs("timeoutMs", timeoutMs);
     if (this.closed) return;
     this.closed = true;
     const results = await Promise.allSettled([...this.leases].map((l) => l.unlock(timeoutMs)));
@@ -629,8 +688,9 @@ export class WardenClient implements LeaseHost {
 
   /** @internal LeaseHost: release, retrying while unavailable. */
   async release(resource: string, leaseId: string, timeoutMs?: number): Promise<void> {
+    const t = checkMs("timeoutMs", timeoutMs) ?? this.policy.callTimeoutMs;
     try {
-      await this.retry({ what: `release ${resource}`, timeoutMs: timeoutMs ?? this.policy.callTimeoutMs }, (ep, co) =>
+      await this.retry({ what: `release ${resource}`, timeoutMs: t }, (ep, co) =>
         ep.lock.release({ resource, leaseId }, co),
       );
     } catch (err) {
@@ -680,4 +740,44 @@ function newRequestId(): string {
   const b = new Uint8Array(12);
   crypto.getRandomValues(b);
   return Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("");
+}
+
+/** The longest delay setTimeout honours (a longer one fires at once). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+function invalid(field: string, description: string): InvalidArgumentError {
+  return new InvalidArgumentError(field, description, `warden: ${field}: ${description}`);
+}
+
+/** Checks a time option, ms: undefined, or a finite number ≥ 0. */
+function checkMs(field: string, v: number | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
+    throw invalid(field, `${field} must be a finite number of milliseconds ≥ 0, not ${String(v)}`);
+  }
+  return v;
+}
+
+/** Checks a time option sent to the server and rounds it to the nearest whole ms, at least min. */
+function roundMs(field: string, v: number | undefined, min = 0): number | undefined {
+  const ms = checkMs(field, v);
+  if (ms === undefined) return undefined;
+  const r = Math.round(ms);
+  if (r < min || !Number.isSafeInteger(r)) {
+    throw invalid(field, `${field} must be a whole number of milliseconds from ${min} to ${Number.MAX_SAFE_INTEGER}, not ${String(v)}`);
+  }
+  return r;
+}
+
+const INT64_MIN = -(2n ** 63n);
+const INT64_MAX = 2n ** 63n - 1n;
+
+/** An amount as int64: a bigint in range, or a safe-integer number. */
+function int64(field: string, v: number | bigint): bigint {
+  if (typeof v === "bigint") {
+    if (v >= INT64_MIN && v <= INT64_MAX) return v;
+  } else if (typeof v === "number" && Number.isSafeInteger(v)) {
+    return BigInt(v);
+  }
+  throw invalid(field, `${field} must be a bigint in the int64 range or a safe-integer number, not ${String(v)}`);
 }

@@ -4,7 +4,7 @@
  * @module
  */
 import { Code, ConnectError } from "@connectrpc/connect";
-import { LeaseLostError, LeaseReleasedError, LeaseUncertainError, type WardenError } from "./errors.js";
+import { InvalidArgumentError, LeaseLostError, LeaseReleasedError, LeaseUncertainError, type WardenError } from "./errors.js";
 import { unref, type Renewed } from "./renewer.js";
 
 /** Why a lease ended: the server said it is not current, renewals failed until the local deadline, or it was released. */
@@ -133,12 +133,17 @@ export class Lease {
 
   /**
    * Renews once now, before the lease is handed out (after a long wait
-   * used up much of the first deadline). Rejects with the lease's end
-   * error when it fails.
+   * used up much of the first deadline, or for a caller-supplied request
+   * id whose grant may be older than this call). The renewal runs with a
+   * fresh cutoff, its own send time + TTL − margin (as the Go SDK's Lock):
+   * the old deadline may have passed already, and nobody has seen the
+   * lease yet, so no work depends on it. On success the deadline is the
+   * renewal's send time + TTL. Rejects with the lease's end error when it
+   * fails.
    * @internal
    */
   async renewNow(): Promise<void> {
-    this.armCutoff();
+    this.armCutoff(performance.now() + this.ttlMs - this.safetyMarginMs);
     await this.renewOnce(false);
     if (this.err !== undefined) throw this.err;
   }
@@ -148,7 +153,8 @@ export class Lease {
     return this.deadline - this.safetyMarginMs;
   }
 
-  private armCutoff(): void {
+  /** (Re)arms the cutoff timer at `at` (performance.now() ms; default the lease's cutoff). */
+  private armCutoff(at: number = this.cutoff()): void {
     clearTimeout(this.cutoffTimer);
     this.cutoffTimer = setTimeout(() => {
       this.end(
@@ -160,7 +166,7 @@ export class Lease {
           Code.Unavailable,
         ),
       );
-    }, Math.max(this.cutoff() - performance.now(), 0));
+    }, Math.max(at - performance.now(), 0));
     unref(this.cutoffTimer);
   }
 
@@ -220,8 +226,13 @@ export class Lease {
    * again; once one succeeded, `unlock()` resolves at once.
    *
    * @throws WardenError when the release could not be completed in time.
+   * @throws InvalidArgumentError (`field` "timeoutMs") for a timeout that is not a finite number ≥ 0 (nothing is done)
    */
   async unlock(timeoutMs?: number): Promise<void> {
+    if (timeoutMs !== undefined && (typeof timeoutMs !== "number" || !Number.isFinite(timeoutMs) || timeoutMs < 0)) {
+      const d = `timeoutMs must be a finite number of milliseconds ≥ 0, not ${String(timeoutMs)}`;
+      throw new InvalidArgumentError("timeoutMs", d, `warden: timeoutMs: ${d}`);
+    }
     if (this.released) return;
     this.end("released", new LeaseReleasedError(this.resource));
     await this.host.release(this.resource, this.leaseId, timeoutMs);

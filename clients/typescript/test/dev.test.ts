@@ -303,6 +303,46 @@ describe("wardend --dev", { timeout: 600_000 }, () => {
     }
   });
 
+  test("a wait longer than the TTL: the lease is renewed at once with a fresh cutoff, and held", { timeout: 30_000 }, async () => {
+    const r = res("longwait");
+    const a = await client.lock(r, { ttl: 3_000 });
+    const other = createClient({ endpoints: [dev.url()] });
+    try {
+      const unlockA = sleep(5_000).then(() => a.unlock());
+      const start = Date.now();
+      const b = await other.lock(r, { ttl: 3_000, wait: 30_000 });
+      await unlockA;
+      assert.ok(Date.now() - start >= 4_500, `granted after ${Date.now() - start} ms`);
+      assert.ok(b.token > a.token);
+      assert.equal(b.signal.aborted, false, `lease ended: ${b.err}`);
+      await sleep(4_000); // more than a TTL: renewals keep it
+      assert.equal(b.signal.aborted, false, `lease ended: ${b.err}`);
+      const d = await client.describe(r);
+      assert.deepEqual([d.held, d.token], [true, b.token]);
+      await b.unlock();
+    } finally {
+      await other.close();
+    }
+  });
+
+  test("a caller-supplied requestId that returns an earlier grant: the local deadline is not after the server's expiry", T, async () => {
+    const r = res("reqid");
+    const requestId = `ts-reqid-${process.pid}-${++n}`;
+    const cli = await dev.cli(["lock", "acquire", r, "--request-id", requestId, "--ttl", "10s"]);
+    assert.equal(cli.code, 0, cli.stderr);
+    const granted = (await client.describe(r)).token;
+    await sleep(3_000);
+    const lease = await client.lock(r, { ttl: 10_000, requestId });
+    assert.equal(lease.token, granted, "the earlier grant");
+    const d = await client.describe(r);
+    assert.ok(
+      lease.expiresAt.getTime() <= d.expiresAt!.getTime() + 50,
+      `local deadline ${lease.expiresAt.toISOString()} is after the server's expiry ${d.expiresAt!.toISOString()}`,
+    );
+    assert.equal(lease.signal.aborted, false);
+    await lease.unlock();
+  });
+
   test("a lease's signal aborts before the server's expiry when the server is paused", { timeout: 30_000 }, async () => {
     const r = res("pause");
     const lease = await client.lock(r, { ttl: 2_000 });
