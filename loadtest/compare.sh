@@ -5,13 +5,15 @@
 # other on this machine, each driven by the same find-max run of the
 # reference profile: the scale steps up from LOADTEST_FROM (0.125) by √2
 # every LOADTEST_STEP (20s) until p99 acquire passes 200 ms or errors pass
-# 0.1 %. Writes <target>-report.{json,md} and -chart.png per target and
+# 0.1 %, then bisects between the last scale that passed and the first
+# that failed until they are within LOADTEST_PRECISION (0.05: 5 %) of each
+# other; a failing scale is tried twice. Writes <target>-report.{json,md} and -chart.png per target and
 # compare.md (ratios against Warden) to $LOADTEST_OUT (loadtest/out).
 # Installs etcd-server and zookeeper with apt when they are missing, and
 # stops every cluster it started.
 #
 # Environment: LOADTEST_TARGETS ("warden etcd etcd-mutex zk"), LOADTEST_FROM,
-# LOADTEST_STEP, LOADTEST_STEPS (10), LOADTEST_OUT.
+# LOADTEST_STEP, LOADTEST_STEPS (10), LOADTEST_PRECISION, LOADTEST_OUT.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -36,7 +38,7 @@ trap cleanup EXIT
 run() { # target script endpoints
 	local target=$1 script=$2 endpoints=$3
 	timeout 30m ./bin/warden-load run --target "$target" --endpoints "$endpoints" --profile reference \
-		--find-max --scale "${LOADTEST_FROM:-0.125}" --step-factor 1.41421356 --max-steps "${LOADTEST_STEPS:-10}" \
+		--find-max --scale "${LOADTEST_FROM:-0.125}" --step-factor 1.41421356 --max-steps "${LOADTEST_STEPS:-10}" --precision "${LOADTEST_PRECISION:-0.05}" \
 		--duration "${LOADTEST_STEP:-20s}" --cluster-script "$script" --out "$out" --prefix "$target-"
 }
 

@@ -195,10 +195,15 @@ func poisson(ctx context.Context, rate float64, fire func(intended time.Time)) {
 }
 
 // Ramp acquires locks at p's acquire rate (at least a tenth of the target
-// per second) until p.HeldLocks are held or timeout passes.
+// per second) until p.HeldLocks are held or timeout passes. Above the
+// target (a find-max bisection steps down) it releases the extra, at p's
+// release rate or more, so that the renewals are p's too.
 func (d *Driver) Ramp(ctx context.Context, p Profile, timeout time.Duration) error {
 	need := p.HeldLocks - d.Held()
-	if need <= 0 {
+	if need < 0 {
+		return d.shrink(ctx, p, timeout)
+	}
+	if need == 0 {
 		return nil
 	}
 	parent := ctx
@@ -220,6 +225,28 @@ func (d *Driver) Ramp(ctx context.Context, p Profile, timeout time.Duration) err
 				why = "when interrupted"
 			}
 			return fmt.Errorf("ramp: %d of %d locks held %s; acquire errors so far: %v", d.Held(), p.HeldLocks, why, d.rec.Summary(0, 0)[OpAcquire].Errors)
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// shrink releases held locks until p.HeldLocks are left, or timeout
+// passes.
+func (d *Driver) shrink(ctx context.Context, p Profile, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	go poisson(ctx, math.Max(p.ReleaseRate, float64(p.HeldLocks)/10), func(at time.Time) {
+		if d.Held() > p.HeldLocks {
+			d.releaseOne(at)
+		}
+	})
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for d.Held() > p.HeldLocks {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("ramp down: %d locks held, want %d, after %s", d.Held(), p.HeldLocks, timeout)
 		case <-tick.C:
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -319,5 +320,63 @@ func TestMassExpiryFault(t *testing.T) {
 	}
 	if s := rep.Safety; s.DoubleGrants+s.TokenRegressions+s.LostAcknowledgedLeases != 0 {
 		t.Fatalf("violations: %+v", s)
+	}
+}
+
+// find-max steps up by the factor until a scale fails, then bisects to
+// within the precision: the max it reports is at most the true one and
+// within 5 % of it, for thresholds anywhere between the steps.
+func TestSearchBisects(t *testing.T) {
+	for _, limit := range []float64{0.9, 1.0, 1.3, 2.2, 2.9, 3.05, 5.6} {
+		var probes []float64
+		got := search(0.125, math.Sqrt2, 0.05, 12, func(scale float64, bisect bool) (bool, bool) {
+			probes = append(probes, scale)
+			return scale <= limit, false
+		})
+		if got > limit || got < limit/1.05 {
+			t.Errorf("limit %.3g: search found %.4g (probes %.3g), want within 5 %% below it", limit, got, probes)
+		}
+		if len(probes) > 12+4 {
+			t.Errorf("limit %.3g: %d probes, want at most 16 (12 steps, then log2(ln √2 / ln 1.05) bisections)", limit, len(probes))
+		}
+	}
+	// Nothing passes: 0. Everything passes: the last step, no bisection.
+	if got := search(1, 2, 0.05, 5, func(float64, bool) (bool, bool) { return false, false }); got != 0 {
+		t.Errorf("none passing: %v", got)
+	}
+	if got := search(1, 2, 0.05, 5, func(float64, bool) (bool, bool) { return true, false }); got != 16 {
+		t.Errorf("all passing: %v, want 16", got)
+	}
+	// Below 0: no bisection, the old √2 answer.
+	if got := search(1, math.Sqrt2, -1, 10, func(s float64, _ bool) (bool, bool) { return s <= 3.9, false }); math.Abs(got-2*math.Sqrt2) > 1e-9 {
+		t.Errorf("without bisection: %v, want 2.83", got)
+	}
+	// A stop ends the search at once.
+	n := 0
+	search(1, 2, 0.05, 10, func(float64, bool) (bool, bool) { n++; return true, n == 3 })
+	if n != 3 {
+		t.Errorf("a stop at the third probe: %d probes", n)
+	}
+}
+
+// A bisection steps down: the driver releases the locks above the lower
+// scale's target, so that the renewals are that scale's, and the report's
+// max is the highest passing scale, not the last.
+func TestRampDownAndBest(t *testing.T) {
+	d := NewDriver(newMemTarget(), DriverConfig{Resources: 1000, Log: slog.New(slog.DiscardHandler)})
+	defer d.Close()
+	p := tiny()
+	big := p
+	big.HeldLocks = 2 * p.HeldLocks
+	ctx := context.Background()
+	if err := d.Ramp(ctx, big, 10*time.Second); err != nil || d.Held() < big.HeldLocks {
+		t.Fatalf("ramp up: %v, %d held", err, d.Held())
+	}
+	if err := d.Ramp(ctx, p, 10*time.Second); err != nil || d.Held() > p.HeldLocks {
+		t.Fatalf("ramp down: %v, %d held, want at most %d", err, d.Held(), p.HeldLocks)
+	}
+	r := &Report{Steps: []Step{{Scale: 1, Passed: true}, {Scale: 1.41}, {Scale: 1.19, Passed: true}, {Scale: 1.30}}}
+	if b, ok := r.best(); !ok || b.Scale != 1.19 {
+		t.Fatalf("best of %v: %v", r.Steps, b)
 	}
 }

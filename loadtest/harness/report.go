@@ -164,12 +164,13 @@ func (r *Report) AtScale(scale float64) (Step, bool) {
 	return out, found
 }
 
-// best is the highest passing find-max step.
+// best is the passing find-max step of the highest scale (a bisection
+// probes scales below the last step's).
 func (r *Report) best() (Step, bool) {
 	var out Step
 	ok := false
 	for _, st := range r.Steps {
-		if st.Passed {
+		if st.Passed && (!ok || st.Scale > out.Scale) {
 			out, ok = st, true
 		}
 	}
@@ -185,7 +186,7 @@ func WriteComparison(w io.Writer, reps []*Report) {
 	}
 	base := reps[0]
 	fmt.Fprintf(w, "# Side by side: %s profile, same machine, one target after the other\n\n", base.Profile.Name)
-	fmt.Fprintf(w, "Each target ran find-max: the reference profile (scale 1 = 20,000 held locks renewed every 10 s, 2,000 acquires/s and 2,000 releases/s) stepped up until p99 acquire passed 200 ms or errors passed 0.1 %%. \"Max\" is the highest step that passed; \"at reference\" is the step at scale 1.\n\n")
+	fmt.Fprintf(w, "Each target ran find-max: the reference profile (scale 1 = 20,000 held locks renewed every 10 s, 2,000 acquires/s and 2,000 releases/s) stepped up until p99 acquire passed 200 ms or errors passed 0.1 %%, then bisected between the last scale that passed and the first that failed to within 5 %% (a scale that fails is tried twice before it counts). \"Max\" is the highest scale that passed; \"at reference\" is the step at scale 1.\n\n")
 	fmt.Fprintln(w, "| target | max scale | max acquires/s | max commits/s | own writes/s at max | p99 acquire at max ms | p99 acquire at reference ms | safety violations |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range reps {

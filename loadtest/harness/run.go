@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"slices"
 	"strings"
@@ -60,10 +61,14 @@ type Config struct {
 	MassExpiry MassExpiryConfig
 	// FindMax steps the scale up by StepFactor from Profile.Scale until
 	// p99 acquire passes MaxP99 or errors pass MaxErrorRate twice in a row
-	// at one scale, at most MaxSteps scales.
+	// at one scale, at most MaxSteps scales; then it bisects between the
+	// last scale that passed and the first that failed until they are
+	// within Precision of each other (0.05 by default: 5 %; below 0, no
+	// bisection), each probe with the same two tries.
 	FindMax      bool
 	StepFactor   float64
 	MaxSteps     int
+	Precision    float64
 	MaxP99       time.Duration
 	MaxErrorRate float64
 	Driver       DriverConfig
@@ -71,17 +76,20 @@ type Config struct {
 
 // Step is one rate of a find-max run.
 type Step struct {
-	Scale          float64   `json:"scale"`
-	FromS          float64   `json:"from_s"`
-	ToS            float64   `json:"to_s"`
-	AcquiresPerSec float64   `json:"acquires_per_sec"`
-	CommitsPerSec  float64   `json:"commits_per_sec"`
-	WritesPerSec   float64   `json:"writes_per_sec"`
-	P99AcquireMS   float64   `json:"p99_acquire_ms"`
-	ErrorRate      float64   `json:"error_rate"`
-	Passed         bool      `json:"passed"`
-	Reason         string    `json:"reason,omitempty"`
-	Ops            opSummary `json:"ops"`
+	Scale          float64 `json:"scale"`
+	FromS          float64 `json:"from_s"`
+	ToS            float64 `json:"to_s"`
+	AcquiresPerSec float64 `json:"acquires_per_sec"`
+	CommitsPerSec  float64 `json:"commits_per_sec"`
+	WritesPerSec   float64 `json:"writes_per_sec"`
+	P99AcquireMS   float64 `json:"p99_acquire_ms"`
+	ErrorRate      float64 `json:"error_rate"`
+	Passed         bool    `json:"passed"`
+	Reason         string  `json:"reason,omitempty"`
+	// Bisect marks a step of the bisection that follows the first
+	// failing scale.
+	Bisect bool      `json:"bisect,omitempty"`
+	Ops    opSummary `json:"ops"`
 }
 
 type opSummary = map[string]OpSummary
@@ -143,6 +151,9 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 	}
 	if cfg.MaxErrorRate == 0 {
 		cfg.MaxErrorRate = 0.001
+	}
+	if cfg.Precision == 0 {
+		cfg.Precision = 0.05
 	}
 	top := cfg.Profile.Scale
 	if cfg.FindMax {
@@ -236,33 +247,39 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 	if !cfg.FindMax {
 		d.Steady(ctx, p, cfg.Duration)
 	} else {
-		for i := range cfg.MaxSteps {
-			sp := p.Rescaled(p.Scale * pow(cfg.StepFactor, i))
+		bisecting := false
+		search(p.Scale, cfg.StepFactor, cfg.Precision, cfg.MaxSteps, func(scale float64, bisect bool) (passed, stop bool) {
+			bisecting = bisecting || bisect
+			sp := p.Rescaled(scale)
 			if err := d.Ramp(ctx, sp, cfg.RampTimeout); err != nil {
-				rep.Steps = append(rep.Steps, Step{Scale: sp.Scale, Reason: err.Error()})
-				break
+				rep.Steps = append(rep.Steps, Step{Scale: sp.Scale, Reason: err.Error(), Bisect: bisecting})
+				return false, true
 			}
-			// A step that fails is run once more before the search stops:
-			// one noisy interval on a shared machine should not end it.
+			// A step that fails is run once more before it counts as
+			// failed: one noisy interval on a shared machine should not
+			// decide the search.
 			var st Step
 			for try := range 2 {
 				from := d.Elapsed()
 				d.Steady(ctx, sp, cfg.Duration)
 				st = step(d, sp, from, d.Elapsed(), cfg)
 				st.WritesPerSec = writes(rep.Costs, st.Ops) / (st.ToS - st.FromS)
-				log.Info("step", "scale", sp.Scale, "try", try+1, "acquires_per_sec", int(st.AcquiresPerSec), "commits_per_sec", int(st.CommitsPerSec),
+				st.Bisect = bisecting
+				log.Info("step", "scale", fmt.Sprintf("%.3g", sp.Scale), "try", try+1, "bisect", bisecting, "acquires_per_sec", int(st.AcquiresPerSec), "commits_per_sec", int(st.CommitsPerSec),
 					"p99_acquire_ms", st.P99AcquireMS, "error_rate", st.ErrorRate, "passed", st.Passed)
 				rep.Steps = append(rep.Steps, st)
 				if st.Passed || ctx.Err() != nil {
 					break
 				}
 			}
-			if !st.Passed {
-				break
+			if st.Passed {
+				if b, ok := rep.best(); !ok || b.Scale <= st.Scale {
+					c, a := st.CommitsPerSec, st.AcquiresPerSec
+					rep.MaxCommitsPerSec, rep.MaxAcquiresPerSec = &c, &a
+				}
 			}
-			c, a := st.CommitsPerSec, st.AcquiresPerSec
-			rep.MaxCommitsPerSec, rep.MaxAcquiresPerSec = &c, &a
-		}
+			return st.Passed, ctx.Err() != nil
+		})
 	}
 	steadyTo := d.Elapsed()
 	stopFaults() // faults scheduled past the end do not start
@@ -283,6 +300,49 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 		}
 	}
 	return rep, nil
+}
+
+// search is find-max's order of scales: from start, up by factor until
+// probe fails one or maxSteps scales were probed; then, between the last
+// scale that passed and the first that failed, the geometric middle of
+// the two, until they are within precision of each other (hi/lo ≤
+// 1+precision; a precision below 0 skips this). probe runs a scale (bisect
+// says the stepping is over) and says whether it passed, and whether the
+// search must stop at once (a ramp that failed, an interrupted run). It
+// returns the highest scale that passed, 0 if none did.
+func search(start, factor, precision float64, maxSteps int, probe func(scale float64, bisect bool) (passed, stop bool)) float64 {
+	lo, hi := 0.0, 0.0
+	for i := range maxSteps {
+		scale := start * pow(factor, i)
+		passed, stop := probe(scale, false)
+		if stop {
+			if passed {
+				lo = scale
+			}
+			return lo
+		}
+		if !passed {
+			hi = scale
+			break
+		}
+		lo = scale
+	}
+	if lo == 0 || hi == 0 || precision < 0 {
+		return lo // none passed, or none failed
+	}
+	for hi/lo > 1+precision {
+		mid := math.Sqrt(lo * hi)
+		passed, stop := probe(mid, true)
+		if passed {
+			lo = mid
+		} else {
+			hi = mid
+		}
+		if stop {
+			break
+		}
+	}
+	return lo
 }
 
 func pow(f float64, n int) float64 {
@@ -351,6 +411,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("duration: must be positive, got %s", cfg.Duration)
 	case cfg.FindMax && cfg.StepFactor != 0 && cfg.StepFactor <= 1:
 		return fmt.Errorf("step-factor: must be above 1, got %v", cfg.StepFactor)
+	case cfg.Precision > 1 || math.IsNaN(cfg.Precision):
+		return fmt.Errorf("precision: must be at most 1 (below 0: no bisection), got %v", cfg.Precision)
 	}
 	for _, f := range cfg.Faults {
 		if !slices.Contains(FaultKinds, f.Kind) {

@@ -38,9 +38,10 @@ type runCmd struct {
 	RampTimeout      time.Duration `help:"Longest ramp to the profile's held locks." default:"2m"`
 	Fault            []string      `help:"Fault to inject, kind@time after the measured phase starts (reports show it on the run's clock, which includes the ramp): kill@30s, kill-leader@30s, restart@45s, snapshot@35s, transfer-leader@40s, mass-expiry@30s (a fleet of --mass-expiry-leases leases taken at once and left to expire together, on any target). Repeatable; run in time order."`
 	MassExpiryLeases int           `name:"mass-expiry-leases" help:"Leases of the mass-expiry fault's fleet." default:"20000"`
-	FindMax          bool          `help:"Step the scale up by --step-factor until p99 acquire passes 200 ms or errors pass 0.1 % (a failed step is tried once more before the search stops)."`
+	FindMax          bool          `help:"Step the scale up by --step-factor until p99 acquire passes 200 ms or errors pass 0.1 % (a failed step is tried once more before it counts), then bisect (--precision)."`
 	StepFactor       float64       `help:"Scale factor between find-max steps." default:"1.25"`
 	MaxSteps         int           `help:"Most find-max steps." default:"12"`
+	Precision        float64       `help:"After the first failing find-max step, bisect between it and the last that passed until they are within this fraction of each other (below 0: no bisection)." default:"0.05"`
 	MaxInFlight      int           `help:"Most operations outstanding; later arrivals count as overload errors." default:"20000"`
 	OpTimeout        time.Duration `help:"Bound on one operation with its retries." default:"10s"`
 	Out              string        `help:"Directory for the report files." default:"loadtest/out"`
@@ -87,7 +88,7 @@ func (c *runCmd) Run() error {
 	}
 	cfg := harness.Config{
 		Profile: p, Duration: c.Duration, RampTimeout: c.RampTimeout,
-		FindMax: c.FindMax, StepFactor: c.StepFactor, MaxSteps: c.MaxSteps,
+		FindMax: c.FindMax, StepFactor: c.StepFactor, MaxSteps: c.MaxSteps, Precision: c.Precision,
 		Driver:     harness.DriverConfig{MaxInFlight: c.MaxInFlight, OpTimeout: c.OpTimeout},
 		MassExpiry: harness.MassExpiryConfig{Leases: c.MassExpiryLeases},
 	}
