@@ -138,9 +138,11 @@ func principalOf(ctx context.Context) string {
 	return p
 }
 
-// clientPath reports whether path is one of the client services', which
-// authentication covers (not the probes, metrics or reflection).
-func clientPath(path string) bool {
+// ClientPath reports whether an HTTP request path names a method of the
+// client services (warden.v1): those authentication covers, and those
+// browser pages of other origins may call (server's CORS layer); not the
+// probes, metrics, reflection or the dashboard's files.
+func ClientPath(path string) bool {
 	return strings.HasPrefix(path, "/warden.v1.")
 }
 

@@ -31,7 +31,7 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 		// the largest batches) are compressed.
 		connect.WithCompressMinBytes(64 << 10),
 		// Every valid request is far smaller; refuse the rest unread.
-		connect.WithReadMaxBytes(maxRequestBytes),
+		connect.WithReadMaxBytes(MaxRequestBytes),
 		connect.WithCodec(jsonCodec{"json"}),
 		connect.WithCodec(jsonCodec{"json; charset=utf-8"}),
 	}, opts...)
@@ -76,9 +76,9 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	return guard(&r.cfg, &r.auth, known, nodePath, mux)
 }
 
-// maxRequestBytes bounds a client's request message, in bytes, and
-// maxNodeRequestBytes a node's (NodeService).
+// MaxRequestBytes bounds a client's request message, in bytes (a larger
+// one is refused unread), and maxNodeRequestBytes a node's (NodeService).
 const (
-	maxRequestBytes     = 64 << 10
+	MaxRequestBytes     = 64 << 10
 	maxNodeRequestBytes = 16 << 20
 )

@@ -149,7 +149,7 @@ func guard(cfg *Config, a *authState, known func(id uint64) bool, nodePrefix str
 		req.Header.Del(forwardedHeader)
 		req.Header.Del(secretHeader)
 		req.Header.Del(principalHeader)
-		if clientPath(req.URL.Path) {
+		if ClientPath(req.URL.Path) {
 			p, err := a.authenticate(req)
 			if err != nil {
 				_ = refuse.Write(w, req, err)

@@ -9,7 +9,10 @@ import (
 	"strings"
 
 	connectcors "connectrpc.com/cors"
+	"connectrpc.com/grpchealth"
 	"github.com/rs/cors"
+
+	"github.com/warden-dev/warden/router"
 )
 
 // DevCORSOrigins are the origins a dev cluster (wardend --dev) allows
@@ -127,7 +130,7 @@ func withCORS(h http.Handler, origins []string) http.Handler {
 		MaxAge: 3600,
 	}).Handler(h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/warden.v1.") || strings.HasPrefix(r.URL.Path, "/grpc.health.v1.") {
+		if router.ClientPath(r.URL.Path) || strings.HasPrefix(r.URL.Path, "/"+grpchealth.HealthV1ServiceName+"/") {
 			c.ServeHTTP(w, r)
 			return
 		}

@@ -8,12 +8,16 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/warden-dev/warden/router"
 )
 
-// maxTextRequestBytes bounds a gRPC-Web-text request body, in bytes: the
-// API's bound on a request message (64 KiB, router), its frame header,
-// and base64's 4/3 with some padded chunks.
-const maxTextRequestBytes = 96 << 10
+// maxTextRequestBytes bounds a gRPC-Web-text request body, in bytes:
+// one and a half times the API's bound on a request message
+// (router.MaxRequestBytes, 96 KiB in all), room for that message and its
+// frame header as base64 (4 characters for 3 bytes) and for the padding
+// of many small chunks.
+const maxTextRequestBytes = router.MaxRequestBytes * 3 / 2
 
 // grpcWebText serves the gRPC-Web-text protocol (application/grpc-web-text,
 // the encoding browsers without binary streaming use, and grpcwebtext
