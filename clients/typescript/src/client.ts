@@ -10,7 +10,7 @@ import type { MessageInitShape } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampDate } from "@bufbuild/protobuf/wkt";
 import { LockService, type AcquireRequestSchema, type AcquireResponse } from "./gen/warden/v1/lock_pb.js";
 import { Consistency, QuotaService, type QuotaLevel as QuotaLevelMessage } from "./gen/warden/v1/quota_pb.js";
-import { ClientClosedError, InvalidArgumentError, LockHeldError, WaitTimeoutError, WardenError, toWardenError } from "./errors.js";
+import { ClientClosedError, LockHeldError, WaitTimeoutError, WardenError, checkMs, invalid, toWardenError } from "./errors.js";
 import { Lease, type LeaseHost } from "./lease.js";
 import { Renewer, unref, type Renewed } from "./renewer.js";
 import { isRetryable, isTransportError, jitter, leaderAddress, retryPolicy, type RetryOptions, type RetryPolicy } from "./retry.js";
@@ -744,19 +744,6 @@ function newRequestId(): string {
 
 /** The longest delay setTimeout honours (a longer one fires at once). */
 const MAX_TIMER_MS = 2 ** 31 - 1;
-
-function invalid(field: string, description: string): InvalidArgumentError {
-  return new InvalidArgumentError(field, description, `warden: ${field}: ${description}`);
-}
-
-/** Checks a time option, ms: undefined, or a finite number ≥ 0. */
-function checkMs(field: string, v: number | undefined): number | undefined {
-  if (v === undefined) return undefined;
-  if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
-    throw invalid(field, `${field} must be a finite number of milliseconds ≥ 0, not ${String(v)}`);
-  }
-  return v;
-}
 
 /** Checks a time option sent to the server and rounds it to the nearest whole ms, at least min. */
 function roundMs(field: string, v: number | undefined, min = 0): number | undefined {

@@ -190,3 +190,17 @@ export function toWardenError(err: unknown, what: string, resource = ""): Warden
   }
   return new WardenError(`warden: ${what}: [${Code[ce.code]}] ${ce.rawMessage}`, ce.code, { cause: ce });
 }
+
+/** @internal An InvalidArgumentError the SDK raises itself, before any call, naming field. */
+export function invalid(field: string, description: string): InvalidArgumentError {
+  return new InvalidArgumentError(field, description, `warden: ${field}: ${description}`);
+}
+
+/** @internal Checks a time option, ms: undefined, or a finite number ≥ 0 (else an InvalidArgumentError naming field). */
+export function checkMs(field: string, v: number | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
+    throw invalid(field, `${field} must be a finite number of milliseconds ≥ 0, not ${String(v)}`);
+  }
+  return v;
+}

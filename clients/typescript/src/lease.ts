@@ -4,7 +4,7 @@
  * @module
  */
 import { Code, ConnectError } from "@connectrpc/connect";
-import { InvalidArgumentError, LeaseLostError, LeaseReleasedError, LeaseUncertainError, type WardenError } from "./errors.js";
+import { checkMs, LeaseLostError, LeaseReleasedError, LeaseUncertainError, type WardenError } from "./errors.js";
 import { unref, type Renewed } from "./renewer.js";
 
 /** Why a lease ended: the server said it is not current, renewals failed until the local deadline, or it was released. */
@@ -229,10 +229,7 @@ export class Lease {
    * @throws InvalidArgumentError (`field` "timeoutMs") for a timeout that is not a finite number ≥ 0 (nothing is done)
    */
   async unlock(timeoutMs?: number): Promise<void> {
-    if (timeoutMs !== undefined && (typeof timeoutMs !== "number" || !Number.isFinite(timeoutMs) || timeoutMs < 0)) {
-      const d = `timeoutMs must be a finite number of milliseconds ≥ 0, not ${String(timeoutMs)}`;
-      throw new InvalidArgumentError("timeoutMs", d, `warden: timeoutMs: ${d}`);
-    }
+    checkMs("timeoutMs", timeoutMs);
     if (this.released) return;
     this.end("released", new LeaseReleasedError(this.resource));
     await this.host.release(this.resource, this.leaseId, timeoutMs);
