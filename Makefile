@@ -132,7 +132,7 @@ loadtest-secure:
 	LOADTEST_SECURE=1 LOADTEST_OUT=$(CURDIR)/loadtest/out-secure ./loadtest/run.sh
 
 ## loadtest-compare: find-max of the reference profile on Warden, etcd (two recipes) and ZooKeeper, one after
-## the other; writes loadtest/out/compare.md with the ratios
+## the other, three times (LOADTEST_RUNS); writes loadtest/out/compare.md with each target's median run, the ratios and the costs
 loadtest-compare:
 	./loadtest/compare.sh
 

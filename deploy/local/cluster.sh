@@ -7,6 +7,7 @@
 #   deploy/local/cluster.sh stop         stop every node (SIGTERM, then SIGKILL)
 #   deploy/local/cluster.sh status       which nodes run, and the shards
 #   deploy/local/cluster.sh kill N       SIGKILL node N (a crash); start brings it back
+#   deploy/local/cluster.sh pids         the pid of each running node, one a line
 #
 # Node N serves Connect on 127.0.0.1:$((LISTEN_BASE+N)) and Raft on
 # 127.0.0.1:$((RAFT_BASE+N)). Environment: WARDEN_CLUSTER_DIR (default
@@ -184,6 +185,13 @@ case "${1:-}" in
 start) start "${2:-}" ;;
 stop) stop ;;
 status) status ;;
+pids)
+	for n in "${nodes[@]}"; do
+		if running "$n"; then
+			cat "$(pidfile "$n")"
+		fi
+	done
+	;;
 kill)
 	n=${2:?usage: cluster.sh kill N}
 	if ! running "$n"; then

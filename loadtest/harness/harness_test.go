@@ -225,7 +225,7 @@ func TestComparisonRatios(t *testing.T) {
 		t.Fatalf("AtScale(1) = %+v, %v; want the passing retry", st, ok)
 	}
 	var b strings.Builder
-	WriteComparison(&b, []*Report{w, e})
+	WriteComparison(&b, [][]*Report{{w, e}})
 	out := b.String()
 	for _, want := range []string{"| etcd | 3.80× | 4.00× | 0.25× |", "| warden | 1 | 1900 | 5600 |"} {
 		if !strings.Contains(out, want) {

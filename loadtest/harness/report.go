@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -103,6 +104,10 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 	if p.Name == "reference" && rep.Steps == nil {
 		fmt.Fprintf(w, "- %s\n", rep.TargetCheck())
 	}
+	if u := rep.Usage; u != nil {
+		fmt.Fprintf(w, "- Cost (the measured phase, from /proc and the servers' counters): node CPU %.1f µs/commit (%.2f cores, the servers together), generator %.2f cores, allocations/commit %s, Raft entries/commit %s, node RSS %.0f MB at the end\n",
+			u.NodeCPUMicrosPerCommit, u.NodeCPUCores, u.GeneratorCPUCores, optF(u.AllocsPerCommit, "%.0f"), optF(u.RaftEntriesPerCommit, "%.3f"), float64(u.NodeRSSBytes)/1e6)
+	}
 	fmt.Fprintln(w)
 	for _, e := range s.Examples {
 		fmt.Fprintf(w, "  - %s\n", e)
@@ -115,13 +120,17 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 		}
 	}
 	if len(rep.Steps) > 0 {
-		fmt.Fprintf(w, "\n## Find-max steps\n\n| scale | acquires/s | commits/s | p99 acquire ms | error rate | passed |\n|---:|---:|---:|---:|---:|---|\n")
+		fmt.Fprintf(w, "\n## Find-max steps\n\nThe cost columns come from /proc and the servers' counters over the step (node CPU: the three servers together).\n\n| scale | acquires/s | commits/s | p99 acquire ms | error rate | passed | node CPU µs/commit | node CPU cores | generator CPU cores | allocs/commit | Raft entries/commit | node RSS MB |\n|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, st := range rep.Steps {
 			res := "yes"
 			if !st.Passed {
 				res = "no: " + st.Reason
 			}
-			fmt.Fprintf(w, "| %.3g | %.0f | %.0f | %.1f | %.5f | %s |\n", st.Scale, st.AcquiresPerSec, st.CommitsPerSec, st.P99AcquireMS, st.ErrorRate, res)
+			cost := "– | – | – | – | – | –"
+			if st.Usage != nil {
+				cost = st.Usage.cells()
+			}
+			fmt.Fprintf(w, "| %.3g | %.0f | %.0f | %.1f | %.5f | %s | %s |\n", st.Scale, st.AcquiresPerSec, st.CommitsPerSec, st.P99AcquireMS, st.ErrorRate, res, cost)
 		}
 	}
 	fmt.Fprintf(w, "\n![latency and throughput over time](%s)\n", chart)
@@ -178,29 +187,57 @@ func (r *Report) best() (Step, bool) {
 }
 
 // WriteComparison writes the side-by-side of several targets' find-max
-// reports of the same profile; the first (Warden) is the base of the
-// ratios.
-func WriteComparison(w io.Writer, reps []*Report) {
-	if len(reps) == 0 {
+// reports of the same profile. runs holds one or more compare runs, each
+// the same targets in the same order, the first (Warden) the base of the
+// ratios; for each target the run whose max commits/s is the median (the
+// lower middle of an even count) stands for it, and every run's max is
+// listed beside it.
+func WriteComparison(w io.Writer, runs [][]*Report) {
+	if len(runs) == 0 || len(runs[0]) == 0 {
 		return
+	}
+	reps := make([]*Report, len(runs[0]))
+	for i := range reps {
+		var of []*Report
+		for _, run := range runs {
+			if i < len(run) {
+				of = append(of, run[i])
+			}
+		}
+		reps[i] = medianRun(of)
 	}
 	base := reps[0]
 	fmt.Fprintf(w, "# Side by side: %s profile, same machine, one target after the other\n\n", base.Profile.Name)
-	fmt.Fprintf(w, "Each target ran find-max: the reference profile (scale 1 = 20,000 held locks renewed every 10 s, 2,000 acquires/s and 2,000 releases/s) stepped up until p99 acquire passed 200 ms or errors passed 0.1 %%, then bisected between the last scale that passed and the first that failed to within 5 %% (a scale that fails is tried twice before it counts). \"Max\" is the highest scale that passed; \"at reference\" is the step at scale 1.\n\n")
-	fmt.Fprintln(w, "| target | max scale | max acquires/s | max commits/s | own writes/s at max | p99 acquire at max ms | p99 acquire at reference ms | safety violations |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
-	for _, r := range reps {
+	fmt.Fprintf(w, "Each target ran find-max: the reference profile (scale 1 = 20,000 held locks renewed every 10 s, 2,000 acquires/s and 2,000 releases/s) stepped up until p99 acquire passed 200 ms or errors passed 0.1 %%, then bisected between the last scale that passed and the first that failed to within 5 %% (a scale that fails is tried twice before it counts). \"Max\" is the highest scale that passed; \"at reference\" is the step at scale 1.")
+	if len(runs) > 1 {
+		fmt.Fprintf(w, " Of %d compare runs, each target's row is its median run's (by max commits/s); the last column lists every run's max scale.", len(runs))
+	}
+	fmt.Fprintf(w, "\n\n")
+	fmt.Fprintln(w, "| target | max scale | max acquires/s | max commits/s | own writes/s at max | p99 acquire at max ms | p99 acquire at reference ms | safety violations | max scale of each run |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|")
+	for i, r := range reps {
+		var each []string
+		for _, run := range runs {
+			if b, ok := run[i].best(); ok {
+				each = append(each, fmt.Sprintf("%.3g", b.Scale))
+			} else {
+				each = append(each, "none")
+			}
+		}
 		b, ok := r.best()
 		ref := "not reached"
 		if st, ok := r.AtScale(1); ok {
 			ref = fmt.Sprintf("%.1f", st.P99AcquireMS)
 		}
-		n := r.Safety.DoubleGrants + r.Safety.TokenRegressions + r.Safety.LostAcknowledgedLeases
+		var n int64
+		for _, run := range runs {
+			n += run[i].Safety.DoubleGrants + run[i].Safety.TokenRegressions + run[i].Safety.LostAcknowledgedLeases
+		}
 		if !ok {
-			fmt.Fprintf(w, "| %s | none passed | – | – | – | – | %s | %d |\n", r.Target, ref, n)
+			fmt.Fprintf(w, "| %s | none passed | – | – | – | – | %s | %d | %s |\n", r.Target, ref, n, strings.Join(each, ", "))
 			continue
 		}
-		fmt.Fprintf(w, "| %s | %.3g | %.0f | %.0f | %.0f | %.1f | %s | %d |\n", r.Target, b.Scale, b.AcquiresPerSec, b.CommitsPerSec, b.WritesPerSec, b.P99AcquireMS, ref, n)
+		fmt.Fprintf(w, "| %s | %.3g | %.0f | %.0f | %.0f | %.1f | %s | %d | %s |\n", r.Target, b.Scale, b.AcquiresPerSec, b.CommitsPerSec, b.WritesPerSec, b.P99AcquireMS, ref, n, strings.Join(each, ", "))
 	}
 	fmt.Fprintf(w, "\n## Ratios (%s ÷ peer)\n\n| peer | max sustained acquires/s | max commits/s | p99 acquire at reference (below 1: %s is faster) |\n|---|---:|---:|---:|\n", base.Target, base.Target)
 	bb, bok := base.best()
@@ -217,11 +254,84 @@ func WriteComparison(w io.Writer, reps []*Report) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", r.Target, acq, com, p99)
 	}
+	fmt.Fprintf(w, "\n## What a commit costs\n\nFrom /proc (the servers' and the generator's CPU time and resident sets) and the servers' Prometheus counters, over the step at scale 1 (\"ref\") and the highest passing step (\"max\"). Node CPU adds up the three servers; entries per commit below 1 means commands share Raft entries.\n\n")
+	fmt.Fprintln(w, "| target | step | node CPU µs/commit | node CPU cores | generator CPU cores | allocs/commit | Raft entries/commit | node RSS MB |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|")
+	for _, r := range reps {
+		ref, refOK := r.AtScale(1)
+		b, bOK := r.best()
+		for _, c := range []struct {
+			name string
+			st   Step
+			ok   bool
+		}{{"ref", ref, refOK}, {"max", b, bOK}} {
+			if c.ok && c.st.Usage != nil {
+				fmt.Fprintf(w, "| %s | %s ×%.3g | %s |\n", r.Target, c.name, c.st.Scale, c.st.Usage.cells())
+			}
+		}
+	}
 	fmt.Fprintf(w, "\n## What each side pays\n\n")
 	for _, r := range reps {
 		fmt.Fprintf(w, "- **%s**: acquire %.3g, renew %.3g, release %.3g replicated writes. %s\n", r.Target, r.Costs.Acquire, r.Costs.Renew, r.Costs.Release, r.Costs.Note)
 	}
 	fmt.Fprintf(w, "\nPer-target details: <target>-report.md and <target>-chart.png beside this file.\n")
+}
+
+// GroupRuns splits reports given run after run (each run the same
+// targets in the same order) into runs: a run ends where its first
+// target comes again. An error names a run whose targets differ from
+// the first's.
+func GroupRuns(reps []*Report) ([][]*Report, error) {
+	var runs [][]*Report
+	for _, r := range reps {
+		if len(runs) == 0 || r.Target == reps[0].Target {
+			runs = append(runs, nil)
+		}
+		runs[len(runs)-1] = append(runs[len(runs)-1], r)
+	}
+	for i, run := range runs[1:] {
+		if !slices.EqualFunc(run, runs[0], func(a, b *Report) bool { return a.Target == b.Target }) {
+			return nil, fmt.Errorf("compare run %d has targets %s, want %s as in the first run", i+2, targetNames(run), targetNames(runs[0]))
+		}
+	}
+	return runs, nil
+}
+
+func targetNames(reps []*Report) string {
+	var names []string
+	for _, r := range reps {
+		names = append(names, r.Target)
+	}
+	return strings.Join(names, " ")
+}
+
+// medianRun is the report whose max commits/s is the median of reps'
+// (the lower middle of an even count; a report with no passing step
+// counts as 0).
+func medianRun(reps []*Report) *Report {
+	sorted := slices.Clone(reps)
+	maxOf := func(r *Report) float64 {
+		b, _ := r.best()
+		return b.CommitsPerSec
+	}
+	slices.SortStableFunc(sorted, func(a, b *Report) int { return cmp.Compare(maxOf(a), maxOf(b)) })
+	return sorted[(len(sorted)-1)/2]
+}
+
+// cells are u's columns of the cost tables: node CPU µs/commit, node
+// cores, generator cores, allocations and Raft entries per commit, and
+// the servers' resident memory in MB.
+func (u *Usage) cells() string {
+	return fmt.Sprintf("%.1f | %.2f | %.2f | %s | %s | %.0f", u.NodeCPUMicrosPerCommit, u.NodeCPUCores, u.GeneratorCPUCores,
+		optF(u.AllocsPerCommit, "%.0f"), optF(u.RaftEntriesPerCommit, "%.3f"), float64(u.NodeRSSBytes)/1e6)
+}
+
+// optF formats a figure that may be absent ("–").
+func optF(v *float64, format string) string {
+	if v == nil {
+		return "–"
+	}
+	return fmt.Sprintf(format, *v)
 }
 
 func ratioF(a, b float64) string {

@@ -72,6 +72,9 @@ type Config struct {
 	MaxP99       time.Duration
 	MaxErrorRate float64
 	Driver       DriverConfig
+	// Meter, if set, measures what each measured phase costs the
+	// target's servers and the generator (Usage).
+	Meter *Meter
 }
 
 // Step is one rate of a find-max run.
@@ -90,6 +93,8 @@ type Step struct {
 	// failing scale.
 	Bisect bool      `json:"bisect,omitempty"`
 	Ops    opSummary `json:"ops"`
+	// Usage is what the step cost (Config.Meter).
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 type opSummary = map[string]OpSummary
@@ -116,8 +121,11 @@ type Report struct {
 	MaxCommitsPerSec  *float64 `json:"max_commits_per_sec,omitempty"`
 	MaxAcquiresPerSec *float64 `json:"max_acquires_per_sec,omitempty"`
 	Steps             []Step   `json:"steps,omitempty"`
-	Safety            Safety   `json:"safety"`
-	Costs             Costs    `json:"costs"`
+	// Usage is what the steady phase cost (Config.Meter); with FindMax,
+	// each step has its own.
+	Usage  *Usage `json:"usage,omitempty"`
+	Safety Safety `json:"safety"`
+	Costs  Costs  `json:"costs"`
 	// Series is each operation's per-second count and latency, for the
 	// chart; SteadyFromS marks where the steady phase starts.
 	Series      map[string][]Point `json:"series"`
@@ -244,8 +252,11 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 		close(faultsDone)
 	}
 
+	var before, after usageSample // the steady phase's, without FindMax
 	if !cfg.FindMax {
+		before = cfg.Meter.sample(ctx)
 		d.Steady(ctx, p, cfg.Duration)
+		after = cfg.Meter.sample(ctx)
 	} else {
 		bisecting := false
 		search(p.Scale, cfg.StepFactor, cfg.Precision, cfg.MaxSteps, func(scale float64, bisect bool) (passed, stop bool) {
@@ -260,9 +271,11 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 			// decide the search.
 			var st Step
 			for try := range 2 {
-				from := d.Elapsed()
+				from, before := d.Elapsed(), cfg.Meter.sample(ctx)
 				d.Steady(ctx, sp, cfg.Duration)
+				after := cfg.Meter.sample(ctx)
 				st = step(d, sp, from, d.Elapsed(), cfg)
+				st.Usage = cfg.Meter.usage(before, after, st.CommitsPerSec)
 				st.WritesPerSec = writes(rep.Costs, st.Ops) / (st.ToS - st.FromS)
 				st.Bisect = bisecting
 				log.Info("step", "scale", fmt.Sprintf("%.3g", sp.Scale), "try", try+1, "bisect", bisecting, "acquires_per_sec", int(st.AcquiresPerSec), "commits_per_sec", int(st.CommitsPerSec),
@@ -289,6 +302,9 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 	rep.Ops = whole.Ops
 	rep.CommitsPerSec = whole.CommitsPerSec
 	rep.AcquiresPerSec = whole.AcquiresPerSec
+	if !cfg.FindMax {
+		rep.Usage = cfg.Meter.usage(before, after, rep.CommitsPerSec)
+	}
 	// The same whole seconds as the step's other rates.
 	rep.WritesPerSec = writes(rep.Costs, whole.Ops) / max(whole.ToS-whole.FromS, 1)
 	rep.HeldAtEnd = d.Held()

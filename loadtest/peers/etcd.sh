@@ -2,7 +2,7 @@
 # etcd.sh runs a local three-member etcd cluster on 127.0.0.1 for the load
 # harness's etcd target (loadtest/targets/etcd).
 #
-# Usage: etcd.sh start|stop|status|kill N|killleader|killfollower|leader|endpoints|install|clean
+# Usage: etcd.sh start|stop|status|kill N|killleader|killfollower|leader|endpoints|pids|install|clean
 #
 #   start         install etcd-server if missing, start every member that is not
 #                 running, and wait until all running members are healthy
@@ -19,6 +19,7 @@
 #                 its member number.
 #   leader        prints the leader's member number.
 #   endpoints     prints the client URLs, comma separated.
+#   pids          prints the pid of each running member, one a line.
 #   install       apt-get install etcd-server if the etcd binary is missing.
 #   clean         stop, then remove the data directory.
 #

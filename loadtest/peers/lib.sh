@@ -207,6 +207,11 @@ dispatch() {
 		;;
 	leader) leader || die "no leader" ;;
 	endpoints) endpoints ;;
+	pids)
+		for n in "${MEMBERS[@]}"; do
+			member_pid "$n"
+		done
+		;;
 	install) install ;;
 	clean)
 		stop

@@ -4,7 +4,7 @@
 # the Debian package's jars (java -cp ... QuorumPeerMain), not as a system
 # service.
 #
-# Usage: zk.sh start|stop|status|kill N|killleader|killfollower|leader|endpoints|install|clean
+# Usage: zk.sh start|stop|status|kill N|killleader|killfollower|leader|endpoints|pids|install|clean
 #
 #   start         install zookeeper if missing, start every server that is not
 #                 running, and wait until every running server serves (reports
@@ -21,6 +21,7 @@
 #   killfollower  SIGKILL one running follower; prints its server number.
 #   leader        prints the leader's server number.
 #   endpoints     prints the client addresses (host:port), comma separated.
+#   pids          prints the pid of each running member, one a line.
 #   install       apt-get install zookeeper if its jar or java is missing.
 #   clean         stop, then remove the data directory.
 #

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -58,7 +59,7 @@ type runCmd struct {
 
 type compareCmd struct {
 	Out     string   `help:"Directory for compare.md." default:"loadtest/out"`
-	Reports []string `arg:"" help:"report.json files; the first (Warden) is the base of the ratios."`
+	Reports []string `arg:"" help:"report.json files, one per target of each compare run, the runs one after the other in the same target order (w1 z1 w2 z2 …); the first target (Warden) is the base of the ratios, and with several runs each target's median run stands for it."`
 }
 
 var cli struct {
@@ -112,6 +113,7 @@ func (c *runCmd) Run() error {
 		return err
 	}
 	defer t.Close()
+	cfg.Meter = c.meter()
 	if c.CPUProfile != "" {
 		f, err := os.Create(c.CPUProfile)
 		if err != nil {
@@ -184,6 +186,37 @@ func (c *runCmd) target() (harness.Target, error) {
 	return warden.New(cfg)
 }
 
+// meter measures the target's servers: their pids from the cluster
+// script (none without one), and Warden's and etcd's Prometheus counters
+// at their endpoints' /metrics (ZooKeeper exports none).
+func (c *runCmd) meter() *harness.Meter {
+	m := &harness.Meter{}
+	if c.ClusterScript != "" {
+		m.PIDs = harness.ScriptPIDs(c.ClusterScript)
+	}
+	switch c.Target {
+	case "warden":
+		// Proposals are made on the node of the shard's leader, one Raft
+		// entry each: their sum over the nodes is the log's entries.
+		m.Entries = "warden_proposal_duration_seconds"
+		if strings.HasPrefix(c.Endpoints[0], "https:") && c.CACert != "" {
+			tc, err := tlsconfig.ClientConfig(c.CACert, "", "")
+			if err == nil { // target() checked the same file
+				m.Client = &http.Client{Transport: &http.Transport{TLSClientConfig: tc}}
+			}
+		}
+	case "etcd", "etcd-mutex":
+		// Each member's count of committed entries is the whole log's.
+		m.Entries, m.EntriesPerNode = "etcd_server_proposals_committed_total", true
+	default:
+		return m
+	}
+	for _, e := range c.Endpoints {
+		m.MetricsURLs = append(m.MetricsURLs, strings.TrimSuffix(e, "/")+"/metrics")
+	}
+	return m
+}
+
 func (c *compareCmd) Run() error {
 	var reps []*harness.Report
 	for _, path := range c.Reports {
@@ -197,6 +230,10 @@ func (c *compareCmd) Run() error {
 		}
 		reps = append(reps, r)
 	}
+	runs, err := harness.GroupRuns(reps)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(c.Out, 0o755); err != nil {
 		return err
 	}
@@ -204,6 +241,6 @@ func (c *compareCmd) Run() error {
 	if err != nil {
 		return err
 	}
-	harness.WriteComparison(f, reps)
+	harness.WriteComparison(f, runs)
 	return f.Close()
 }

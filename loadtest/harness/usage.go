@@ -1,0 +1,330 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+)
+
+// Meter samples what a run costs: the CPU time and resident memory of the
+// target's server processes and of the generator itself, and counters the
+// servers export in Prometheus's text format. Run takes a sample before
+// and after each measured phase (each find-max try, or the steady phase)
+// and reports the difference as Usage.
+type Meter struct {
+	// PIDs lists the target's server processes (ScriptPIDs reads them
+	// from a cluster script); nil measures the generator alone.
+	PIDs func(ctx context.Context) ([]int, error)
+	// MetricsURLs are the servers' Prometheus endpoints (a Warden node's
+	// or an etcd member's /metrics); none for ZooKeeper.
+	MetricsURLs []string
+	// Client fetches MetricsURLs (TLS, a bearer token); nil is
+	// http.DefaultClient.
+	Client *http.Client
+	// Entries is the counter that counts the target's Raft log entries,
+	// and EntriesPerNode says each server counts the whole log (etcd's
+	// committed proposals: the largest count is the log's) rather than
+	// its own share (Warden's proposals, made on the shard leader's node:
+	// the sum is the log's).
+	Entries        string
+	EntriesPerNode bool
+}
+
+// Allocations are counted by the Go runtime's go_memstats_mallocs_total,
+// which Warden and etcd export; a server in another language (ZooKeeper)
+// reports none.
+const mallocsMetric = "go_memstats_mallocs_total"
+
+// ScriptPIDs returns a Meter.PIDs that runs `bash script pids` (the
+// cluster scripts print one running server's pid a line).
+func ScriptPIDs(script string) func(ctx context.Context) ([]int, error) {
+	return func(ctx context.Context) ([]int, error) {
+		out, err := exec.CommandContext(ctx, "bash", script, "pids").Output()
+		if err != nil {
+			return nil, fmt.Errorf("%s pids: %w", script, err)
+		}
+		var pids []int
+		for _, f := range strings.Fields(string(out)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil || pid <= 0 {
+				return nil, fmt.Errorf("%s pids: %q is not a pid", script, f)
+			}
+			pids = append(pids, pid)
+		}
+		return pids, nil
+	}
+}
+
+// ProcessUsage is one server process over a measured phase.
+type ProcessUsage struct {
+	PID int `json:"pid"`
+	// CPUS is the process's user and system CPU time in the phase, in
+	// seconds; CPUMicrosPerCommit divides it by the phase's commits.
+	CPUS               float64 `json:"cpu_s"`
+	CPUMicrosPerCommit float64 `json:"cpu_us_per_commit"`
+	// RSSBytes is its resident set at the end of the phase.
+	RSSBytes int64 `json:"rss_bytes"`
+}
+
+// Usage is what a measured phase cost. Rates are per second of the
+// phase's wall time (WallS) and per commit of its acknowledged state
+// changes. A process that started during the phase (a restarted node)
+// counts all its CPU; one that ended during it counts none of its last
+// interval, which /proc no longer shows.
+type Usage struct {
+	WallS   float64 `json:"wall_s"`
+	Commits float64 `json:"commits"`
+	// Processes are the target's servers; NodeCPUMicrosPerCommit is their
+	// CPU together per commit, and NodeCPUCores their CPU per second.
+	Processes              []ProcessUsage `json:"processes,omitempty"`
+	NodeCPUMicrosPerCommit float64        `json:"node_cpu_us_per_commit"`
+	NodeCPUCores           float64        `json:"node_cpu_cores"`
+	NodeRSSBytes           int64          `json:"node_rss_bytes"`
+	// GeneratorCPUCores is the load generator's own CPU per second (it
+	// shares the machine with the servers).
+	GeneratorCPUCores           float64 `json:"generator_cpu_cores"`
+	GeneratorCPUMicrosPerCommit float64 `json:"generator_cpu_us_per_commit"`
+	// AllocsPerCommit is the servers' heap allocations together per
+	// commit; RaftEntriesPerCommit their log entries per commit (below 1:
+	// commands batched into one entry). Absent when the servers do not
+	// export the counter.
+	AllocsPerCommit      *float64 `json:"allocs_per_commit,omitempty"`
+	RaftEntriesPerCommit *float64 `json:"raft_entries_per_commit,omitempty"`
+	// Errors are what could not be sampled (the phase's figures leave
+	// those parts out).
+	Errors []string `json:"errors,omitempty"`
+}
+
+type procSample struct {
+	cpuS float64
+	rss  int64
+}
+
+// usageSample is one reading of the Meter.
+type usageSample struct {
+	at    time.Time
+	self  float64
+	procs map[int]procSample
+	// counters[name][i] is the counter of MetricsURLs[i] (absent: -1).
+	counters map[string][]float64
+	errs     []string
+}
+
+// sample reads the Meter now; what fails is named in errs.
+func (m *Meter) sample(ctx context.Context) usageSample {
+	s := usageSample{at: time.Now(), self: selfCPU(), procs: map[int]procSample{}, counters: map[string][]float64{}}
+	if m == nil {
+		return s
+	}
+	if m.PIDs != nil {
+		pids, err := m.PIDs(ctx)
+		if err != nil {
+			s.errs = append(s.errs, err.Error())
+		}
+		for _, pid := range pids {
+			p, err := readProc(pid)
+			if err != nil {
+				s.errs = append(s.errs, err.Error())
+				continue
+			}
+			s.procs[pid] = p
+		}
+	}
+	names := []string{mallocsMetric}
+	if m.Entries != "" {
+		names = append(names, m.Entries)
+	}
+	for _, n := range names {
+		s.counters[n] = slices.Repeat([]float64{-1}, len(m.MetricsURLs))
+	}
+	for i, u := range m.MetricsURLs {
+		fams, err := m.scrape(ctx, u)
+		if err != nil {
+			s.errs = append(s.errs, err.Error())
+			continue
+		}
+		for _, n := range names {
+			if v, ok := counterSum(fams[n]); ok {
+				s.counters[n][i] = v
+			}
+		}
+	}
+	return s
+}
+
+func (m *Meter) scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	c := m.Client
+	if c == nil {
+		c = http.DefaultClient
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	var p expfmt.TextParser
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
+	return fams, nil
+}
+
+// counterSum adds up a family's series: a counter's or untyped value, a
+// histogram's or summary's observation count.
+func counterSum(f *dto.MetricFamily) (float64, bool) {
+	if f == nil || len(f.GetMetric()) == 0 {
+		return 0, false
+	}
+	var sum float64
+	for _, m := range f.GetMetric() {
+		switch {
+		case m.Counter != nil:
+			sum += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			sum += m.GetGauge().GetValue()
+		case m.Untyped != nil:
+			sum += m.GetUntyped().GetValue()
+		case m.Histogram != nil:
+			sum += float64(m.GetHistogram().GetSampleCount())
+		case m.Summary != nil:
+			sum += float64(m.GetSummary().GetSampleCount())
+		}
+	}
+	return sum, true
+}
+
+// clockTicks is the unit of /proc/PID/stat's CPU times (USER_HZ, 100 on
+// every Linux architecture Go supports).
+const clockTicks = 100
+
+// readProc reads a process's CPU time (user and system) and resident
+// set from /proc.
+func readProc(pid int) (procSample, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procSample{}, fmt.Errorf("process %d: %w", pid, err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces;
+	// the fields after it are numbers: state is field 3, utime 14, stime
+	// 15, rss (pages) 24.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procSample{}, fmt.Errorf("process %d: /proc stat without a command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 22 {
+		return procSample{}, fmt.Errorf("process %d: /proc stat has %d fields after the name, want 22", pid, len(f))
+	}
+	num := func(k int) (int64, error) { return strconv.ParseInt(f[k-3], 10, 64) }
+	ut, err1 := num(14)
+	st, err2 := num(15)
+	rss, err3 := num(24)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return procSample{}, fmt.Errorf("process %d: /proc stat: bad number", pid)
+	}
+	return procSample{cpuS: float64(ut+st) / clockTicks, rss: rss * int64(os.Getpagesize())}, nil
+}
+
+// selfCPU is the generator's own CPU time so far, in seconds.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// usage is what happened between samples a and b, in which commitsPerSec
+// state changes a second were acknowledged.
+func (m *Meter) usage(a, b usageSample, commitsPerSec float64) *Usage {
+	wall := b.at.Sub(a.at).Seconds()
+	u := &Usage{WallS: wall, Commits: commitsPerSec * wall, Errors: append(slices.Clone(a.errs), b.errs...)}
+	if wall <= 0 {
+		return u
+	}
+	per := func(x float64) float64 {
+		if u.Commits <= 0 {
+			return 0
+		}
+		return x / u.Commits
+	}
+	var cpu float64
+	for _, pid := range slices.Sorted(maps.Keys(b.procs)) {
+		end := b.procs[pid]
+		d := end.cpuS - a.procs[pid].cpuS // a process started meanwhile: all of it
+		cpu += d
+		u.NodeRSSBytes += end.rss
+		u.Processes = append(u.Processes, ProcessUsage{PID: pid, CPUS: d, CPUMicrosPerCommit: per(d) * 1e6, RSSBytes: end.rss})
+	}
+	u.NodeCPUCores = cpu / wall
+	u.NodeCPUMicrosPerCommit = per(cpu) * 1e6
+	self := b.self - a.self
+	u.GeneratorCPUCores = self / wall
+	u.GeneratorCPUMicrosPerCommit = per(self) * 1e6
+	if m == nil || u.Commits <= 0 {
+		return u
+	}
+	if d, ok := counterDelta(a.counters[mallocsMetric], b.counters[mallocsMetric], false); ok {
+		v := d / u.Commits
+		u.AllocsPerCommit = &v
+	}
+	if m.Entries != "" {
+		if d, ok := counterDelta(a.counters[m.Entries], b.counters[m.Entries], m.EntriesPerNode); ok {
+			v := d / u.Commits
+			u.RaftEntriesPerCommit = &v
+		}
+	}
+	return u
+}
+
+// counterDelta is how much the servers' counters grew: the sum of their
+// growths, or with largest the largest. A counter that went down was
+// reset (its server restarted) and grew by its new value. It is not ok
+// when no server has both readings.
+func counterDelta(a, b []float64, largest bool) (float64, bool) {
+	var out float64
+	ok := false
+	for i := range min(len(a), len(b)) {
+		if a[i] < 0 || b[i] < 0 {
+			continue
+		}
+		d := b[i] - a[i]
+		if d < 0 {
+			d = b[i]
+		}
+		if largest {
+			out = max(out, d)
+		} else {
+			out += d
+		}
+		ok = true
+	}
+	return out, ok
+}
