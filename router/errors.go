@@ -93,27 +93,31 @@ var codeLabels = map[connect.Code]string{
 // and outcome label (DESIGN.md §3 "Error codes"): toConnect and outcome
 // both read it, so a client and the metrics never disagree.
 func classify(err error) class {
-	var re *resultError
-	var fe *shard.FieldError
-	var ce *connect.Error
-	var rl *remoteLeader
-	switch {
-	case err == nil:
+	// errors.AsType, not errors.As into variables declared up front:
+	// those escape to the heap on every call, and every RPC outcome is
+	// classified (four allocations an RPC, 5 % of a leader's).
+	if err == nil {
 		return class{0, "ok"}
-	case errors.As(err, &re):
+	}
+	if re, ok := errors.AsType[*resultError](err); ok {
 		if c, ok := resultClasses[re.res.GetCode()]; ok {
 			return c
 		}
 		return class{connect.CodeInternal, "error"}
-	case errors.As(err, &ce): // a forwarded call's answer
+	}
+	if ce, ok := errors.AsType[*connect.Error](err); ok { // a forwarded call's answer
 		if l, ok := codeLabels[ce.Code()]; ok {
 			return class{ce.Code(), l}
 		}
 		return class{ce.Code(), "error"}
-	case errors.As(err, &rl): // a forwarded call reached a node that no longer leads
+	}
+	if _, ok := errors.AsType[*remoteLeader](err); ok { // a forwarded call reached a node that no longer leads
 		return class{connect.CodeUnavailable, "unavailable"}
-	case errors.As(err, &fe):
+	}
+	if _, ok := errors.AsType[*shard.FieldError](err); ok {
 		return class{connect.CodeInvalidArgument, "invalid"}
+	}
+	switch {
 	case errors.Is(err, context.Canceled):
 		return class{connect.CodeCanceled, "canceled"}
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, errWaitTimedOut):

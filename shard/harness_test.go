@@ -90,6 +90,12 @@ func (r *replica) proposeRaw(cmds ...[]byte) []*shardv1.Result {
 // propose applies one command stamped with now (nanoseconds).
 func (r *replica) propose(now int64, env *shardv1.Envelope) *shardv1.Result {
 	r.t.Helper()
+	return r.proposeRaw(r.encode(now, env))[0]
+}
+
+// encode stamps env as a proposal of r at now and encodes it.
+func (r *replica) encode(now int64, env *shardv1.Envelope) []byte {
+	r.t.Helper()
 	env.Version, env.ShardId, env.Generation, env.NowUnixNano = CommandVersion, r.shardID, r.generation, now
 	if r.version != 0 {
 		env.Version = r.version
@@ -98,7 +104,7 @@ func (r *replica) propose(now int64, env *shardv1.Envelope) *shardv1.Result {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	return r.proposeRaw(b)[0]
+	return b
 }
 
 func (r *replica) query(now int64, q *shardv1.Query) *shardv1.QueryResult {
