@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 
 	"github.com/cockroachdb/pebble"
@@ -135,4 +136,94 @@ func TestStoredRecordsFoundAfterRebuild(t *testing.T) {
 	}
 	dst.index = src.index
 	check("recovered", dst)
+}
+
+// Deletes leave no entries behind, and once they have emptied the cache
+// its maps and the filter are rebuilt small (shrink).
+func TestCacheShrinksAfterDeletes(t *testing.T) {
+	db, err := pebble.Open("", &pebble.Options{FS: vfs.NewMem()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	cache, err := newValueCache(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache.limit = 16
+	b := writeBatch{db.NewIndexedBatch(), cache}
+	defer b.Close()
+	const n = 100
+	for i := range n {
+		if err := b.Set(lockKey(fmt.Sprint(i)), []byte{1}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cache.storedPeak != n {
+		t.Fatalf("filter peak %d, want %d", cache.storedPeak, n)
+	}
+	for i := range n {
+		if err := b.Delete(lockKey(fmt.Sprint(i)), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(cache.recent)+len(cache.older) != 0 || len(cache.stored) != 0 || cache.storedPeak != 0 || cache.deleted != n {
+		t.Fatalf("after deleting every key: %d and %d cached, %d fingerprints (peak %d), %d deletes",
+			len(cache.recent), len(cache.older), len(cache.stored), cache.storedPeak, cache.deleted)
+	}
+	if _, _, err := b.Get(lockKey("0")); err != pebble.ErrNotFound {
+		t.Fatalf("deleted key: %v, want absent", err)
+	}
+}
+
+// A database whose records were mostly deleted is compacted, once a
+// halving; one whose records turn over at a steady count never is
+// (compactDue).
+func TestCompactDueOnShrinkOnly(t *testing.T) {
+	db, err := pebble.Open("", &pebble.Options{FS: vfs.NewMem()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	cache, err := newValueCache(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := writeBatch{db.NewIndexedBatch(), cache}
+	defer b.Close()
+	key := func(i int) []byte { return lockKey(fmt.Sprint(i)) }
+	const n = 2 * compactAfterDeletes
+	for i := range n {
+		if err := b.Set(key(i), []byte{1}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Steady: each delete follows a new write, as the dedup window's
+	// forgetting follows new requests.
+	for i := range n {
+		if err := b.Set(key(n+i), []byte{1}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Delete(key(i), nil); err != nil {
+			t.Fatal(err)
+		}
+		if cache.compactDue() {
+			t.Fatalf("compaction due after %d deletes at a steady %d records", i+1, len(cache.stored))
+		}
+	}
+	// Shrink: the records are forgotten and none come.
+	due := 0
+	for i := n; i < 2*n; i++ {
+		if err := b.Delete(key(i), nil); err != nil {
+			t.Fatal(err)
+		}
+		if cache.compactDue() {
+			due++
+		}
+	}
+	// Each compaction needs compactAfterDeletes deletes and the records
+	// halved: at n/2 and at 0.
+	if due != 2 {
+		t.Fatalf("compaction due %d times while the records went from %d to 0, want twice", due, n)
+	}
 }

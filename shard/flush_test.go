@@ -3,8 +3,11 @@ package shard
 import (
 	"bytes"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble"
 )
 
 // The replicas of a shard flush their first memtable at different points
@@ -60,5 +63,81 @@ func TestStaggeredFlush(t *testing.T) {
 	}
 	if r.sm.flushAt != 0 {
 		t.Fatalf("recovered database flushes early after %d bytes", r.sm.flushAt)
+	}
+}
+
+// A flushed memtable's write-ahead log is deleted, not kept for reuse
+// (noRecycleCleaner).
+func TestObsoleteLogsDeleted(t *testing.T) {
+	dir := t.TempDir()
+	db, err := openDB(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for i := range 5 {
+		if err := db.Set([]byte{'k', byte(i)}, make([]byte, 1<<10), pebble.NoSync); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if logs, _ := filepath.Glob(filepath.Join(dir, "*.log")); len(logs) != 1 {
+		t.Fatalf("write-ahead logs after 5 flushes: %v, want the live one", logs)
+	}
+}
+
+// A compaction (StateMachine.compact, which Update schedules once the
+// records have shrunk: valueCache.compactDue) leaves a database whose
+// records were all deleted with next to nothing in its tables.
+func TestCompactReclaimsDeleted(t *testing.T) {
+	r := newReplica(t)
+	now := int64(1_700_000_000) * second
+	const n = compactAfterDeletes / 2 // a lock and a dedup record each
+	for i := range n {
+		res := fmt.Sprintf("burst/%06d", i)
+		r.propose(now, acquireCmd(res, fmt.Sprintf("req-%d", i), second, "w", leaseID(fmt.Sprint(i))))
+	}
+	tables := func() int64 {
+		r.sm.mu.RLock()
+		defer r.sm.mu.RUnlock()
+		if err := r.sm.mu.db.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		m := r.sm.mu.db.Metrics()
+		return m.Total().Size
+	}
+	full := tables()
+	// Expire every lease and forget every record, as the leader's sweeps
+	// would after the dedup window.
+	later := now + 3600*second
+	for {
+		ex, err := r.sm.upd.expired(later, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ex.GetItems()) == 0 {
+			break
+		}
+		r.propose(later, expireCmd(ex.GetItems()...))
+	}
+	later += 3600 * second // past the dedup window
+	for {
+		f, err := r.sm.upd.forgettable(later, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(f.GetIdleLocks())+len(f.GetDedup()) == 0 {
+			break
+		}
+		r.propose(later, forgetCmd(f))
+	}
+	if !r.sm.compactPending.Load() {
+		t.Fatal("no compaction scheduled after every record was forgotten")
+	}
+	r.sm.compact()
+	if after := tables(); after > full/20 {
+		t.Fatalf("tables hold %d bytes after compaction, %d before the forgetting: want under 5 %%", after, full)
 	}
 }
