@@ -51,6 +51,7 @@ type runCmd struct {
 	SingleRenew      bool          `name:"single-renewals" help:"Warden target: one Renew call per renewal instead of sharing RenewBatch calls."`
 	RenewLinger      time.Duration `name:"renew-linger" help:"Warden target: how long a renewal waits to share a RenewBatch call." default:"50ms"`
 	SingleCalls      bool          `name:"single-calls" help:"Warden target: one Acquire or Release call per operation instead of sharing Batch calls."`
+	BatchCalls       int           `name:"batch-calls" help:"Warden target: Batch calls each endpoint keeps in flight (0: the Go SDK's client.DefaultBatchCalls)."`
 	CPUProfile       string        `name:"cpuprofile" placeholder:"FILE" help:"Write the load generator's own CPU profile (pprof) to FILE."`
 	ClusterScript    string        `help:"Script that kills and starts the target's nodes (deploy/local/cluster.sh, loadtest/peers/etcd.sh, loadtest/peers/zk.sh)."`
 	CACert           string        `name:"cacert" placeholder:"PATH" help:"Warden target: PEM CA that verifies the nodes (https endpoints; a cluster.sh --secure cluster's secure/ca.pem)."`
@@ -169,7 +170,7 @@ func (c *runCmd) target() (harness.Target, error) {
 	case "zk":
 		return zk.New(ctx, zk.Config{Servers: c.Endpoints, Script: c.ClusterScript})
 	}
-	cfg := warden.Config{Endpoints: c.Endpoints, ConnsPerEndpoint: c.Conns, SingleRenewals: c.SingleRenew, RenewLinger: c.RenewLinger, SingleCalls: c.SingleCalls, ClusterScript: c.ClusterScript}
+	cfg := warden.Config{Endpoints: c.Endpoints, ConnsPerEndpoint: c.Conns, SingleRenewals: c.SingleRenew, RenewLinger: c.RenewLinger, SingleCalls: c.SingleCalls, BatchCalls: c.BatchCalls, ClusterScript: c.ClusterScript}
 	if c.CACert != "" {
 		var err error
 		if cfg.TLS, err = tlsconfig.ClientConfig(c.CACert, "", ""); err != nil {

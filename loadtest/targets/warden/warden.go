@@ -4,6 +4,7 @@
 package warden
 
 import (
+	"cmp"
 	"context"
 	crand "crypto/rand"
 	"crypto/tls"
@@ -48,6 +49,9 @@ type Config struct {
 	// (client.Batcher, DefaultBatchCalls in flight), as the Go SDK's do.
 	// Acquires that wait are always sent alone.
 	SingleCalls bool
+	// BatchCalls is how many Batch calls each endpoint's Batcher keeps in
+	// flight (default client.DefaultBatchCalls): fewer carry more ops each.
+	BatchCalls int
 	// ClusterScript is deploy/local/cluster.sh (run with bash), for the
 	// kill and restart faults; ClusterEnv its environment
 	// (WARDEN_CLUSTER_DIR, ports).
@@ -119,7 +123,7 @@ func New(cfg Config) (*Target, error) {
 			lock := wardenv1connect.NewLockServiceClient(hc, e, auth)
 			if renewer == nil {
 				renewer = client.NewRenewer(lock, cfg.RenewLinger)
-				batcher = client.NewBatcher(lock, client.DefaultBatchCalls)
+				batcher = client.NewBatcher(lock, cmp.Or(cfg.BatchCalls, client.DefaultBatchCalls))
 			}
 			t.conns = append(t.conns, conn{
 				endpoint: i,
