@@ -105,8 +105,8 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 		fmt.Fprintf(w, "- %s\n", rep.TargetCheck())
 	}
 	if u := rep.Usage; u != nil {
-		fmt.Fprintf(w, "- Cost (the measured phase, from /proc and the servers' counters): node CPU %.1f µs/commit (%.2f cores, the servers together), generator %.2f cores, allocations/commit %s, Raft entries/commit %s, node RSS %.0f MB at the end\n",
-			u.NodeCPUMicrosPerCommit, u.NodeCPUCores, u.GeneratorCPUCores, optF(u.AllocsPerCommit, "%.0f"), optF(u.RaftEntriesPerCommit, "%.3f"), float64(u.NodeRSSBytes)/1e6)
+		fmt.Fprintf(w, "- Cost (the measured phase, from /proc and the servers' counters): node CPU %.1f µs/commit (%.2f cores, the servers together), generator %.2f cores, allocations/commit %s, Raft entries/commit %s, node RSS %.0f MB at the end; the machine %.0f %% busy, %.0f %% stolen by its hypervisor\n",
+			u.NodeCPUMicrosPerCommit, u.NodeCPUCores, u.GeneratorCPUCores, optF(u.AllocsPerCommit, "%.0f"), optF(u.RaftEntriesPerCommit, "%.3f"), float64(u.NodeRSSBytes)/1e6, u.MachineBusy*100, u.MachineSteal*100)
 	}
 	fmt.Fprintln(w)
 	for _, e := range s.Examples {
@@ -120,13 +120,13 @@ func WriteMarkdown(w io.Writer, rep *Report, chart string) {
 		}
 	}
 	if len(rep.Steps) > 0 {
-		fmt.Fprintf(w, "\n## Find-max steps\n\nThe cost columns come from /proc and the servers' counters over the step (node CPU: the three servers together).\n\n| scale | acquires/s | commits/s | p99 acquire ms | error rate | passed | node CPU µs/commit | node CPU cores | generator CPU cores | allocs/commit | Raft entries/commit | node RSS MB |\n|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(w, "\n## Find-max steps\n\nThe cost columns come from /proc and the servers' counters over the step (node CPU: the three servers together).\n\n| scale | acquires/s | commits/s | p99 acquire ms | error rate | passed | node CPU µs/commit | node CPU cores | generator CPU cores | allocs/commit | Raft entries/commit | node RSS MB | CPU stolen %% |\n|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, st := range rep.Steps {
 			res := "yes"
 			if !st.Passed {
 				res = "no: " + st.Reason
 			}
-			cost := "– | – | – | – | – | –"
+			cost := "– | – | – | – | – | – | –"
 			if st.Usage != nil {
 				cost = st.Usage.cells()
 			}
@@ -254,9 +254,9 @@ func WriteComparison(w io.Writer, runs [][]*Report) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", r.Target, acq, com, p99)
 	}
-	fmt.Fprintf(w, "\n## What a commit costs\n\nFrom /proc (the servers' and the generator's CPU time and resident sets) and the servers' Prometheus counters, over the step at scale 1 (\"ref\") and the highest passing step (\"max\"). Node CPU adds up the three servers; entries per commit below 1 means commands share Raft entries.\n\n")
-	fmt.Fprintln(w, "| target | step | node CPU µs/commit | node CPU cores | generator CPU cores | allocs/commit | Raft entries/commit | node RSS MB |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintf(w, "\n## What a commit costs\n\nFrom /proc (the servers' and the generator's CPU time and resident sets) and the servers' Prometheus counters, over the step at scale 1 (\"ref\") and the highest passing step (\"max\"). Node CPU adds up the three servers; entries per commit below 1 means commands share Raft entries; \"CPU stolen\" is the share of the machine's CPU time its hypervisor took (/proc/stat), which leaves the targets fewer cores than the machine shows.\n\n")
+	fmt.Fprintln(w, "| target | step | node CPU µs/commit | node CPU cores | generator CPU cores | allocs/commit | Raft entries/commit | node RSS MB | CPU stolen % |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range reps {
 		ref, refOK := r.AtScale(1)
 		b, bOK := r.best()
@@ -322,8 +322,8 @@ func medianRun(reps []*Report) *Report {
 // cores, generator cores, allocations and Raft entries per commit, and
 // the servers' resident memory in MB.
 func (u *Usage) cells() string {
-	return fmt.Sprintf("%.1f | %.2f | %.2f | %s | %s | %.0f", u.NodeCPUMicrosPerCommit, u.NodeCPUCores, u.GeneratorCPUCores,
-		optF(u.AllocsPerCommit, "%.0f"), optF(u.RaftEntriesPerCommit, "%.3f"), float64(u.NodeRSSBytes)/1e6)
+	return fmt.Sprintf("%.1f | %.2f | %.2f | %s | %s | %.0f | %.0f", u.NodeCPUMicrosPerCommit, u.NodeCPUCores, u.GeneratorCPUCores,
+		optF(u.AllocsPerCommit, "%.0f"), optF(u.RaftEntriesPerCommit, "%.3f"), float64(u.NodeRSSBytes)/1e6, u.MachineSteal*100)
 }
 
 // optF formats a figure that may be absent ("–").

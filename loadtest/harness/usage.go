@@ -103,6 +103,13 @@ type Usage struct {
 	// export the counter.
 	AllocsPerCommit      *float64 `json:"allocs_per_commit,omitempty"`
 	RaftEntriesPerCommit *float64 `json:"raft_entries_per_commit,omitempty"`
+	// MachineBusy and MachineSteal are the shares of the machine's CPU
+	// time (all CPUs, from /proc/stat) spent busy (user, system, irq)
+	// and stolen by the hypervisor from a virtual machine: a run with
+	// much stolen time had fewer cores than the machine shows, and its
+	// latencies say more about the host than about the target.
+	MachineBusy  float64 `json:"machine_busy"`
+	MachineSteal float64 `json:"machine_steal"`
 	// Errors are what could not be sampled (the phase's figures leave
 	// those parts out).
 	Errors []string `json:"errors,omitempty"`
@@ -115,9 +122,11 @@ type procSample struct {
 
 // usageSample is one reading of the Meter.
 type usageSample struct {
-	at    time.Time
-	self  float64
-	procs map[int]procSample
+	at   time.Time
+	self float64
+	// machine is /proc/stat's first line: the CPUs' time by state.
+	machine cpuTimes
+	procs   map[int]procSample
 	// counters[name][i] is the counter of MetricsURLs[i] (absent: -1).
 	counters map[string][]float64
 	errs     []string
@@ -126,6 +135,9 @@ type usageSample struct {
 // sample reads the Meter now; what fails is named in errs.
 func (m *Meter) sample(ctx context.Context) usageSample {
 	s := usageSample{at: time.Now(), self: selfCPU(), procs: map[int]procSample{}, counters: map[string][]float64{}}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		s.machine = parseCPUTimes(b)
+	}
 	if m == nil {
 		return s
 	}
@@ -252,6 +264,43 @@ func readProc(pid int) (procSample, error) {
 	return procSample{cpuS: float64(ut+st) / clockTicks, rss: rss * int64(os.Getpagesize())}, nil
 }
 
+// cpuTimes are the fields of /proc/stat's "cpu" line, in clock ticks:
+// user, nice, system, idle, iowait, irq, softirq, steal (guest time is
+// counted in user already).
+type cpuTimes [8]int64
+
+const (
+	cpuIdle   = 3
+	cpuIOWait = 4
+	cpuSteal  = 7
+)
+
+// parseCPUTimes reads the "cpu" line of /proc/stat; fields it lacks or
+// cannot read count 0.
+func parseCPUTimes(stat []byte) cpuTimes {
+	var t cpuTimes
+	line, _, _ := bytes.Cut(stat, []byte{'\n'})
+	f := strings.Fields(string(line))
+	if len(f) == 0 || f[0] != "cpu" {
+		return t
+	}
+	for i := range min(len(t), len(f)-1) {
+		t[i], _ = strconv.ParseInt(f[i+1], 10, 64)
+	}
+	return t
+}
+
+func (t cpuTimes) total() int64 {
+	var n int64
+	for _, v := range t {
+		n += v
+	}
+	return n
+}
+
+// busy is the time neither idle, waiting for I/O nor stolen.
+func (t cpuTimes) busy() int64 { return t.total() - t[cpuIdle] - t[cpuIOWait] - t[cpuSteal] }
+
 // selfCPU is the generator's own CPU time so far, in seconds.
 func selfCPU() float64 {
 	var ru syscall.Rusage
@@ -285,6 +334,10 @@ func (m *Meter) usage(a, b usageSample, commitsPerSec float64) *Usage {
 	}
 	u.NodeCPUCores = cpu / wall
 	u.NodeCPUMicrosPerCommit = per(cpu) * 1e6
+	if total := b.machine.total() - a.machine.total(); total > 0 {
+		u.MachineBusy = float64(b.machine.busy()-a.machine.busy()) / float64(total)
+		u.MachineSteal = float64(b.machine[cpuSteal]-a.machine[cpuSteal]) / float64(total)
+	}
 	self := b.self - a.self
 	u.GeneratorCPUCores = self / wall
 	u.GeneratorCPUMicrosPerCommit = per(self) * 1e6

@@ -94,6 +94,19 @@ func TestMeterFailures(t *testing.T) {
 	}
 }
 
+func TestParseCPUTimes(t *testing.T) {
+	a := parseCPUTimes([]byte("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3\n"))
+	b := parseCPUTimes([]byte("cpu  200 0 70 900 10 0 5 135 0 0\n"))
+	u := (&Meter{}).usage(usageSample{machine: a, at: time.Unix(0, 0)}, usageSample{machine: b, at: time.Unix(1, 0)}, 1)
+	// 320 ticks passed: 120 busy (user 100, system 20), 100 idle, 100 stolen.
+	if u.MachineBusy != 120.0/320 || u.MachineSteal != 100.0/320 {
+		t.Fatalf("busy %v steal %v, want %v and %v", u.MachineBusy, u.MachineSteal, 120.0/320, 100.0/320)
+	}
+	if parseCPUTimes([]byte("intr 1 2\n")) != (cpuTimes{}) {
+		t.Fatal("a first line other than cpu read as times")
+	}
+}
+
 func TestCounterDelta(t *testing.T) {
 	for _, c := range []struct {
 		a, b    []float64
