@@ -141,18 +141,9 @@ func TestStoredRecordsFoundAfterRebuild(t *testing.T) {
 // Deletes leave no entries behind, and once they have emptied the cache
 // its maps and the filter are rebuilt small (shrink).
 func TestCacheShrinksAfterDeletes(t *testing.T) {
-	db, err := pebble.Open("", &pebble.Options{FS: vfs.NewMem()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	cache, err := newValueCache(db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := memBatch(t)
+	cache := b.cache
 	cache.limit = 16
-	b := writeBatch{db.NewIndexedBatch(), cache}
-	defer b.Close()
 	const n = 100
 	for i := range n {
 		if err := b.Set(lockKey(fmt.Sprint(i)), []byte{1}, nil); err != nil {
@@ -180,17 +171,8 @@ func TestCacheShrinksAfterDeletes(t *testing.T) {
 // halving; one whose records turn over at a steady count never is
 // (compactDue).
 func TestCompactDueOnShrinkOnly(t *testing.T) {
-	db, err := pebble.Open("", &pebble.Options{FS: vfs.NewMem()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	cache, err := newValueCache(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := writeBatch{db.NewIndexedBatch(), cache}
-	defer b.Close()
+	b := memBatch(t)
+	cache := b.cache
 	key := func(i int) []byte { return lockKey(fmt.Sprint(i)) }
 	const n = 2 * compactAfterDeletes
 	for i := range n {
@@ -226,4 +208,24 @@ func TestCompactDueOnShrinkOnly(t *testing.T) {
 	if due != 2 {
 		t.Fatalf("compaction due %d times while the records went from %d to 0, want twice", due, n)
 	}
+}
+
+// memBatch is an Update's batch over an empty in-memory database, with
+// its cache.
+func memBatch(t *testing.T) writeBatch {
+	t.Helper()
+	db, err := pebble.Open("", &pebble.Options{FS: vfs.NewMem()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := newValueCache(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := writeBatch{db.NewIndexedBatch(), cache}
+	t.Cleanup(func() {
+		b.Close()
+		db.Close()
+	})
+	return b
 }
