@@ -50,9 +50,9 @@ type valueCache struct {
 	// was built; dropped counts the entries Deletes removed from the
 	// generations since they were. Both only drive shrink.
 	storedPeak, dropped int
-	// deleted counts the Deletes written through the cache, and
-	// recordsPeak the most lock and dedup records the filter counted,
-	// since the replica last asked its database to compact (compactDue).
+	// deleted counts the lock and dedup records deleted, and
+	// recordsPeak the most such records the filter counted, since the
+	// replica last asked its database to compact (compactDue).
 	deleted, recordsPeak int
 	// limit is the size of a generation, maxCachedValues (tests make it
 	// small); fingerprint is the filter's hash of a key (tests make it
@@ -117,13 +117,16 @@ func (c *valueCache) countStored(f uint32) {
 
 // compactDue reports, once, that the database has shrunk enough since
 // it was last compacted to compact it again: at least
-// compactAfterDeletes Deletes, and the lock and dedup records down to
-// half their peak or less. A steady load deletes as many records as it
+// compactAfterDeletes deletes of lock and dedup records, and those
+// records down to half their peak or less, by at least half as many.
+// Deletes of other keys (indexes, waiters, quota records) do not count:
+// a shard that holds few records must not compact for them. A steady load deletes as many records as it
 // writes (every dedup record is forgotten after the window) and never
 // shrinks, so it never compacts this way, only through Pebble's own
 // level-size compactions; a burst that expired and was forgotten does.
 func (c *valueCache) compactDue() bool {
-	if c.deleted < compactAfterDeletes || len(c.stored) > c.recordsPeak/2 {
+	n := len(c.stored)
+	if c.deleted < compactAfterDeletes || n > c.recordsPeak/2 || c.recordsPeak-n < compactAfterDeletes/2 {
 		return false
 	}
 	c.deleted, c.recordsPeak = 0, len(c.stored)
@@ -182,7 +185,6 @@ func (c *valueCache) write(key, value []byte, present bool) {
 // dedup record, and other keys are only scanned. A mass expiry's
 // forgets then leave the cache empty instead of full of absent keys.
 func (c *valueCache) drop(key []byte) {
-	c.deleted++
 	n := len(c.recent) + len(c.older)
 	delete(c.recent, string(key))
 	delete(c.older, string(key))
@@ -293,8 +295,11 @@ func (b writeBatch) count(key []byte, present bool) error {
 	f := b.cache.fingerprint(key)
 	if present {
 		b.cache.countStored(f)
-	} else if b.cache.stored[f]--; b.cache.stored[f] == 0 {
-		delete(b.cache.stored, f)
+	} else {
+		b.cache.deleted++
+		if b.cache.stored[f]--; b.cache.stored[f] == 0 {
+			delete(b.cache.stored, f)
+		}
 	}
 	return nil
 }

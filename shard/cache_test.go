@@ -175,6 +175,16 @@ func TestCompactDueOnShrinkOnly(t *testing.T) {
 	cache := b.cache
 	key := func(i int) []byte { return lockKey(fmt.Sprint(i)) }
 	const n = 2 * compactAfterDeletes
+	// Deletes of other keys (indexes, quota records) never count, even
+	// where there are no records at all.
+	for i := range n {
+		if err := b.Delete(expiryKey(int64(i), "r"), nil); err != nil {
+			t.Fatal(err)
+		}
+		if cache.compactDue() {
+			t.Fatalf("compaction due after %d deletes of index keys and no records", i+1)
+		}
+	}
 	for i := range n {
 		if err := b.Set(key(i), []byte{1}, nil); err != nil {
 			t.Fatal(err)

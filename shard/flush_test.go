@@ -140,4 +140,11 @@ func TestCompactReclaimsDeleted(t *testing.T) {
 	if after := tables(); after > full/20 {
 		t.Fatalf("tables hold %d bytes after compaction, %d before the forgetting: want under 5 %%", after, full)
 	}
+	// The compaction flushed the memtable at the index every replica
+	// reached: the next Update staggers the flushes again.
+	r.sm.flushAt = 0
+	r.propose(later, acquireCmd("after", "req-after", second, "w", leaseID("after")))
+	if want := staggerFlush(r.sm.replicaID); want == 0 || r.sm.flushAt != want {
+		t.Fatalf("flush point after the compaction %d, want the stagger's %d", r.sm.flushAt, want)
+	}
 }

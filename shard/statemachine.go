@@ -58,9 +58,14 @@ type StateMachine struct {
 	// (staggerFlush).
 	written, flushAt uint64
 	// compactTimer runs the compaction Update last asked for
-	// (compactLater); compactPending is set until it starts.
-	compactTimer   *time.Timer
-	compactPending atomic.Bool
+	// (compactLater); compactPending is set until it starts, and
+	// compacted once it ran, until Update restarts the flush stagger.
+	compactTimer              *time.Timer
+	compactPending, compacted atomic.Bool
+	// compacting is held by a running compaction, outside mu so that
+	// reads go on meanwhile; closing a database (Close, setDB) takes it
+	// first, so a compaction never runs on a closed database.
+	compacting sync.Mutex
 }
 
 // ApplyObserver sees every applied result that granted the lock to
@@ -263,7 +268,10 @@ func (s *StateMachine) setDB(db *pebble.DB, name string, flushAt uint64, cache *
 	var err error
 	s.applied, err = appliedIndex(db)
 	if old != nil {
-		if cerr := old.Close(); err == nil {
+		s.compacting.Lock()
+		cerr := old.Close()
+		s.compacting.Unlock()
+		if err == nil {
 			err = cerr
 		}
 	}
@@ -374,6 +382,11 @@ func (s *StateMachine) Update(entries []sm.Entry) ([]sm.Entry, error) {
 	if s.cache.compactDue() {
 		s.compactLater()
 	}
+	if s.compacted.Swap(false) {
+		// The compaction flushed the memtable, at about the same index
+		// on every replica: stagger their next flushes again.
+		s.written, s.flushAt = 0, staggerFlush(s.replicaID)
+	}
 	s.upd.meta = view.meta
 	s.applied = last
 	if s.observe != nil {
@@ -408,16 +421,24 @@ func (s *StateMachine) compactLater() {
 	}
 }
 
-// compact compacts the live database, unless the replica is closed. It
-// holds the read lock, so Close and RecoverFromSnapshot wait for it.
+// compact compacts the live database, unless the replica is closed.
+// Reads and applies go on meanwhile; Close and RecoverFromSnapshot wait
+// for it before they close the database (compacting). A compaction
+// flushes the memtable first, and the replicas reach it at about the
+// same index, so it asks Update to stagger their flushes again
+// (compacted).
 func (s *StateMachine) compact() {
+	s.compacting.Lock()
+	defer s.compacting.Unlock()
 	s.mu.RLock()
-	defer s.mu.RUnlock()
+	db := s.mu.db
+	s.mu.RUnlock()
 	s.compactPending.Store(false)
-	if s.mu.db != nil {
+	if db != nil {
 		// An error leaves the space to Pebble's own compactions; Pebble
 		// reports a failed background write itself.
-		_ = s.mu.db.Compact([]byte{0}, []byte{0xff}, false)
+		_ = db.Compact([]byte{0}, []byte{0xff}, false)
+		s.compacted.Store(true)
 	}
 }
 
@@ -761,13 +782,15 @@ func readN(r io.Reader, n uint64) ([]byte, error) {
 
 // Close implements sm.IOnDiskStateMachine.
 func (s *StateMachine) Close() error {
+	if s.compactTimer != nil {
+		s.compactTimer.Stop()
+	}
+	s.compacting.Lock()
+	defer s.compacting.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.db == nil {
 		return nil
-	}
-	if s.compactTimer != nil {
-		s.compactTimer.Stop()
 	}
 	err := s.mu.db.Close()
 	s.mu.db = nil
