@@ -84,5 +84,5 @@ for r in $(seq 1 "${LOADTEST_RUNS:-3}"); do
 		reports+=("$runout/$t-report.json")
 	done
 done
-./bin/warden-load compare --out "$out" "${reports[@]}"
+./bin/warden-load compare --out "$out" --runs "${LOADTEST_RUNS:-3}" "${reports[@]}"
 echo "side by side: $out/compare.md"

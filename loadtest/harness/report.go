@@ -188,7 +188,8 @@ func (r *Report) best() (Step, bool) {
 
 // WriteComparison writes the side-by-side of several targets' find-max
 // reports of the same profile. runs holds one or more compare runs, each
-// the same targets in the same order, the first (Warden) the base of the
+// the same targets in the same order (GroupRuns checks that; a run short
+// of a target is left out of that target's row), the first (Warden) the base of the
 // ratios; for each target the run whose max commits/s is the median (the
 // lower middle of an even count) stands for it, and every run's max is
 // listed beside it.
@@ -218,6 +219,9 @@ func WriteComparison(w io.Writer, runs [][]*Report) {
 	for i, r := range reps {
 		var each []string
 		for _, run := range runs {
+			if i >= len(run) {
+				continue
+			}
 			if b, ok := run[i].best(); ok {
 				each = append(each, fmt.Sprintf("%.3g", b.Scale))
 			} else {
@@ -231,6 +235,9 @@ func WriteComparison(w io.Writer, runs [][]*Report) {
 		}
 		var n int64
 		for _, run := range runs {
+			if i >= len(run) {
+				continue
+			}
 			n += run[i].Safety.DoubleGrants + run[i].Safety.TokenRegressions + run[i].Safety.LostAcknowledgedLeases
 		}
 		if !ok {
@@ -277,17 +284,17 @@ func WriteComparison(w io.Writer, runs [][]*Report) {
 	fmt.Fprintf(w, "\nPer-target details: <target>-report.md and <target>-chart.png beside this file.\n")
 }
 
-// GroupRuns splits reports given run after run (each run the same
-// targets in the same order) into runs: a run ends where its first
-// target comes again. An error names a run whose targets differ from
-// the first's.
-func GroupRuns(reps []*Report) ([][]*Report, error) {
+// GroupRuns splits reports given run after run into n compare runs of
+// the same targets in the same order. An error names a run whose
+// targets differ from the first's, or says the reports do not divide
+// into n runs.
+func GroupRuns(reps []*Report, n int) ([][]*Report, error) {
+	if n < 1 || len(reps)%n != 0 || len(reps) == 0 {
+		return nil, fmt.Errorf("%d reports do not make %d compare runs of the same targets", len(reps), n)
+	}
 	var runs [][]*Report
-	for _, r := range reps {
-		if len(runs) == 0 || r.Target == reps[0].Target {
-			runs = append(runs, nil)
-		}
-		runs[len(runs)-1] = append(runs[len(runs)-1], r)
+	for r := range slices.Chunk(reps, len(reps)/n) {
+		runs = append(runs, r)
 	}
 	for i, run := range runs[1:] {
 		if !slices.EqualFunc(run, runs[0], func(a, b *Report) bool { return a.Target == b.Target }) {

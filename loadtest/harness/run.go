@@ -192,6 +192,7 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 	if err := d.Ramp(ctx, p, cfg.RampTimeout); err != nil {
 		return nil, err
 	}
+	before := cfg.Meter.sample(ctx) // the steady phase's, without FindMax
 	steadyFrom := d.Elapsed()
 	rep.RampS, rep.SteadyFromS = secs(steadyFrom), secs(steadyFrom)
 	log.Info("steady", "ramp_s", fmt.Sprintf("%.1f", rep.RampS), "held", d.Held())
@@ -252,11 +253,8 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 		close(faultsDone)
 	}
 
-	var before, after usageSample // the steady phase's, without FindMax
 	if !cfg.FindMax {
-		before = cfg.Meter.sample(ctx)
 		d.Steady(ctx, p, cfg.Duration)
-		after = cfg.Meter.sample(ctx)
 	} else {
 		bisecting := false
 		search(p.Scale, cfg.StepFactor, cfg.Precision, cfg.MaxSteps, func(scale float64, bisect bool) (passed, stop bool) {
@@ -271,10 +269,14 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 			// decide the search.
 			var st Step
 			for try := range 2 {
-				from, before := d.Elapsed(), cfg.Meter.sample(ctx)
+				// The samples fall outside the step's window: no load
+				// is offered while they are taken.
+				before := cfg.Meter.sample(ctx)
+				from := d.Elapsed()
 				d.Steady(ctx, sp, cfg.Duration)
+				to := d.Elapsed()
 				after := cfg.Meter.sample(ctx)
-				st = step(d, sp, from, d.Elapsed(), cfg)
+				st = step(d, sp, from, to, cfg)
 				st.Usage = cfg.Meter.usage(before, after, st.CommitsPerSec)
 				st.WritesPerSec = writes(rep.Costs, st.Ops) / (st.ToS - st.FromS)
 				st.Bisect = bisecting
@@ -295,6 +297,7 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 		})
 	}
 	steadyTo := d.Elapsed()
+	after := cfg.Meter.sample(ctx)
 	stopFaults() // faults scheduled past the end do not start
 	<-faultsDone
 	whole := step(d, p, steadyFrom, steadyTo, cfg)

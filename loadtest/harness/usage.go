@@ -127,6 +127,11 @@ type usageSample struct {
 	// machine is /proc/stat's first line: the CPUs' time by state.
 	machine cpuTimes
 	procs   map[int]procSample
+	// pidsRead: the pid list was read; unread holds the pids whose /proc
+	// entry could not be. A process missing from a sample that read
+	// both started after it; one missing otherwise is left out.
+	pidsRead bool
+	unread   map[int]bool
 	// counters[name][i] is the counter of MetricsURLs[i] (absent: -1).
 	counters map[string][]float64
 	errs     []string
@@ -146,10 +151,12 @@ func (m *Meter) sample(ctx context.Context) usageSample {
 		if err != nil {
 			s.errs = append(s.errs, err.Error())
 		}
+		s.pidsRead, s.unread = err == nil, map[int]bool{}
 		for _, pid := range pids {
 			p, err := readProc(pid)
 			if err != nil {
 				s.errs = append(s.errs, err.Error())
+				s.unread[pid] = true
 				continue
 			}
 			s.procs[pid] = p
@@ -327,7 +334,13 @@ func (m *Meter) usage(a, b usageSample, commitsPerSec float64) *Usage {
 	var cpu float64
 	for _, pid := range slices.Sorted(maps.Keys(b.procs)) {
 		end := b.procs[pid]
-		d := end.cpuS - a.procs[pid].cpuS // a process started meanwhile: all of it
+		start, ok := a.procs[pid]
+		if !ok && (!a.pidsRead || a.unread[pid]) {
+			// Not known to be new: its CPU before the phase would count.
+			u.Errors = append(u.Errors, fmt.Sprintf("process %d: not read at the start of the phase, left out", pid))
+			continue
+		}
+		d := end.cpuS - start.cpuS // a process started meanwhile: all of it
 		cpu += d
 		u.NodeRSSBytes += end.rss
 		u.Processes = append(u.Processes, ProcessUsage{PID: pid, CPUS: d, CPUMicrosPerCommit: per(d) * 1e6, RSSBytes: end.rss})

@@ -85,6 +85,24 @@ func TestMeterFailures(t *testing.T) {
 	if u.AllocsPerCommit != nil || u.RaftEntriesPerCommit != nil || len(u.Errors) != 4 {
 		t.Fatalf("usage %+v: want no counters and both samples' 2 errors each", u)
 	}
+	// A process the start's sample could not read is left out, not
+	// counted whole as if it had started during the phase; one the
+	// start's sample listed without it started meanwhile and counts.
+	self := os.Getpid()
+	end := usageSample{at: time.Unix(10, 0), procs: map[int]procSample{self: {cpuS: 100}}, pidsRead: true}
+	for _, c := range []struct {
+		name  string
+		start usageSample
+		want  int
+	}{
+		{"pid list failed", usageSample{at: time.Unix(0, 0)}, 0},
+		{"pid unread", usageSample{at: time.Unix(0, 0), pidsRead: true, unread: map[int]bool{self: true}}, 0},
+		{"started meanwhile", usageSample{at: time.Unix(0, 0), pidsRead: true}, 1},
+	} {
+		if u := m.usage(c.start, end, 10); len(u.Processes) != c.want {
+			t.Errorf("%s: %d processes counted (%v), want %d", c.name, len(u.Processes), u.Errors, c.want)
+		}
+	}
 	if _, err := readProc(1 << 30); err == nil {
 		t.Fatal("readProc of a pid that cannot exist: no error")
 	}
@@ -140,7 +158,7 @@ func TestComparisonMedian(t *testing.T) {
 		run("warden", 2.4, 14400), run("zk", 0.6, 3600),
 		run("warden", 1.7, 10200), run("zk", 0.8, 4800),
 	}
-	runs, err := GroupRuns(reps)
+	runs, err := GroupRuns(reps, 3)
 	if err != nil || len(runs) != 3 {
 		t.Fatalf("GroupRuns: %d runs, %v", len(runs), err)
 	}
@@ -158,7 +176,15 @@ func TestComparisonMedian(t *testing.T) {
 			t.Errorf("comparison lacks %q:\n%s", want, out)
 		}
 	}
-	if _, err := GroupRuns([]*Report{run("warden", 1, 1), run("zk", 1, 1), run("warden", 1, 1), run("etcd", 1, 1)}); err == nil || !strings.Contains(err.Error(), "run 2 has targets warden etcd, want warden zk") {
+	if _, err := GroupRuns([]*Report{run("warden", 1, 1), run("zk", 1, 1), run("warden", 1, 1), run("etcd", 1, 1)}, 2); err == nil || !strings.Contains(err.Error(), "run 2 has targets warden etcd, want warden zk") {
 		t.Fatalf("GroupRuns of mismatched runs: %v", err)
+	}
+	// Two runs of one target compared side by side (two configurations)
+	// stay two rows in one run.
+	if runs, err := GroupRuns([]*Report{run("warden", 1, 1), run("warden", 2, 2)}, 1); err != nil || len(runs) != 1 || len(runs[0]) != 2 {
+		t.Fatalf("GroupRuns of one run of two Warden reports: %v, %v", runs, err)
+	}
+	if _, err := GroupRuns(reps, 4); err == nil {
+		t.Fatal("6 reports grouped into 4 runs")
 	}
 }

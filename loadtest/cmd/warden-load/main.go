@@ -60,7 +60,8 @@ type runCmd struct {
 
 type compareCmd struct {
 	Out     string   `help:"Directory for compare.md." default:"loadtest/out"`
-	Reports []string `arg:"" help:"report.json files, one per target of each compare run, the runs one after the other in the same target order (w1 z1 w2 z2 …); the first target (Warden) is the base of the ratios, and with several runs each target's median run stands for it."`
+	Runs    int      `help:"How many compare runs the reports make, given run after run in the same target order; each target's median run stands for it." default:"1"`
+	Reports []string `arg:"" help:"report.json files, one per target of each compare run (--runs), the runs one after the other in the same target order (w1 z1 w2 z2 …); the first target (Warden) is the base of the ratios."`
 }
 
 var cli struct {
@@ -231,7 +232,7 @@ func (c *compareCmd) Run() error {
 		}
 		reps = append(reps, r)
 	}
-	runs, err := harness.GroupRuns(reps)
+	runs, err := harness.GroupRuns(reps, c.Runs)
 	if err != nil {
 		return err
 	}
