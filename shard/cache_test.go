@@ -153,7 +153,27 @@ func TestCacheShrinksAfterDeletes(t *testing.T) {
 	if cache.storedPeak != n {
 		t.Fatalf("filter peak %d, want %d", cache.storedPeak, n)
 	}
-	for i := range n {
+	// Down to a tenth: the filter is rebuilt, and the keys left are
+	// still present through it once the generations no longer hold
+	// them.
+	const keep = n / 10
+	for i := keep; i < n; i++ {
+		if err := b.Delete(lockKey(fmt.Sprint(i)), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cache.storedPeak >= n/4 {
+		t.Fatalf("filter peak %d after deleting down to %d keys, want it rebuilt below %d", cache.storedPeak, keep, n/4)
+	}
+	cache.recent, cache.older = map[string][]byte{}, nil
+	for i := range keep {
+		if _, closer, err := b.Get(lockKey(fmt.Sprint(i))); err != nil {
+			t.Fatalf("key %d, kept, after the filter's rebuild: %v", i, err)
+		} else {
+			closer.Close()
+		}
+	}
+	for i := range keep {
 		if err := b.Delete(lockKey(fmt.Sprint(i)), nil); err != nil {
 			t.Fatal(err)
 		}
