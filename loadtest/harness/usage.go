@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/procfs"
 )
 
 // Meter samples what a run costs: the CPU time and resident memory of the
@@ -124,8 +124,8 @@ type procSample struct {
 type usageSample struct {
 	at   time.Time
 	self float64
-	// machine is /proc/stat's first line: the CPUs' time by state.
-	machine cpuTimes
+	// machine is the CPUs' time by state (machineCPU).
+	machine procfs.CPUStat
 	procs   map[int]procSample
 	// pidsRead: the pid list was read; unread holds the pids whose /proc
 	// entry could not be. A process missing from a sample that read
@@ -140,9 +140,7 @@ type usageSample struct {
 // sample reads the Meter now; what fails is named in errs.
 func (m *Meter) sample(ctx context.Context) usageSample {
 	s := usageSample{at: time.Now(), self: selfCPU(), procs: map[int]procSample{}, counters: map[string][]float64{}}
-	if b, err := os.ReadFile("/proc/stat"); err == nil {
-		s.machine = parseCPUTimes(b)
-	}
+	s.machine = machineCPU()
 	if m == nil {
 		return s
 	}
@@ -239,74 +237,41 @@ func counterSum(f *dto.MetricFamily) (float64, bool) {
 	return sum, true
 }
 
-// clockTicks is the unit of /proc/PID/stat's CPU times (USER_HZ, 100 on
-// every Linux architecture Go supports).
-const clockTicks = 100
-
 // readProc reads a process's CPU time (user and system) and resident
 // set from /proc.
 func readProc(pid int) (procSample, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return procSample{}, fmt.Errorf("process %d: %w", pid, err)
 	}
-	// The command name (field 2) is in parentheses and may hold spaces;
-	// the fields after it are numbers: state is field 3, utime 14, stime
-	// 15, rss (pages) 24.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return procSample{}, fmt.Errorf("process %d: /proc stat without a command name", pid)
+	st, err := p.Stat()
+	if err != nil {
+		return procSample{}, fmt.Errorf("process %d: %w", pid, err)
 	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 22 {
-		return procSample{}, fmt.Errorf("process %d: /proc stat has %d fields after the name, want 22", pid, len(f))
-	}
-	num := func(k int) (int64, error) { return strconv.ParseInt(f[k-3], 10, 64) }
-	ut, err1 := num(14)
-	st, err2 := num(15)
-	rss, err3 := num(24)
-	if err1 != nil || err2 != nil || err3 != nil {
-		return procSample{}, fmt.Errorf("process %d: /proc stat: bad number", pid)
-	}
-	return procSample{cpuS: float64(ut+st) / clockTicks, rss: rss * int64(os.Getpagesize())}, nil
+	return procSample{cpuS: st.CPUTime(), rss: int64(st.ResidentMemory())}, nil
 }
 
-// cpuTimes are the fields of /proc/stat's "cpu" line, in clock ticks:
-// user, nice, system, idle, iowait, irq, softirq, steal (guest time is
-// counted in user already).
-type cpuTimes [8]int64
-
-const (
-	cpuIdle   = 3
-	cpuIOWait = 4
-	cpuSteal  = 7
-)
-
-// parseCPUTimes reads the "cpu" line of /proc/stat; fields it lacks or
-// cannot read count 0.
-func parseCPUTimes(stat []byte) cpuTimes {
-	var t cpuTimes
-	line, _, _ := bytes.Cut(stat, []byte{'\n'})
-	f := strings.Fields(string(line))
-	if len(f) == 0 || f[0] != "cpu" {
-		return t
+// machineCPU is /proc/stat's time of all CPUs by state (zero when it
+// cannot be read).
+func machineCPU() procfs.CPUStat {
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return procfs.CPUStat{}
 	}
-	for i := range min(len(t), len(f)-1) {
-		t[i], _ = strconv.ParseInt(f[i+1], 10, 64)
+	st, err := fs.Stat()
+	if err != nil {
+		return procfs.CPUStat{}
 	}
-	return t
+	return st.CPUTotal
 }
 
-func (t cpuTimes) total() int64 {
-	var n int64
-	for _, v := range t {
-		n += v
-	}
-	return n
+// cpuTotal is all the time in c (guest time is counted in user already).
+func cpuTotal(c procfs.CPUStat) float64 {
+	return c.User + c.Nice + c.System + c.Idle + c.Iowait + c.IRQ + c.SoftIRQ + c.Steal
 }
 
-// busy is the time neither idle, waiting for I/O nor stolen.
-func (t cpuTimes) busy() int64 { return t.total() - t[cpuIdle] - t[cpuIOWait] - t[cpuSteal] }
+// cpuBusy is the time in c neither idle, waiting for I/O nor stolen.
+func cpuBusy(c procfs.CPUStat) float64 { return cpuTotal(c) - c.Idle - c.Iowait - c.Steal }
 
 // selfCPU is the generator's own CPU time so far, in seconds.
 func selfCPU() float64 {
@@ -347,9 +312,9 @@ func (m *Meter) usage(a, b usageSample, commitsPerSec float64) *Usage {
 	}
 	u.NodeCPUCores = cpu / wall
 	u.NodeCPUMicrosPerCommit = per(cpu) * 1e6
-	if total := b.machine.total() - a.machine.total(); total > 0 {
-		u.MachineBusy = float64(b.machine.busy()-a.machine.busy()) / float64(total)
-		u.MachineSteal = float64(b.machine[cpuSteal]-a.machine[cpuSteal]) / float64(total)
+	if total := cpuTotal(b.machine) - cpuTotal(a.machine); total > 0 {
+		u.MachineBusy = (cpuBusy(b.machine) - cpuBusy(a.machine)) / total
+		u.MachineSteal = (b.machine.Steal - a.machine.Steal) / total
 	}
 	self := b.self - a.self
 	u.GeneratorCPUCores = self / wall

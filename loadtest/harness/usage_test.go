@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // TestMeterSamples measures a real process (a busy child of this test)
@@ -112,16 +115,17 @@ func TestMeterFailures(t *testing.T) {
 	}
 }
 
-func TestParseCPUTimes(t *testing.T) {
-	a := parseCPUTimes([]byte("cpu  100 0 50 800 10 0 5 35 0 0\ncpu0 1 2 3\n"))
-	b := parseCPUTimes([]byte("cpu  200 0 70 900 10 0 5 135 0 0\n"))
+func TestMachineShares(t *testing.T) {
+	a := procfs.CPUStat{User: 1, System: 0.5, Idle: 8, Iowait: 0.1, SoftIRQ: 0.05, Steal: 0.35}
+	b := procfs.CPUStat{User: 2, System: 0.7, Idle: 9, Iowait: 0.1, SoftIRQ: 0.05, Steal: 1.35}
 	u := (&Meter{}).usage(usageSample{machine: a, at: time.Unix(0, 0)}, usageSample{machine: b, at: time.Unix(1, 0)}, 1)
-	// 320 ticks passed: 120 busy (user 100, system 20), 100 idle, 100 stolen.
-	if u.MachineBusy != 120.0/320 || u.MachineSteal != 100.0/320 {
-		t.Fatalf("busy %v steal %v, want %v and %v", u.MachineBusy, u.MachineSteal, 120.0/320, 100.0/320)
+	// 3.2 s passed: 1.2 busy (user 1, system 0.2), 1 idle, 1 stolen.
+	const eps = 1e-9
+	if math.Abs(u.MachineBusy-1.2/3.2) > eps || math.Abs(u.MachineSteal-1/3.2) > eps {
+		t.Fatalf("busy %v steal %v, want %v and %v", u.MachineBusy, u.MachineSteal, 1.2/3.2, 1/3.2)
 	}
-	if parseCPUTimes([]byte("intr 1 2\n")) != (cpuTimes{}) {
-		t.Fatal("a first line other than cpu read as times")
+	if machineCPU().Idle <= 0 {
+		t.Fatal("this machine's /proc/stat read no idle time")
 	}
 }
 
