@@ -532,9 +532,16 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
 	defer cancel()
+	ctx, release := t.bound(ctx)
+	defer release()
 	start := time.Now()
 	out, err := n.raft.propose(ctx, shardID, cmd)
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errTermEnded) {
+			// It may still commit under the next leader: the client
+			// retries with the same id, as after a timeout, but now.
+			err = fmt.Errorf("%w: %w (shard %d, term %d)", ErrOutcomeUnknown, errTermEnded, shardID, t.term)
+		}
 		metrics.proposalsFailed.WithLabelValues(outcome(err)).Inc()
 		return nil, err
 	}
@@ -581,7 +588,13 @@ func (r *Router) readShard(ctx context.Context, shardID uint64, q *shardv1.Query
 		q.NowUnixNano = t.now()
 		rctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
 		defer cancel()
+		rctx, release := t.bound(rctx)
+		defer release()
 		out, err = n.raft.read(rctx, shardID, q)
+		if err != nil && errors.Is(context.Cause(rctx), errTermEnded) {
+			// A read changes nothing: ask the next leader.
+			return fmt.Errorf("%w (%w): %w (shard %d, term %d)", ErrNoLeader, errDropped, errTermEnded, shardID, t.term)
+		}
 		return err
 	})
 	if err != nil {

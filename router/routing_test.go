@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/cockroachdb/datadriven"
+	"github.com/lni/dragonboat/v4"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/warden-dev/warden/placement"
@@ -36,13 +37,15 @@ import (
 // shard 10 owns every key and has replicas 1, 2, 3 on nodes 1, 2, 3.
 //
 //	report node=N leader=L term=T      a leader report of node N's replica (LeaderUpdated)
-//	host node=N leader=L term=T [valid] [stopped]  what node N's Raft host answers for the leader
+//	host node=N leader=L term=T [valid] [stopped] [hang]  what node N's Raft host answers for the leader;
+//	                                   hang: its proposals and reads get no answer until their context ends
 //	clock node=N term=T                node N's term T has its clock confirmed
 //	lookup [name=X]                    Router.leader for shard 10; with name, runs in the background
-//	wait name=X                        waits for a background lookup (or propose) and prints its result
+//	wait name=X                        waits for a background lookup, propose or read and prints its result
 //	results node=N codes=(C[*K],...)   the shard results node N's host gives its next proposals (K of each)
 //	dropped node=N count=K             node N's host drops its next K proposals before proposing them
 //	propose key=K [name=X]             Router.propose of a Release for key K
+//	read key=K [name=X]                Router.read (linearizable) of key K's shard
 //	advance d=D                        lets D of virtual time pass
 //
 // Forwarding to node 3, whose answers are scripted (no HTTP):
@@ -136,7 +139,7 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 		h.mu.Lock()
 		d.MaybeScanArgs(t, "leader", &h.leader)
 		d.MaybeScanArgs(t, "term", &h.term)
-		h.valid, h.stopped = d.HasArg("valid"), d.HasArg("stopped")
+		h.valid, h.stopped, h.hang = d.HasArg("valid"), d.HasArg("stopped"), d.HasArg("hang")
 		h.mu.Unlock()
 		return "ok\n"
 	case "clock":
@@ -165,14 +168,17 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 		d.ScanArgs(t, "count", &h.drop)
 		h.mu.Unlock()
 		return "ok\n"
-	case "lookup", "propose":
+	case "lookup", "propose", "read":
 		var key string
-		if d.Cmd == "propose" {
+		if d.Cmd != "lookup" {
 			d.ScanArgs(t, "key", &key)
 		}
 		return f.call(t, d, func() string {
-			if d.Cmd == "lookup" {
+			switch d.Cmd {
+			case "lookup":
 				return f.lookup()
+			case "read":
+				return f.read(key)
 			}
 			return f.propose(key)
 		})
@@ -393,6 +399,19 @@ func (f *routingFixture) propose(key string) string {
 	return out + res.GetCode().String()
 }
 
+// read runs the router's linearizable read of key's shard.
+func (f *routingFixture) read(key string) string {
+	_, err := f.r.read(f.ctx, key, &shardv1.Query{})
+	var rl *remoteLeader
+	switch {
+	case errors.As(err, &rl):
+		return fmt.Sprintf("forward to node %d", rl.node.GetId())
+	case err != nil:
+		return "error: " + err.Error()
+	}
+	return "read"
+}
+
 // fakeHost is a scripted raftHost: its leader view is what the script
 // set, and its proposals answer the scripted result codes in turn (OK
 // once they run out).
@@ -403,6 +422,9 @@ type fakeHost struct {
 	term    uint64
 	valid   bool
 	stopped bool
+	// hang: a proposal or read gets no answer, as on a leader deposed
+	// with it in flight, until its context ends (Dragonboat's errors).
+	hang    bool
 	results []shardv1.Code
 	drop    int
 	n       int
@@ -426,6 +448,11 @@ func (h *fakeHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]b
 	if env.GetCancelWait() != nil {
 		h.cancels++
 	}
+	if h.hang {
+		h.mu.Unlock()
+		defer h.mu.Lock()
+		return nil, h.unanswered(ctx)
+	}
 	if h.drop > 0 {
 		h.drop--
 		return nil, fmt.Errorf("%w (%w): system busy", ErrNoLeader, errDropped)
@@ -437,7 +464,23 @@ func (h *fakeHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]b
 	return proto.Marshal(&shardv1.Result{Code: code})
 }
 
+// unanswered waits for ctx to end and returns what Dragonboat's
+// SyncPropose and SyncRead return then.
+func (h *fakeHost) unanswered(ctx context.Context) error {
+	<-ctx.Done()
+	if ctx.Err() == context.DeadlineExceeded {
+		return proposeError(dragonboat.ErrTimeout)
+	}
+	return proposeError(dragonboat.ErrCanceled)
+}
+
 func (h *fakeHost) read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	h.mu.Lock()
+	hang := h.hang
+	h.mu.Unlock()
+	if hang {
+		return nil, h.unanswered(ctx)
+	}
 	return &shardv1.QueryResult{Meta: &shardv1.ShardMeta{Range: &shardv1.RangeDescriptor{ShardId: shardID}}}, nil
 }
 
