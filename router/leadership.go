@@ -74,6 +74,9 @@ func (t leaderTerm) bound(ctx context.Context) (_ context.Context, release func(
 	return ctx, func() { stop(); cancel(nil) }
 }
 
+// over reports whether the term has ended.
+func (t leaderTerm) over() bool { return t.ended != nil && t.ended.Err() != nil }
+
 // newTerm returns term of shardID on local replica replicaID, begun now.
 func (l *Leadership) newTerm(shardID, replicaID, term uint64) *leaderTerm {
 	ended, end := context.WithCancel(context.Background())

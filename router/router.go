@@ -530,6 +530,11 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 	if err != nil {
 		return nil, err
 	}
+	if t.over() {
+		// It ended while the request waited for a slot or the clock: not
+		// proposed, so the caller may look for the next leader.
+		return nil, fmt.Errorf("%w (%w): shard %d's term %d here ended before the proposal was made", ErrNoLeader, errDropped, shardID, t.term)
+	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
 	defer cancel()
 	ctx, release := t.bound(ctx)
