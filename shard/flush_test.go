@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -146,5 +147,36 @@ func TestCompactReclaimsDeleted(t *testing.T) {
 	r.propose(later, acquireCmd("after", "req-after", second, "w", leaseID("after")))
 	if want := staggerFlush(r.sm.replicaID); want == 0 || r.sm.flushAt != want {
 		t.Fatalf("flush point after the compaction %d, want the stagger's %d", r.sm.flushAt, want)
+	}
+}
+
+// A replica's write-ahead log takes the disk its writes take, not the
+// 70 MiB that Pebble would reserve ahead of them (unreservedLogs).
+func TestLogNotReserved(t *testing.T) {
+	dir := t.TempDir()
+	db, err := openDB(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for i := range 64 {
+		if err := db.Set([]byte{'k', byte(i)}, make([]byte, 1<<10), pebble.NoSync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.LogData(nil, pebble.Sync); err != nil { // the writes reach the file
+		t.Fatal(err)
+	}
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	if len(logs) != 1 {
+		t.Fatalf("write-ahead logs: %v, want one", logs)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(logs[0], &st); err != nil {
+		t.Fatal(err)
+	}
+	// 64 KiB written; st_blocks counts 512-byte units, reserved ones too.
+	if allocated := st.Blocks * 512; allocated > 1<<20 {
+		t.Fatalf("the log has %d bytes allocated for %d written, want no reservation", allocated, st.Size)
 	}
 }
