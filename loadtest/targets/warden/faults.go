@@ -106,12 +106,62 @@ func (t *Target) Fault(ctx context.Context, kind string) error {
 }
 
 // Measure implements harness.Measurer: a backup says how many shards,
-// records and bytes it streamed, and how long it took.
+// records and bytes it streamed, and how long it took; a kill, which
+// node it killed and which node led the placement group before it.
 func (t *Target) Measure(ctx context.Context, kind string) (string, error) {
-	if kind == "backup" {
+	switch kind {
+	case "backup":
 		return t.backup(ctx)
+	case "kill", "kill-leader":
+		return t.kill(ctx, kind)
 	}
 	return "", t.fault(ctx, kind)
+}
+
+// kill SIGKILLs a node (cluster.sh kill N) for the kill and kill-leader
+// faults and says which, and which node led the placement group just
+// before: its Raft group elects again when it loses its leader too,
+// which a data shard's route does not show.
+func (t *Target) kill(ctx context.Context, kind string) (string, error) {
+	// The routes say which nodes lead, with no call to a cluster that
+	// may be too busy to answer quickly.
+	leaders, first, err := t.leaders(ctx)
+	if err != nil {
+		return "", err
+	}
+	victim := 0
+	for i := range t.cfg.Endpoints {
+		n := i + 1
+		if t.isKilled(n) {
+			continue
+		}
+		if kind == "kill" && !leaders[n] || kind == "kill-leader" && n == first {
+			victim = n
+			break
+		}
+	}
+	if victim == 0 {
+		return "", fmt.Errorf("%s: no node to kill among %d (leaders %v)", kind, len(t.cfg.Endpoints), leaders)
+	}
+	placement := "unknown (no node answered ListNodes within 500 ms)"
+	lctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	nodes, err := adminCall(lctx, t, func(a wardenv1connect.AdminServiceClient) (*connect.Response[wardenv1.ListNodesResponse], error) {
+		return a.ListNodes(lctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+	})
+	cancel()
+	if err == nil {
+		placement = "unknown to the answering node"
+		if id := nodes.GetPlacementLeaderId(); id != 0 {
+			placement = fmt.Sprintf("node %d", id)
+		}
+	}
+	if err := t.script(ctx, "kill", strconv.Itoa(victim)); err != nil {
+		return "", err
+	}
+	t.killedMu.Lock()
+	t.killed = append(t.killed, victim)
+	t.killedMu.Unlock()
+	return fmt.Sprintf("killed node %d; placement leader before: %s", victim, placement), nil
 }
 
 // backup streams AdminService.Backup from a node into a temporary file
@@ -168,36 +218,15 @@ func (t *Target) backup(ctx context.Context) (string, error) {
 func (t *Target) fault(ctx context.Context, kind string) error {
 	switch kind {
 	case "kill", "kill-leader":
-		// The routes say which nodes lead, with no call to a cluster that
-		// may be too busy to answer quickly.
-		leaders, first, err := t.leaders(ctx)
-		if err != nil {
-			return err
-		}
-		victim := 0
-		for i := range t.cfg.Endpoints {
-			n := i + 1
-			if slices.Contains(t.killed, n) {
-				continue
-			}
-			if kind == "kill" && !leaders[n] || kind == "kill-leader" && n == first {
-				victim = n
-				break
-			}
-		}
-		if victim == 0 {
-			return fmt.Errorf("%s: no node to kill among %d (leaders %v)", kind, len(t.cfg.Endpoints), leaders)
-		}
-		if err := t.script(ctx, "kill", strconv.Itoa(victim)); err != nil {
-			return err
-		}
-		t.killed = append(t.killed, victim)
-		return nil
+		_, err := t.kill(ctx, kind)
+		return err
 	case "restart":
 		if err := t.script(ctx, "start"); err != nil {
 			return err
 		}
+		t.killedMu.Lock()
 		t.killed = nil
+		t.killedMu.Unlock()
 		return nil
 	case "snapshot":
 		resp, err := adminCall(ctx, t, func(a wardenv1connect.AdminServiceClient) (*connect.Response[wardenv1.SnapshotResponse], error) {
@@ -208,7 +237,7 @@ func (t *Target) fault(ctx context.Context, kind string) error {
 		}
 		var errs []error
 		for _, s := range resp.GetSnapshots() {
-			if s.GetError() != "" && !slices.Contains(t.killed, int(s.GetNodeId())) {
+			if s.GetError() != "" && !t.isKilled(int(s.GetNodeId())) {
 				errs = append(errs, fmt.Errorf("shard %d node %d: %s", s.GetShardId(), s.GetNodeId(), s.GetError()))
 			}
 		}
@@ -221,7 +250,7 @@ func (t *Target) fault(ctx context.Context, kind string) error {
 		for _, s := range shards {
 			to := uint64(0)
 			for _, r := range s.GetReplicas() {
-				if r.GetNodeId() != s.GetLeaderNodeId() && !slices.Contains(t.killed, int(r.GetNodeId())) {
+				if r.GetNodeId() != s.GetLeaderNodeId() && !t.isKilled(int(r.GetNodeId())) {
 					to = r.GetNodeId()
 					break
 				}
@@ -238,6 +267,14 @@ func (t *Target) fault(ctx context.Context, kind string) error {
 		return nil
 	}
 	return fmt.Errorf("fault: unknown kind %q (kill, kill-leader, restart, snapshot, transfer-leader)", kind)
+}
+
+// isKilled reports whether a kill fault took node n (1-based) since the
+// last restart.
+func (t *Target) isKilled(n int) bool {
+	t.killedMu.Lock()
+	defer t.killedMu.Unlock()
+	return slices.Contains(t.killed, n)
 }
 
 // leaders returns the nodes (1-based, as cluster.sh numbers them) that
@@ -286,7 +323,7 @@ func (t *Target) shards(ctx context.Context) ([]*wardenv1.ShardInfo, error) {
 func adminCall[R any](ctx context.Context, t *Target, f func(wardenv1connect.AdminServiceClient) (*connect.Response[R], error)) (*R, error) {
 	var errs []error
 	for i, a := range t.admins {
-		if slices.Contains(t.killed, i+1) {
+		if t.isKilled(i + 1) {
 			continue
 		}
 		r, err := f(a)

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,9 +77,12 @@ type Target struct {
 	cfg    Config
 	conns  []conn // ConnsPerEndpoint connections to each endpoint in turn
 	admins []wardenv1connect.AdminServiceClient
-	killed []int // nodes killed by faults, for restart
-	routes atomic.Pointer[[]route]
-	stop   chan struct{}
+	// killed are the nodes (1-based) that kill faults took since the last
+	// restart; faults write it and the route refresh reads it.
+	killedMu sync.Mutex
+	killed   []int
+	routes   atomic.Pointer[[]route]
+	stop     chan struct{}
 }
 
 // route sends the keys whose hash lies in [start, end) (end 0: 2^64) to
