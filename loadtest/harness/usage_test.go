@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,7 +38,7 @@ func TestMeterSamples(t *testing.T) {
 	m := &Meter{PIDs: ScriptPIDs(script), MetricsURLs: []string{srv.URL}, Entries: "warden_proposal_duration_seconds"}
 	ctx := context.Background()
 	a := m.sample(ctx)
-	spin(200 * time.Millisecond)
+	spin(t, 200*time.Millisecond)
 	b := m.sample(ctx)
 	if len(a.errs)+len(b.errs) > 0 {
 		t.Fatalf("sample errors: %v %v", a.errs, b.errs)
@@ -49,8 +50,8 @@ func TestMeterSamples(t *testing.T) {
 	if len(u.Processes) != 1 || u.Processes[0].PID != os.Getpid() || u.Processes[0].RSSBytes <= 0 {
 		t.Fatalf("processes %+v, want this one with its RSS", u.Processes)
 	}
-	// The test spun a core for 200 ms: at least 100 ms of CPU (ticks are
-	// 10 ms), which is 1,000 µs a commit.
+	// The test used 200 ms of CPU: at least 100 ms of it counted (ticks
+	// are 10 ms), which is 1,000 µs a commit.
 	if u.NodeCPUMicrosPerCommit < 1000 || u.NodeCPUCores <= 0 || u.GeneratorCPUCores <= 0 {
 		t.Fatalf("node %.0f µs/commit (%.2f cores), generator %.2f cores; want ≥ 1,000 µs and cores above 0", u.NodeCPUMicrosPerCommit, u.NodeCPUCores, u.GeneratorCPUCores)
 	}
@@ -62,12 +63,27 @@ func TestMeterSamples(t *testing.T) {
 	}
 }
 
-// spin keeps a core busy for d.
-func spin(d time.Duration) {
-	x := 0
-	for end := time.Now().Add(d); time.Now().Before(end); x++ {
+// spin keeps a core busy until this process has used d of CPU time
+// since the call, so that a machine busy with other tests (which would
+// give a spin of fixed length less CPU) cannot thin the premise; it
+// fails t if that takes more than 20 s.
+func spin(t *testing.T, d time.Duration) {
+	t.Helper()
+	used := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	_ = x
+	start, deadline := used(), time.Now().Add(20*time.Second)
+	for used()-start < d {
+		if time.Now().After(deadline) {
+			t.Fatalf("premise: %v of CPU not used within 20 s", d)
+		}
+		for end := time.Now().Add(time.Millisecond); time.Now().Before(end); {
+		}
+	}
 }
 
 // TestMeterFailures: what cannot be read is named and left out, never
