@@ -230,14 +230,16 @@ type needsContents struct{ pebble.ArchiveCleaner }
 
 // unreservedLogs is a file system whose write-ahead log files do not
 // show Pebble their descriptors, so Pebble does not reserve disk for
-// them. Pebble reserves 110 % of the memtable size at a time (70 MiB
-// once the memtable has grown to 64 MiB) ahead of each log's writes, and
-// a replica's log is idle for most of its life: after 100,000
-// one-second leases on a dev cluster, with every lease ended, each node
-// held 72 MB of which the tables were about 1 MB. The reservation only
-// saves block allocation on a sync, and this log is synced only by Sync
-// (before Dragonboat compacts its own log), not at each write; without a
-// descriptor Pebble syncs it with fsync rather than fdatasync.
+// them. Pebble reserves 110 % of MemTableSize at a time (70 MiB, from a
+// log's first write on, whatever the memtable has grown to) ahead of
+// each log's writes, and a replica's log is idle for most of its life:
+// after 100,000 one-second leases on a dev cluster, with every lease
+// ended, each node held 72 MB of which the tables were about 1 MB. The
+// reservation only saves block allocation on a sync, and this log is
+// synced only by Sync (before Dragonboat compacts its own log), not at
+// each write; without a descriptor Pebble syncs it with fsync rather
+// than fdatasync. Logs are never recycled (noRecycleCleaner), so Create
+// is the only way Pebble opens one for writing.
 type unreservedLogs struct{ vfs.FS }
 
 // Create creates name; a write-ahead log (a .log file) is returned

@@ -215,11 +215,10 @@ func (t *Target) backup(ctx context.Context) (string, error) {
 	return fmt.Sprintf("backup of %d shards, %d records, %d bytes in %.2f s", len(man.GetShards()), records, size, time.Since(start).Seconds()), nil
 }
 
+// fault injects the faults that say nothing of what they did (Measure
+// handles the others).
 func (t *Target) fault(ctx context.Context, kind string) error {
 	switch kind {
-	case "kill", "kill-leader":
-		_, err := t.kill(ctx, kind)
-		return err
 	case "restart":
 		if err := t.script(ctx, "start"); err != nil {
 			return err
