@@ -21,45 +21,66 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
+// metaGroup is three nodes in this process hosting the placement group,
+// on free loopback ports, each started from cfg with its identity filled
+// in; Close closes those still running.
+type metaGroup struct {
+	t       *testing.T
+	dir     string
+	cfg     NodeConfig
+	members map[uint64]string
+	nodes   map[uint64]*Node
+}
+
+// startMetaGroup starts and bootstraps a metaGroup, closed at the test's
+// end.
+func startMetaGroup(t *testing.T, ctx context.Context, cfg NodeConfig) *metaGroup {
+	g := &metaGroup{t: t, dir: t.TempDir(), cfg: cfg, members: map[uint64]string{}, nodes: map[uint64]*Node{}}
+	for id := uint64(1); id <= 3; id++ {
+		g.members[id] = freeAddr(t)
+	}
+	t.Cleanup(func() {
+		for _, n := range g.nodes {
+			n.Close()
+		}
+	})
+	for id := range g.members {
+		g.start(id)
+	}
+	var initial []*placementv1.Node
+	for id, a := range g.members {
+		initial = append(initial, &placementv1.Node{Id: id, Zone: fmt.Sprintf("az%d", id), RaftAddr: a, ListenAddr: a})
+	}
+	if _, err := Bootstrap(ctx, g.nodes[1].Meta(), BootstrapCommand(initial), initial[0], Identity{NodeID: initial[0].GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// start starts node id (again), with its replica of the placement group.
+func (g *metaGroup) start(id uint64) {
+	cfg := g.cfg
+	cfg.ID, cfg.Zone, cfg.RaftAddr, cfg.DataDir = id, fmt.Sprintf("az%d", id), g.members[id], filepath.Join(g.dir, fmt.Sprint(id))
+	n, err := StartNode(cfg)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	if err := n.StartMeta(g.members, false); err != nil {
+		g.t.Fatal(err)
+	}
+	g.nodes[id] = n
+}
+
 // The epoch allocator across placement leader failures: three nodes host
 // the placement group; a fresh allocator on the current leader hands out
 // epochs, then the leader is stopped (its window is lost with it) and
 // restarted, five times over. Every epoch handed out is above every
 // earlier one.
 func TestEpochsIncreaseAcrossLeaderKills(t *testing.T) {
-	dir := t.TempDir()
-	members := map[uint64]string{}
-	for id := uint64(1); id <= 3; id++ {
-		members[id] = freeAddr(t)
-	}
-	start := func(id uint64) *Node {
-		n, err := StartNode(NodeConfig{ID: id, Zone: fmt.Sprintf("az%d", id), RaftAddr: members[id], DataDir: filepath.Join(dir, fmt.Sprint(id))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := n.StartMeta(members, false); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	nodes := map[uint64]*Node{}
-	for id := range members {
-		nodes[id] = start(id)
-	}
-	defer func() {
-		for _, n := range nodes {
-			n.Close()
-		}
-	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var initial []*placementv1.Node
-	for id, a := range members {
-		initial = append(initial, &placementv1.Node{Id: id, Zone: fmt.Sprintf("az%d", id), RaftAddr: a, ListenAddr: a})
-	}
-	if _, err := Bootstrap(ctx, nodes[1].Meta(), BootstrapCommand(initial), initial[0], Identity{NodeID: initial[0].GetId()}); err != nil {
-		t.Fatal(err)
-	}
+	g := startMetaGroup(t, ctx, NodeConfig{})
+	nodes := g.nodes
 	leader := func() uint64 {
 		for ctx.Err() == nil {
 			for _, n := range nodes {
@@ -92,7 +113,7 @@ func TestEpochsIncreaseAcrossLeaderKills(t *testing.T) {
 		}
 		nodes[id].Close()
 		delete(nodes, id)
-		nodes[id] = start(id)
+		g.start(id)
 	}
 	t.Logf("last epoch %d after 5 leader stops", last)
 }

@@ -52,6 +52,10 @@ type NodeConfig struct {
 	// every 2.5 s under the reference load, and p99 acquire doubled.
 	SnapshotEntries    uint64
 	CompactionOverhead uint64
+	// IdleCompaction is how often the node looks for idle replicas whose
+	// logs to compact (compactIdle). Zero means a minute; negative turns
+	// the look off.
+	IdleCompaction time.Duration
 	// Listener receives Raft leader changes.
 	Listener raftio.IRaftEventListener
 	// Observer sees hand-offs to waiters as replicas apply them.
@@ -80,6 +84,21 @@ type NodeConfig struct {
 // fsyncProbeInterval is how often a node times an fsync (OnFsync).
 const fsyncProbeInterval = time.Second
 
+// logDBMemTable is the LogDB's memtable size, in bytes. Pebble sizes
+// each write-ahead log file to 110 % of it, and keeps as many spare files
+// for reuse as memtables may queue (four) plus one, once a burst has
+// written them: at Dragonboat's smallest preset, 4 MiB, that was 23 MB on
+// each node for good.
+const logDBMemTable = 1 << 20
+
+// idleCompactionKeep is how many entries at most a snapshot of an idle
+// replica leaves in its log (CompactionOverhead if fewer): a replica
+// that missed fewer catches up from the log, not by a snapshot. Entries
+// are counted, not bytes, and a batch of writes is one entry: the 100,000
+// leases of a burst took 2,349 entries (about 6 KB each), so
+// CompactionOverhead's 5,000 would have kept the whole burst.
+const idleCompactionKeep = 500
+
 // RaftTLS is the Raft transport's mutual TLS (Dragonboat's MutualTLS):
 // every connection, both ways, presents a certificate CAFile verifies.
 // Dragonboat checks only the CA, so CAFile must sign node certificates
@@ -101,7 +120,7 @@ type Node struct {
 	nh       *dragonboat.NodeHost
 	stop     chan struct{} // closed by Close
 	stopOnce sync.Once
-	done     chan struct{} // closed when the fsync probe has stopped
+	done     sync.WaitGroup // the fsync probe and compactIdle, until stop
 	// runsMeta: StartMeta or JoinMeta started this node's replica of
 	// the placement group in this process.
 	runsMeta atomic.Bool
@@ -116,8 +135,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.SnapshotEntries == 0 {
 		cfg.SnapshotEntries, cfg.CompactionOverhead = 100_000, 5_000
 	}
+	if cfg.IdleCompaction == 0 {
+		cfg.IdleCompaction = time.Minute
+	}
 	logdb := config.GetTinyMemLogDBConfig()
 	logdb.Shards = 1
+	logdb.KVWriteBufferSize = logDBMemTable
 	nhc := config.NodeHostConfig{
 		DeploymentID:      deploymentID,
 		NodeHostDir:       filepath.Join(cfg.DataDir, "nodehost"),
@@ -135,24 +158,82 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
 	}
-	n := &Node{cfg: cfg, nh: nh, stop: make(chan struct{}), done: make(chan struct{})}
+	n := &Node{cfg: cfg, nh: nh, stop: make(chan struct{})}
 	if err := os.RemoveAll(n.ExportDir()); err != nil { // a backup's leftovers
 		nh.Close()
 		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
 	}
 	if cfg.OnFsync != nil {
-		go n.probeFsync()
-	} else {
-		close(n.done)
+		n.done.Go(n.probeFsync)
+	}
+	if cfg.IdleCompaction > 0 {
+		n.done.Go(n.compactIdle)
 	}
 	return n, nil
 }
+
+// compactIdle snapshots, every IdleCompaction until Close, each local
+// replica whose log has not grown since the last look (its shard is
+// idle) and holds more than twice its keep (idleKeep) entries; the
+// snapshot compacts the log behind it to the keep. Dragonboat snapshots
+// by count alone (SnapshotEntries), as etcd and ZooKeeper do, so a
+// burst's log stayed on disk until as many entries again came: 100,000
+// one-second leases left 12 MB of it on each node. An idle replica's
+// snapshot is cheap: the state machine's is a sync (the placement
+// group's, a copy of its small state).
+func (n *Node) compactIdle() {
+	tick := time.NewTicker(n.cfg.IdleCompaction)
+	defer tick.Stop()
+	stopped, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { <-n.stop; cancel() }() // Close need not wait out a snapshot
+	// seen: each local replica's last log index at the last look.
+	seen := map[uint64]uint64{}
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-tick.C:
+		}
+		info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+		looked := map[uint64]uint64{}
+		for _, s := range info.ShardInfoList {
+			lr, err := n.nh.GetLogReader(s.ShardID)
+			if err != nil || s.IsWitness {
+				continue
+			}
+			first, last := lr.GetRange()
+			looked[s.ShardID] = last
+			keep := n.idleKeep()
+			if prev, ok := seen[s.ShardID]; !ok || prev != last || last+1-first <= 2*keep {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(stopped, 30*time.Second)
+			idx, err := n.nh.SyncRequestSnapshot(ctx, s.ShardID, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: keep})
+			cancel()
+			switch {
+			case errors.Is(err, dragonboat.ErrRejected): // a snapshot at this index exists
+				continue
+			case err != nil && stopped.Err() == nil:
+				slog.Warn("snapshot of an idle replica failed; its log stays until the next", "node", n.cfg.ID, "shard", s.ShardID, "err", err)
+				continue
+			case err != nil:
+				return
+			}
+			slog.Debug("idle replica snapshotted", "node", n.cfg.ID, "shard", s.ShardID, "index", idx, "log_entries", last+1-first)
+		}
+		seen = looked
+	}
+}
+
+// idleKeep is how many entries a snapshot of an idle replica leaves in
+// its log: CompactionOverhead, at most idleCompactionKeep.
+func (n *Node) idleKeep() uint64 { return min(n.cfg.CompactionOverhead, idleCompactionKeep) }
 
 // probeFsync times a write and fsync of one block of the probe file
 // every fsyncProbeInterval until Close, logging a failure once per run
 // of failures.
 func (n *Node) probeFsync() {
-	defer close(n.done)
 	path := filepath.Join(n.cfg.DataDir, "fsync-probe")
 	block := make([]byte, 4096)
 	tick := time.NewTicker(fsyncProbeInterval)
@@ -427,6 +508,6 @@ func (n *Node) StopDataShard(shardID, replicaID uint64) error {
 // Close stops every replica on the node and the NodeHost.
 func (n *Node) Close() {
 	n.stopOnce.Do(func() { close(n.stop) })
-	<-n.done
+	n.done.Wait()
 	n.nh.Close()
 }
