@@ -173,9 +173,11 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 }
 
 // compactIdle snapshots, every IdleCompaction until Close, each local
-// replica whose log has not grown since the last look (its shard is
-// idle) and holds more than twice its keep (idleKeep) entries; the
-// snapshot compacts the log behind it to the keep. Dragonboat snapshots
+// replica whose log has not grown since the last look (its shard has
+// been idle for one to two intervals) and holds more than twice its keep
+// (idleKeep) entries; the snapshot compacts the log behind it to the
+// keep. A replica that was down meanwhile and missed more entries than
+// the keep catches up by a snapshot stream rather than from the log. Dragonboat snapshots
 // by count alone (SnapshotEntries), as etcd and ZooKeeper do, so a
 // burst's log stayed on disk until as many entries again came: 100,000
 // one-second leases left 12 MB of it on each node. An idle replica's
@@ -199,7 +201,7 @@ func (n *Node) compactIdle() {
 		looked := map[uint64]uint64{}
 		for _, s := range info.ShardInfoList {
 			lr, err := n.nh.GetLogReader(s.ShardID)
-			if err != nil || s.IsWitness {
+			if err != nil {
 				continue
 			}
 			first, last := lr.GetRange()
@@ -208,11 +210,16 @@ func (n *Node) compactIdle() {
 			if prev, ok := seen[s.ShardID]; !ok || prev != last || last+1-first <= 2*keep {
 				continue
 			}
-			ctx, cancel := context.WithTimeout(stopped, 30*time.Second)
+			// An idle replica's snapshot takes milliseconds; one that
+			// does not apply must not hold up the others for long.
+			ctx, cancel := context.WithTimeout(stopped, 10*time.Second)
 			idx, err := n.nh.SyncRequestSnapshot(ctx, s.ShardID, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: keep})
 			cancel()
 			switch {
-			case errors.Is(err, dragonboat.ErrRejected): // a snapshot at this index exists
+			case errors.Is(err, dragonboat.ErrRejected), // a snapshot at this index exists
+				errors.Is(err, dragonboat.ErrSystemBusy), // another snapshot is under way (warden admin snapshot)
+				errors.Is(err, dragonboat.ErrShardNotFound), errors.Is(err, dragonboat.ErrShardClosed),
+				errors.Is(err, dragonboat.ErrAborted): // stopped since the look (a move)
 				continue
 			case err != nil && stopped.Err() == nil:
 				slog.Warn("snapshot of an idle replica failed; its log stays until the next", "node", n.cfg.ID, "shard", s.ShardID, "err", err)
