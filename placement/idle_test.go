@@ -27,13 +27,7 @@ func TestIdleLogsCompacted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	g := startMetaGroup(t, ctx, NodeConfig{SnapshotEntries: 1_000_000, CompactionOverhead: overhead, IdleCompaction: interval})
-	logRange := func(id uint64) (first, last uint64) {
-		lr, err := g.nodes[id].NodeHost().GetLogReader(MetaShardID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lr.GetRange()
-	}
+	logRange := func(id uint64) (first, last uint64) { return g.logRange(id, MetaShardID) }
 	// Each Next after a Discard reserves a new window: one entry.
 	alloc := NewAllocator(g.nodes[1].Meta())
 	var epoch uint64 // the last one handed out
@@ -87,19 +81,7 @@ func TestIdleLogsCompacted(t *testing.T) {
 		}
 	}
 	for id := range g.nodes {
-		for {
-			first, last := logRange(id)
-			if n := last + 1 - first; n <= overhead {
-				if n != overhead {
-					t.Fatalf("node %d kept %d entries of its idle log, want %d", id, n, overhead)
-				}
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("node %d: %d entries in the idle replica's log, want ≤ %d", id, last+1-first, overhead)
-			}
-			time.Sleep(interval / 4)
-		}
+		g.awaitCompacted(ctx, id, MetaShardID, overhead, interval/4)
 	}
 	for range overhead {
 		propose()
@@ -181,30 +163,14 @@ func TestIdleCompactionCatchUp(t *testing.T) {
 			time.Sleep(10 * time.Millisecond) // the first election, or the one after node 3 stopped
 		}
 	}
-	logRange := func(id uint64) (first, last uint64) {
-		lr, err := g.nodes[id].NodeHost().GetLogReader(shardID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lr.GetRange()
-	}
+	logRange := func(id uint64) (first, last uint64) { return g.logRange(id, shardID) }
 	propose(5)
 	g.nodes[3].Close()
 	delete(g.nodes, 3)
 	propose(4 * overhead)
 	var last uint64
 	for _, id := range []uint64{1, 2} {
-		for {
-			first, l := logRange(id)
-			if l+1-first == overhead {
-				last = l
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("node %d: %d entries in the idle replica's log, want %d", id, l+1-first, overhead)
-			}
-			time.Sleep(interval / 4)
-		}
+		last = g.awaitCompacted(ctx, id, shardID, overhead, interval/4)
 	}
 	if saved.Load() != 0 || recovered.Load() != 0 {
 		t.Fatalf("a snapshot was streamed before node 3 restarted (%d saved, %d recovered)", saved.Load(), recovered.Load())
@@ -222,4 +188,33 @@ func TestIdleCompactionCatchUp(t *testing.T) {
 		time.Sleep(interval / 4)
 	}
 	t.Logf("node 3 caught up to index %d by a snapshot (%d saved, %d recovered)", last, saved.Load(), recovered.Load())
+}
+
+// logRange is the first and the last index of node id's log of shardID.
+func (g *metaGroup) logRange(id, shardID uint64) (first, last uint64) {
+	lr, err := g.nodes[id].NodeHost().GetLogReader(shardID)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return lr.GetRange()
+}
+
+// awaitCompacted waits, polling every poll until ctx ends, for node id's
+// log of shardID to hold at most keep entries, fails the test unless it
+// holds exactly keep (the idle snapshot's compaction), and returns the
+// log's last index.
+func (g *metaGroup) awaitCompacted(ctx context.Context, id, shardID, keep uint64, poll time.Duration) uint64 {
+	for {
+		first, last := g.logRange(id, shardID)
+		if n := last + 1 - first; n <= keep {
+			if n != keep {
+				g.t.Fatalf("node %d kept %d entries of its idle log, want %d", id, n, keep)
+			}
+			return last
+		}
+		if ctx.Err() != nil {
+			g.t.Fatalf("node %d: %d entries in the idle replica's log, want ≤ %d", id, last+1-first, keep)
+		}
+		time.Sleep(poll)
+	}
 }

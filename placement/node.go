@@ -175,11 +175,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 // compactIdle snapshots, every IdleCompaction until Close, each local
 // replica whose log has not grown since the last look (its shard has
 // been idle for one to two intervals) and holds more than twice its keep
-// (idleKeep) entries; the snapshot compacts the log behind it to the
-// keep. A replica that was down meanwhile and missed more entries than
-// the keep catches up by a snapshot stream rather than from the log. Dragonboat snapshots
-// by count alone (SnapshotEntries), as etcd and ZooKeeper do, so a
-// burst's log stayed on disk until as many entries again came: 100,000
+// (CompactionOverhead, at most idleCompactionKeep) entries; the snapshot
+// compacts the log behind it to the keep. A replica that was down
+// meanwhile and missed more entries than the keep catches up by a
+// snapshot stream rather than from the log. Dragonboat snapshots by
+// count alone (SnapshotEntries), as etcd and ZooKeeper do, so a burst's
+// log stayed on disk until as many entries again came: 100,000
 // one-second leases left 12 MB of it on each node. An idle replica's
 // snapshot is cheap: the state machine's is a sync (the placement
 // group's, a copy of its small state).
@@ -189,6 +190,7 @@ func (n *Node) compactIdle() {
 	stopped, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { <-n.stop; cancel() }() // Close need not wait out a snapshot
+	keep := min(n.cfg.CompactionOverhead, idleCompactionKeep)
 	// seen: each local replica's last log index at the last look.
 	seen := map[uint64]uint64{}
 	for {
@@ -206,7 +208,6 @@ func (n *Node) compactIdle() {
 			}
 			first, last := lr.GetRange()
 			looked[s.ShardID] = last
-			keep := n.idleKeep()
 			if prev, ok := seen[s.ShardID]; !ok || prev != last || last+1-first <= 2*keep {
 				continue
 			}
@@ -232,10 +233,6 @@ func (n *Node) compactIdle() {
 		seen = looked
 	}
 }
-
-// idleKeep is how many entries a snapshot of an idle replica leaves in
-// its log: CompactionOverhead, at most idleCompactionKeep.
-func (n *Node) idleKeep() uint64 { return min(n.cfg.CompactionOverhead, idleCompactionKeep) }
 
 // probeFsync times a write and fsync of one block of the probe file
 // every fsyncProbeInterval until Close, logging a failure once per run

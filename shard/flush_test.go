@@ -70,12 +70,7 @@ func TestStaggeredFlush(t *testing.T) {
 // A flushed memtable's write-ahead log is deleted, not kept for reuse
 // (noRecycleCleaner).
 func TestObsoleteLogsDeleted(t *testing.T) {
-	dir := t.TempDir()
-	db, err := openDB(dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	dir, db := openTempDB(t)
 	for i := range 5 {
 		if err := db.Set([]byte{'k', byte(i)}, make([]byte, 1<<10), pebble.NoSync); err != nil {
 			t.Fatal(err)
@@ -153,12 +148,7 @@ func TestCompactReclaimsDeleted(t *testing.T) {
 // A replica's write-ahead log takes the disk its writes take, not the
 // 70 MiB that Pebble would reserve ahead of them (unreservedLogs).
 func TestLogNotReserved(t *testing.T) {
-	dir := t.TempDir()
-	db, err := openDB(dir, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	dir, db := openTempDB(t)
 	for i := range 64 {
 		if err := db.Set([]byte{'k', byte(i)}, make([]byte, 1<<10), pebble.NoSync); err != nil {
 			t.Fatal(err)
@@ -179,4 +169,17 @@ func TestLogNotReserved(t *testing.T) {
 	if allocated := st.Blocks * 512; allocated > 1<<20 {
 		t.Fatalf("the log has %d bytes allocated for %d written, want no reservation", allocated, st.Size)
 	}
+}
+
+// openTempDB opens a replica's database (openDB) in a new temporary
+// directory, closed at the test's end.
+func openTempDB(t *testing.T) (string, *pebble.DB) {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := openDB(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return dir, db
 }
