@@ -154,16 +154,37 @@ func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv
 	return connect.NewResponse(out), nil
 }
 
+// snapshotTimeout bounds the snapshot of one replica, its waits for
+// another snapshot of it included.
+const snapshotTimeout = 30 * time.Second
+
+// snapshotBusyWait is how long snapshotLocal waits before it asks again
+// for a snapshot of a replica that is taking another. A local snapshot
+// of an on-disk state machine syncs its database and records an index:
+// milliseconds.
+const snapshotBusyWait = 50 * time.Millisecond
+
 // snapshotLocal snapshots the replica of shardID on local node nodeID and
-// compacts its log behind the snapshot.
+// compacts its log behind the snapshot. A replica taking another
+// snapshot (errSnapshotBusy: the node's idle compaction, or a second
+// admin call) is asked again once that one is likely done, until
+// snapshotTimeout runs out; the index it then reports may be the other
+// snapshot's (errNothingToSnapshot, when nothing was applied since).
 func (r *Router) snapshotLocal(ctx context.Context, shardID, nodeID uint64) *wardenv1.ReplicaSnapshot {
 	out := &wardenv1.ReplicaSnapshot{ShardId: shardID, NodeId: nodeID}
 	for i := range r.nodes {
 		if r.nodes[i].id != nodeID {
 			continue
 		}
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
 		idx, err := r.nodes[i].raft.snapshot(sctx, shardID)
+		for errors.Is(err, errSnapshotBusy) && sctx.Err() == nil {
+			select {
+			case <-sctx.Done():
+			case <-time.After(snapshotBusyWait):
+				idx, err = r.nodes[i].raft.snapshot(sctx, shardID)
+			}
+		}
 		cancel()
 		if err != nil {
 			out.Error = err.Error()

@@ -42,7 +42,8 @@ type raftHost interface {
 	export(ctx context.Context, shardID uint64) (*shard.ExportedSnapshot, string, error)
 	// snapshot snapshots the local replica and compacts its log behind
 	// it, returning the snapshot's index; errNothingToSnapshot when no
-	// entry was applied since the last one.
+	// entry was applied since the last one, errSnapshotBusy when the
+	// replica is taking another snapshot.
 	snapshot(ctx context.Context, shardID uint64) (uint64, error)
 	// changeMembership makes one membership change (NONE only reads it)
 	// through the local replica, which must be a voting member, and
@@ -54,3 +55,8 @@ type raftHost interface {
 // errNothingToSnapshot: the replica applied nothing since its last
 // snapshot.
 var errNothingToSnapshot = errors.New("nothing to snapshot: no entries applied since the replica's last snapshot")
+
+// errSnapshotBusy: the replica is taking another snapshot (Dragonboat's
+// ErrSystemBusy), such as the node's snapshot of an idle replica
+// (placement.Node's idle compaction) or a second admin call.
+var errSnapshotBusy = errors.New("the replica is taking another snapshot")

@@ -80,8 +80,11 @@ func (h dragonboatHost) transferLeader(shardID, target uint64) error {
 
 func (h dragonboatHost) snapshot(ctx context.Context, shardID uint64) (uint64, error) {
 	idx, err := h.nh.SyncRequestSnapshot(ctx, shardID, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
-	if errors.Is(err, dragonboat.ErrRejected) {
+	switch {
+	case errors.Is(err, dragonboat.ErrRejected):
 		return idx, errNothingToSnapshot
+	case errors.Is(err, dragonboat.ErrSystemBusy):
+		return idx, fmt.Errorf("%w: %v", errSnapshotBusy, err)
 	}
 	return idx, err
 }

@@ -47,6 +47,9 @@ import (
 //	propose key=K [name=X]             Router.propose of a Release for key K
 //	read key=K [name=X]                Router.read (linearizable) of key K's shard
 //	advance d=D                        lets D of virtual time pass
+//	snapshots node=N busy=K [index=I]  node N's host meets another snapshot in its next K
+//	                                   snapshot calls, then takes one at index I (0: nothing to snapshot)
+//	snapshot node=N [name=X]           an admin snapshot of node N's replica (snapshotLocal)
 //
 // Forwarding to node 3, whose answers are scripted (no HTTP):
 //
@@ -162,6 +165,27 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		h.mu.Unlock()
 		return "ok\n"
+	case "snapshots":
+		_, h := f.node(t, d)
+		h.mu.Lock()
+		d.ScanArgs(t, "busy", &h.snapshotBusy)
+		d.MaybeScanArgs(t, "index", &h.snapshotIndex)
+		h.mu.Unlock()
+		return "ok\n"
+	case "snapshot":
+		n, h := f.node(t, d)
+		return f.call(t, d, func() string {
+			h.mu.Lock()
+			before := h.snapshots
+			h.mu.Unlock()
+			rs := f.r.snapshotLocal(f.ctx, 10, n.id)
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if rs.GetError() != "" {
+				return fmt.Sprintf("%d calls: error: %s", h.snapshots-before, rs.GetError())
+			}
+			return fmt.Sprintf("%d calls: index %d", h.snapshots-before, rs.GetIndex())
+		})
 	case "dropped":
 		_, h := f.node(t, d)
 		h.mu.Lock()
@@ -429,6 +453,11 @@ type fakeHost struct {
 	drop    int
 	n       int
 	cancels int // CancelWait commands proposed
+	// snapshotBusy: the next snapshot calls that meet another snapshot
+	// of the replica (errSnapshotBusy); snapshotIndex: the index a
+	// snapshot then takes (0: nothing to snapshot); snapshots: the calls.
+	snapshotBusy, snapshots int
+	snapshotIndex           uint64
 }
 
 func (h *fakeHost) proposals() int {
@@ -499,7 +528,19 @@ func (h *fakeHost) leaderOf(uint64) (uint64, uint64, bool, error) {
 
 func (h *fakeHost) transferLeader(uint64, uint64) error { return nil }
 
-func (h *fakeHost) snapshot(context.Context, uint64) (uint64, error) { return 0, errNothingToSnapshot }
+func (h *fakeHost) snapshot(context.Context, uint64) (uint64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.snapshots++
+	switch {
+	case h.snapshotBusy > 0:
+		h.snapshotBusy--
+		return 0, errSnapshotBusy
+	case h.snapshotIndex == 0:
+		return 0, errNothingToSnapshot
+	}
+	return h.snapshotIndex, nil
+}
 
 func (h *fakeHost) export(context.Context, uint64) (*shard.ExportedSnapshot, string, error) {
 	return nil, "", errors.New("the fake host exports nothing")
