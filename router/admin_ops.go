@@ -159,17 +159,22 @@ func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv
 const snapshotTimeout = 30 * time.Second
 
 // snapshotBusyWait is how long snapshotLocal waits before it asks again
-// for a snapshot of a replica that is taking another. A local snapshot
-// of an on-disk state machine syncs its database and records an index:
-// milliseconds.
-const snapshotBusyWait = 50 * time.Millisecond
+// for a snapshot of a replica that is taking another, and snapshotBusyFor
+// how long it goes on asking. A local snapshot of an on-disk state
+// machine syncs its database and records an index: milliseconds. The
+// bound keeps a replica that stays busy from holding up the replicas
+// after it and the CLI's call (10 s by default).
+const (
+	snapshotBusyWait = 50 * time.Millisecond
+	snapshotBusyFor  = 5 * time.Second
+)
 
 // snapshotLocal snapshots the replica of shardID on local node nodeID and
 // compacts its log behind the snapshot. A replica taking another
 // snapshot (errSnapshotBusy: the node's idle compaction, or a second
-// admin call) is asked again once that one is likely done, until
-// snapshotTimeout runs out; the index it then reports may be the other
-// snapshot's (errNothingToSnapshot, when nothing was applied since).
+// admin call) is asked again every snapshotBusyWait for snapshotBusyFor;
+// it then reports a snapshot, or nothing to snapshot when the other took
+// everything applied, or, still busy, errSnapshotBusy.
 func (r *Router) snapshotLocal(ctx context.Context, shardID, nodeID uint64) *wardenv1.ReplicaSnapshot {
 	out := &wardenv1.ReplicaSnapshot{ShardId: shardID, NodeId: nodeID}
 	for i := range r.nodes {
@@ -178,9 +183,11 @@ func (r *Router) snapshotLocal(ctx context.Context, shardID, nodeID uint64) *war
 		}
 		sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
 		idx, err := r.nodes[i].raft.snapshot(sctx, shardID)
-		for errors.Is(err, errSnapshotBusy) && sctx.Err() == nil {
+		for giveUp := time.Now().Add(snapshotBusyFor); errors.Is(err, errSnapshotBusy) && time.Now().Before(giveUp); {
+			r.snapshotBusy.Add(1)
 			select {
 			case <-sctx.Done():
+				giveUp = time.Time{} // the caller is gone: report the busy answer
 			case <-time.After(snapshotBusyWait):
 				idx, err = r.nodes[i].raft.snapshot(sctx, shardID)
 			}

@@ -53,8 +53,9 @@ type raftHost interface {
 }
 
 // errNothingToSnapshot: the replica applied nothing since its last
-// snapshot.
-var errNothingToSnapshot = errors.New("nothing to snapshot: no entries applied since the replica's last snapshot")
+// snapshot, or was saving one of its own (one every SnapshotEntries
+// entries), which Dragonboat answers the same way (ErrRejected).
+var errNothingToSnapshot = errors.New("nothing to snapshot: no entries applied since the replica's last snapshot, or it was saving one")
 
 // errSnapshotBusy: the replica is taking another snapshot (Dragonboat's
 // ErrSystemBusy), such as the node's snapshot of an idle replica

@@ -170,8 +170,12 @@ type Router struct {
 	auth authState
 	// ready caches the last readiness answer (health.go).
 	ready readiness
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	// snapshotBusy counts the answers "taking another snapshot" that
+	// admin snapshots met and waited out (snapshotLocal), for the tests
+	// outside the package.
+	snapshotBusy atomic.Int64
+	stop         chan struct{}
+	wg           sync.WaitGroup
 }
 
 // New returns a Router over the local nodes, whose replicas report their
