@@ -183,11 +183,11 @@ func (r *Router) snapshotLocal(ctx context.Context, shardID, nodeID uint64) *war
 		}
 		sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
 		idx, err := r.nodes[i].raft.snapshot(sctx, shardID)
-		for giveUp := time.Now().Add(snapshotBusyFor); errors.Is(err, errSnapshotBusy) && time.Now().Before(giveUp); {
+		giveUp := time.Now().Add(snapshotBusyFor)
+		for errors.Is(err, errSnapshotBusy) && time.Now().Before(giveUp) && sctx.Err() == nil {
 			r.snapshotBusy.Add(1)
 			select {
-			case <-sctx.Done():
-				giveUp = time.Time{} // the caller is gone: report the busy answer
+			case <-sctx.Done(): // the caller is gone: the busy answer stands
 			case <-time.After(snapshotBusyWait):
 				idx, err = r.nodes[i].raft.snapshot(sctx, shardID)
 			}
