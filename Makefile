@@ -15,7 +15,7 @@ NPM_CI := npm ci --no-audit --no-fund --loglevel=error
 # and the commit (git describe), "dev" outside a git checkout.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all generate check-generate ui test-js bench-sdk build image-bin image run cluster cluster-stop test soak fuzz bench loadtest loadtest-secure loadtest-compare lint clean
+.PHONY: all generate check-generate ui test-js bench-sdk build image-bin image run cluster cluster-stop test soak nemesis fuzz bench loadtest loadtest-secure loadtest-compare lint clean
 
 all: build
 
@@ -62,7 +62,8 @@ cluster: build
 cluster-stop:
 	./deploy/local/cluster.sh stop
 
-## test: vet, then the whole test suite with the race detector, in every module (the SDK in client/, the API in proto/,
+## test: vet, then the whole test suite with the race detector (with the nemesis's short run, which needs root: without
+## it, it skips saying why; CI=true fails), in every module (the SDK in client/, the API in proto/,
 ## the load harness in loadtest/, whose etcd and ZooKeeper adapter tests skip when those servers are not installed,
 ## unless WARDEN_PEER_TESTS=1), the deployment artifacts' tests (deploy/: the image, systemd, Kubernetes, compose,
 ## monitoring; verbose, so that a test this machine cannot run says why it skipped; CI=true fails instead), and the
@@ -88,10 +89,16 @@ test-js: build
 	cd clients/typescript && $(NPM_CI) && npm run typecheck && npm test && \
 	cd ../../ui && $(NPM_CI) && npm run typecheck && npm test
 
-## soak: the long cases of shared/cases at full scale (make test runs them reduced); bounded by -timeout
-soak:
+## soak: the long cases of shared/cases at full scale (make test runs them reduced), and the long nemesis; bounded by -timeout
+soak: nemesis
 	WARDEN_SOAK=1 $(GO) test ./router -run '^(TestMassExpiry|TestCaseS2LinearizableAcrossSplits)$$' -count=1 -v -timeout 30m
 	WARDEN_SOAK=1 $(GO) test ./cmd/wardend -run '^(TestClusterCaseL17ChurningWaiters|TestClusterCaseS1TokensThroughChurn|TestClusterCaseQ14CountersEqualTheLedger)$$' -count=1 -v -timeout 45m
+
+## nemesis: the fault suite's long run (as root): every fault three times against three wardend processes in network
+## namespaces under load, the history checked, and a table per fault (DESIGN.md §5; WARDEN_NEMESIS_SEED replays a run);
+## make test runs a short one
+nemesis:
+	WARDEN_NEMESIS=long $(GO) test ./nemesis -run '^TestNemesis$$' -count=1 -v -timeout 30m
 
 ## fuzz: a short run of every fuzz target (FUZZTIME each)
 FUZZTIME ?= 20s

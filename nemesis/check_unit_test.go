@@ -82,4 +82,26 @@ func TestCheckersCatchViolations(t *testing.T) {
 			t.Errorf("%s: violation %v, want %v", tc.name, got, tc.bad)
 		}
 	}
+
+	reserve := func(id string, amount int64, invoke, done, expires int) qop {
+		return qop{kind: "reserve", pool: "p", id: id, amount: amount, invoke: at(invoke), done: at(done), expires: at(expires), outcome: okOutcome}
+	}
+	end := func(kind, id string, amount int64, invoke, done int) qop {
+		return qop{kind: kind, pool: "p", id: id, amount: amount, invoke: at(invoke), done: at(done), outcome: okOutcome}
+	}
+	for _, tc := range []struct {
+		name string
+		ops  []qop
+		bad  bool
+	}{
+		{"two live reservations over the limit", []qop{reserve("a", 3, 0, 10, 2000), reserve("b", 2, 20, 30, 2030)}, true},
+		{"a commit and a live reservation over the limit", []qop{reserve("a", 3, 0, 10, 2000), end("commit", "a", 3, 20, 30), reserve("b", 2, 40, 50, 2050)}, true},
+		{"the first released before the second", []qop{reserve("a", 3, 0, 10, 2000), end("release", "a", 3, 15, 300), reserve("b", 2, 20, 30, 2030)}, false},
+		{"the first expired before the second", []qop{reserve("a", 3, 0, 10, 2000), reserve("b", 2, 2000, 2010, 4010)}, false},
+		{"within the limit", []qop{reserve("a", 2, 0, 10, 2000), end("commit", "a", 2, 20, 30), reserve("b", 2, 40, 50, 2050)}, false},
+	} {
+		if got := len(checkPool(tc.ops, "p", 4, 50*time.Millisecond)) > 0; got != tc.bad {
+			t.Errorf("%s: violation %v, want %v", tc.name, got, tc.bad)
+		}
+	}
 }

@@ -6,13 +6,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -261,23 +259,4 @@ func (c *cluster) waitDataLeader() int {
 	}
 	c.t.Fatal("no node knows the data shard's leader")
 	return -1
-}
-
-// metric reads one sample of node i's /metrics; ok is unset when the node
-// does not export it.
-func (c *cluster) metric(i int, sample string) (v float64, ok bool) {
-	n := c.nodes[i]
-	resp, err := n.web.Get("http://" + net.JoinHostPort(n.host, listenPort) + "/metrics")
-	if err != nil {
-		return 0, false
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if s, ok := strings.CutPrefix(line, sample+" "); ok {
-			v, err := strconv.ParseFloat(s, 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
 }

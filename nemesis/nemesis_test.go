@@ -217,10 +217,13 @@ func TestNemesis(t *testing.T) {
 
 	s.c = startCluster(t, seed)
 	s.checkNoBypass()
-	s.w = startWorkload(s.c, seed, 2)
+	s.w = newWorkload(s.c)
+	s.newPool()
+	s.w.start(seed, 2)
 	defer s.w.halt()
 	time.Sleep(2 * time.Second) // load before the first fault
 	for _, f := range schedule {
+		s.newPool()
 		p := phase{fault: f.name}
 		var heal func()
 		p.what, p.minority, heal = f.inject(s)
@@ -282,11 +285,16 @@ func (s *suite) report() {
 		}
 	}
 	vs = append(vs, checkMinority(ops, ws)...)
+	qops := s.w.hist.quotaSnapshot()
+	for _, pool := range s.w.pools.all {
+		vs = append(vs, checkPool(qops, pool, poolLimit, margin)...)
+	}
+	vs = append(vs, s.checkLedger(0)...)
 
 	type row struct {
-		calls, grants, unavail, minUnavail, minUnknown int
-		recover, heal, minLatency                      []time.Duration
-		violations                                     []violation
+		calls, grants, reserves, unavail, minUnavail, minUnknown int
+		recover, heal, minLatency                                []time.Duration
+		violations                                               []violation
 	}
 	rows := map[string]*row{}
 	var names []string
@@ -329,6 +337,18 @@ func (s *suite) report() {
 				r.minLatency = append(r.minLatency, o.done.Sub(o.invoke))
 			}
 		}
+		for _, o := range qops {
+			if o.invoke.Before(p.from) || !o.invoke.Before(p.to) {
+				continue
+			}
+			r.calls++
+			switch {
+			case o.kind == "reserve" && o.outcome == okOutcome:
+				r.reserves++
+			case o.outcome == unavailable:
+				r.unavail++
+			}
+		}
 		if !recovered.IsZero() {
 			r.recover = append(r.recover, recovered.Sub(p.from))
 		}
@@ -348,7 +368,7 @@ func (s *suite) report() {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-17s %6s %6s %7s %16s %16s %18s  %s\n", "fault", "calls", "grants", "unavail", "recover p50/p99", "heal p50/p99", "minority", "verdict")
+	fmt.Fprintf(&b, "\n%-17s %6s %6s %8s %7s %16s %16s %18s  %s\n", "fault", "calls", "grants", "reserves", "unavail", "recover p50/p99", "heal p50/p99", "minority", "verdict")
 	for _, n := range names {
 		r := rows[n]
 		verdict := "ok"
@@ -359,7 +379,7 @@ func (s *suite) report() {
 		if r.minUnavail+r.minUnknown > 0 {
 			minority = fmt.Sprintf("%d/%d, %s", r.minUnavail, r.minUnknown, ms(quantile(r.minLatency, 0.5)))
 		}
-		fmt.Fprintf(&b, "%-17s %6d %6d %7d %16s %16s %18s  %s\n", n, r.calls, r.grants, r.unavail,
+		fmt.Fprintf(&b, "%-17s %6d %6d %8d %7d %16s %16s %18s  %s\n", n, r.calls, r.grants, r.reserves, r.unavail,
 			ms(quantile(r.recover, 0.5))+"/"+ms(quantile(r.recover, 0.99)), ms(quantile(r.heal, 0.5))+"/"+ms(quantile(r.heal, 0.99)), minority, verdict)
 	}
 	b.WriteString("recover: from the fault to the first probe grant; heal: from the heal until every node's probe is granted;\n" +

@@ -53,8 +53,21 @@ type op struct {
 
 // history collects ops from many goroutines.
 type history struct {
-	mu  sync.Mutex
-	ops []op
+	mu    sync.Mutex
+	ops   []op
+	quota []qop
+}
+
+func (h *history) addQuota(o qop) {
+	h.mu.Lock()
+	h.quota = append(h.quota, o)
+	h.mu.Unlock()
+}
+
+func (h *history) quotaSnapshot() []qop {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]qop(nil), h.quota...)
 }
 
 func (h *history) add(o op) {
@@ -99,22 +112,29 @@ type workload struct {
 	c         *cluster
 	hist      *history
 	resources []string
+	pools     pools
 	stop      chan struct{}
 	wg        sync.WaitGroup
 }
 
-// startWorkload starts perNode clients and a probe on every node.
-func startWorkload(c *cluster, seed uint64, perNode int) *workload {
-	w := &workload{c: c, hist: &history{}, resources: []string{"hot/a", "hot/b", "hot/c"}, stop: make(chan struct{})}
-	for i := range c.nodes {
+// newWorkload is a workload on c's nodes; start starts it.
+func newWorkload(c *cluster) *workload {
+	return &workload{c: c, hist: &history{}, resources: []string{"hot/a", "hot/b", "hot/c"}, stop: make(chan struct{})}
+}
+
+// start starts perNode lock clients, a quota client and a probe on
+// every node.
+func (w *workload) start(seed uint64, perNode int) {
+	for i := range w.c.nodes {
 		for k := range perNode {
 			id := i*perNode + k
 			rng := rand.New(rand.NewPCG(seed, uint64(id)))
 			w.wg.Go(func() { w.client(id, i, rng) })
 		}
+		rng := rand.New(rand.NewPCG(seed, uint64(1000+i)))
+		w.wg.Go(func() { w.quotaClient(i, i, rng) })
 		w.wg.Go(func() { w.probe(i) })
 	}
-	return w
 }
 
 func (w *workload) halt() {
