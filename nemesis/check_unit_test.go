@@ -50,6 +50,11 @@ func TestCheckersCatchViolations(t *testing.T) {
 			for _, v := range checkLeases(tc.ops, cfg) {
 				got[v.rule] = true
 			}
+			// porcupine's lock model finds the same histories bad.
+			_, lin := checkLinearizable(tc.ops, []string{"r"}, cfg, 10*time.Second)
+			if (len(lin) > 0) != (len(tc.want) > 0) {
+				t.Errorf("porcupine: %v, want a violation: %v", lin, len(tc.want) > 0)
+			}
 			want := map[string]bool{}
 			for _, r := range tc.want {
 				want[r] = true

@@ -285,6 +285,8 @@ func (s *suite) report() {
 		}
 	}
 	vs = append(vs, checkMinority(ops, ws)...)
+	lin, lvs := checkLinearizable(ops, s.w.resources, checkConfig{skew: maxClockSkew, margin: margin}, 60*time.Second)
+	vs = append(vs, lvs...)
 	qops := s.w.hist.quotaSnapshot()
 	for _, pool := range s.w.pools.all {
 		vs = append(vs, checkPool(qops, pool, poolLimit, margin)...)
@@ -384,6 +386,7 @@ func (s *suite) report() {
 	}
 	b.WriteString("recover: from the fault to the first probe grant; heal: from the heal until every node's probe is granted;\n" +
 		"minority: calls to cut-off nodes (invoked before the heal) answered unavailable / unknown (deadline), and their p50 latency\n")
+	fmt.Fprintf(&b, "porcupine over the lock history: %s\n", lin)
 	t.Log(b.String())
 	for _, v := range vs {
 		t.Errorf("%s %s", stamp(v.at), v)
