@@ -70,6 +70,22 @@ func TestCheckersCatchViolations(t *testing.T) {
 		})
 	}
 
+	// Calls of unknown outcome may explain what the known ones saw.
+	lost := op{kind: "acquire", res: "r", invoke: at(2600), done: at(5600), outcome: unknown}
+	for _, tc := range []struct {
+		name string
+		ops  []op
+		bad  bool
+	}{
+		{"a token from an unknown grant", []op{grant("a", 1, 0, 10, 2000), lost, describe(3000, 3010, true, 2)}, false},
+		{"a token from nowhere", []op{grant("a", 1, 0, 10, 2000), describe(3000, 3010, true, 2)}, true},
+		{"a lost release explains a free lock", []op{grant("a", 1, 0, 10, 2000), {kind: "release", res: "r", lease: "a", invoke: at(100), done: at(3100), outcome: unknown}, describe(500, 510, false, 1)}, false},
+	} {
+		if _, vs := checkLinearizable(tc.ops, []string{"r"}, cfg, 10*time.Second); (len(vs) > 0) != tc.bad {
+			t.Errorf("porcupine, %s: %v, want a violation: %v", tc.name, vs, tc.bad)
+		}
+	}
+
 	w := []window{{from: at(1000), to: at(5000), minority: map[int]bool{0: true}}}
 	for _, tc := range []struct {
 		name string

@@ -13,14 +13,17 @@ import (
 
 // A lock model for porcupine over the workload's hot resources. Unlike
 // router's lease model (whose server clock is the test's own and whose
-// expiry it infers from the TTL), it takes each lease's expiry from the
-// server's expires_at, and it admits calls whose outcome is unknown:
-// such a call may take effect at any moment after its invoke (its
-// Return is the end of time), an unknown Acquire as a grant to a holder
-// nobody knows, an unknown Renew as an expiry nobody knows, an unknown
-// Release (or one answered released: false) as a release or nothing.
-// Times are nanoseconds of the Unix clock; margin and skew as for
-// checkLeases.
+// expiry it infers from the TTL), it takes each lease's end from the
+// server's expires_at. A call whose outcome is unknown (a deadline, a
+// transport error, unavailable; a Release answered released: false) is
+// not an operation of its own, which would stay open to the end of the
+// history and make the search explode: the model lets it take effect
+// just before any later call that returned after it was invoked — an
+// unknown Acquire as a grant to a holder nobody knows (each at most
+// once), an unknown Renew as an expiry nobody knows, an unknown Release
+// as the end of its lease. That errs towards finding a linearization,
+// never towards a false alarm. Times are nanoseconds of the Unix clock;
+// margin and skew as for checkLeases.
 
 const never = math.MaxInt64
 
@@ -30,6 +33,8 @@ type lockState struct {
 	// The holder's lease ends in [expLow, expHigh] on the server's clock
 	// (never: no bound known).
 	expLow, expHigh int64
+	// used counts the unknown Acquires taken as grants.
+	used int
 }
 
 type lockIn struct {
@@ -37,10 +42,34 @@ type lockIn struct {
 	res   string
 	lease string // renew, release
 	call  int64
+	// unknown is what the calls of unknown outcome on res invoked before
+	// this call returned may have done.
+	unknown *unknowns
+}
+
+// unknowns are the calls of unknown outcome on one resource invoked
+// before the moment at.
+type unknowns struct {
+	at       int64
+	acquires int // unknown Acquires invoked before at
+	// renews and releases map a lease id to the first invoke of an
+	// unknown Renew, Release of it (shared by the resource's calls).
+	renews, releases map[string]int64
+}
+
+// renewed and released report whether an unknown Renew, Release of
+// lease was invoked before u.at.
+func (u *unknowns) renewed(lease string) bool {
+	t, ok := u.renews[lease]
+	return ok && t < u.at
+}
+
+func (u *unknowns) released(lease string) bool {
+	t, ok := u.releases[lease]
+	return ok && t < u.at
 }
 
 type lockOut struct {
-	known   bool // the answer was learned (for release: released: true)
 	ok      bool
 	lease   string
 	token   uint64
@@ -68,6 +97,80 @@ func lockModel(skew, margin time.Duration) porcupine.NondeterministicModel {
 	mayHold := func(st lockState, t int64) bool {
 		return st.holder != "" && (st.holder == "?" || t <= after(st.expHigh, skew+margin))
 	}
+	// step is one known call's effect on st: the states it may leave.
+	step := func(st lockState, i lockIn, o lockOut) []lockState {
+		freed := lockState{token: st.token, used: st.used}
+		switch i.kind {
+		case "acquire":
+			switch {
+			case o.ok:
+				if o.token > st.token && mayEnd(st, o.ret) {
+					return []lockState{{holder: o.lease, token: o.token, expLow: o.expires, expHigh: o.expires, used: st.used}}
+				}
+			case mayHold(st, i.call):
+				return []lockState{st}
+			}
+		case "renew":
+			switch {
+			case o.ok:
+				if st.holder == i.lease && i.call <= after(st.expHigh, margin) {
+					st.expLow, st.expHigh = o.expires, o.expires
+					return []lockState{st}
+				}
+			case st.holder != i.lease || after(o.ret, margin) >= st.expLow:
+				return []lockState{st}
+			}
+		case "release":
+			if st.holder == i.lease && i.call <= after(st.expHigh, margin) {
+				return []lockState{freed}
+			}
+		case "describe":
+			switch {
+			case o.token < st.token:
+			case o.token > st.token:
+				if st.holder == "?" { // the unknown grant, now seen
+					h := lockState{holder: "?", token: o.token, expLow: o.expires, expHigh: o.expires, used: st.used}
+					if !o.held {
+						h.holder = ""
+					}
+					return []lockState{h}
+				}
+			case st.holder == "?":
+				// The unknown grant has a higher token: not made yet.
+			case o.held && mayHold(st, i.call):
+				return []lockState{st}
+			case !o.held && mayEnd(st, o.ret):
+				return []lockState{freed}
+			}
+		}
+		return nil
+	}
+	// before is st and every state the unknown calls of u may have led
+	// it to.
+	before := func(st lockState, u *unknowns) []lockState {
+		out := []lockState{st}
+		for k := 0; k < len(out); k++ {
+			s := out[k]
+			var next []lockState
+			if s.holder != "" && s.holder != "?" && u.released(s.holder) {
+				next = append(next, lockState{token: s.token, used: s.used})
+			}
+			if s.holder != "" && s.holder != "?" && u.renewed(s.holder) && s.expHigh != never {
+				s2 := s
+				s2.expHigh = never
+				next = append(next, s2)
+			}
+			if s.used < u.acquires && s.holder != "?" {
+				next = append(next, lockState{holder: "?", token: s.token, expLow: 0, expHigh: never, used: s.used + 1})
+			}
+			for _, n := range next {
+				if !slices.Contains(out, n) {
+					out = append(out, n)
+				}
+			}
+		}
+		return out
+	}
 	return porcupine.NondeterministicModel{
 		Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
 			by := map[string][]porcupine.Operation{}
@@ -87,99 +190,75 @@ func lockModel(skew, margin time.Duration) porcupine.NondeterministicModel {
 		},
 		Init: func() []any { return []any{lockState{}} },
 		Step: func(s, in, out any) []any {
-			st, i, o := s.(lockState), in.(lockIn), out.(lockOut)
-			freed := lockState{token: st.token}
-			switch i.kind {
-			case "acquire":
-				switch {
-				case !o.known:
-					return []any{st, lockState{holder: "?", token: st.token, expLow: 0, expHigh: never}}
-				case o.ok:
-					if o.token <= st.token || !mayEnd(st, o.ret) {
-						return nil
+			i := in.(lockIn)
+			var next []any
+			for _, b := range before(s.(lockState), i.unknown) {
+				for _, n := range step(b, i, out.(lockOut)) {
+					if !slices.Contains(next, any(n)) {
+						next = append(next, n)
 					}
-					return []any{lockState{holder: o.lease, token: o.token, expLow: o.expires, expHigh: o.expires}}
-				case mayHold(st, i.call):
-					return []any{st}
-				}
-			case "renew":
-				switch {
-				case !o.known:
-					if st.holder == i.lease {
-						st2 := st
-						st2.expHigh = never
-						return []any{st, st2}
-					}
-					return []any{st}
-				case o.ok:
-					if st.holder != i.lease || i.call > after(st.expHigh, margin) {
-						return nil
-					}
-					st.expLow, st.expHigh = o.expires, o.expires
-					return []any{st}
-				case st.holder != i.lease || after(o.ret, margin) >= st.expLow:
-					return []any{st}
-				}
-			case "release":
-				switch {
-				case !o.known:
-					if st.holder == i.lease {
-						return []any{st, freed}
-					}
-					return []any{st}
-				case st.holder == i.lease && i.call <= after(st.expHigh, margin):
-					return []any{freed}
-				}
-			case "describe":
-				switch {
-				case o.token < st.token:
-				case o.token > st.token:
-					if st.holder == "?" { // the unknown grant, now seen
-						h := lockState{holder: "?", token: o.token, expLow: o.expires, expHigh: o.expires}
-						if !o.held {
-							h.holder = ""
-						}
-						return []any{h}
-					}
-				case st.holder == "?":
-					// The unknown grant has a higher token: not yet made.
-				case o.held && mayHold(st, i.call):
-					return []any{st}
-				case !o.held && mayEnd(st, o.ret):
-					return []any{freed}
 				}
 			}
-			return nil
+			return next
 		},
 		DescribeOperation: func(in, out any) string { return fmt.Sprintf("%+v -> %+v", in, out) },
 	}
 }
 
 // lockOperations turns the history's calls on the hot resources into
-// porcupine's operations: a call whose outcome is unknown returns never,
-// a Describe whose answer was lost is left out (a read changes nothing).
+// porcupine's operations: the calls whose answer was learned, each with
+// the calls of unknown outcome invoked before it returned.
 func lockOperations(ops []op, hot []string) []porcupine.Operation {
-	var out []porcupine.Operation
-	for _, o := range ops {
-		if o.client < 0 || !slices.Contains(hot, o.res) {
+	isUnknown := func(o op) bool {
+		return o.outcome != okOutcome && o.outcome != refused || o.kind == "release" && !o.released
+	}
+	type perRes struct {
+		acquires         []int64 // invokes, sorted
+		renews, releases map[string]int64
+	}
+	unknown := map[string]*perRes{}
+	for _, x := range ops {
+		if !isUnknown(x) {
 			continue
 		}
-		in := lockIn{kind: o.kind, res: o.res, lease: o.lease, call: o.invoke.UnixNano()}
-		res := lockOut{known: o.outcome == okOutcome || o.outcome == refused, ok: o.outcome == okOutcome, lease: o.lease,
-			token: o.token, held: o.held, ret: o.done.UnixNano()}
+		r := unknown[x.res]
+		if r == nil {
+			r = &perRes{renews: map[string]int64{}, releases: map[string]int64{}}
+			unknown[x.res] = r
+		}
+		first := func(m map[string]int64) {
+			if t, ok := m[x.lease]; !ok || x.invoke.UnixNano() < t {
+				m[x.lease] = x.invoke.UnixNano()
+			}
+		}
+		switch x.kind {
+		case "acquire":
+			r.acquires = append(r.acquires, x.invoke.UnixNano())
+		case "renew":
+			first(r.renews)
+		case "release":
+			first(r.releases)
+		}
+	}
+	for _, r := range unknown {
+		slices.Sort(r.acquires)
+	}
+	var out []porcupine.Operation
+	for _, o := range ops {
+		if o.client < 0 || !slices.Contains(hot, o.res) || isUnknown(o) {
+			continue
+		}
+		u := &unknowns{at: o.done.UnixNano()}
+		if r := unknown[o.res]; r != nil {
+			u.acquires, _ = slices.BinarySearch(r.acquires, u.at)
+			u.renews, u.releases = r.renews, r.releases
+		}
+		in := lockIn{kind: o.kind, res: o.res, lease: o.lease, call: o.invoke.UnixNano(), unknown: u}
+		res := lockOut{ok: o.outcome == okOutcome, lease: o.lease, token: o.token, held: o.held, ret: o.done.UnixNano()}
 		if !o.expires.IsZero() {
 			res.expires = o.expires.UnixNano()
 		}
-		ret := res.ret
-		switch {
-		case o.kind == "describe" && !res.known:
-			continue
-		case o.kind == "release" && res.known && !o.released:
-			res.known = false // released: false counts as unknown (see checkLeases)
-		case !res.known:
-			ret = never
-		}
-		out = append(out, porcupine.Operation{ClientId: max(0, o.client), Input: in, Call: in.call, Output: res, Return: ret})
+		out = append(out, porcupine.Operation{ClientId: max(0, o.client), Input: in, Call: in.call, Output: res, Return: res.ret})
 	}
 	return out
 }
