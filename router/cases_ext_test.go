@@ -18,7 +18,7 @@ import (
 // Case L15 (etcd #22082): a stale Release retry never ends a newer lease
 // of the same holder. H releases L1 (the reply is lost), acquires again
 // under a new request id, and the lost Release is delivered again: it
-// answers released: false and changes nothing; the lease ids differ, the
+// answers released: false (and already_released) and changes nothing; the lease ids differ, the
 // token rose, B cannot take the lock, and a RenewBatch of both leases
 // renews only the current one.
 func TestCaseL15StaleReleaseRetry(t *testing.T) {
@@ -39,13 +39,15 @@ func TestCaseL15StaleReleaseRetry(t *testing.T) {
 	if l2.GetLeaseId() == l1.GetLeaseId() || l2.GetFencingToken() <= l1.GetFencingToken() {
 		t.Fatalf("second lease %v after %v: the lease id must differ and the token rise", l2, l1)
 	}
-	if ok, err := c.release("r", l1.GetLeaseId()); err != nil || ok {
-		t.Fatalf("the lost Release of L1 delivered again: released %v (%v), want false", ok, err)
+	// It says the lease was released, by a Release of L1 (the first).
+	again, err := c.locks.Release(ctx(t), connect.NewRequest(&wardenv1.ReleaseRequest{Resource: "r", LeaseId: l1.GetLeaseId()}))
+	if err != nil || again.Msg.GetReleased() || !again.Msg.GetAlreadyReleased() {
+		t.Fatalf("the lost Release of L1 delivered again: %v (%v), want released false, already_released", again, err)
 	}
 	if d := c.describe("r"); !d.GetHeld() || d.GetFencingToken() != l2.GetFencingToken() || d.GetHolder() != "H" {
 		t.Fatalf("after the stale release: %v, want held by H with token %d", d, l2.GetFencingToken())
 	}
-	_, err := c.acquireWait(ctx(t), "r", "b1", 10*time.Second, time.Second)
+	_, err = c.acquireWait(ctx(t), "r", "b1", 10*time.Second, time.Second)
 	wantCode(t, err, connect.CodeDeadlineExceeded)
 	out, err := c.renewBatch("r", l1.GetLeaseId(), "r", l2.GetLeaseId())
 	if err != nil {

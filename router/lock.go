@@ -192,12 +192,35 @@ func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*conn
 
 // Release implements LockService.Release.
 func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
-	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
-		return p.locks.Release
-	}); ok {
+	if resp, ok, err := forwardRelease(ctx, s.r, req, func(p *peer) releaseCall { return p.locks.Release }); ok {
 		return resp, err
 	}
 	return s.release(ctx, req.Msg)
+}
+
+// releaseCall is LockService.Release on one node.
+type releaseCall = func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error)
+
+// forwardRelease is forward for a Release. forward sends a Release again
+// only after an attempt whose outcome it cannot tell (an error): when a
+// later attempt finds the lease already released by a Release of its
+// lease id, the attempt before it did that, and the call answers what that
+// attempt would have, released (DESIGN.md §1 rule 3), rather than that
+// nothing changed. Any other answer is the last attempt's own.
+func forwardRelease(ctx context.Context, r *Router, req *connect.Request[wardenv1.ReleaseRequest], call func(*peer) releaseCall) (*connect.Response[wardenv1.ReleaseResponse], bool, error) {
+	unknown := false // an earlier attempt's outcome is unknown
+	return forward(ctx, r, req, req.Msg.GetResource(), func(p *peer) releaseCall {
+		return func(ctx context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+			resp, err := call(p)(ctx, fr)
+			switch {
+			case err != nil:
+				unknown = true
+			case unknown && resp.Msg.GetAlreadyReleased():
+				resp.Msg.Released, resp.Msg.AlreadyReleased = true, false
+			}
+			return resp, err
+		}
+	})
 }
 
 func (s *LockServer) release(ctx context.Context, m *wardenv1.ReleaseRequest) (*connect.Response[wardenv1.ReleaseResponse], error) {
@@ -214,7 +237,7 @@ func (s *LockServer) release(ctx context.Context, m *wardenv1.ReleaseRequest) (*
 
 // releaseResponse is Release's answer for the shard's result res.
 func releaseResponse(res *shardv1.Result) *connect.Response[wardenv1.ReleaseResponse] {
-	return connect.NewResponse(&wardenv1.ReleaseResponse{Released: res.GetReleased()})
+	return connect.NewResponse(&wardenv1.ReleaseResponse{Released: res.GetReleased(), AlreadyReleased: !res.GetReleased() && res.GetReplayed()})
 }
 
 // releaseCmd validates m and returns its shard command.

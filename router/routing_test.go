@@ -53,12 +53,15 @@ import (
 //
 // Forwarding to node 3, whose answers are scripted (no HTTP):
 //
-//	peer answers=(A[*K],...)           node 3's next answers: ok, broken (the
+//	peer answers=(A[*K],...)           node 3's next answers: ok (released
+//	                                   false), released, already (released
+//	                                   by an earlier Release of the lease
+//	                                   id), broken (the
 //	                                   connection broke: no wire error), garbled
 //	                                   (an answer not Connect's), or a Connect
 //	                                   code node 3 sent (unavailable, ...)
 //	forward key=K [hops=H]             forward of a Release for key K, as a
-//	                                   request that came with H hops
+//	                                   request that came with H hops (forwardRelease)
 //
 // A waiting Acquire's wait for its grant (awaitGrant), with the hand-offs
 // the local replicas apply scripted:
@@ -330,7 +333,7 @@ func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 		req.Header().Set(forwardedHeader, strconv.Itoa(hops))
 	}
 	calls := 0
-	call := func(*peer) func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+	call := func(*peer) releaseCall {
 		return func(_ context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 			calls++
 			if got, want := fr.Header().Get(forwardedHeader), strconv.Itoa(hops+1); got != want {
@@ -343,6 +346,10 @@ func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 			switch a {
 			case "ok":
 				return connect.NewResponse(&wardenv1.ReleaseResponse{}), nil
+			case "released":
+				return connect.NewResponse(&wardenv1.ReleaseResponse{Released: true}), nil
+			case "already": // a Release of the lease id ended it earlier
+				return connect.NewResponse(&wardenv1.ReleaseResponse{AlreadyReleased: true}), nil
 			case "broken":
 				return nil, connect.NewError(connect.CodeUnavailable, errors.New("connection reset by peer"))
 			case "garbled": // not Connect's answer: an HTTP 400 from something else on the address
@@ -355,13 +362,20 @@ func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 			return nil, connect.NewWireError(code, errors.New("node 3 says "+a))
 		}
 	}
-	_, ok, err := forward(f.ctx, f.r, req, key, call)
+	req.Msg.Resource = key
+	resp, ok, err := forwardRelease(f.ctx, f.r, req, call)
 	if !ok {
 		return fmt.Sprintf("served here (%d calls)", calls)
 	}
 	out := fmt.Sprintf("%d calls to node 3: ", calls)
 	var ce *connect.Error
 	if !errors.As(err, &ce) {
+		switch {
+		case resp.Msg.GetReleased():
+			return out + "ok released"
+		case resp.Msg.GetAlreadyReleased():
+			return out + "ok already_released"
+		}
 		return out + "ok"
 	}
 	out += fmt.Sprintf("%v (wire %v): %s", ce.Code(), connect.IsWireError(ce), ce.Message())

@@ -46,10 +46,20 @@ const (
 	VersionPrincipal = 8
 	// VersionRevoke adds RevokeCmd (AdminService.RevokeLease).
 	VersionRevoke = 9
+	// VersionReleaseReplay changes what Release and Reserve decide. A
+	// lease that a Release ends is remembered as released in its
+	// request's dedup record (DedupRecord.released), for as long as the
+	// record is kept, and a repeat of that Release (a router's retry
+	// after its first attempt committed unseen) answers released=true,
+	// the original outcome; before, it found the lease gone and answered
+	// false. And a Reserve whose reservation_id another key of the same
+	// pool holds is refused (invalid_argument, as a retry with other
+	// parameters is): ids are unique per pool, not per key.
+	VersionReleaseReplay = 10
 )
 
 // CommandVersion is the newest envelope version this binary applies.
-const CommandVersion = VersionRevoke
+const CommandVersion = VersionReleaseReplay
 
 // MaxRenewBatch is the most renewals one RenewBatchCmd (and one RenewBatch
 // RPC) carries.
@@ -127,6 +137,10 @@ type Reader interface {
 	Lock(resource string) (*shardv1.LockRecord, error)
 	// Dedup returns the dedup record of an Acquire request_id, or nil.
 	Dedup(resource, requestID string) (*shardv1.DedupRecord, error)
+	// ReleasedLease returns the dedup record of the request whose lease
+	// leaseID of resource ended by a Release (DedupRecord.released), or
+	// nil.
+	ReleasedLease(resource string, leaseID []byte) (*shardv1.DedupRecord, error)
 	// Waiter returns the resource's waiter with sequence number seq, or nil.
 	Waiter(resource string, seq uint64) (*shardv1.WaiterRecord, error)
 	// NextWaiter returns the resource's first waiter with seq ≥ from, or nil.
@@ -139,6 +153,9 @@ type Reader interface {
 	QuotaChildren(parent string) ([]*shardv1.QuotaRecord, error)
 	// Reservation returns a reservation, or nil.
 	Reservation(key, id string) (*shardv1.ReservationRecord, error)
+	// ReservationKeys returns the keys of pool that hold a reservation
+	// with id, in key order.
+	ReservationKeys(pool, id string) ([]string, error)
 	// PoolRecord returns the pool's ledger record, or nil.
 	PoolRecord(pool string) (*shardv1.PoolRecord, error)
 	// Report returns a recorded usage report, or nil.
@@ -179,7 +196,7 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 		locks: map[string]*shardv1.LockRecord{}, dedups: map[dedupKeyT]*shardv1.DedupRecord{},
 		gone: map[waiterKeyT]bool{}, tenants: map[string]uint32{},
 		quotas: map[string]*shardv1.QuotaRecord{}, pools: map[string]*shardv1.PoolRecord{},
-		reservations: map[string]*shardv1.ReservationRecord{}}
+		reservations: map[string]*shardv1.ReservationRecord{}, released: map[string]bool{}}
 	if env.GetVersion() == 0 {
 		return invalid("version", "is required"), nil, nil
 	}
@@ -306,6 +323,9 @@ type applier struct {
 	pools   map[string]*shardv1.PoolRecord
 	// reservations this command wrote, by key NUL id
 	reservations map[string]*shardv1.ReservationRecord
+	// released are the leases this command's Releases ended, by
+	// resource NUL lease id: what ReleasedLease will find once written.
+	released map[string]bool
 }
 
 func (a *applier) cfg() *shardv1.ShardConfig { return a.meta.GetConfig() }

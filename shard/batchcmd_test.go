@@ -102,3 +102,19 @@ func TestBatchCmdNeedsVersion3(t *testing.T) {
 		t.Errorf("the version 2 batch acquired a: %v", d.GetLock())
 	}
 }
+
+// From envelope version 10, a Release repeated in the same batch as the
+// Release that ended its lease answers replayed (already released), as it
+// would in a later entry: the batch reads its own writes.
+func TestBatchCmdRepeatedRelease(t *testing.T) {
+	r := newReplica(t)
+	id := []byte("lease-1-00000000")
+	got := r.propose(second, batchCmd(acquireItem("a", "r1", id), releaseItem("a", id), releaseItem("a", id)))
+	items := got.GetItems()
+	if len(items) != 3 || !items[1].GetReleased() || items[2].GetReleased() || !items[2].GetReplayed() {
+		t.Fatalf("acquire, release, release again in one batch: %v, want the repeat replayed, not released", items)
+	}
+	if again := r.propose(2*second, releaseCmd("a", id)); again.GetReleased() || !again.GetReplayed() {
+		t.Fatalf("the Release repeated in a later entry: %v, want replayed", again)
+	}
+}

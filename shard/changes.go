@@ -96,6 +96,11 @@ func (c putDedup) write(s *records, b writeBatch) error {
 			return err
 		}
 	}
+	if d.GetReleased() {
+		if err := b.Set(releasedKey(d.GetResource(), d.GetLeaseId()), []byte(d.GetRequestId()), nil); err != nil {
+			return err
+		}
+	}
 	return set(b, dedupKey(d.GetResource(), d.GetRequestId()), d)
 }
 
@@ -110,9 +115,14 @@ func (c deleteDedup) write(s *records, b writeBatch) error {
 	return b.Delete(dedupKey(c.resource, c.requestID), nil)
 }
 
-// unindexDedup removes dedup record old (nil: none) from the index of
-// ended records.
+// unindexDedup removes dedup record old (nil: none) from the indexes of
+// ended records and of released leases.
 func unindexDedup(b writeBatch, old *shardv1.DedupRecord) error {
+	if old.GetReleased() {
+		if err := b.Delete(releasedKey(old.GetResource(), old.GetLeaseId()), nil); err != nil {
+			return err
+		}
+	}
 	if old.GetEndedAtUnixNano() == 0 {
 		return nil
 	}
@@ -163,10 +173,17 @@ func (c deleteReservation) write(s *records, b writeBatch) error {
 // writeReservation replaces reservation (key, id) with r (nil: deletes
 // it), keeping the indexes in step: an open reservation is indexed by its
 // pool and expiry (the pool's expired-pending sum) and for the reclaimer,
-// an ended one by its end.
+// an ended one by its end, and each by its id in its pool.
 func (s *records) writeReservation(b writeBatch, key, id string, r *shardv1.ReservationRecord) error {
 	old, err := s.Reservation(key, id)
 	if err != nil {
+		return err
+	}
+	if r == nil {
+		if err := b.Delete(poolIDKey(key, id), nil); err != nil {
+			return err
+		}
+	} else if err := b.Set(poolIDKey(key, id), nil, nil); err != nil {
 		return err
 	}
 	switch {

@@ -21,6 +21,10 @@ func FuzzDecodeAndApply(f *testing.F) {
 		renewBatchCmd(&shardv1.RenewCmd{Resource: "r", LeaseId: id}, &shardv1.RenewCmd{Resource: "s", LeaseId: id[:4]}),
 		releaseCmd("r", id),
 		batchCmd(acquireItem("r", "q", id), releaseItem("r", id), acquireItem("s", "q", id[:5]), &shardv1.BatchItem{}),
+		batchCmd(acquireItem("r", "p", id), releaseItem("r", id), releaseItem("r", id)), // a repeat: already released
+		{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{Key: "pool", Limit: 10}}},
+		reserveCmd("pool/a", "v", 1),
+		reserveCmd("pool/b", "v", 1), // the id another key of the pool holds
 		expireCmd(&shardv1.ExpireItem{Resource: "r", LeaseId: id, ExpiresAtUnixNano: 5}),
 		forgetCmd(&shardv1.ForgetCmd{Dedup: []*shardv1.DedupRef{{Resource: "r", RequestId: "q"}}, IdleLocks: []string{"r"}}),
 		setConfigCmd(&shardv1.SetConfigCmd{MaxClockSkewNanos: &skew}),

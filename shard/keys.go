@@ -26,6 +26,11 @@ import (
 //	'f' ended_at 'd' resource 0x00 req    ended dedup record
 //	'x' deadline resource 0x00 seq        queued waiter
 //	'n' tenant                            the tenant's queued waiters (4 bytes BE)
+//	'h' resource 0x00 lease_id            released lease → its request_id
+//
+// 'h' holds the dedup records that a Release ended (DedupRecord.released,
+// envelope version 10 on) by their lease id, so a repeated Release finds
+// its outcome: the lease id is all a Release carries.
 //
 // Times are int64 nanoseconds encoded with the sign bit flipped, so byte
 // order is time order. Resources and request ids never contain 0x00 (no
@@ -38,6 +43,7 @@ const (
 	prefixEnded   = 'f'
 	prefixWaitIdx = 'x'
 	prefixTenant  = 'n'
+	prefixRelease = 'h'
 	kindLock      = 'l'
 	kindDedup     = 'd'
 	kindWaiter    = 'w'
@@ -124,6 +130,16 @@ func endedDedupKey(endedAt int64, resource, requestID string) []byte {
 	return append(b, requestID...)
 }
 
+// releasedKey is the index key of a released lease: its request_id's
+// dedup record is at dedupKey(resource, the value).
+func releasedKey(resource string, leaseID []byte) []byte {
+	b := make([]byte, 0, 2+len(resource)+len(leaseID))
+	b = append(b, prefixRelease)
+	b = append(b, resource...)
+	b = append(b, 0)
+	return append(b, leaseID...)
+}
+
 // timeBound is the first index key after every entry at or before t.
 func timeBound(prefix byte, t int64) []byte {
 	return appendTime([]byte{prefix}, t+1)
@@ -144,6 +160,15 @@ func timeBound(prefix byte, t int64) []byte {
 //	'o' pool 0x00 expires_at key 0x00 id         → amount (8 bytes BE): per pool
 //	'y' expires_at key 0x00 id                   for the leader's reclaimer
 //	'l' at pool 0x00 seq                         ledger events by age, for retention
+//	'i' pool 0x00 id 0x00 key                    reservations by id, per pool
+//
+// 'i' makes a reservation_id findable in its pool whatever the key
+// (DESIGN.md §3: ids are unique per pool, envelope version 10 on). It is
+// written with every reservation, and a database opened without the
+// marker keyPoolIDsBuilt (one written by a binary older than the index,
+// or loaded from a snapshot stream, which never carries the marker) has
+// it rebuilt from the reservation records first (buildPoolIDs), so it is
+// complete on every replica that applies version 10.
 //
 // and ended reservations join the ended index, for forgetting:
 //
@@ -158,7 +183,12 @@ const (
 	prefixLedgerAge = 'l'
 	prefixPoolExp   = 'o'
 	prefixReclaim   = 'y'
+	prefixPoolID    = 'i'
 )
+
+// keyPoolIDsBuilt marks a database whose pool index of reservation ids
+// ('i') is complete. Snapshot streams leave it out (writeStream).
+var keyPoolIDsBuilt = []byte{'j'}
 
 func quotaPrefix(pool string, kind byte) []byte {
 	b := make([]byte, 0, 10+len(pool))
@@ -173,6 +203,20 @@ func reservationKey(key, id string) []byte {
 	b := append(quotaPrefix(keyspace.Pool(key), kindReservation), key...)
 	return append(append(b, 0), id...)
 }
+
+// poolIDPrefix is the prefix of the pool index entries of reservation
+// id in pool, one per key that holds a reservation with that id (before
+// version 10, two keys of a pool could).
+func poolIDPrefix(pool, id string) []byte {
+	b := make([]byte, 0, 3+len(pool)+len(id))
+	b = append(b, prefixPoolID)
+	b = append(b, pool...)
+	b = append(b, 0)
+	b = append(b, id...)
+	return append(b, 0)
+}
+
+func poolIDKey(key, id string) []byte { return append(poolIDPrefix(keyspace.Pool(key), id), key...) }
 
 func poolKey(pool string) []byte { return append(quotaPrefix(pool, kindPool), pool...) }
 

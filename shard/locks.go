@@ -96,7 +96,7 @@ func (a *applier) acquire(c *shardv1.AcquireCmd) (*shardv1.Result, error) {
 	if lock != nil && lock.GetHeld() && a.grantable(lock) {
 		// The previous lease is over but was not yet reaped: end it now, and
 		// hand the lock to the queue before this newcomer.
-		if lock, err = a.endLease(lock); err != nil {
+		if lock, err = a.endLease(lock, false); err != nil {
 			return nil, err
 		}
 		if lock, err = a.grantNext(lock); err != nil {
@@ -250,9 +250,11 @@ func (a *applier) removeWaiter(lock *shardv1.LockRecord, w *shardv1.WaiterRecord
 }
 
 // endLease ends a held lock's lease and marks its request's dedup entry
-// ended, starting the dedup window. It writes and returns the free record,
-// which keeps the last token and the queue.
-func (a *applier) endLease(l *shardv1.LockRecord) (*shardv1.LockRecord, error) {
+// ended, starting the dedup window; byRelease says a Release of the lease
+// ends it, which from VersionReleaseReplay the entry remembers, for that
+// Release's repeats. It writes and returns the free record, which keeps
+// the last token and the queue.
+func (a *applier) endLease(l *shardv1.LockRecord, byRelease bool) (*shardv1.LockRecord, error) {
 	d, err := a.dedup(l.GetResource(), l.GetRequestId())
 	if err != nil {
 		return nil, err
@@ -260,6 +262,10 @@ func (a *applier) endLease(l *shardv1.LockRecord) (*shardv1.LockRecord, error) {
 	if d != nil && bytes.Equal(d.GetLeaseId(), l.GetLeaseId()) {
 		d = cloneDedup(d)
 		d.EndedAtUnixNano = a.now
+		if byRelease && a.version >= VersionReleaseReplay {
+			d.Released = true
+			a.released[l.GetResource()+"\x00"+string(l.GetLeaseId())] = true
+		}
 		a.setDedup(d)
 	}
 	a.dirtyMeta()
@@ -278,9 +284,10 @@ func (a *applier) endLease(l *shardv1.LockRecord) (*shardv1.LockRecord, error) {
 	return free, nil
 }
 
-// endAndHandOff ends the lock's lease and grants the head waiter.
-func (a *applier) endAndHandOff(l *shardv1.LockRecord) error {
-	free, err := a.endLease(l)
+// endAndHandOff ends the lock's lease (byRelease: by a Release, as for
+// endLease) and grants the head waiter.
+func (a *applier) endAndHandOff(l *shardv1.LockRecord, byRelease bool) error {
+	free, err := a.endLease(l, byRelease)
 	if err != nil {
 		return err
 	}
@@ -359,18 +366,39 @@ func (a *applier) release(c *shardv1.ReleaseCmd) (*shardv1.Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return a.releaseCurrent(lock, c.GetLeaseId())
+	if a.version >= VersionReleaseReplay && !a.current(lock, c.GetLeaseId()) {
+		// A repeat of a Release that ended this lease changes nothing,
+		// but says that the lease was released (replayed), while the
+		// request's dedup record is kept (DESIGN.md §1 rule 3); a lease
+		// that expired or was revoked was not released.
+		done, err := a.releasedLease(c.GetResource(), c.GetLeaseId())
+		if err != nil || done {
+			return &shardv1.Result{Code: shardv1.Code_CODE_OK, Replayed: done}, err
+		}
+	}
+	return a.releaseCurrent(lock, c.GetLeaseId(), true)
+}
+
+// releasedLease reports whether a Release ended resource's lease leaseID,
+// in this command or in one the state holds.
+func (a *applier) releasedLease(resource string, leaseID []byte) (bool, error) {
+	if a.released[resource+"\x00"+string(leaseID)] {
+		return true, nil
+	}
+	d, err := a.r.ReleasedLease(resource, leaseID)
+	return d != nil, err
 }
 
 // releaseCurrent ends the lock's lease and hands the lock on, if leaseID is
-// its current lease. Only the current lease releases (DESIGN.md §1 rule
-// 3): an expired one is over already, and the leader's expiry timer frees
-// its record; anything else answers released=false and changes nothing.
-func (a *applier) releaseCurrent(lock *shardv1.LockRecord, leaseID []byte) (*shardv1.Result, error) {
+// its current lease; byRelease says the lease's own Release asks. Only
+// the current lease releases (DESIGN.md §1 rule 3): an expired one is
+// over already, and the leader's expiry timer frees its record; anything
+// else answers released=false and changes nothing.
+func (a *applier) releaseCurrent(lock *shardv1.LockRecord, leaseID []byte, byRelease bool) (*shardv1.Result, error) {
 	if !a.current(lock, leaseID) {
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
 	}
-	if err := a.endAndHandOff(lock); err != nil {
+	if err := a.endAndHandOff(lock, byRelease); err != nil {
 		return nil, err
 	}
 	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Released: true}, nil
@@ -394,7 +422,7 @@ func (a *applier) revoke(c *shardv1.RevokeCmd) (*shardv1.Result, error) {
 	if lock.GetFencingToken() != c.GetFencingToken() {
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, nil
 	}
-	return a.releaseCurrent(lock, lock.GetLeaseId())
+	return a.releaseCurrent(lock, lock.GetLeaseId(), false)
 }
 
 func (a *applier) expire(c *shardv1.ExpireCmd) (*shardv1.Result, error) {
@@ -411,7 +439,7 @@ func (a *applier) expire(c *shardv1.ExpireCmd) (*shardv1.Result, error) {
 			lock.GetExpiresAtUnixNano() != it.GetExpiresAtUnixNano() || !a.grantable(lock) {
 			continue
 		}
-		if err := a.endAndHandOff(lock); err != nil {
+		if err := a.endAndHandOff(lock, false); err != nil {
 			return nil, err
 		}
 		n++
@@ -453,7 +481,7 @@ func (a *applier) cancelWait(c *shardv1.CancelWaitCmd) (*shardv1.Result, error) 
 		a.dropped = append(a.dropped, &shardv1.WaiterEvent{Resource: w.GetResource(), RequestId: w.GetRequestId(), Seq: w.GetSeq()})
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: 1}, nil
 	}
-	return a.releaseCurrent(lock, d.GetLeaseId())
+	return a.releaseCurrent(lock, d.GetLeaseId(), false)
 }
 
 // dropWaiters removes waiters whose deadline passed, as the leader saw them.

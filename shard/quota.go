@@ -238,6 +238,19 @@ func (a *applier) reserve(c *shardv1.ReserveCmd) (*shardv1.Result, error) {
 		}
 		return &shardv1.Result{Code: shardv1.Code_CODE_OK, Quota: &shardv1.QuotaOutcome{Reservation: old, Remaining: old.GetRemaining(), Replayed: true}}, nil
 	}
+	if a.version >= VersionReleaseReplay {
+		// A reservation_id is unique per pool (DESIGN.md §3): one that
+		// another key of the pool holds is a retry with another key, a
+		// parameter. The refusal does not name that key, which may be
+		// another principal's.
+		keys, err := a.r.ReservationKeys(keyspace.Pool(c.GetKey()), c.GetReservationId())
+		if err != nil {
+			return nil, err
+		}
+		if len(keys) > 0 {
+			return invalid("reservation_id", "was used with another key of the pool"), nil
+		}
+	}
 	t, err := a.tree(c.GetKey())
 	if err != nil {
 		return nil, err

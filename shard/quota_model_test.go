@@ -11,6 +11,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
@@ -96,6 +97,12 @@ func TestQuotaMatchesModel(t *testing.T) {
 						}
 					case !res.GetQuota().GetReplayed() || res.GetQuota().GetRemaining() != old.remainingReply:
 						rt.Fatalf("step %d: retry of %s: %v, want the original answer (remaining %d)", step, id, res, old.remainingReply)
+					}
+					continue
+				}
+				if m.heldElsewhere(key, id) { // ids are unique per pool (envelope version 10)
+					if res.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT || res.GetField() != "reservation_id" {
+						rt.Fatalf("step %d: reserve %s on %s, which another key of the pool holds: %v", step, id, key, res)
 					}
 					continue
 				}
@@ -324,6 +331,17 @@ func modelShare(limit int64, kids []*shardv1.QuotaRecord, child string) int64 {
 		}
 	}
 	return shares[child]
+}
+
+// heldElsewhere reports whether a key of key's pool other than key holds
+// a reservation with id (the model forgets none).
+func (m *qModel) heldElsewhere(key, id string) bool {
+	for _, r := range m.res {
+		if r.id == id && r.key != key && keyspace.Pool(r.key) == keyspace.Pool(key) {
+			return true
+		}
+	}
+	return false
 }
 
 // pick draws one of the reservations made so far, or nil.

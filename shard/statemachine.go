@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -144,6 +145,10 @@ func (s *StateMachine) Open(stopc <-chan struct{}) (idx uint64, err error) {
 	}
 	db, err := openDB(filepath.Join(s.dir, dbName), s.storage)
 	if err != nil {
+		return 0, err
+	}
+	if err := buildPoolIDs(db); err != nil {
+		db.Close()
 		return 0, err
 	}
 	cache, err := newValueCache(db)
@@ -635,6 +640,9 @@ func writeStream(g getter, w io.Writer, stopc <-chan struct{}) (uint64, error) {
 	var n uint64
 	var buf []byte
 	for it.First(); it.Valid(); it.Next() {
+		if bytes.Equal(it.Key(), keyPoolIDsBuilt) {
+			continue // the receiver checks the index itself (buildPoolIDs)
+		}
 		if n%1024 == 0 {
 			select {
 			case <-stopc:
@@ -684,6 +692,9 @@ func (s *StateMachine) RecoverFromSnapshot(r io.Reader, stopc <-chan struct{}) e
 		return err
 	}
 	cache, err := loadSnapshot(db, dir, br, stopc)
+	if err == nil {
+		err = buildPoolIDs(db)
+	}
 	if err != nil {
 		db.Close()
 		os.RemoveAll(dir)

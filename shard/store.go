@@ -132,6 +132,27 @@ func (s *records) Dedup(resource, requestID string) (*shardv1.DedupRecord, error
 	return getAs(s, dedupKey(resource, requestID), &shardv1.DedupRecord{})
 }
 
+// ReleasedLease implements Reader.
+func (s *records) ReleasedLease(resource string, leaseID []byte) (*shardv1.DedupRecord, error) {
+	v, closer, err := s.g.Get(releasedKey(resource, leaseID))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	requestID := string(v)
+	closer.Close()
+	d, err := s.Dedup(resource, requestID)
+	if err != nil {
+		return nil, err
+	}
+	if !d.GetReleased() || !bytes.Equal(d.GetLeaseId(), leaseID) {
+		return nil, fmt.Errorf("%w: released lease index of %q names request %q, whose record does not match", ErrCorruptRecord, resource, requestID)
+	}
+	return d, nil
+}
+
 // Waiter implements Reader.
 func (s *records) Waiter(resource string, seq uint64) (*shardv1.WaiterRecord, error) {
 	return getAs(s, waiterKey(resource, seq), &shardv1.WaiterRecord{})
@@ -454,6 +475,68 @@ func (s *records) QuotaChildren(parent string) ([]*shardv1.QuotaRecord, error) {
 // Reservation implements Reader.
 func (s *records) Reservation(key, id string) (*shardv1.ReservationRecord, error) {
 	return getAs(s, reservationKey(key, id), &shardv1.ReservationRecord{})
+}
+
+// ReservationKeys implements Reader.
+func (s *records) ReservationKeys(pool, id string) ([]string, error) {
+	prefix := poolIDPrefix(pool, id)
+	it := s.g.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	defer it.Close()
+	var out []string
+	for ok := it.First(); ok; ok = it.Next() {
+		out = append(out, string(it.Key()[len(prefix):]))
+	}
+	return out, it.Error()
+}
+
+// buildPoolIDs makes the pool index of reservation ids ('i') complete
+// on db, once: unless db holds the marker keyPoolIDsBuilt, it deletes
+// the index and writes it anew from the reservation records, with the
+// marker. A binary older than the index wrote reservations without it,
+// and a snapshot stream never carries the marker, since its sender may
+// be such a binary; every replica ends with the same index.
+func buildPoolIDs(db *pebble.DB) error {
+	switch _, closer, err := db.Get(keyPoolIDsBuilt); {
+	case err == nil:
+		return closer.Close()
+	case !errors.Is(err, pebble.ErrNotFound):
+		return err
+	}
+	b := db.NewBatch()
+	defer b.Close()
+	stale := db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixPoolID}, UpperBound: []byte{prefixPoolID + 1}})
+	for stale.First(); stale.Valid(); stale.Next() {
+		if err := b.Delete(stale.Key(), nil); err != nil {
+			_ = stale.Close()
+			return err
+		}
+	}
+	if err := stale.Close(); err != nil {
+		return err
+	}
+	it := db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixRange}, UpperBound: []byte{prefixRange + 1}})
+	for it.First(); it.Valid(); it.Next() {
+		k := it.Key()
+		if len(k) < 10 || k[9] != kindReservation {
+			continue
+		}
+		key, id, ok := bytes.Cut(k[10:], []byte{0})
+		if !ok {
+			_ = it.Close()
+			return fmt.Errorf("%w: reservation key %q", ErrCorruptRecord, k)
+		}
+		if err := b.Set(poolIDKey(string(key), string(id)), nil, nil); err != nil {
+			_ = it.Close()
+			return err
+		}
+	}
+	if err := it.Close(); err != nil {
+		return err
+	}
+	if err := b.Set(keyPoolIDsBuilt, nil, nil); err != nil {
+		return err
+	}
+	return b.Commit(pebble.Sync)
 }
 
 // PoolRecord implements Reader.

@@ -684,3 +684,78 @@ func TestClusterMixedRevokeLease(t *testing.T) {
 	}
 	c.agree("upgraded")
 }
+
+// A rolling upgrade across envelope version 10 (a repeated Release says
+// the lease was already released; reservation ids unique per pool).
+// Beside a replica of the binary before it, the routers keep the old
+// rules: a repeat of a Release answers plain released false, and a
+// second key of a pool takes a reservation_id the first holds; the
+// replicas agree. Once node 3 is upgraded in place (its database, which
+// the old binary wrote, gets the pool index of ids at open), a repeat
+// answers already_released, and an id that a key of the pool holds,
+// even one reserved before the upgrade, is refused on another key with
+// invalid_argument; the replicas again agree.
+func TestClusterMixedReleaseReplay(t *testing.T) {
+	old := buildBefore(t, "shard/apply.go", "VersionReleaseReplay = 10")
+	c := newProcCluster(t)
+	c.bins = map[int]string{2: old}
+	c.boot()
+	c.waitClockReadings()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	release := func(n *node, reqID string) (first, repeat *wardenv1.ReleaseResponse) {
+		t.Helper()
+		a, err := retryResponse(func() (*connect.Response[wardenv1.AcquireResponse], error) {
+			return n.locks.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "release/mixed", RequestId: reqID, LeaseTtl: durationpb.New(time.Minute)}))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out [2]*wardenv1.ReleaseResponse
+		for i := range out {
+			r, err := retryResponse(func() (*connect.Response[wardenv1.ReleaseResponse], error) {
+				return n.locks.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: "release/mixed", LeaseId: a.Msg.GetLeaseId()}))
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[i] = r.Msg
+		}
+		return out[0], out[1]
+	}
+	reserve := func(n *node, key, id string) error {
+		return retryUnavailable(func() error {
+			_, err := n.quota().Reserve(ctx, connect.NewRequest(&wardenv1.ReserveRequest{Key: key, Amount: 1, ReservationId: id, Ttl: durationpb.New(time.Hour)}))
+			return err
+		})
+	}
+	if _, err := c.nodes[0].quota().SetLimit(ctx, connect.NewRequest(&wardenv1.SetLimitRequest{Key: "ids", Limit: 100})); err != nil {
+		t.Fatal(err)
+	}
+	if first, repeat := release(c.nodes[0], "old"); !first.GetReleased() || repeat.GetReleased() || repeat.GetAlreadyReleased() {
+		t.Fatalf("Release and its repeat beside an old replica: %v, %v; want released, then plain false (the old rule)", first, repeat)
+	}
+	for _, key := range []string{"ids/a", "ids/b"} {
+		if err := reserve(c.nodes[1], key, "r-old"); err != nil {
+			t.Fatalf("Reserve(%s, r-old) beside an old replica (ids unique per key): %v", key, err)
+		}
+	}
+	c.agree("mixed binaries")
+
+	c.upgradeInPlace()
+	if first, repeat := release(c.nodes[1], "new"); !first.GetReleased() || repeat.GetReleased() || !repeat.GetAlreadyReleased() {
+		t.Fatalf("Release and its repeat once every replica applies version 10: %v, %v; want released, then already_released", first, repeat)
+	}
+	if err := reserve(c.nodes[0], "ids/c", "r-new"); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct{ key, id string }{{"ids/d", "r-new"}, {"ids/d", "r-old"}} {
+		if err := reserve(c.nodes[2], r.key, r.id); connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "reservation_id") {
+			t.Fatalf("Reserve(%s, %s), the id held by another key of the pool: %v, want invalid_argument naming reservation_id", r.key, r.id, err)
+		}
+	}
+	if err := reserve(c.nodes[2], "ids/a", "r-old"); err != nil {
+		t.Fatalf("a retry of Reserve(ids/a, r-old) on its own key: %v", err)
+	}
+	c.agree("upgraded")
+}

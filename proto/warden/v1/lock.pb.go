@@ -810,9 +810,14 @@ type ReleaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Released is false when the lease id was not the current holder's
 	// (already released, expired or replaced): nothing changed.
-	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Released bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	// AlreadyReleased is set, with released false, when a Release of this
+	// lease id ended the lease earlier (kept as long as the request's
+	// dedup record, DESIGN.md §1 rule 3): this call changed nothing, but the
+	// unlock did take effect. A client treats it as a successful unlock.
+	AlreadyReleased bool `protobuf:"varint,2,opt,name=already_released,json=alreadyReleased,proto3" json:"already_released,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReleaseResponse) Reset() {
@@ -848,6 +853,13 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 func (x *ReleaseResponse) GetReleased() bool {
 	if x != nil {
 		return x.Released
+	}
+	return false
+}
+
+func (x *ReleaseResponse) GetAlreadyReleased() bool {
+	if x != nil {
+		return x.AlreadyReleased
 	}
 	return false
 }
@@ -1310,9 +1322,10 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"\x06result\"G\n" +
 	"\x0eReleaseRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\tR\aleaseId\"-\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\"X\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
-	"\breleased\x18\x01 \x01(\bR\breleased\"-\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\x12)\n" +
+	"\x10already_released\x18\x02 \x01(\bR\x0falreadyReleased\"-\n" +
 	"\x0fDescribeRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\"\xb8\x01\n" +
 	"\x10DescribeResponse\x12\x12\n" +

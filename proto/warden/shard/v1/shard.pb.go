@@ -2005,7 +2005,9 @@ type Result struct {
 	Lease    *LeaseInfo `protobuf:"bytes,4,opt,name=lease,proto3" json:"lease,omitempty"`
 	Released bool       `protobuf:"varint,5,opt,name=released,proto3" json:"released,omitempty"`
 	// Replayed is true when Acquire returned an earlier grant of the same
-	// request_id.
+	// request_id, and (with released false, envelope version 10 on) when a
+	// Release found its lease ended by an earlier Release of the same
+	// lease id.
 	Replayed bool             `protobuf:"varint,6,opt,name=replayed,proto3" json:"replayed,omitempty"`
 	Count    uint32           `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
 	Range    *RangeDescriptor `protobuf:"bytes,8,opt,name=range,proto3" json:"range,omitempty"`
@@ -4225,7 +4227,11 @@ type DedupRecord struct {
 	AttemptId []byte `protobuf:"bytes,10,opt,name=attempt_id,json=attemptId,proto3" json:"attempt_id,omitempty"`
 	// Principal is the principal of the Acquire that made the record
 	// (envelope version 8 on; empty before, or with authentication off).
-	Principal     string `protobuf:"bytes,11,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal string `protobuf:"bytes,11,opt,name=principal,proto3" json:"principal,omitempty"`
+	// Released: the lease ended by a Release of its lease id (envelope
+	// version 10 on), so a repeat of that Release answers released=true
+	// while the record is kept (DESIGN.md §1 rule 3).
+	Released      bool `protobuf:"varint,12,opt,name=released,proto3" json:"released,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4335,6 +4341,13 @@ func (x *DedupRecord) GetPrincipal() string {
 		return x.Principal
 	}
 	return ""
+}
+
+func (x *DedupRecord) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
 }
 
 // Query is a read of a replica's state (Dragonboat Lookup).
@@ -5755,7 +5768,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x0flease_ttl_nanos\x18\x05 \x01(\x03R\rleaseTtlNanos\x12\x16\n" +
 	"\x06holder\x18\x06 \x01(\tR\x06holder\x12\x16\n" +
 	"\x06tenant\x18\a \x01(\tR\x06tenant\x12,\n" +
-	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\"\x88\x03\n" +
+	"\x12deadline_unix_nano\x18\b \x01(\x03R\x10deadlineUnixNano\"\xa4\x03\n" +
 	"\vDedupRecord\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -5771,7 +5784,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\n" +
 	"attempt_id\x18\n" +
 	" \x01(\fR\tattemptId\x12\x1c\n" +
-	"\tprincipal\x18\v \x01(\tR\tprincipal\"\xe2\x06\n" +
+	"\tprincipal\x18\v \x01(\tR\tprincipal\x12\x1a\n" +
+	"\breleased\x18\f \x01(\bR\breleased\"\xe2\x06\n" +
 	"\x05Query\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12<\n" +
 	"\bdescribe\x18\n" +
