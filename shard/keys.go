@@ -164,11 +164,12 @@ func timeBound(prefix byte, t int64) []byte {
 //
 // 'i' makes a reservation_id findable in its pool whatever the key
 // (DESIGN.md §3: ids are unique per pool, envelope version 10 on). It is
-// written with every reservation, and a database opened without the
-// marker keyPoolIDsBuilt (one written by a binary older than the index,
-// or loaded from a snapshot stream, which never carries the marker) has
-// it rebuilt from the reservation records first (buildPoolIDs), so it is
-// complete on every replica that applies version 10.
+// written with every reservation, and a database opened whose marker
+// keyPoolIDsBuilt does not hold its applied index (one that a binary
+// older than the index wrote to, one loaded from a snapshot stream, which
+// never carries the marker, or one not closed cleanly) has it rebuilt
+// from the reservation records first (buildPoolIDs), so it is complete on
+// every replica that applies version 10.
 //
 // and ended reservations join the ended index, for forgetting:
 //
@@ -186,8 +187,9 @@ const (
 	prefixPoolID    = 'i'
 )
 
-// keyPoolIDsBuilt marks a database whose pool index of reservation ids
-// ('i') is complete. Snapshot streams leave it out (writeStream).
+// keyPoolIDsBuilt holds the applied index (8 bytes BE) at which the
+// database's pool index of reservation ids ('i') was complete.
+// Snapshot streams leave it out (writeStream).
 var keyPoolIDsBuilt = []byte{'j'}
 
 func quotaPrefix(pool string, kind byte) []byte {

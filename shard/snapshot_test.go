@@ -6,6 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -15,7 +18,8 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
-// dump lists every key and value of a replica's database.
+// dump lists every key and value of a replica's database but the
+// replica's own marker keyPoolIDsBuilt (as digest).
 func dump(t testing.TB, r *replica) string {
 	t.Helper()
 	var b bytes.Buffer
@@ -23,6 +27,9 @@ func dump(t testing.TB, r *replica) string {
 	defer r.sm.mu.RUnlock()
 	it := r.sm.mu.db.NewIter(&pebble.IterOptions{})
 	for it.First(); it.Valid(); it.Next() {
+		if bytes.Equal(it.Key(), keyPoolIDsBuilt) {
+			continue
+		}
 		fmt.Fprintf(&b, "%q=%x\n", it.Key(), it.Value())
 	}
 	if err := it.Close(); err != nil {
@@ -95,34 +102,55 @@ func TestSnapshotRoundTrip(t *testing.T) {
 }
 
 // A database that a binary older than the pool index of reservation ids
-// wrote (no index entries, no marker) has the index built when it is
-// opened, so envelope version 10 refuses an id that a reservation made
-// before the upgrade holds on another key of the pool; a snapshot stream
-// never carries the marker, so a recovered replica builds its own.
+// wrote to has the index built when it is opened, so envelope version 10
+// refuses an id that a reservation made by that binary holds on another
+// key of the pool: one that never had the index (no marker), and one the
+// old binary applied entries to after this binary closed it (the marker
+// holds an older applied index). A snapshot stream never carries the
+// marker, so a recovered replica builds its own.
 func TestPoolIDIndexBuiltOnOpen(t *testing.T) {
 	r := newReplica(t)
 	fill(r)
 	want := dump(t, r)
-	r.sm.mu.RLock()
-	db := r.sm.mu.db
-	b := db.NewBatch()
-	it := db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixPoolID}, UpperBound: []byte{prefixPoolID + 1}})
-	n := 0
-	for it.First(); it.Valid(); it.Next() {
-		_ = b.Delete(it.Key(), nil)
-		n++
-	}
-	_ = it.Close()
-	_ = b.Delete(keyPoolIDsBuilt, nil)
-	err := b.Commit(pebble.Sync)
-	r.sm.mu.RUnlock()
-	if err != nil || n != 2 {
-		t.Fatalf("removing the index (%d entries, want 2): %v", n, err)
-	}
-	r.sm.Close()
-	r.open()
-	if got := dump(t, r); got != want {
-		t.Fatalf("reopened without the index, the state is\n%s\nwant\n%s", got, want)
+	for _, c := range []struct {
+		name   string
+		marker bool // the marker stays; the old binary applies one entry
+	}{{"no marker", false}, {"stale marker", true}} {
+		r.sm.Close()
+		dir, err := os.ReadFile(filepath.Join(r.sm.dir, currentFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		db, err := openDB(filepath.Join(r.sm.dir, strings.TrimSpace(string(dir))), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := db.NewBatch()
+		it := db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixPoolID}, UpperBound: []byte{prefixPoolID + 1}})
+		n := 0
+		for it.First(); it.Valid(); it.Next() {
+			_ = b.Delete(it.Key(), nil)
+			n++
+		}
+		_ = it.Close()
+		if c.marker {
+			_ = b.Set(keyApplied, binary.BigEndian.AppendUint64(nil, r.index+1), nil)
+		} else {
+			_ = b.Delete(keyPoolIDsBuilt, nil)
+		}
+		if err := b.Commit(pebble.Sync); err != nil || n != 2 {
+			t.Fatalf("%s: removing the index (%d entries, want 2): %v", c.name, n, err)
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+		r.open()
+		if c.marker {
+			want = strings.Replace(want, fmt.Sprintf("%q=%016x", keyApplied, r.index-1), fmt.Sprintf("%q=%016x", keyApplied, r.index), 1)
+		}
+		if got := dump(t, r); got != want {
+			t.Fatalf("%s: reopened without the index, the state is\n%s\nwant\n%s", c.name, got, want)
+		}
 	}
 	if res := r.propose(t0+int64(time.Hour), reserveCmd("pool/c", "v1", 1)); res.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT || res.GetField() != "reservation_id" {
 		t.Fatalf("Reserve(pool/c, v1), v1 held by pool/b since before the index: %v, want invalid_argument naming reservation_id", res)

@@ -585,12 +585,16 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 }
 
 // digest hashes every key and value of g in key order, each preceded by
-// its length.
+// its length, but the marker keyPoolIDsBuilt: its value is each
+// replica's own bookkeeping (when it last found its index complete).
 func digest(g getter) ([]byte, error) {
 	h := sha256.New()
 	it := g.NewIter(nil)
 	var n [binary.MaxVarintLen64]byte
 	for it.First(); it.Valid(); it.Next() {
+		if bytes.Equal(it.Key(), keyPoolIDsBuilt) {
+			continue
+		}
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(it.Key())))])
 		h.Write(it.Key())
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(it.Value())))])
@@ -827,7 +831,10 @@ func (s *StateMachine) Close() error {
 	if s.mu.db == nil {
 		return nil
 	}
-	err := s.mu.db.Close()
+	err := markPoolIDs(s.mu.db)
+	if cerr := s.mu.db.Close(); err == nil {
+		err = cerr
+	}
 	s.mu.db = nil
 	s.release()
 	return err

@@ -490,15 +490,25 @@ func (s *records) ReservationKeys(pool, id string) ([]string, error) {
 }
 
 // buildPoolIDs makes the pool index of reservation ids ('i') complete
-// on db, once: unless db holds the marker keyPoolIDsBuilt, it deletes
-// the index and writes it anew from the reservation records, with the
-// marker. A binary older than the index wrote reservations without it,
-// and a snapshot stream never carries the marker, since its sender may
-// be such a binary; every replica ends with the same index.
+// on db: unless the marker keyPoolIDsBuilt holds db's applied index (the
+// index was complete at that index, markPoolIDs), it deletes the index and
+// writes it anew from the reservation records. A binary older than the
+// index writes reservations without it and moves the applied index on,
+// not the marker; a snapshot stream never carries the marker, since its
+// sender may be such a binary. The marker then holds the applied index,
+// so every replica ends with the same keys.
 func buildPoolIDs(db *pebble.DB) error {
-	switch _, closer, err := db.Get(keyPoolIDsBuilt); {
+	applied, err := appliedIndex(db)
+	if err != nil {
+		return err
+	}
+	switch v, closer, err := db.Get(keyPoolIDsBuilt); {
 	case err == nil:
-		return closer.Close()
+		built := len(v) == 8 && binary.BigEndian.Uint64(v) == applied
+		closer.Close()
+		if built {
+			return nil
+		}
 	case !errors.Is(err, pebble.ErrNotFound):
 		return err
 	}
@@ -533,10 +543,21 @@ func buildPoolIDs(db *pebble.DB) error {
 	if err := it.Close(); err != nil {
 		return err
 	}
-	if err := b.Set(keyPoolIDsBuilt, nil, nil); err != nil {
+	if err := b.Set(keyPoolIDsBuilt, binary.BigEndian.AppendUint64(nil, applied), nil); err != nil {
 		return err
 	}
 	return b.Commit(pebble.Sync)
+}
+
+// markPoolIDs records that db's pool index of reservation ids is complete
+// at its applied index: the last write of a binary that keeps the index,
+// before it closes db.
+func markPoolIDs(db *pebble.DB) error {
+	applied, err := appliedIndex(db)
+	if err != nil {
+		return err
+	}
+	return db.Set(keyPoolIDsBuilt, binary.BigEndian.AppendUint64(nil, applied), pebble.Sync)
 }
 
 // PoolRecord implements Reader.
