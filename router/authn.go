@@ -250,6 +250,8 @@ func requirement(msg any) (perm, alt auth.Permission, resource string, whole boo
 		return auth.Read, auth.QuotaAdmin, m.(keyed).GetKey(), true
 	case *wardenv1.SetLimitRequest, *wardenv1.ReportUsageRequest:
 		return auth.QuotaAdmin, "", m.(keyed).GetKey(), true
+	case *wardenv1.UnfreezeRequest:
+		return auth.QuotaAdmin, "", m.GetPool(), true
 	case *wardenv1.ListNodesRequest, *wardenv1.ListShardsRequest, *wardenv1.HotResourcesRequest:
 		return auth.Read, auth.Admin, "", true
 	}

@@ -191,6 +191,10 @@ func resultToConnect(err *resultError, code connect.Code) error {
 			return withDetail(e, quotaExhausted(q))
 		}
 		return withDetail(e, &wardenv1.FieldViolation{Field: res.GetField(), Description: res.GetReason()})
+	case shardv1.Code_CODE_FAILED_PRECONDITION:
+		if q := res.GetQuota(); q.GetReason() == shard.ReasonRestored {
+			return withDetail(e, &wardenv1.PoolFrozen{Pool: q.GetLevel(), Reason: q.GetReason()})
+		}
 	}
 	if err.moved != nil {
 		return withDetail(e, err.moved)

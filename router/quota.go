@@ -147,7 +147,7 @@ func (s *QuotaServer) Query(ctx context.Context, req *connect.Request[wardenv1.Q
 }
 
 func queryResponse(q *shardv1.QueryResult) *wardenv1.QueryResponse {
-	out := &wardenv1.QueryResponse{AsOf: timestamp(q.GetTimeUnixNano()), LedgerSeq: q.GetLedgerSeq()}
+	out := &wardenv1.QueryResponse{AsOf: timestamp(q.GetTimeUnixNano()), LedgerSeq: q.GetLedgerSeq(), Frozen: q.GetRestored()}
 	for _, l := range q.GetLevels() {
 		out.Levels = append(out.Levels, level(l.GetRecord(), l.GetReserved(), l.GetExpiredPending(), l.GetRemaining()))
 	}
@@ -282,6 +282,31 @@ func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[ward
 		metrics.quotaDrift.WithLabelValues(keyspace.Pool(m.GetKey())).Set(float64(res.GetQuota().GetDrift()))
 		q := res.GetQuota().GetRecord()
 		return &wardenv1.ReportUsageResponse{Drift: res.GetQuota().GetDrift(), Level: level(q, q.GetReserved(), 0, max(0, q.GetLimit()-q.GetCommitted()-q.GetReserved()))}, nil
+	})
+}
+
+// Unfreeze implements QuotaService.Unfreeze.
+func (s *QuotaServer) Unfreeze(ctx context.Context, req *connect.Request[wardenv1.UnfreezeRequest]) (*connect.Response[wardenv1.UnfreezeResponse], error) {
+	pool := req.Msg.GetPool()
+	if err := shard.CheckQuotaKey("pool", pool); err != nil {
+		return nil, err
+	}
+	if keyspace.Pool(pool) != pool {
+		return nil, &shard.FieldError{Field: "pool", Reason: "must be a pool: a key of one segment"}
+	}
+	// Checked before forwarding: the leader may be the older binary,
+	// which does not know the call.
+	if rg, err := s.r.Map().ShardFor(pool); err == nil && !s.r.applies(rg.GetShardId(), shard.VersionRestoredPools) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("a replica of shard %d runs a binary older than Unfreeze (envelope version %d): finish the rolling upgrade first", rg.GetShardId(), shard.VersionRestoredPools))
+	}
+	return quotaCall(ctx, s, req, pool, func(p *peer) func(context.Context, *connect.Request[wardenv1.UnfreezeRequest]) (*connect.Response[wardenv1.UnfreezeResponse], error) {
+		return p.quota.Unfreeze
+	}, func(ctx context.Context, m *wardenv1.UnfreezeRequest) (*wardenv1.UnfreezeResponse, error) {
+		res, err := s.propose(ctx, pool, &shardv1.Envelope{Command: &shardv1.Envelope_UnfreezePool{UnfreezePool: &shardv1.UnfreezePoolCmd{Pool: pool}}})
+		if err != nil {
+			return nil, err
+		}
+		return &wardenv1.UnfreezeResponse{Unfrozen: res.GetCount() == 1}, nil
 	})
 }
 

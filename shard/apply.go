@@ -56,10 +56,15 @@ const (
 	// pool holds is refused (invalid_argument, as a retry with other
 	// parameters is): ids are unique per pool, not per key.
 	VersionReleaseReplay = 10
+	// VersionRestoredPools changes what Reserve and a correcting
+	// ReportUsage decide for a pool that a restore froze
+	// (PoolRecord.restored: Reserve is refused until the pool's root is
+	// corrected or unfrozen) and adds UnfreezePoolCmd.
+	VersionRestoredPools = 11
 )
 
 // CommandVersion is the newest envelope version this binary applies.
-const CommandVersion = VersionReleaseReplay
+const CommandVersion = VersionRestoredPools
 
 // MaxRenewBatch is the most renewals one RenewBatchCmd (and one RenewBatch
 // RPC) carries.
@@ -73,6 +78,8 @@ const MaxBatch = 1000
 // binary that applies it.
 func VersionOf(env *shardv1.Envelope) uint32 {
 	switch {
+	case env.GetUnfreezePool() != nil:
+		return VersionRestoredPools
 	case env.GetRevoke() != nil:
 		return VersionRevoke
 	case hasPrincipal(env):
@@ -192,11 +199,7 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	a := &applier{r: r, meta: meta, version: env.GetVersion(),
-		locks: map[string]*shardv1.LockRecord{}, dedups: map[dedupKeyT]*shardv1.DedupRecord{},
-		gone: map[waiterKeyT]bool{}, tenants: map[string]uint32{},
-		quotas: map[string]*shardv1.QuotaRecord{}, pools: map[string]*shardv1.PoolRecord{},
-		reservations: map[string]*shardv1.ReservationRecord{}, released: map[string]bool{}}
+	a := newApplier(r, meta, env.GetVersion())
 	if env.GetVersion() == 0 {
 		return invalid("version", "is required"), nil, nil
 	}
@@ -281,6 +284,12 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 			break
 		}
 		res, err = a.revoke(c.Revoke)
+	case *shardv1.Envelope_UnfreezePool:
+		if env.GetVersion() < VersionRestoredPools {
+			res = invalid("command", "is missing or unknown (unfreeze_pool needs envelope version 11)")
+			break
+		}
+		res, err = a.unfreezePool(c.UnfreezePool)
 	default:
 		res = invalid("command", "is missing or unknown")
 	}
@@ -288,10 +297,24 @@ func Apply(r Reader, env *shardv1.Envelope) (*shardv1.Result, []Change, error) {
 		return nil, nil, err
 	}
 	res.Granted, res.Dropped = a.granted, a.dropped
+	return res, a.allChanges(), nil
+}
+
+func newApplier(r Reader, meta *shardv1.ShardMeta, version uint32) *applier {
+	return &applier{r: r, meta: meta, version: version,
+		locks: map[string]*shardv1.LockRecord{}, dedups: map[dedupKeyT]*shardv1.DedupRecord{},
+		gone: map[waiterKeyT]bool{}, tenants: map[string]uint32{},
+		quotas: map[string]*shardv1.QuotaRecord{}, pools: map[string]*shardv1.PoolRecord{},
+		reservations: map[string]*shardv1.ReservationRecord{}, released: map[string]bool{}}
+}
+
+// allChanges is what the command decided to write, in order, its meta
+// first when it changed.
+func (a *applier) allChanges() []Change {
 	if a.metaDirty {
-		a.changes = append([]Change{putMeta{meta: a.meta}}, a.changes...)
+		return append([]Change{putMeta{meta: a.meta}}, a.changes...)
 	}
-	return res, a.changes, nil
+	return a.changes
 }
 
 type dedupKeyT struct{ resource, requestID string }

@@ -110,12 +110,77 @@ func RestoreReplica(smDir string, shardID, replicaID uint64, r io.Reader, epoch 
 	return err
 }
 
+// writeRestored makes a backup's state a restored cluster's: it drops
+// every queued waiter (its caller waited on the old cluster and is gone;
+// restored, it would be granted a lease that nobody holds or renews) and
+// freezes every pool (PoolRecord.restored: its counters do not count what
+// was reserved or committed after the backup, so Reserve is refused until
+// an operator corrects or unfreezes it). Each node restores its replica
+// from the same stream, so the replicas start equal.
+func writeRestored(db *pebble.DB, cache *valueCache, shardID uint64) error {
+	b := writeBatch{db.NewIndexedBatch(), cache}
+	defer b.Close()
+	view := &records{g: b, initial: initialMeta(shardID)}
+	changes, err := restoredChanges(view)
+	if err != nil {
+		return err
+	}
+	for _, c := range changes {
+		if err := c.write(view, b); err != nil {
+			return err
+		}
+	}
+	if err := view.writeMeta(b); err != nil {
+		return err
+	}
+	return b.Commit(pebble.Sync)
+}
+
+// restoredChanges decides writeRestored's changes, reading r a page at a
+// time (the changes are written only after the last page).
+func restoredChanges(r Reader) ([]Change, error) {
+	meta, err := r.Meta()
+	if err != nil {
+		return nil, err
+	}
+	a := newApplier(r, meta, CommandVersion)
+	for after := []byte(nil); ; {
+		page, next, err := r.Records(0, 0, after, 1024)
+		if err != nil {
+			return nil, err
+		}
+		for _, w := range page.GetWaiters() {
+			lock, err := a.lock(w.GetResource())
+			if err != nil {
+				return nil, err
+			}
+			if _, err := a.removeWaiter(lock, w); err != nil {
+				return nil, err
+			}
+		}
+		for _, p := range page.GetPools() {
+			p = proto.CloneOf(p)
+			p.Restored = true
+			a.setPool(p)
+		}
+		if next == nil {
+			return a.allChanges(), nil
+		}
+		after = next
+	}
+}
+
 func (s *StateMachine) restore(r io.Reader, epoch uint64) error {
 	db, err := openDB(filepath.Join(s.dir, "db-1"), nil)
 	if err != nil {
 		return err
 	}
-	if _, err := loadSnapshot(db, filepath.Join(s.dir, "db-1"), bufio.NewReaderSize(r, 256<<10), nil); err != nil {
+	cache, err := loadSnapshot(db, filepath.Join(s.dir, "db-1"), bufio.NewReaderSize(r, 256<<10), nil)
+	if err != nil {
+		db.Close()
+		return err
+	}
+	if err := writeRestored(db, cache, s.shardID); err != nil {
 		db.Close()
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,10 +62,12 @@ func TestExportRestore(t *testing.T) {
 	if dst.index != 0 {
 		t.Fatalf("restored replica opens at index %d, want 0 (a new group)", dst.index)
 	}
+	// The restore marks the pool restored (TestRestoreDropsWaitersAndFreezesPools).
+	pool := fmt.Sprintf("%q=", poolKey("pool"))
 	strip := func(s string) string {
 		var keep []string
 		for _, l := range strings.Split(s, "\n") {
-			if !strings.HasPrefix(l, `"`+string(keyMeta)+`"`) && !strings.HasPrefix(l, `"`+string(keyApplied)+`"`) {
+			if !strings.HasPrefix(l, `"`+string(keyMeta)+`"`) && !strings.HasPrefix(l, `"`+string(keyApplied)+`"`) && !strings.HasPrefix(l, pool) {
 				keep = append(keep, l)
 			}
 		}
@@ -109,3 +112,127 @@ func TestRestoreCorrupt(t *testing.T) {
 }
 
 func sha256Of(b []byte) []byte { s := sha256.Sum256(b); return s[:] }
+
+// A restore drops the backup's queued waiters (their callers waited on
+// the old cluster) and freezes its pools: from VersionRestoredPools a
+// Reserve is refused, naming the pool and RESTORED, until UnfreezePool or
+// a correcting ReportUsage of the pool's root; an entry of an older
+// version keeps the old rule. (DESIGN.md §6 "Backup and restore".)
+func TestRestoreDropsWaitersAndFreezesPools(t *testing.T) {
+	src := newReplica(t)
+	now := int64(1_700_000_000) * second
+	lease := bytes.Repeat([]byte{1}, 16)
+	if out := src.propose(now, acquireCmd("r", "held", 0, "h", lease)); out.GetCode() != shardv1.Code_CODE_OK {
+		t.Fatal(out)
+	}
+	for i, tenant := range []string{"t1", "t2"} {
+		env := acquireCmd("r", fmt.Sprintf("w%d", i), 0, "w", bytes.Repeat([]byte{byte(2 + i)}, 16))
+		env.GetAcquire().Tenant, env.GetAcquire().WaitTimeoutNanos = tenant, 60*second
+		if out := src.propose(now, env); out.GetCode() != shardv1.Code_CODE_QUEUED {
+			t.Fatalf("waiter %d: %v", i, out)
+		}
+	}
+	for _, pool := range []string{"gpu", "cpu"} {
+		if out := src.propose(now, setLimitCmd(pool, 10)); out.GetCode() != shardv1.Code_CODE_OK {
+			t.Fatal(out)
+		}
+	}
+	if out := src.propose(now, reserveCmd("gpu/a", "before", 4)); out.GetCode() != shardv1.Code_CODE_OK {
+		t.Fatal(out)
+	}
+	_, b := exportOf(t, src, t.TempDir())
+
+	restored := func() *replica {
+		smDir := t.TempDir()
+		if err := RestoreReplica(smDir, FirstShard, 1, bytes.NewReader(b), 7); err != nil {
+			t.Fatal(err)
+		}
+		r := openReplica(t, smDir, FirstShard)
+		t.Cleanup(func() { r.sm.Close() })
+		return r
+	}
+	dst := restored()
+	lock := dst.query(now, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: "r"}}}).GetLock()
+	if !lock.GetHeld() || !bytes.Equal(lock.GetLeaseId(), lease) || lock.GetWaiters() != 0 {
+		t.Fatalf("restored lock %v: want held by the backup's lease, no waiters", lock)
+	}
+	if d := dump(t, dst); strings.Contains(d, `"t1"`) || strings.Contains(d, `"w0"`) {
+		t.Fatalf("a waiter, its dedup record or its tenant count survived the restore:\n%s", d)
+	}
+	meta := dst.query(now, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}).GetMeta()
+	if meta.GetQueuedWaiters() != 0 {
+		t.Fatalf("restored meta counts %d queued waiters", meta.GetQueuedWaiters())
+	}
+
+	// Frozen: the refusal names the pool; the replay of a reservation the
+	// backup holds still answers; the query says frozen.
+	out := dst.propose(now, reserveCmd("gpu/b", "after", 1))
+	if out.GetCode() != shardv1.Code_CODE_FAILED_PRECONDITION || out.GetQuota().GetLevel() != "gpu" || out.GetQuota().GetReason() != ReasonRestored {
+		t.Fatalf("Reserve in a restored pool: %v, want failed_precondition naming gpu, RESTORED", out)
+	}
+	if out := dst.propose(now, reserveCmd("gpu/a", "before", 4)); out.GetCode() != shardv1.Code_CODE_OK || !out.GetQuota().GetReplayed() {
+		t.Fatalf("replay of a restored reservation: %v", out)
+	}
+	q := &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: "gpu"}}}
+	if !dst.query(now, q).GetRestored() {
+		t.Fatal("QuotaQuery does not say the restored pool is frozen")
+	}
+	// The old rule for older entries.
+	dst.version = VersionRevoke
+	if out := dst.propose(now, reserveCmd("gpu/b", "old", 1)); out.GetCode() != shardv1.Code_CODE_OK {
+		t.Fatalf("Reserve at version %d in a restored pool: %v, want the old rule (granted)", VersionRevoke, out)
+	}
+	if out := dst.propose(now, unfreezeCmd("gpu")); out.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT {
+		t.Fatalf("UnfreezePool at version %d: %v, want unknown", VersionRevoke, out)
+	}
+	dst.version = 0
+
+	// Unfreeze: once, with a ledger event; then Reserve grants.
+	if out := dst.propose(now, unfreezeCmd("gpu/a")); out.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT || out.GetField() != "pool" {
+		t.Fatalf("UnfreezePool of a sub-level: %v, want invalid pool", out)
+	}
+	if out := dst.propose(now, unfreezeCmd("gpu")); out.GetCode() != shardv1.Code_CODE_OK || out.GetCount() != 1 {
+		t.Fatalf("UnfreezePool: %v", out)
+	}
+	if out := dst.propose(now, unfreezeCmd("gpu")); out.GetCode() != shardv1.Code_CODE_OK || out.GetCount() != 0 {
+		t.Fatalf("a second UnfreezePool: %v, want nothing changed", out)
+	}
+	if dst.query(now, q).GetRestored() {
+		t.Fatal("the pool is still frozen after UnfreezePool")
+	}
+	events := dst.query(now, &shardv1.Query{Query: &shardv1.Query_Ledger{Ledger: &shardv1.LedgerQuery{Key: "gpu", Limit: 100}}}).GetLedger()
+	if last := events[len(events)-1]; last.GetKind() != LedgerUnfreeze || last.GetKey() != "gpu" {
+		t.Fatalf("last ledger event %v, want UNFREEZE of gpu", last)
+	}
+	if out := dst.propose(now, reserveCmd("gpu/b", "after", 1)); out.GetCode() != shardv1.Code_CODE_OK {
+		t.Fatalf("Reserve after UnfreezePool: %v", out)
+	}
+	// The other pool: a correction of a sub-level leaves it frozen, one of
+	// its root unfreezes it.
+	if out := dst.propose(now, reportCmd("cpu/x", "c1", 0)); out.GetCode() != shardv1.Code_CODE_OK {
+		t.Fatal(out)
+	}
+	if out := dst.propose(now, reserveCmd("cpu/x", "r1", 1)); out.GetCode() != shardv1.Code_CODE_FAILED_PRECONDITION {
+		t.Fatalf("Reserve after correcting a sub-level only: %v, want still frozen", out)
+	}
+	if out := dst.propose(now, reportCmd("cpu", "c2", 3)); out.GetCode() != shardv1.Code_CODE_OK {
+		t.Fatal(out)
+	}
+	if out := dst.propose(now, reserveCmd("cpu/x", "r1", 1)); out.GetCode() != shardv1.Code_CODE_OK {
+		t.Fatalf("Reserve after correcting the pool: %v", out)
+	}
+}
+
+func setLimitCmd(key string, limit int64) *shardv1.Envelope {
+	return &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{Key: key, Limit: limit}}}
+}
+
+func unfreezeCmd(pool string) *shardv1.Envelope {
+	return &shardv1.Envelope{Command: &shardv1.Envelope_UnfreezePool{UnfreezePool: &shardv1.UnfreezePoolCmd{Pool: pool}}}
+}
+
+// reportCmd is a correcting ReportUsage of key as of the pool's ledger now.
+func reportCmd(key, id string, observed int64) *shardv1.Envelope {
+	seq := uint64(0)
+	return &shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: &shardv1.ReportUsageCmd{Key: key, ReportId: id, Observed: observed, Correct: true, ObservedSeq: &seq}}}
+}

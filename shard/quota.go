@@ -39,7 +39,12 @@ const (
 	LedgerRelease    = "RELEASE"
 	LedgerExpire     = "EXPIRE"
 	LedgerCorrection = "CORRECTION"
+	LedgerUnfreeze   = "UNFREEZE"
 )
+
+// ReasonRestored is QuotaOutcome.reason of a Reserve refused because its
+// pool is frozen since a restore (PoolRecord.restored).
+const ReasonRestored = "RESTORED"
 
 // Refusal reasons of an exhausted Reserve.
 const (
@@ -156,25 +161,82 @@ func (a *applier) charge(t *quotaTree, reserved, committed int64) {
 }
 
 // ledger appends an event to the key's pool ledger.
+// pool returns pool's record as this command left it so far (nil if it
+// has none yet).
+func (a *applier) pool(pool string) (*shardv1.PoolRecord, error) {
+	if p, ok := a.pools[pool]; ok {
+		return p, nil
+	}
+	return a.r.PoolRecord(pool)
+}
+
 func (a *applier) ledger(e *shardv1.LedgerEvent) error {
-	pool := keyspace.Pool(e.GetKey())
-	p, ok := a.pools[pool]
-	if !ok {
-		var err error
-		if p, err = a.r.PoolRecord(pool); err != nil {
-			return err
-		}
-		if p == nil {
-			p = &shardv1.PoolRecord{Pool: pool}
-		}
+	p, err := a.pool(keyspace.Pool(e.GetKey()))
+	if err != nil {
+		return err
+	}
+	if p == nil {
+		p = &shardv1.PoolRecord{Pool: keyspace.Pool(e.GetKey())}
 	}
 	p = proto.CloneOf(p)
 	p.LastSeq++
-	a.pools[pool] = p
+	a.setPool(p)
 	e.Seq, e.AtUnixNano = p.GetLastSeq(), a.now
-	a.put(putPool{pool: p})
 	a.put(putLedger{event: e})
 	return nil
+}
+
+func (a *applier) setPool(p *shardv1.PoolRecord) {
+	a.pools[p.GetPool()] = p
+	a.put(putPool{pool: p})
+}
+
+// frozen refuses a Reserve under a pool that a restore froze (from
+// VersionRestoredPools): its counters are the backup's and do not count
+// what was reserved or committed after it, so granting from them could
+// oversell (DESIGN.md §6 "Backup and restore").
+func (a *applier) frozen(key string) (*shardv1.Result, error) {
+	if a.version < VersionRestoredPools {
+		return nil, nil
+	}
+	pool := keyspace.Pool(key)
+	p, err := a.pool(pool)
+	if err != nil || !p.GetRestored() {
+		return nil, err
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_FAILED_PRECONDITION,
+		Reason: fmt.Sprintf("pool %q is frozen since a restore: record its observed usage (ReportUsage with correct) or unfreeze it", pool),
+		Quota:  &shardv1.QuotaOutcome{Level: pool, Reason: ReasonRestored}}, nil
+}
+
+// thaw clears a restored pool's freeze (the caller records why in the
+// ledger); it reports whether the pool was frozen.
+func (a *applier) thaw(pool string) (bool, error) {
+	p, err := a.pool(pool)
+	if err != nil || !p.GetRestored() {
+		return false, err
+	}
+	p = proto.CloneOf(p)
+	p.Restored = false
+	a.setPool(p)
+	return true, nil
+}
+
+func (a *applier) unfreezePool(c *shardv1.UnfreezePoolCmd) (*shardv1.Result, error) {
+	if res := a.checkQuotaKey(c.GetPool()); res != nil {
+		return res, nil
+	}
+	if keyspace.Pool(c.GetPool()) != c.GetPool() {
+		return invalid("pool", "must be a pool: a key of one segment"), nil
+	}
+	thawed, err := a.thaw(c.GetPool())
+	if err != nil || !thawed {
+		return &shardv1.Result{Code: shardv1.Code_CODE_OK}, err
+	}
+	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetPool(), Kind: LedgerUnfreeze}); err != nil {
+		return nil, err
+	}
+	return &shardv1.Result{Code: shardv1.Code_CODE_OK, Count: 1}, nil
 }
 
 // checkQuotaKey refuses a malformed key or one this shard does not serve.
@@ -250,6 +312,9 @@ func (a *applier) reserve(c *shardv1.ReserveCmd) (*shardv1.Result, error) {
 		if len(keys) > 0 {
 			return invalid("reservation_id", "was used with another key of the pool"), nil
 		}
+	}
+	if res, err := a.frozen(c.GetKey()); res != nil || err != nil {
+		return res, err
 	}
 	t, err := a.tree(c.GetKey())
 	if err != nil {
@@ -633,6 +698,12 @@ func (a *applier) reportUsage(c *shardv1.ReportUsageCmd) (*shardv1.Result, error
 		report.ObservedSeq = c.ObservedSeq
 	}
 	a.put(putReport{report: report})
+	// Observed usage of the whole pool is what a restored pool waits for.
+	if a.version >= VersionRestoredPools && keyspace.Pool(c.GetKey()) == c.GetKey() {
+		if _, err := a.thaw(c.GetKey()); err != nil {
+			return nil, err
+		}
+	}
 	if err := a.ledger(&shardv1.LedgerEvent{Key: c.GetKey(), Kind: LedgerCorrection, Amount: drift, ReportId: c.GetReportId()}); err != nil {
 		return nil, err
 	}
@@ -651,12 +722,9 @@ const maxReconcileEvents = 100_000
 // oldest usable sequence.
 func (a *applier) committedSince(key string, seq uint64) (int64, *shardv1.Result, error) {
 	pool := keyspace.Pool(key)
-	rec, ok := a.pools[pool] // this command's own writes first
-	if !ok {
-		var err error
-		if rec, err = a.r.PoolRecord(pool); err != nil {
-			return 0, nil, err
-		}
+	rec, err := a.pool(pool) // this command's own writes first
+	if err != nil {
+		return 0, nil, err
 	}
 	last := rec.GetLastSeq()
 	if seq > last {

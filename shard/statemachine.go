@@ -555,7 +555,7 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 		if err == nil {
 			var pool *shardv1.PoolRecord
 			pool, err = r.PoolRecord(keyspace.Pool(qq.Quota.GetKey()))
-			out.LedgerSeq = pool.GetLastSeq()
+			out.LedgerSeq, out.Restored = pool.GetLastSeq(), pool.GetRestored()
 		}
 	case *shardv1.Query_Reservations:
 		out.Reservations, err = r.openReservations(qq.Reservations, now)

@@ -23,6 +23,7 @@ type quotaCmd struct {
 	Reservations reservationsCmd `cmd:"" help:"List the open reservations under a key."`
 	Ledger       ledgerCmd       `cmd:"" help:"List the ledger events of a key's subtree."`
 	ReportUsage  reportCmd       `cmd:"" name:"report-usage" help:"Compare observed usage with committed usage (--correct records a correction)."`
+	Unfreeze     unfreezeCmd     `cmd:"" help:"Let a pool that a restore froze reserve again, its counters taken as they are."`
 }
 
 func (g *globals) quota() wardenv1connect.QuotaServiceClient {
@@ -149,6 +150,9 @@ func (c *queryCmd) Run(g *globals) error {
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "%s as of %s, ledger_seq %d\n", c.Key, resp.Msg.GetAsOf().AsTime().Format(time.RFC3339Nano), resp.Msg.GetLedgerSeq())
+		if resp.Msg.GetFrozen() {
+			fmt.Fprintln(w, "  frozen since a restore: Reserve is refused until 'report-usage --correct' of the pool or 'unfreeze'")
+		}
 		for _, l := range resp.Msg.GetLevels() {
 			printLevel(w, l)
 		}
@@ -230,5 +234,26 @@ func (c *reportCmd) Run(g *globals) error {
 	return g.print(resp.Msg, func(w io.Writer) {
 		fmt.Fprintf(w, "drift %d (observed − committed)\n", resp.Msg.GetDrift())
 		printLevel(w, resp.Msg.GetLevel())
+	})
+}
+
+type unfreezeCmd struct {
+	Pool string `arg:""`
+}
+
+// Run sends QuotaService.Unfreeze.
+func (c *unfreezeCmd) Run(g *globals) error {
+	ctx, cancel := g.ctx()
+	defer cancel()
+	resp, err := g.quota().Unfreeze(ctx, connect.NewRequest(&wardenv1.UnfreezeRequest{Pool: c.Pool}))
+	if err != nil {
+		return fmt.Errorf("unfreeze %s: %w", c.Pool, err)
+	}
+	return g.print(resp.Msg, func(w io.Writer) {
+		if resp.Msg.GetUnfrozen() {
+			fmt.Fprintf(w, "%s unfrozen\n", c.Pool)
+		} else {
+			fmt.Fprintf(w, "%s was not frozen\n", c.Pool)
+		}
 	})
 }

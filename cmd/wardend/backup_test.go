@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -164,6 +165,20 @@ func TestClusterBackupRestore(t *testing.T) {
 	for _, a := range held {
 		seen.add(a)
 	}
+	// A waiter queued at the backup, whose caller dies with the old
+	// cluster: the restore drops it (its deadline is minutes away).
+	waitOn := slices.Sorted(maps.Keys(held))[0]
+	waiterDone := make(chan struct{})
+	go func() {
+		defer close(waiterDone)
+		_, _ = c.nodes[0].acquire(waitOn, "doomed-waiter", time.Minute, 5*time.Minute)
+	}()
+	for {
+		if d, err := c.any().describe(waitOn); err == nil && d.GetWaiters() == 1 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	wantTotals := c.totals(keys)
 	wantLedger := map[string]int{}
 	for _, p := range pools {
@@ -217,6 +232,7 @@ func TestClusterBackupRestore(t *testing.T) {
 	for i := range c.nodes {
 		c.kill(i)
 	}
+	<-waiterDone
 
 	// Damaged backups and busy directories are refused, naming the file.
 	bad := filepath.Join(t.TempDir(), "bad")
@@ -274,6 +290,9 @@ func TestClusterBackupRestore(t *testing.T) {
 	if got := r.totals(keys); !maps.Equal(got, wantTotals) {
 		t.Fatalf("quota totals after the restore: %v, at the backup: %v", got, wantTotals)
 	}
+	if d, err := r.any().describe(waitOn); err != nil || d.GetWaiters() != 0 {
+		t.Fatalf("%s after the restore: %v %v, want the backup's waiter dropped", waitOn, d, err)
+	}
 	now := time.Now()
 	for _, p := range pools {
 		evs, cps := r.ledgerOf(p)
@@ -288,6 +307,7 @@ func TestClusterBackupRestore(t *testing.T) {
 			}
 		}
 	}
+	r.checkRestoredPools(pools)
 	before := seen.highest
 	after := &tokens{leases: map[string]bool{}}
 	for _, prefix := range []string{"r", "after-split", "new"} {
@@ -376,4 +396,68 @@ func TestDevBackupRestore(t *testing.T) {
 			t.Fatalf("node %d's pending restore is still there after the first start", i+1)
 		}
 	}
+}
+
+// checkRestoredPools checks that every pool of a restored cluster is
+// frozen: Query says so, and a Reserve is refused with failed_precondition
+// and a PoolFrozen detail naming the pool, until pools[0] is unfrozen
+// through the CLI and pools[1]'s usage is corrected at its root.
+func (c *procCluster) checkRestoredPools(pools []string) {
+	c.t.Helper()
+	reserve := func(pool, id string) error {
+		return call(func(ctx context.Context) error {
+			_, err := c.any().quota().Reserve(ctx, connect.NewRequest(&wardenv1.ReserveRequest{Key: pool + "/team/a", Amount: 1, ReservationId: id}))
+			return err
+		})
+	}
+	for _, p := range pools {
+		var q *wardenv1.QueryResponse
+		if err := call(func(ctx context.Context) error {
+			resp, err := c.any().quota().Query(ctx, connect.NewRequest(&wardenv1.QueryRequest{Key: p}))
+			q = resp.Msg
+			return err
+		}); err != nil || !q.GetFrozen() {
+			c.t.Fatalf("Query %s after the restore: %v %v, want frozen", p, q, err)
+		}
+		err := reserve(p, "after-restore")
+		if frozen := poolFrozen(err); connect.CodeOf(err) != connect.CodeFailedPrecondition || frozen.GetPool() != p || frozen.GetReason() != shard.ReasonRestored {
+			c.t.Fatalf("Reserve in restored pool %s: %v (detail %v), want failed_precondition with PoolFrozen naming it", p, err, frozen)
+		}
+	}
+	if out, err := exec.Command(cliBinary, "--addr", "http://"+c.nodes[0].listen, "quota", "unfreeze", pools[0]).CombinedOutput(); err != nil || !strings.Contains(string(out), "unfrozen") {
+		c.t.Fatalf("warden quota unfreeze %s: %v\n%s", pools[0], err, out)
+	}
+	var seq uint64
+	if err := call(func(ctx context.Context) error {
+		resp, err := c.any().quota().Query(ctx, connect.NewRequest(&wardenv1.QueryRequest{Key: pools[1]}))
+		if err == nil {
+			seq = resp.Msg.GetLedgerSeq()
+			_, err = c.any().quota().ReportUsage(ctx, connect.NewRequest(&wardenv1.ReportUsageRequest{Key: pools[1], Observed: resp.Msg.GetLevels()[0].GetCommitted(),
+				ReportId: "after-restore", Correct: true, ObservedSeq: &seq}))
+		}
+		return err
+	}); err != nil {
+		c.t.Fatalf("correct %s: %v", pools[1], err)
+	}
+	for _, p := range pools {
+		if err := reserve(p, "after-thaw"); err != nil {
+			c.t.Fatalf("Reserve in %s once unfrozen: %v", p, err)
+		}
+	}
+}
+
+// poolFrozen is err's PoolFrozen detail, or nil.
+func poolFrozen(err error) *wardenv1.PoolFrozen {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if f, ok := v.(*wardenv1.PoolFrozen); ok {
+				return f
+			}
+		}
+	}
+	return nil
 }

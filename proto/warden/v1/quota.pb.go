@@ -574,7 +574,10 @@ type QueryResponse struct {
 	// LedgerSeq is the pool's ledger sequence these totals reflect: every
 	// event up to it, none after. A reconciler passes it back as
 	// ReportUsageRequest.observed_seq.
-	LedgerSeq     uint64 `protobuf:"varint,3,opt,name=ledger_seq,json=ledgerSeq,proto3" json:"ledger_seq,omitempty"`
+	LedgerSeq uint64 `protobuf:"varint,3,opt,name=ledger_seq,json=ledgerSeq,proto3" json:"ledger_seq,omitempty"`
+	// Frozen: the pool was restored from a backup and refuses Reserve until
+	// an operator corrects its usage or unfreezes it (QuotaService.Unfreeze).
+	Frozen        bool `protobuf:"varint,4,opt,name=frozen,proto3" json:"frozen,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -628,6 +631,13 @@ func (x *QueryResponse) GetLedgerSeq() uint64 {
 		return x.LedgerSeq
 	}
 	return 0
+}
+
+func (x *QueryResponse) GetFrozen() bool {
+	if x != nil {
+		return x.Frozen
+	}
+	return false
 }
 
 // QuotaLevel is one level of a quota tree. Usage counts the level's whole
@@ -1367,6 +1377,154 @@ func (x *ReportUsageResponse) GetLevel() *QuotaLevel {
 	return nil
 }
 
+type UnfreezeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Pool is a pool: a quota key of one segment.
+	Pool          string `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnfreezeRequest) Reset() {
+	*x = UnfreezeRequest{}
+	mi := &file_warden_v1_quota_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnfreezeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnfreezeRequest) ProtoMessage() {}
+
+func (x *UnfreezeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_quota_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnfreezeRequest.ProtoReflect.Descriptor instead.
+func (*UnfreezeRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_quota_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *UnfreezeRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+type UnfreezeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unfrozen is false when the pool was not frozen (nothing changed).
+	Unfrozen      bool `protobuf:"varint,1,opt,name=unfrozen,proto3" json:"unfrozen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnfreezeResponse) Reset() {
+	*x = UnfreezeResponse{}
+	mi := &file_warden_v1_quota_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnfreezeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnfreezeResponse) ProtoMessage() {}
+
+func (x *UnfreezeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_quota_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnfreezeResponse.ProtoReflect.Descriptor instead.
+func (*UnfreezeResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_quota_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *UnfreezeResponse) GetUnfrozen() bool {
+	if x != nil {
+		return x.Unfrozen
+	}
+	return false
+}
+
+// PoolFrozen is the detail of a FAILED_PRECONDITION Reserve under a pool
+// that `wardend restore` froze: its counters are the backup's and do not
+// count what was reserved or committed after the backup, so it grants
+// nothing until an operator records observed usage (ReportUsage with
+// correct on the pool) or unfreezes it (QuotaService.Unfreeze).
+type PoolFrozen struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pool  string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	// Reason is RESTORED.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolFrozen) Reset() {
+	*x = PoolFrozen{}
+	mi := &file_warden_v1_quota_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolFrozen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolFrozen) ProtoMessage() {}
+
+func (x *PoolFrozen) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_quota_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolFrozen.ProtoReflect.Descriptor instead.
+func (*PoolFrozen) Descriptor() ([]byte, []int) {
+	return file_warden_v1_quota_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PoolFrozen) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *PoolFrozen) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // QuotaExhausted is the detail of a RESOURCE_EXHAUSTED Reserve.
 type QuotaExhausted struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1384,7 +1542,7 @@ type QuotaExhausted struct {
 
 func (x *QuotaExhausted) Reset() {
 	*x = QuotaExhausted{}
-	mi := &file_warden_v1_quota_proto_msgTypes[20]
+	mi := &file_warden_v1_quota_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1554,7 @@ func (x *QuotaExhausted) String() string {
 func (*QuotaExhausted) ProtoMessage() {}
 
 func (x *QuotaExhausted) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_quota_proto_msgTypes[20]
+	mi := &file_warden_v1_quota_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1567,7 @@ func (x *QuotaExhausted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaExhausted.ProtoReflect.Descriptor instead.
 func (*QuotaExhausted) Descriptor() ([]byte, []int) {
-	return file_warden_v1_quota_proto_rawDescGZIP(), []int{20}
+	return file_warden_v1_quota_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *QuotaExhausted) GetLevel() string {
@@ -1474,12 +1632,13 @@ const file_warden_v1_quota_proto_rawDesc = "" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"Z\n" +
 	"\fQueryRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x128\n" +
-	"\vconsistency\x18\x02 \x01(\x0e2\x16.warden.v1.ConsistencyR\vconsistency\"\x8e\x01\n" +
+	"\vconsistency\x18\x02 \x01(\x0e2\x16.warden.v1.ConsistencyR\vconsistency\"\xa6\x01\n" +
 	"\rQueryResponse\x12-\n" +
 	"\x06levels\x18\x01 \x03(\v2\x15.warden.v1.QuotaLevelR\x06levels\x12/\n" +
 	"\x05as_of\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04asOf\x12\x1d\n" +
 	"\n" +
-	"ledger_seq\x18\x03 \x01(\x04R\tledgerSeq\"\xea\x01\n" +
+	"ledger_seq\x18\x03 \x01(\x04R\tledgerSeq\x12\x16\n" +
+	"\x06frozen\x18\x04 \x01(\bR\x06frozen\"\xea\x01\n" +
 	"\n" +
 	"QuotaLevel\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1b\n" +
@@ -1540,7 +1699,15 @@ const file_warden_v1_quota_proto_rawDesc = "" +
 	"\r_observed_seq\"X\n" +
 	"\x13ReportUsageResponse\x12\x14\n" +
 	"\x05drift\x18\x01 \x01(\x03R\x05drift\x12+\n" +
-	"\x05level\x18\x02 \x01(\v2\x15.warden.v1.QuotaLevelR\x05level\"\x98\x01\n" +
+	"\x05level\x18\x02 \x01(\v2\x15.warden.v1.QuotaLevelR\x05level\"%\n" +
+	"\x0fUnfreezeRequest\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\".\n" +
+	"\x10UnfreezeResponse\x12\x1a\n" +
+	"\bunfrozen\x18\x01 \x01(\bR\bunfrozen\"8\n" +
+	"\n" +
+	"PoolFrozen\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x98\x01\n" +
 	"\x0eQuotaExhausted\x12\x14\n" +
 	"\x05level\x18\x01 \x01(\tR\x05level\x12\x1c\n" +
 	"\tremaining\x18\x02 \x01(\x03R\tremaining\x12:\n" +
@@ -1550,7 +1717,7 @@ const file_warden_v1_quota_proto_rawDesc = "" +
 	"\vConsistency\x12\x1b\n" +
 	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18CONSISTENCY_LINEARIZABLE\x10\x01\x12\x15\n" +
-	"\x11CONSISTENCY_STALE\x10\x022\x88\x05\n" +
+	"\x11CONSISTENCY_STALE\x10\x022\xd2\x05\n" +
 	"\fQuotaService\x12H\n" +
 	"\bSetLimit\x12\x1a.warden.v1.SetLimitRequest\x1a\x1b.warden.v1.SetLimitResponse\"\x03\x90\x02\x02\x12E\n" +
 	"\aReserve\x12\x19.warden.v1.ReserveRequest\x1a\x1a.warden.v1.ReserveResponse\"\x03\x90\x02\x02\x12B\n" +
@@ -1560,7 +1727,8 @@ const file_warden_v1_quota_proto_rawDesc = "" +
 	"\x10ListReservations\x12\".warden.v1.ListReservationsRequest\x1a#.warden.v1.ListReservationsResponse\"\x03\x90\x02\x01\x12N\n" +
 	"\n" +
 	"ListLedger\x12\x1c.warden.v1.ListLedgerRequest\x1a\x1d.warden.v1.ListLedgerResponse\"\x03\x90\x02\x01\x12Q\n" +
-	"\vReportUsage\x12\x1d.warden.v1.ReportUsageRequest\x1a\x1e.warden.v1.ReportUsageResponse\"\x03\x90\x02\x02B7Z5github.com/warden-dev/warden/proto/warden/v1;wardenv1b\x06proto3"
+	"\vReportUsage\x12\x1d.warden.v1.ReportUsageRequest\x1a\x1e.warden.v1.ReportUsageResponse\"\x03\x90\x02\x02\x12H\n" +
+	"\bUnfreeze\x12\x1a.warden.v1.UnfreezeRequest\x1a\x1b.warden.v1.UnfreezeResponse\"\x03\x90\x02\x02B7Z5github.com/warden-dev/warden/proto/warden/v1;wardenv1b\x06proto3"
 
 var (
 	file_warden_v1_quota_proto_rawDescOnce sync.Once
@@ -1575,7 +1743,7 @@ func file_warden_v1_quota_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_v1_quota_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_warden_v1_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_warden_v1_quota_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_warden_v1_quota_proto_goTypes = []any{
 	(Consistency)(0),                    // 0: warden.v1.Consistency
 	(*SetLimitRequest)(nil),             // 1: warden.v1.SetLimitRequest
@@ -1598,25 +1766,28 @@ var file_warden_v1_quota_proto_goTypes = []any{
 	(*LedgerEvent)(nil),                 // 18: warden.v1.LedgerEvent
 	(*ReportUsageRequest)(nil),          // 19: warden.v1.ReportUsageRequest
 	(*ReportUsageResponse)(nil),         // 20: warden.v1.ReportUsageResponse
-	(*QuotaExhausted)(nil),              // 21: warden.v1.QuotaExhausted
-	(*durationpb.Duration)(nil),         // 22: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),       // 23: google.protobuf.Timestamp
+	(*UnfreezeRequest)(nil),             // 21: warden.v1.UnfreezeRequest
+	(*UnfreezeResponse)(nil),            // 22: warden.v1.UnfreezeResponse
+	(*PoolFrozen)(nil),                  // 23: warden.v1.PoolFrozen
+	(*QuotaExhausted)(nil),              // 24: warden.v1.QuotaExhausted
+	(*durationpb.Duration)(nil),         // 25: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),       // 26: google.protobuf.Timestamp
 }
 var file_warden_v1_quota_proto_depIdxs = []int32{
 	11, // 0: warden.v1.SetLimitResponse.level:type_name -> warden.v1.QuotaLevel
-	22, // 1: warden.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
-	23, // 2: warden.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	25, // 1: warden.v1.ReserveRequest.ttl:type_name -> google.protobuf.Duration
+	26, // 2: warden.v1.ReserveResponse.expires_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: warden.v1.QueryRequest.consistency:type_name -> warden.v1.Consistency
 	11, // 4: warden.v1.QueryResponse.levels:type_name -> warden.v1.QuotaLevel
-	23, // 5: warden.v1.QueryResponse.as_of:type_name -> google.protobuf.Timestamp
+	26, // 5: warden.v1.QueryResponse.as_of:type_name -> google.protobuf.Timestamp
 	14, // 6: warden.v1.ListReservationsResponse.reservations:type_name -> warden.v1.Reservation
-	23, // 7: warden.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 7: warden.v1.Reservation.expires_at:type_name -> google.protobuf.Timestamp
 	18, // 8: warden.v1.ListLedgerResponse.events:type_name -> warden.v1.LedgerEvent
 	17, // 9: warden.v1.ListLedgerResponse.checkpoints:type_name -> warden.v1.LedgerCheckpoint
-	23, // 10: warden.v1.LedgerEvent.at:type_name -> google.protobuf.Timestamp
-	23, // 11: warden.v1.LedgerEvent.expires_at:type_name -> google.protobuf.Timestamp
+	26, // 10: warden.v1.LedgerEvent.at:type_name -> google.protobuf.Timestamp
+	26, // 11: warden.v1.LedgerEvent.expires_at:type_name -> google.protobuf.Timestamp
 	11, // 12: warden.v1.ReportUsageResponse.level:type_name -> warden.v1.QuotaLevel
-	22, // 13: warden.v1.QuotaExhausted.retry_after:type_name -> google.protobuf.Duration
+	25, // 13: warden.v1.QuotaExhausted.retry_after:type_name -> google.protobuf.Duration
 	1,  // 14: warden.v1.QuotaService.SetLimit:input_type -> warden.v1.SetLimitRequest
 	3,  // 15: warden.v1.QuotaService.Reserve:input_type -> warden.v1.ReserveRequest
 	5,  // 16: warden.v1.QuotaService.Commit:input_type -> warden.v1.CommitRequest
@@ -1625,16 +1796,18 @@ var file_warden_v1_quota_proto_depIdxs = []int32{
 	12, // 19: warden.v1.QuotaService.ListReservations:input_type -> warden.v1.ListReservationsRequest
 	15, // 20: warden.v1.QuotaService.ListLedger:input_type -> warden.v1.ListLedgerRequest
 	19, // 21: warden.v1.QuotaService.ReportUsage:input_type -> warden.v1.ReportUsageRequest
-	2,  // 22: warden.v1.QuotaService.SetLimit:output_type -> warden.v1.SetLimitResponse
-	4,  // 23: warden.v1.QuotaService.Reserve:output_type -> warden.v1.ReserveResponse
-	6,  // 24: warden.v1.QuotaService.Commit:output_type -> warden.v1.CommitResponse
-	8,  // 25: warden.v1.QuotaService.Release:output_type -> warden.v1.QuotaServiceReleaseResponse
-	10, // 26: warden.v1.QuotaService.Query:output_type -> warden.v1.QueryResponse
-	13, // 27: warden.v1.QuotaService.ListReservations:output_type -> warden.v1.ListReservationsResponse
-	16, // 28: warden.v1.QuotaService.ListLedger:output_type -> warden.v1.ListLedgerResponse
-	20, // 29: warden.v1.QuotaService.ReportUsage:output_type -> warden.v1.ReportUsageResponse
-	22, // [22:30] is the sub-list for method output_type
-	14, // [14:22] is the sub-list for method input_type
+	21, // 22: warden.v1.QuotaService.Unfreeze:input_type -> warden.v1.UnfreezeRequest
+	2,  // 23: warden.v1.QuotaService.SetLimit:output_type -> warden.v1.SetLimitResponse
+	4,  // 24: warden.v1.QuotaService.Reserve:output_type -> warden.v1.ReserveResponse
+	6,  // 25: warden.v1.QuotaService.Commit:output_type -> warden.v1.CommitResponse
+	8,  // 26: warden.v1.QuotaService.Release:output_type -> warden.v1.QuotaServiceReleaseResponse
+	10, // 27: warden.v1.QuotaService.Query:output_type -> warden.v1.QueryResponse
+	13, // 28: warden.v1.QuotaService.ListReservations:output_type -> warden.v1.ListReservationsResponse
+	16, // 29: warden.v1.QuotaService.ListLedger:output_type -> warden.v1.ListLedgerResponse
+	20, // 30: warden.v1.QuotaService.ReportUsage:output_type -> warden.v1.ReportUsageResponse
+	22, // 31: warden.v1.QuotaService.Unfreeze:output_type -> warden.v1.UnfreezeResponse
+	23, // [23:32] is the sub-list for method output_type
+	14, // [14:23] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
 	14, // [14:14] is the sub-list for extension extendee
 	0,  // [0:14] is the sub-list for field type_name
@@ -1652,7 +1825,7 @@ func file_warden_v1_quota_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_quota_proto_rawDesc), len(file_warden_v1_quota_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

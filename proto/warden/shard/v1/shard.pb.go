@@ -212,6 +212,7 @@ type Envelope struct {
 	//	*Envelope_Batch
 	//	*Envelope_NewEpoch
 	//	*Envelope_Revoke
+	//	*Envelope_UnfreezePool
 	Command       isEnvelope_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -498,6 +499,15 @@ func (x *Envelope) GetRevoke() *RevokeCmd {
 	return nil
 }
 
+func (x *Envelope) GetUnfreezePool() *UnfreezePoolCmd {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_UnfreezePool); ok {
+			return x.UnfreezePool
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Command interface {
 	isEnvelope_Command()
 }
@@ -598,6 +608,10 @@ type Envelope_Revoke struct {
 	Revoke *RevokeCmd `protobuf:"bytes,33,opt,name=revoke,proto3,oneof"`
 }
 
+type Envelope_UnfreezePool struct {
+	UnfreezePool *UnfreezePoolCmd `protobuf:"bytes,34,opt,name=unfreeze_pool,json=unfreezePool,proto3,oneof"`
+}
+
 func (*Envelope_Acquire) isEnvelope_Command() {}
 
 func (*Envelope_Renew) isEnvelope_Command() {}
@@ -645,6 +659,8 @@ func (*Envelope_Batch) isEnvelope_Command() {}
 func (*Envelope_NewEpoch) isEnvelope_Command() {}
 
 func (*Envelope_Revoke) isEnvelope_Command() {}
+
+func (*Envelope_UnfreezePool) isEnvelope_Command() {}
 
 type AcquireCmd struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -2489,9 +2505,15 @@ func (x *ReservationRecord) GetRemaining() int64 {
 
 // PoolRecord keeps a pool's ledger sequence.
 type PoolRecord struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
-	LastSeq       uint64                 `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Pool    string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	LastSeq uint64                 `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	// Restored marks a pool written by `wardend restore`: its counters are
+	// the backup's, blind to what was reserved or committed after it, so
+	// from envelope version 11 a Reserve under it is refused
+	// (CODE_FAILED_PRECONDITION, QuotaOutcome.reason RESTORED) until a
+	// correcting ReportUsage of the pool's root or an UnfreezePoolCmd.
+	Restored      bool `protobuf:"varint,3,opt,name=restored,proto3" json:"restored,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2540,12 +2562,20 @@ func (x *PoolRecord) GetLastSeq() uint64 {
 	return 0
 }
 
+func (x *PoolRecord) GetRestored() bool {
+	if x != nil {
+		return x.Restored
+	}
+	return false
+}
+
 // LedgerEvent is one immutable entry of a pool's ledger.
 type LedgerEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	// Kind: SET_LIMIT, RESERVE, COMMIT, RELEASE, EXPIRE, CORRECTION.
+	// Kind: SET_LIMIT, RESERVE, COMMIT, RELEASE, EXPIRE, CORRECTION,
+	// UNFREEZE (envelope version 11: UnfreezePoolCmd).
 	Kind          string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
 	Amount        int64  `protobuf:"varint,4,opt,name=amount,proto3" json:"amount,omitempty"`
 	ReservationId string `protobuf:"bytes,5,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
@@ -3832,6 +3862,54 @@ func (x *RevokeCmd) GetFencingToken() uint64 {
 	return 0
 }
 
+// UnfreezePoolCmd lets a pool that a restore froze (PoolRecord.restored)
+// reserve again: the operator says its counters may be trusted as they
+// are. It records an UNFREEZE ledger event; a pool that is not frozen is
+// left as it is (Result.count 0). Envelope version 11.
+type UnfreezePoolCmd struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnfreezePoolCmd) Reset() {
+	*x = UnfreezePoolCmd{}
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnfreezePoolCmd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnfreezePoolCmd) ProtoMessage() {}
+
+func (x *UnfreezePoolCmd) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnfreezePoolCmd.ProtoReflect.Descriptor instead.
+func (*UnfreezePoolCmd) Descriptor() ([]byte, []int) {
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *UnfreezePoolCmd) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
 // ActivateRangeCmd makes an inactive shard own range with a fresh epoch
 // from the placement allocator (so its tokens exceed every token the
 // source granted), the source's config, and a time no earlier than the
@@ -3849,7 +3927,7 @@ type ActivateRangeCmd struct {
 
 func (x *ActivateRangeCmd) Reset() {
 	*x = ActivateRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3861,7 +3939,7 @@ func (x *ActivateRangeCmd) String() string {
 func (*ActivateRangeCmd) ProtoMessage() {}
 
 func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[44]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3874,7 +3952,7 @@ func (x *ActivateRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActivateRangeCmd.ProtoReflect.Descriptor instead.
 func (*ActivateRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{44}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ActivateRangeCmd) GetOperatorId() uint64 {
@@ -3926,7 +4004,7 @@ type ReleaseRangeCmd struct {
 
 func (x *ReleaseRangeCmd) Reset() {
 	*x = ReleaseRangeCmd{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3938,7 +4016,7 @@ func (x *ReleaseRangeCmd) String() string {
 func (*ReleaseRangeCmd) ProtoMessage() {}
 
 func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[45]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3951,7 +4029,7 @@ func (x *ReleaseRangeCmd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRangeCmd.ProtoReflect.Descriptor instead.
 func (*ReleaseRangeCmd) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{45}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReleaseRangeCmd) GetOperatorId() uint64 {
@@ -3995,7 +4073,7 @@ type LockRecord struct {
 
 func (x *LockRecord) Reset() {
 	*x = LockRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4007,7 +4085,7 @@ func (x *LockRecord) String() string {
 func (*LockRecord) ProtoMessage() {}
 
 func (x *LockRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[46]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4020,7 +4098,7 @@ func (x *LockRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockRecord.ProtoReflect.Descriptor instead.
 func (*LockRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{46}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *LockRecord) GetResource() string {
@@ -4124,7 +4202,7 @@ type WaiterRecord struct {
 
 func (x *WaiterRecord) Reset() {
 	*x = WaiterRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4136,7 +4214,7 @@ func (x *WaiterRecord) String() string {
 func (*WaiterRecord) ProtoMessage() {}
 
 func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[47]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4149,7 +4227,7 @@ func (x *WaiterRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaiterRecord.ProtoReflect.Descriptor instead.
 func (*WaiterRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{47}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WaiterRecord) GetResource() string {
@@ -4238,7 +4316,7 @@ type DedupRecord struct {
 
 func (x *DedupRecord) Reset() {
 	*x = DedupRecord{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4250,7 +4328,7 @@ func (x *DedupRecord) String() string {
 func (*DedupRecord) ProtoMessage() {}
 
 func (x *DedupRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[48]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4263,7 +4341,7 @@ func (x *DedupRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupRecord.ProtoReflect.Descriptor instead.
 func (*DedupRecord) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{48}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DedupRecord) GetResource() string {
@@ -4377,7 +4455,7 @@ type Query struct {
 
 func (x *Query) Reset() {
 	*x = Query{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4389,7 +4467,7 @@ func (x *Query) String() string {
 func (*Query) ProtoMessage() {}
 
 func (x *Query) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[49]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4402,7 +4480,7 @@ func (x *Query) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Query.ProtoReflect.Descriptor instead.
 func (*Query) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{49}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Query) GetNowUnixNano() int64 {
@@ -4645,7 +4723,7 @@ type DedupQuery struct {
 
 func (x *DedupQuery) Reset() {
 	*x = DedupQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4657,7 +4735,7 @@ func (x *DedupQuery) String() string {
 func (*DedupQuery) ProtoMessage() {}
 
 func (x *DedupQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[50]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4670,7 +4748,7 @@ func (x *DedupQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupQuery.ProtoReflect.Descriptor instead.
 func (*DedupQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{50}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DedupQuery) GetResource() string {
@@ -4697,7 +4775,7 @@ type QuotaQuery struct {
 
 func (x *QuotaQuery) Reset() {
 	*x = QuotaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4709,7 +4787,7 @@ func (x *QuotaQuery) String() string {
 func (*QuotaQuery) ProtoMessage() {}
 
 func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[51]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4722,7 +4800,7 @@ func (x *QuotaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaQuery.ProtoReflect.Descriptor instead.
 func (*QuotaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{51}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *QuotaQuery) GetKey() string {
@@ -4746,7 +4824,7 @@ type ReservationsQuery struct {
 
 func (x *ReservationsQuery) Reset() {
 	*x = ReservationsQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4758,7 +4836,7 @@ func (x *ReservationsQuery) String() string {
 func (*ReservationsQuery) ProtoMessage() {}
 
 func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[52]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4771,7 +4849,7 @@ func (x *ReservationsQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservationsQuery.ProtoReflect.Descriptor instead.
 func (*ReservationsQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{52}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ReservationsQuery) GetKey() string {
@@ -4814,7 +4892,7 @@ type LedgerQuery struct {
 
 func (x *LedgerQuery) Reset() {
 	*x = LedgerQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4826,7 +4904,7 @@ func (x *LedgerQuery) String() string {
 func (*LedgerQuery) ProtoMessage() {}
 
 func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[53]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4839,7 +4917,7 @@ func (x *LedgerQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerQuery.ProtoReflect.Descriptor instead.
 func (*LedgerQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{53}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *LedgerQuery) GetKey() string {
@@ -4879,7 +4957,7 @@ type QuotaLevel struct {
 
 func (x *QuotaLevel) Reset() {
 	*x = QuotaLevel{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4891,7 +4969,7 @@ func (x *QuotaLevel) String() string {
 func (*QuotaLevel) ProtoMessage() {}
 
 func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[54]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4904,7 +4982,7 @@ func (x *QuotaLevel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaLevel.ProtoReflect.Descriptor instead.
 func (*QuotaLevel) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{54}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *QuotaLevel) GetRecord() *QuotaRecord {
@@ -4950,7 +5028,7 @@ type ExportQuery struct {
 
 func (x *ExportQuery) Reset() {
 	*x = ExportQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4962,7 +5040,7 @@ func (x *ExportQuery) String() string {
 func (*ExportQuery) ProtoMessage() {}
 
 func (x *ExportQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[55]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4975,7 +5053,7 @@ func (x *ExportQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportQuery.ProtoReflect.Descriptor instead.
 func (*ExportQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{55}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ExportQuery) GetStart() uint64 {
@@ -5016,7 +5094,7 @@ type DigestQuery struct {
 
 func (x *DigestQuery) Reset() {
 	*x = DigestQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5028,7 +5106,7 @@ func (x *DigestQuery) String() string {
 func (*DigestQuery) ProtoMessage() {}
 
 func (x *DigestQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[56]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5041,7 +5119,7 @@ func (x *DigestQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DigestQuery.ProtoReflect.Descriptor instead.
 func (*DigestQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{56}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{57}
 }
 
 type DescribeQuery struct {
@@ -5053,7 +5131,7 @@ type DescribeQuery struct {
 
 func (x *DescribeQuery) Reset() {
 	*x = DescribeQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5065,7 +5143,7 @@ func (x *DescribeQuery) String() string {
 func (*DescribeQuery) ProtoMessage() {}
 
 func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[57]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5078,7 +5156,7 @@ func (x *DescribeQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeQuery.ProtoReflect.Descriptor instead.
 func (*DescribeQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{57}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DescribeQuery) GetResource() string {
@@ -5098,7 +5176,7 @@ type ScanQuery struct {
 
 func (x *ScanQuery) Reset() {
 	*x = ScanQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5110,7 +5188,7 @@ func (x *ScanQuery) String() string {
 func (*ScanQuery) ProtoMessage() {}
 
 func (x *ScanQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[58]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5123,7 +5201,7 @@ func (x *ScanQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanQuery.ProtoReflect.Descriptor instead.
 func (*ScanQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{58}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ScanQuery) GetLimit() uint32 {
@@ -5141,7 +5219,7 @@ type MetaQuery struct {
 
 func (x *MetaQuery) Reset() {
 	*x = MetaQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5153,7 +5231,7 @@ func (x *MetaQuery) String() string {
 func (*MetaQuery) ProtoMessage() {}
 
 func (x *MetaQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[59]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5166,7 +5244,7 @@ func (x *MetaQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaQuery.ProtoReflect.Descriptor instead.
 func (*MetaQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{59}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{60}
 }
 
 // HotQuery lists up to limit locks with the most waiters.
@@ -5179,7 +5257,7 @@ type HotQuery struct {
 
 func (x *HotQuery) Reset() {
 	*x = HotQuery{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[60]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5191,7 +5269,7 @@ func (x *HotQuery) String() string {
 func (*HotQuery) ProtoMessage() {}
 
 func (x *HotQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[60]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5204,7 +5282,7 @@ func (x *HotQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HotQuery.ProtoReflect.Descriptor instead.
 func (*HotQuery) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{60}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *HotQuery) GetLimit() uint32 {
@@ -5249,14 +5327,17 @@ type QueryResult struct {
 	// Dedup answers a DedupQuery (unset when the request id is unknown).
 	Dedup *DedupRecord `protobuf:"bytes,18,opt,name=dedup,proto3" json:"dedup,omitempty"`
 	// LedgerSeq answers a QuotaQuery: the pool's last ledger sequence.
-	LedgerSeq     uint64 `protobuf:"varint,19,opt,name=ledger_seq,json=ledgerSeq,proto3" json:"ledger_seq,omitempty"`
+	LedgerSeq uint64 `protobuf:"varint,19,opt,name=ledger_seq,json=ledgerSeq,proto3" json:"ledger_seq,omitempty"`
+	// Restored answers a QuotaQuery: the pool is frozen since a restore
+	// (PoolRecord.restored).
+	Restored      bool `protobuf:"varint,20,opt,name=restored,proto3" json:"restored,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueryResult) Reset() {
 	*x = QueryResult{}
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[61]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5268,7 +5349,7 @@ func (x *QueryResult) String() string {
 func (*QueryResult) ProtoMessage() {}
 
 func (x *QueryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_shard_v1_shard_proto_msgTypes[61]
+	mi := &file_warden_shard_v1_shard_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5281,7 +5362,7 @@ func (x *QueryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryResult.ProtoReflect.Descriptor instead.
 func (*QueryResult) Descriptor() ([]byte, []int) {
-	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{61}
+	return file_warden_shard_v1_shard_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *QueryResult) GetLock() *LockRecord {
@@ -5417,11 +5498,18 @@ func (x *QueryResult) GetLedgerSeq() uint64 {
 	return 0
 }
 
+func (x *QueryResult) GetRestored() bool {
+	if x != nil {
+		return x.Restored
+	}
+	return false
+}
+
 var File_warden_shard_v1_shard_proto protoreflect.FileDescriptor
 
 const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\n" +
-	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\x8a\r\n" +
+	"\x1bwarden/shard/v1/shard.proto\x12\x0fwarden.shard.v1\"\xd3\r\n" +
 	"\bEnvelope\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x19\n" +
 	"\bshard_id\x18\x02 \x01(\x04R\ashardId\x12\x1e\n" +
@@ -5457,7 +5545,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"renewBatch\x121\n" +
 	"\x05batch\x18\x1f \x01(\v2\x19.warden.shard.v1.BatchCmdH\x00R\x05batch\x12;\n" +
 	"\tnew_epoch\x18  \x01(\v2\x1c.warden.shard.v1.NewEpochCmdH\x00R\bnewEpoch\x124\n" +
-	"\x06revoke\x18! \x01(\v2\x1a.warden.shard.v1.RevokeCmdH\x00R\x06revokeB\t\n" +
+	"\x06revoke\x18! \x01(\v2\x1a.warden.shard.v1.RevokeCmdH\x00R\x06revoke\x12G\n" +
+	"\runfreeze_pool\x18\" \x01(\v2 .warden.shard.v1.UnfreezePoolCmdH\x00R\funfreezePoolB\t\n" +
 	"\acommand\"\x86\x02\n" +
 	"\n" +
 	"AcquireCmd\x12\x1a\n" +
@@ -5616,11 +5705,12 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05state\x18\x06 \x01(\x0e2!.warden.shard.v1.ReservationStateR\x05state\x12\x1c\n" +
 	"\tcommitted\x18\a \x01(\x03R\tcommitted\x12+\n" +
 	"\x12ended_at_unix_nano\x18\b \x01(\x03R\x0fendedAtUnixNano\x12\x1c\n" +
-	"\tremaining\x18\t \x01(\x03R\tremaining\";\n" +
+	"\tremaining\x18\t \x01(\x03R\tremaining\"W\n" +
 	"\n" +
 	"PoolRecord\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x19\n" +
-	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\"\xa6\x02\n" +
+	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x1a\n" +
+	"\brestored\x18\x03 \x01(\bR\brestored\"\xa6\x02\n" +
 	"\vLedgerEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -5731,7 +5821,9 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"L\n" +
 	"\tRevokeCmd\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12#\n" +
-	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"\xf1\x01\n" +
+	"\rfencing_token\x18\x02 \x01(\x04R\ffencingToken\"%\n" +
+	"\x0fUnfreezePoolCmd\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\"\xf1\x01\n" +
 	"\x10ActivateRangeCmd\x12\x1f\n" +
 	"\voperator_id\x18\x01 \x01(\x04R\n" +
 	"operatorId\x126\n" +
@@ -5839,7 +5931,7 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\"\v\n" +
 	"\tMetaQuery\" \n" +
 	"\bHotQuery\x12\x14\n" +
-	"\x05limit\x18\x01 \x01(\rR\x05limit\"\xa9\a\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\"\xc5\a\n" +
 	"\vQueryResult\x12/\n" +
 	"\x04lock\x18\x01 \x01(\v2\x1b.warden.shard.v1.LockRecordR\x04lock\x12.\n" +
 	"\x04meta\x18\x02 \x01(\v2\x1a.warden.shard.v1.ShardMetaR\x04meta\x122\n" +
@@ -5861,7 +5953,8 @@ const file_warden_shard_v1_shard_proto_rawDesc = "" +
 	"\vcheckpoints\x18\x11 \x03(\v2!.warden.shard.v1.LedgerCheckpointR\vcheckpoints\x122\n" +
 	"\x05dedup\x18\x12 \x01(\v2\x1c.warden.shard.v1.DedupRecordR\x05dedup\x12\x1d\n" +
 	"\n" +
-	"ledger_seq\x18\x13 \x01(\x04R\tledgerSeq*\xfe\x01\n" +
+	"ledger_seq\x18\x13 \x01(\x04R\tledgerSeq\x12\x1a\n" +
+	"\brestored\x18\x14 \x01(\bR\brestored*\xfe\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aCODE_OK\x10\x01\x12\x11\n" +
@@ -5895,7 +5988,7 @@ func file_warden_shard_v1_shard_proto_rawDescGZIP() []byte {
 }
 
 var file_warden_shard_v1_shard_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_warden_shard_v1_shard_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(Code)(0),                     // 0: warden.shard.v1.Code
 	(ReservationState)(0),         // 1: warden.shard.v1.ReservationState
@@ -5943,24 +6036,25 @@ var file_warden_shard_v1_shard_proto_goTypes = []any{
 	(*ImportRangeCmd)(nil),        // 43: warden.shard.v1.ImportRangeCmd
 	(*NewEpochCmd)(nil),           // 44: warden.shard.v1.NewEpochCmd
 	(*RevokeCmd)(nil),             // 45: warden.shard.v1.RevokeCmd
-	(*ActivateRangeCmd)(nil),      // 46: warden.shard.v1.ActivateRangeCmd
-	(*ReleaseRangeCmd)(nil),       // 47: warden.shard.v1.ReleaseRangeCmd
-	(*LockRecord)(nil),            // 48: warden.shard.v1.LockRecord
-	(*WaiterRecord)(nil),          // 49: warden.shard.v1.WaiterRecord
-	(*DedupRecord)(nil),           // 50: warden.shard.v1.DedupRecord
-	(*Query)(nil),                 // 51: warden.shard.v1.Query
-	(*DedupQuery)(nil),            // 52: warden.shard.v1.DedupQuery
-	(*QuotaQuery)(nil),            // 53: warden.shard.v1.QuotaQuery
-	(*ReservationsQuery)(nil),     // 54: warden.shard.v1.ReservationsQuery
-	(*LedgerQuery)(nil),           // 55: warden.shard.v1.LedgerQuery
-	(*QuotaLevel)(nil),            // 56: warden.shard.v1.QuotaLevel
-	(*ExportQuery)(nil),           // 57: warden.shard.v1.ExportQuery
-	(*DigestQuery)(nil),           // 58: warden.shard.v1.DigestQuery
-	(*DescribeQuery)(nil),         // 59: warden.shard.v1.DescribeQuery
-	(*ScanQuery)(nil),             // 60: warden.shard.v1.ScanQuery
-	(*MetaQuery)(nil),             // 61: warden.shard.v1.MetaQuery
-	(*HotQuery)(nil),              // 62: warden.shard.v1.HotQuery
-	(*QueryResult)(nil),           // 63: warden.shard.v1.QueryResult
+	(*UnfreezePoolCmd)(nil),       // 46: warden.shard.v1.UnfreezePoolCmd
+	(*ActivateRangeCmd)(nil),      // 47: warden.shard.v1.ActivateRangeCmd
+	(*ReleaseRangeCmd)(nil),       // 48: warden.shard.v1.ReleaseRangeCmd
+	(*LockRecord)(nil),            // 49: warden.shard.v1.LockRecord
+	(*WaiterRecord)(nil),          // 50: warden.shard.v1.WaiterRecord
+	(*DedupRecord)(nil),           // 51: warden.shard.v1.DedupRecord
+	(*Query)(nil),                 // 52: warden.shard.v1.Query
+	(*DedupQuery)(nil),            // 53: warden.shard.v1.DedupQuery
+	(*QuotaQuery)(nil),            // 54: warden.shard.v1.QuotaQuery
+	(*ReservationsQuery)(nil),     // 55: warden.shard.v1.ReservationsQuery
+	(*LedgerQuery)(nil),           // 56: warden.shard.v1.LedgerQuery
+	(*QuotaLevel)(nil),            // 57: warden.shard.v1.QuotaLevel
+	(*ExportQuery)(nil),           // 58: warden.shard.v1.ExportQuery
+	(*DigestQuery)(nil),           // 59: warden.shard.v1.DigestQuery
+	(*DescribeQuery)(nil),         // 60: warden.shard.v1.DescribeQuery
+	(*ScanQuery)(nil),             // 61: warden.shard.v1.ScanQuery
+	(*MetaQuery)(nil),             // 62: warden.shard.v1.MetaQuery
+	(*HotQuery)(nil),              // 63: warden.shard.v1.HotQuery
+	(*QueryResult)(nil),           // 64: warden.shard.v1.QueryResult
 }
 var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	3,  // 0: warden.shard.v1.Envelope.acquire:type_name -> warden.shard.v1.AcquireCmd
@@ -5974,8 +6068,8 @@ var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	40, // 8: warden.shard.v1.Envelope.fence_range:type_name -> warden.shard.v1.FenceRangeCmd
 	41, // 9: warden.shard.v1.Envelope.unfence_range:type_name -> warden.shard.v1.UnfenceRangeCmd
 	43, // 10: warden.shard.v1.Envelope.import_range:type_name -> warden.shard.v1.ImportRangeCmd
-	46, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
-	47, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
+	47, // 11: warden.shard.v1.Envelope.activate_range:type_name -> warden.shard.v1.ActivateRangeCmd
+	48, // 12: warden.shard.v1.Envelope.release_range:type_name -> warden.shard.v1.ReleaseRangeCmd
 	17, // 13: warden.shard.v1.Envelope.set_limit:type_name -> warden.shard.v1.SetLimitCmd
 	18, // 14: warden.shard.v1.Envelope.reserve:type_name -> warden.shard.v1.ReserveCmd
 	19, // 15: warden.shard.v1.Envelope.commit:type_name -> warden.shard.v1.CommitCmd
@@ -5987,79 +6081,80 @@ var file_warden_shard_v1_shard_proto_depIdxs = []int32{
 	9,  // 21: warden.shard.v1.Envelope.batch:type_name -> warden.shard.v1.BatchCmd
 	44, // 22: warden.shard.v1.Envelope.new_epoch:type_name -> warden.shard.v1.NewEpochCmd
 	45, // 23: warden.shard.v1.Envelope.revoke:type_name -> warden.shard.v1.RevokeCmd
-	6,  // 24: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
-	7,  // 25: warden.shard.v1.RenewBatchCmd.items:type_name -> warden.shard.v1.RenewCmd
-	10, // 26: warden.shard.v1.BatchCmd.items:type_name -> warden.shard.v1.BatchItem
-	3,  // 27: warden.shard.v1.BatchItem.acquire:type_name -> warden.shard.v1.AcquireCmd
-	11, // 28: warden.shard.v1.BatchItem.release:type_name -> warden.shard.v1.ReleaseCmd
-	13, // 29: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
-	15, // 30: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
-	22, // 31: warden.shard.v1.ForgetCmd.reservations:type_name -> warden.shard.v1.ReservationRef
-	22, // 32: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
-	0,  // 33: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
-	35, // 34: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
-	36, // 35: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
-	37, // 36: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
-	34, // 37: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
-	34, // 38: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
-	25, // 39: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
-	24, // 40: warden.shard.v1.Result.items:type_name -> warden.shard.v1.Result
-	27, // 41: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
-	26, // 42: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
-	1,  // 43: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
-	32, // 44: warden.shard.v1.CompactLedgerCmd.items:type_name -> warden.shard.v1.PoolSeq
-	35, // 45: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
-	37, // 46: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
-	36, // 47: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
-	39, // 48: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
-	39, // 49: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
-	48, // 50: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
-	50, // 51: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
-	49, // 52: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
-	26, // 53: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
-	27, // 54: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
-	28, // 55: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
-	29, // 56: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
-	33, // 57: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
-	30, // 58: warden.shard.v1.RangeRecords.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
-	42, // 59: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
-	36, // 60: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
-	37, // 61: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
-	36, // 62: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
-	59, // 63: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
-	60, // 64: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
-	60, // 65: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
-	61, // 66: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
-	58, // 67: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
-	60, // 68: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
-	62, // 69: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
-	57, // 70: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
-	53, // 71: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
-	54, // 72: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
-	55, // 73: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
-	60, // 74: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
-	60, // 75: warden.shard.v1.Query.compactable:type_name -> warden.shard.v1.ScanQuery
-	52, // 76: warden.shard.v1.Query.dedup:type_name -> warden.shard.v1.DedupQuery
-	26, // 77: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
-	48, // 78: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
-	38, // 79: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
-	12, // 80: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
-	14, // 81: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
-	5,  // 82: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
-	48, // 83: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
-	42, // 84: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
-	56, // 85: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
-	27, // 86: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
-	29, // 87: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
-	21, // 88: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
-	31, // 89: warden.shard.v1.QueryResult.compact:type_name -> warden.shard.v1.CompactLedgerCmd
-	30, // 90: warden.shard.v1.QueryResult.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
-	50, // 91: warden.shard.v1.QueryResult.dedup:type_name -> warden.shard.v1.DedupRecord
-	92, // [92:92] is the sub-list for method output_type
-	92, // [92:92] is the sub-list for method input_type
-	92, // [92:92] is the sub-list for extension type_name
-	92, // [92:92] is the sub-list for extension extendee
-	0,  // [0:92] is the sub-list for field type_name
+	46, // 24: warden.shard.v1.Envelope.unfreeze_pool:type_name -> warden.shard.v1.UnfreezePoolCmd
+	6,  // 25: warden.shard.v1.DropWaitersCmd.items:type_name -> warden.shard.v1.WaiterRef
+	7,  // 26: warden.shard.v1.RenewBatchCmd.items:type_name -> warden.shard.v1.RenewCmd
+	10, // 27: warden.shard.v1.BatchCmd.items:type_name -> warden.shard.v1.BatchItem
+	3,  // 28: warden.shard.v1.BatchItem.acquire:type_name -> warden.shard.v1.AcquireCmd
+	11, // 29: warden.shard.v1.BatchItem.release:type_name -> warden.shard.v1.ReleaseCmd
+	13, // 30: warden.shard.v1.ExpireCmd.items:type_name -> warden.shard.v1.ExpireItem
+	15, // 31: warden.shard.v1.ForgetCmd.dedup:type_name -> warden.shard.v1.DedupRef
+	22, // 32: warden.shard.v1.ForgetCmd.reservations:type_name -> warden.shard.v1.ReservationRef
+	22, // 33: warden.shard.v1.ReclaimCmd.items:type_name -> warden.shard.v1.ReservationRef
+	0,  // 34: warden.shard.v1.Result.code:type_name -> warden.shard.v1.Code
+	35, // 35: warden.shard.v1.Result.lease:type_name -> warden.shard.v1.LeaseInfo
+	36, // 36: warden.shard.v1.Result.range:type_name -> warden.shard.v1.RangeDescriptor
+	37, // 37: warden.shard.v1.Result.config:type_name -> warden.shard.v1.ShardConfig
+	34, // 38: warden.shard.v1.Result.granted:type_name -> warden.shard.v1.WaiterEvent
+	34, // 39: warden.shard.v1.Result.dropped:type_name -> warden.shard.v1.WaiterEvent
+	25, // 40: warden.shard.v1.Result.quota:type_name -> warden.shard.v1.QuotaOutcome
+	24, // 41: warden.shard.v1.Result.items:type_name -> warden.shard.v1.Result
+	27, // 42: warden.shard.v1.QuotaOutcome.reservation:type_name -> warden.shard.v1.ReservationRecord
+	26, // 43: warden.shard.v1.QuotaOutcome.record:type_name -> warden.shard.v1.QuotaRecord
+	1,  // 44: warden.shard.v1.ReservationRecord.state:type_name -> warden.shard.v1.ReservationState
+	32, // 45: warden.shard.v1.CompactLedgerCmd.items:type_name -> warden.shard.v1.PoolSeq
+	35, // 46: warden.shard.v1.WaiterEvent.lease:type_name -> warden.shard.v1.LeaseInfo
+	37, // 47: warden.shard.v1.ShardMeta.config:type_name -> warden.shard.v1.ShardConfig
+	36, // 48: warden.shard.v1.ShardMeta.range:type_name -> warden.shard.v1.RangeDescriptor
+	39, // 49: warden.shard.v1.ShardMeta.fence:type_name -> warden.shard.v1.RangeFence
+	39, // 50: warden.shard.v1.FenceRangeCmd.fence:type_name -> warden.shard.v1.RangeFence
+	49, // 51: warden.shard.v1.RangeRecords.locks:type_name -> warden.shard.v1.LockRecord
+	51, // 52: warden.shard.v1.RangeRecords.dedups:type_name -> warden.shard.v1.DedupRecord
+	50, // 53: warden.shard.v1.RangeRecords.waiters:type_name -> warden.shard.v1.WaiterRecord
+	26, // 54: warden.shard.v1.RangeRecords.quotas:type_name -> warden.shard.v1.QuotaRecord
+	27, // 55: warden.shard.v1.RangeRecords.reservations:type_name -> warden.shard.v1.ReservationRecord
+	28, // 56: warden.shard.v1.RangeRecords.pools:type_name -> warden.shard.v1.PoolRecord
+	29, // 57: warden.shard.v1.RangeRecords.ledger:type_name -> warden.shard.v1.LedgerEvent
+	33, // 58: warden.shard.v1.RangeRecords.reports:type_name -> warden.shard.v1.UsageReport
+	30, // 59: warden.shard.v1.RangeRecords.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
+	42, // 60: warden.shard.v1.ImportRangeCmd.records:type_name -> warden.shard.v1.RangeRecords
+	36, // 61: warden.shard.v1.ActivateRangeCmd.range:type_name -> warden.shard.v1.RangeDescriptor
+	37, // 62: warden.shard.v1.ActivateRangeCmd.config:type_name -> warden.shard.v1.ShardConfig
+	36, // 63: warden.shard.v1.ReleaseRangeCmd.keep:type_name -> warden.shard.v1.RangeDescriptor
+	60, // 64: warden.shard.v1.Query.describe:type_name -> warden.shard.v1.DescribeQuery
+	61, // 65: warden.shard.v1.Query.expired:type_name -> warden.shard.v1.ScanQuery
+	61, // 66: warden.shard.v1.Query.forgettable:type_name -> warden.shard.v1.ScanQuery
+	62, // 67: warden.shard.v1.Query.meta:type_name -> warden.shard.v1.MetaQuery
+	59, // 68: warden.shard.v1.Query.digest:type_name -> warden.shard.v1.DigestQuery
+	61, // 69: warden.shard.v1.Query.timed_out:type_name -> warden.shard.v1.ScanQuery
+	63, // 70: warden.shard.v1.Query.hot:type_name -> warden.shard.v1.HotQuery
+	58, // 71: warden.shard.v1.Query.export:type_name -> warden.shard.v1.ExportQuery
+	54, // 72: warden.shard.v1.Query.quota:type_name -> warden.shard.v1.QuotaQuery
+	55, // 73: warden.shard.v1.Query.reservations:type_name -> warden.shard.v1.ReservationsQuery
+	56, // 74: warden.shard.v1.Query.ledger:type_name -> warden.shard.v1.LedgerQuery
+	61, // 75: warden.shard.v1.Query.reclaimable:type_name -> warden.shard.v1.ScanQuery
+	61, // 76: warden.shard.v1.Query.compactable:type_name -> warden.shard.v1.ScanQuery
+	53, // 77: warden.shard.v1.Query.dedup:type_name -> warden.shard.v1.DedupQuery
+	26, // 78: warden.shard.v1.QuotaLevel.record:type_name -> warden.shard.v1.QuotaRecord
+	49, // 79: warden.shard.v1.QueryResult.lock:type_name -> warden.shard.v1.LockRecord
+	38, // 80: warden.shard.v1.QueryResult.meta:type_name -> warden.shard.v1.ShardMeta
+	12, // 81: warden.shard.v1.QueryResult.expire:type_name -> warden.shard.v1.ExpireCmd
+	14, // 82: warden.shard.v1.QueryResult.forget:type_name -> warden.shard.v1.ForgetCmd
+	5,  // 83: warden.shard.v1.QueryResult.drop:type_name -> warden.shard.v1.DropWaitersCmd
+	49, // 84: warden.shard.v1.QueryResult.hot:type_name -> warden.shard.v1.LockRecord
+	42, // 85: warden.shard.v1.QueryResult.records:type_name -> warden.shard.v1.RangeRecords
+	57, // 86: warden.shard.v1.QueryResult.levels:type_name -> warden.shard.v1.QuotaLevel
+	27, // 87: warden.shard.v1.QueryResult.reservations:type_name -> warden.shard.v1.ReservationRecord
+	29, // 88: warden.shard.v1.QueryResult.ledger:type_name -> warden.shard.v1.LedgerEvent
+	21, // 89: warden.shard.v1.QueryResult.reclaim:type_name -> warden.shard.v1.ReclaimCmd
+	31, // 90: warden.shard.v1.QueryResult.compact:type_name -> warden.shard.v1.CompactLedgerCmd
+	30, // 91: warden.shard.v1.QueryResult.checkpoints:type_name -> warden.shard.v1.LedgerCheckpoint
+	51, // 92: warden.shard.v1.QueryResult.dedup:type_name -> warden.shard.v1.DedupRecord
+	93, // [93:93] is the sub-list for method output_type
+	93, // [93:93] is the sub-list for method input_type
+	93, // [93:93] is the sub-list for extension type_name
+	93, // [93:93] is the sub-list for extension extendee
+	0,  // [0:93] is the sub-list for field type_name
 }
 
 func init() { file_warden_shard_v1_shard_proto_init() }
@@ -6092,6 +6187,7 @@ func file_warden_shard_v1_shard_proto_init() {
 		(*Envelope_Batch)(nil),
 		(*Envelope_NewEpoch)(nil),
 		(*Envelope_Revoke)(nil),
+		(*Envelope_UnfreezePool)(nil),
 	}
 	file_warden_shard_v1_shard_proto_msgTypes[8].OneofWrappers = []any{
 		(*BatchItem_Acquire)(nil),
@@ -6100,7 +6196,7 @@ func file_warden_shard_v1_shard_proto_init() {
 	file_warden_shard_v1_shard_proto_msgTypes[14].OneofWrappers = []any{}
 	file_warden_shard_v1_shard_proto_msgTypes[21].OneofWrappers = []any{}
 	file_warden_shard_v1_shard_proto_msgTypes[31].OneofWrappers = []any{}
-	file_warden_shard_v1_shard_proto_msgTypes[49].OneofWrappers = []any{
+	file_warden_shard_v1_shard_proto_msgTypes[50].OneofWrappers = []any{
 		(*Query_Describe)(nil),
 		(*Query_Expired)(nil),
 		(*Query_Forgettable)(nil),
@@ -6122,7 +6218,7 @@ func file_warden_shard_v1_shard_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_shard_v1_shard_proto_rawDesc), len(file_warden_shard_v1_shard_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   62,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

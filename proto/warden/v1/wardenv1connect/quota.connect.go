@@ -51,6 +51,8 @@ const (
 	// QuotaServiceReportUsageProcedure is the fully-qualified name of the QuotaService's ReportUsage
 	// RPC.
 	QuotaServiceReportUsageProcedure = "/warden.v1.QuotaService/ReportUsage"
+	// QuotaServiceUnfreezeProcedure is the fully-qualified name of the QuotaService's Unfreeze RPC.
+	QuotaServiceUnfreezeProcedure = "/warden.v1.QuotaService/Unfreeze"
 )
 
 // QuotaServiceClient is a client for the warden.v1.QuotaService service.
@@ -61,7 +63,8 @@ type QuotaServiceClient interface {
 	SetLimit(context.Context, *connect.Request[v1.SetLimitRequest]) (*connect.Response[v1.SetLimitResponse], error)
 	// Reserve holds amount on every level of key's path until ttl passes.
 	// Errors: RESOURCE_EXHAUSTED with a QuotaExhausted detail, nothing
-	// charged anywhere; FAILED_PRECONDITION when no level has a limit;
+	// charged anywhere; FAILED_PRECONDITION when no level has a limit, or
+	// with a PoolFrozen detail when the pool is frozen since a restore;
 	// INVALID_ARGUMENT when reservation_id was used with other parameters;
 	// UNAVAILABLE without quorum (fail closed, retry with the same id).
 	Reserve(context.Context, *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error)
@@ -86,6 +89,13 @@ type QuotaServiceClient interface {
 	// with correct, records a correction that sets committed to observed —
 	// once per report_id (a repeat returns the first result).
 	ReportUsage(context.Context, *connect.Request[v1.ReportUsageRequest]) (*connect.Response[v1.ReportUsageResponse], error)
+	// Unfreeze lets a pool that `wardend restore` froze reserve again, its
+	// counters taken as they are (an UNFREEZE ledger event); a correcting
+	// ReportUsage of the pool's root key unfreezes it too. Repeatable:
+	// unfrozen is false when the pool was not frozen. Needs quota_admin on
+	// the pool. Errors: FAILED_PRECONDITION until every replica of the
+	// pool's shard runs a binary that applies it (envelope version 11).
+	Unfreeze(context.Context, *connect.Request[v1.UnfreezeRequest]) (*connect.Response[v1.UnfreezeResponse], error)
 }
 
 // NewQuotaServiceClient constructs a client for the warden.v1.QuotaService service. By default, it
@@ -155,6 +165,13 @@ func NewQuotaServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyIdempotent),
 			connect.WithClientOptions(opts...),
 		),
+		unfreeze: connect.NewClient[v1.UnfreezeRequest, v1.UnfreezeResponse](
+			httpClient,
+			baseURL+QuotaServiceUnfreezeProcedure,
+			connect.WithSchema(quotaServiceMethods.ByName("Unfreeze")),
+			connect.WithIdempotency(connect.IdempotencyIdempotent),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -168,6 +185,7 @@ type quotaServiceClient struct {
 	listReservations *connect.Client[v1.ListReservationsRequest, v1.ListReservationsResponse]
 	listLedger       *connect.Client[v1.ListLedgerRequest, v1.ListLedgerResponse]
 	reportUsage      *connect.Client[v1.ReportUsageRequest, v1.ReportUsageResponse]
+	unfreeze         *connect.Client[v1.UnfreezeRequest, v1.UnfreezeResponse]
 }
 
 // SetLimit calls warden.v1.QuotaService.SetLimit.
@@ -210,6 +228,11 @@ func (c *quotaServiceClient) ReportUsage(ctx context.Context, req *connect.Reque
 	return c.reportUsage.CallUnary(ctx, req)
 }
 
+// Unfreeze calls warden.v1.QuotaService.Unfreeze.
+func (c *quotaServiceClient) Unfreeze(ctx context.Context, req *connect.Request[v1.UnfreezeRequest]) (*connect.Response[v1.UnfreezeResponse], error) {
+	return c.unfreeze.CallUnary(ctx, req)
+}
+
 // QuotaServiceHandler is an implementation of the warden.v1.QuotaService service.
 type QuotaServiceHandler interface {
 	// SetLimit sets a level's limit and fairness weight (idempotent; each
@@ -218,7 +241,8 @@ type QuotaServiceHandler interface {
 	SetLimit(context.Context, *connect.Request[v1.SetLimitRequest]) (*connect.Response[v1.SetLimitResponse], error)
 	// Reserve holds amount on every level of key's path until ttl passes.
 	// Errors: RESOURCE_EXHAUSTED with a QuotaExhausted detail, nothing
-	// charged anywhere; FAILED_PRECONDITION when no level has a limit;
+	// charged anywhere; FAILED_PRECONDITION when no level has a limit, or
+	// with a PoolFrozen detail when the pool is frozen since a restore;
 	// INVALID_ARGUMENT when reservation_id was used with other parameters;
 	// UNAVAILABLE without quorum (fail closed, retry with the same id).
 	Reserve(context.Context, *connect.Request[v1.ReserveRequest]) (*connect.Response[v1.ReserveResponse], error)
@@ -243,6 +267,13 @@ type QuotaServiceHandler interface {
 	// with correct, records a correction that sets committed to observed —
 	// once per report_id (a repeat returns the first result).
 	ReportUsage(context.Context, *connect.Request[v1.ReportUsageRequest]) (*connect.Response[v1.ReportUsageResponse], error)
+	// Unfreeze lets a pool that `wardend restore` froze reserve again, its
+	// counters taken as they are (an UNFREEZE ledger event); a correcting
+	// ReportUsage of the pool's root key unfreezes it too. Repeatable:
+	// unfrozen is false when the pool was not frozen. Needs quota_admin on
+	// the pool. Errors: FAILED_PRECONDITION until every replica of the
+	// pool's shard runs a binary that applies it (envelope version 11).
+	Unfreeze(context.Context, *connect.Request[v1.UnfreezeRequest]) (*connect.Response[v1.UnfreezeResponse], error)
 }
 
 // NewQuotaServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -308,6 +339,13 @@ func NewQuotaServiceHandler(svc QuotaServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyIdempotent),
 		connect.WithHandlerOptions(opts...),
 	)
+	quotaServiceUnfreezeHandler := connect.NewUnaryHandler(
+		QuotaServiceUnfreezeProcedure,
+		svc.Unfreeze,
+		connect.WithSchema(quotaServiceMethods.ByName("Unfreeze")),
+		connect.WithIdempotency(connect.IdempotencyIdempotent),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warden.v1.QuotaService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case QuotaServiceSetLimitProcedure:
@@ -326,6 +364,8 @@ func NewQuotaServiceHandler(svc QuotaServiceHandler, opts ...connect.HandlerOpti
 			quotaServiceListLedgerHandler.ServeHTTP(w, r)
 		case QuotaServiceReportUsageProcedure:
 			quotaServiceReportUsageHandler.ServeHTTP(w, r)
+		case QuotaServiceUnfreezeProcedure:
+			quotaServiceUnfreezeHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -365,4 +405,8 @@ func (UnimplementedQuotaServiceHandler) ListLedger(context.Context, *connect.Req
 
 func (UnimplementedQuotaServiceHandler) ReportUsage(context.Context, *connect.Request[v1.ReportUsageRequest]) (*connect.Response[v1.ReportUsageResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.QuotaService.ReportUsage is not implemented"))
+}
+
+func (UnimplementedQuotaServiceHandler) Unfreeze(context.Context, *connect.Request[v1.UnfreezeRequest]) (*connect.Response[v1.UnfreezeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.QuotaService.Unfreeze is not implemented"))
 }

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file warden/v1/quota.proto.
  */
 export const file_warden_v1_quota: GenFile = /*@__PURE__*/
-  fileDesc("ChV3YXJkZW4vdjEvcXVvdGEucHJvdG8SCXdhcmRlbi52MSI9Cg9TZXRMaW1pdFJlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWxpbWl0GAIgASgDEg4KBndlaWdodBgDIAEoDSI4ChBTZXRMaW1pdFJlc3BvbnNlEiQKBWxldmVsGAEgASgLMhUud2FyZGVuLnYxLlF1b3RhTGV2ZWwibQoOUmVzZXJ2ZVJlcXVlc3QSCwoDa2V5GAEgASgJEg4KBmFtb3VudBgCIAEoAxIWCg5yZXNlcnZhdGlvbl9pZBgDIAEoCRImCgN0dGwYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24ibAoPUmVzZXJ2ZVJlc3BvbnNlEhYKDnJlc2VydmF0aW9uX2lkGAEgASgJEhEKCXJlbWFpbmluZxgCIAEoAxIuCgpleHBpcmVzX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJECg1Db21taXRSZXF1ZXN0EgsKA2tleRgBIAEoCRIWCg5yZXNlcnZhdGlvbl9pZBgCIAEoCRIOCgZhbW91bnQYAyABKAMiIwoOQ29tbWl0UmVzcG9uc2USEQoJY29tbWl0dGVkGAEgASgDIkEKGlF1b3RhU2VydmljZVJlbGVhc2VSZXF1ZXN0EgsKA2tleRgBIAEoCRIWCg5yZXNlcnZhdGlvbl9pZBgCIAEoCSIvChtRdW90YVNlcnZpY2VSZWxlYXNlUmVzcG9uc2USEAoIcmVsZWFzZWQYASABKAgiSAoMUXVlcnlSZXF1ZXN0EgsKA2tleRgBIAEoCRIrCgtjb25zaXN0ZW5jeRgCIAEoDjIWLndhcmRlbi52MS5Db25zaXN0ZW5jeSJ1Cg1RdWVyeVJlc3BvbnNlEiUKBmxldmVscxgBIAMoCzIVLndhcmRlbi52MS5RdW90YUxldmVsEikKBWFzX29mGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpsZWRnZXJfc2VxGAMgASgEIpwBCgpRdW90YUxldmVsEgsKA2tleRgBIAEoCRIRCgloYXNfbGltaXQYAiABKAgSDQoFbGltaXQYAyABKAMSDgoGd2VpZ2h0GAQgASgNEhEKCWNvbW1pdHRlZBgFIAEoAxIQCghyZXNlcnZlZBgGIAEoAxIXCg9leHBpcmVkX3BlbmRpbmcYByABKAMSEQoJcmVtYWluaW5nGAggASgDIk0KF0xpc3RSZXNlcnZhdGlvbnNSZXF1ZXN0EgsKA2tleRgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJhChhMaXN0UmVzZXJ2YXRpb25zUmVzcG9uc2USLAoMcmVzZXJ2YXRpb25zGAEgAygLMhYud2FyZGVuLnYxLlJlc2VydmF0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJyCgtSZXNlcnZhdGlvbhILCgNrZXkYASABKAkSFgoOcmVzZXJ2YXRpb25faWQYAiABKAkSDgoGYW1vdW50GAMgASgDEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIkIKEUxpc3RMZWRnZXJSZXF1ZXN0EgsKA2tleRgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQSDQoFbGltaXQYAyABKA0ibgoSTGlzdExlZGdlclJlc3BvbnNlEiYKBmV2ZW50cxgBIAMoCzIWLndhcmRlbi52MS5MZWRnZXJFdmVudBIwCgtjaGVja3BvaW50cxgCIAMoCzIbLndhcmRlbi52MS5MZWRnZXJDaGVja3BvaW50ImkKEExlZGdlckNoZWNrcG9pbnQSCwoDa2V5GAEgASgJEhMKC3Rocm91Z2hfc2VxGAIgASgEEhEKCWhhc19saW1pdBgDIAEoCBINCgVsaW1pdBgEIAEoAxIRCgljb21taXR0ZWQYBSABKAMi6QEKC0xlZGdlckV2ZW50EgsKA3NlcRgBIAEoBBILCgNrZXkYAiABKAkSDAoEa2luZBgDIAEoCRIOCgZhbW91bnQYBCABKAMSFgoOcmVzZXJ2YXRpb25faWQYBSABKAkSJgoCYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg0KBWxpbWl0GAcgASgDEhAKCHJldHVybmVkGAggASgDEhEKCXJlcG9ydF9pZBgJIAEoCRIuCgpleHBpcmVzX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKDAQoSUmVwb3J0VXNhZ2VSZXF1ZXN0EgsKA2tleRgBIAEoCRIQCghvYnNlcnZlZBgCIAEoAxIRCglyZXBvcnRfaWQYAyABKAkSDwoHY29ycmVjdBgEIAEoCBIZCgxvYnNlcnZlZF9zZXEYBSABKARIAIgBAUIPCg1fb2JzZXJ2ZWRfc2VxIkoKE1JlcG9ydFVzYWdlUmVzcG9uc2USDQoFZHJpZnQYASABKAMSJAoFbGV2ZWwYAiABKAsyFS53YXJkZW4udjEuUXVvdGFMZXZlbCJyCg5RdW90YUV4aGF1c3RlZBINCgVsZXZlbBgBIAEoCRIRCglyZW1haW5pbmcYAiABKAMSLgoLcmV0cnlfYWZ0ZXIYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGcmVhc29uGAQgASgJKl8KC0NvbnNpc3RlbmN5EhsKF0NPTlNJU1RFTkNZX1VOU1BFQ0lGSUVEEAASHAoYQ09OU0lTVEVOQ1lfTElORUFSSVpBQkxFEAESFQoRQ09OU0lTVEVOQ1lfU1RBTEUQAjKIBQoMUXVvdGFTZXJ2aWNlEkgKCFNldExpbWl0Ehoud2FyZGVuLnYxLlNldExpbWl0UmVxdWVzdBobLndhcmRlbi52MS5TZXRMaW1pdFJlc3BvbnNlIgOQAgISRQoHUmVzZXJ2ZRIZLndhcmRlbi52MS5SZXNlcnZlUmVxdWVzdBoaLndhcmRlbi52MS5SZXNlcnZlUmVzcG9uc2UiA5ACAhJCCgZDb21taXQSGC53YXJkZW4udjEuQ29tbWl0UmVxdWVzdBoZLndhcmRlbi52MS5Db21taXRSZXNwb25zZSIDkAICEl0KB1JlbGVhc2USJS53YXJkZW4udjEuUXVvdGFTZXJ2aWNlUmVsZWFzZVJlcXVlc3QaJi53YXJkZW4udjEuUXVvdGFTZXJ2aWNlUmVsZWFzZVJlc3BvbnNlIgOQAgISPwoFUXVlcnkSFy53YXJkZW4udjEuUXVlcnlSZXF1ZXN0Ghgud2FyZGVuLnYxLlF1ZXJ5UmVzcG9uc2UiA5ACARJgChBMaXN0UmVzZXJ2YXRpb25zEiIud2FyZGVuLnYxLkxpc3RSZXNlcnZhdGlvbnNSZXF1ZXN0GiMud2FyZGVuLnYxLkxpc3RSZXNlcnZhdGlvbnNSZXNwb25zZSIDkAIBEk4KCkxpc3RMZWRnZXISHC53YXJkZW4udjEuTGlzdExlZGdlclJlcXVlc3QaHS53YXJkZW4udjEuTGlzdExlZGdlclJlc3BvbnNlIgOQAgESUQoLUmVwb3J0VXNhZ2USHS53YXJkZW4udjEuUmVwb3J0VXNhZ2VSZXF1ZXN0Gh4ud2FyZGVuLnYxLlJlcG9ydFVzYWdlUmVzcG9uc2UiA5ACAkI3WjVnaXRodWIuY29tL3dhcmRlbi1kZXYvd2FyZGVuL3Byb3RvL3dhcmRlbi92MTt3YXJkZW52MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChV3YXJkZW4vdjEvcXVvdGEucHJvdG8SCXdhcmRlbi52MSI9Cg9TZXRMaW1pdFJlcXVlc3QSCwoDa2V5GAEgASgJEg0KBWxpbWl0GAIgASgDEg4KBndlaWdodBgDIAEoDSI4ChBTZXRMaW1pdFJlc3BvbnNlEiQKBWxldmVsGAEgASgLMhUud2FyZGVuLnYxLlF1b3RhTGV2ZWwibQoOUmVzZXJ2ZVJlcXVlc3QSCwoDa2V5GAEgASgJEg4KBmFtb3VudBgCIAEoAxIWCg5yZXNlcnZhdGlvbl9pZBgDIAEoCRImCgN0dGwYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24ibAoPUmVzZXJ2ZVJlc3BvbnNlEhYKDnJlc2VydmF0aW9uX2lkGAEgASgJEhEKCXJlbWFpbmluZxgCIAEoAxIuCgpleHBpcmVzX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCJECg1Db21taXRSZXF1ZXN0EgsKA2tleRgBIAEoCRIWCg5yZXNlcnZhdGlvbl9pZBgCIAEoCRIOCgZhbW91bnQYAyABKAMiIwoOQ29tbWl0UmVzcG9uc2USEQoJY29tbWl0dGVkGAEgASgDIkEKGlF1b3RhU2VydmljZVJlbGVhc2VSZXF1ZXN0EgsKA2tleRgBIAEoCRIWCg5yZXNlcnZhdGlvbl9pZBgCIAEoCSIvChtRdW90YVNlcnZpY2VSZWxlYXNlUmVzcG9uc2USEAoIcmVsZWFzZWQYASABKAgiSAoMUXVlcnlSZXF1ZXN0EgsKA2tleRgBIAEoCRIrCgtjb25zaXN0ZW5jeRgCIAEoDjIWLndhcmRlbi52MS5Db25zaXN0ZW5jeSKFAQoNUXVlcnlSZXNwb25zZRIlCgZsZXZlbHMYASADKAsyFS53YXJkZW4udjEuUXVvdGFMZXZlbBIpCgVhc19vZhgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKbGVkZ2VyX3NlcRgDIAEoBBIOCgZmcm96ZW4YBCABKAginAEKClF1b3RhTGV2ZWwSCwoDa2V5GAEgASgJEhEKCWhhc19saW1pdBgCIAEoCBINCgVsaW1pdBgDIAEoAxIOCgZ3ZWlnaHQYBCABKA0SEQoJY29tbWl0dGVkGAUgASgDEhAKCHJlc2VydmVkGAYgASgDEhcKD2V4cGlyZWRfcGVuZGluZxgHIAEoAxIRCglyZW1haW5pbmcYCCABKAMiTQoXTGlzdFJlc2VydmF0aW9uc1JlcXVlc3QSCwoDa2V5GAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJImEKGExpc3RSZXNlcnZhdGlvbnNSZXNwb25zZRIsCgxyZXNlcnZhdGlvbnMYASADKAsyFi53YXJkZW4udjEuUmVzZXJ2YXRpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInIKC1Jlc2VydmF0aW9uEgsKA2tleRgBIAEoCRIWCg5yZXNlcnZhdGlvbl9pZBgCIAEoCRIOCgZhbW91bnQYAyABKAMSLgoKZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiQgoRTGlzdExlZGdlclJlcXVlc3QSCwoDa2V5GAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoBBINCgVsaW1pdBgDIAEoDSJuChJMaXN0TGVkZ2VyUmVzcG9uc2USJgoGZXZlbnRzGAEgAygLMhYud2FyZGVuLnYxLkxlZGdlckV2ZW50EjAKC2NoZWNrcG9pbnRzGAIgAygLMhsud2FyZGVuLnYxLkxlZGdlckNoZWNrcG9pbnQiaQoQTGVkZ2VyQ2hlY2twb2ludBILCgNrZXkYASABKAkSEwoLdGhyb3VnaF9zZXEYAiABKAQSEQoJaGFzX2xpbWl0GAMgASgIEg0KBWxpbWl0GAQgASgDEhEKCWNvbW1pdHRlZBgFIAEoAyLpAQoLTGVkZ2VyRXZlbnQSCwoDc2VxGAEgASgEEgsKA2tleRgCIAEoCRIMCgRraW5kGAMgASgJEg4KBmFtb3VudBgEIAEoAxIWCg5yZXNlcnZhdGlvbl9pZBgFIAEoCRImCgJhdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFbGltaXQYByABKAMSEAoIcmV0dXJuZWQYCCABKAMSEQoJcmVwb3J0X2lkGAkgASgJEi4KCmV4cGlyZXNfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIoMBChJSZXBvcnRVc2FnZVJlcXVlc3QSCwoDa2V5GAEgASgJEhAKCG9ic2VydmVkGAIgASgDEhEKCXJlcG9ydF9pZBgDIAEoCRIPCgdjb3JyZWN0GAQgASgIEhkKDG9ic2VydmVkX3NlcRgFIAEoBEgAiAEBQg8KDV9vYnNlcnZlZF9zZXEiSgoTUmVwb3J0VXNhZ2VSZXNwb25zZRINCgVkcmlmdBgBIAEoAxIkCgVsZXZlbBgCIAEoCzIVLndhcmRlbi52MS5RdW90YUxldmVsIh8KD1VuZnJlZXplUmVxdWVzdBIMCgRwb29sGAEgASgJIiQKEFVuZnJlZXplUmVzcG9uc2USEAoIdW5mcm96ZW4YASABKAgiKgoKUG9vbEZyb3plbhIMCgRwb29sGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJyCg5RdW90YUV4aGF1c3RlZBINCgVsZXZlbBgBIAEoCRIRCglyZW1haW5pbmcYAiABKAMSLgoLcmV0cnlfYWZ0ZXIYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGcmVhc29uGAQgASgJKl8KC0NvbnNpc3RlbmN5EhsKF0NPTlNJU1RFTkNZX1VOU1BFQ0lGSUVEEAASHAoYQ09OU0lTVEVOQ1lfTElORUFSSVpBQkxFEAESFQoRQ09OU0lTVEVOQ1lfU1RBTEUQAjLSBQoMUXVvdGFTZXJ2aWNlEkgKCFNldExpbWl0Ehoud2FyZGVuLnYxLlNldExpbWl0UmVxdWVzdBobLndhcmRlbi52MS5TZXRMaW1pdFJlc3BvbnNlIgOQAgISRQoHUmVzZXJ2ZRIZLndhcmRlbi52MS5SZXNlcnZlUmVxdWVzdBoaLndhcmRlbi52MS5SZXNlcnZlUmVzcG9uc2UiA5ACAhJCCgZDb21taXQSGC53YXJkZW4udjEuQ29tbWl0UmVxdWVzdBoZLndhcmRlbi52MS5Db21taXRSZXNwb25zZSIDkAICEl0KB1JlbGVhc2USJS53YXJkZW4udjEuUXVvdGFTZXJ2aWNlUmVsZWFzZVJlcXVlc3QaJi53YXJkZW4udjEuUXVvdGFTZXJ2aWNlUmVsZWFzZVJlc3BvbnNlIgOQAgISPwoFUXVlcnkSFy53YXJkZW4udjEuUXVlcnlSZXF1ZXN0Ghgud2FyZGVuLnYxLlF1ZXJ5UmVzcG9uc2UiA5ACARJgChBMaXN0UmVzZXJ2YXRpb25zEiIud2FyZGVuLnYxLkxpc3RSZXNlcnZhdGlvbnNSZXF1ZXN0GiMud2FyZGVuLnYxLkxpc3RSZXNlcnZhdGlvbnNSZXNwb25zZSIDkAIBEk4KCkxpc3RMZWRnZXISHC53YXJkZW4udjEuTGlzdExlZGdlclJlcXVlc3QaHS53YXJkZW4udjEuTGlzdExlZGdlclJlc3BvbnNlIgOQAgESUQoLUmVwb3J0VXNhZ2USHS53YXJkZW4udjEuUmVwb3J0VXNhZ2VSZXF1ZXN0Gh4ud2FyZGVuLnYxLlJlcG9ydFVzYWdlUmVzcG9uc2UiA5ACAhJICghVbmZyZWV6ZRIaLndhcmRlbi52MS5VbmZyZWV6ZVJlcXVlc3QaGy53YXJkZW4udjEuVW5mcmVlemVSZXNwb25zZSIDkAICQjdaNWdpdGh1Yi5jb20vd2FyZGVuLWRldi93YXJkZW4vcHJvdG8vd2FyZGVuL3YxO3dhcmRlbnYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * @generated from message warden.v1.SetLimitRequest
@@ -258,6 +258,14 @@ export type QueryResponse = Message<"warden.v1.QueryResponse"> & {
    * @generated from field: uint64 ledger_seq = 3;
    */
   ledgerSeq: bigint;
+
+  /**
+   * Frozen: the pool was restored from a backup and refuses Reserve until
+   * an operator corrects its usage or unfreezes it (QuotaService.Unfreeze).
+   *
+   * @generated from field: bool frozen = 4;
+   */
+  frozen: boolean;
 };
 
 /**
@@ -646,6 +654,74 @@ export const ReportUsageResponseSchema: GenMessage<ReportUsageResponse> = /*@__P
   messageDesc(file_warden_v1_quota, 19);
 
 /**
+ * @generated from message warden.v1.UnfreezeRequest
+ */
+export type UnfreezeRequest = Message<"warden.v1.UnfreezeRequest"> & {
+  /**
+   * Pool is a pool: a quota key of one segment.
+   *
+   * @generated from field: string pool = 1;
+   */
+  pool: string;
+};
+
+/**
+ * Describes the message warden.v1.UnfreezeRequest.
+ * Use `create(UnfreezeRequestSchema)` to create a new message.
+ */
+export const UnfreezeRequestSchema: GenMessage<UnfreezeRequest> = /*@__PURE__*/
+  messageDesc(file_warden_v1_quota, 20);
+
+/**
+ * @generated from message warden.v1.UnfreezeResponse
+ */
+export type UnfreezeResponse = Message<"warden.v1.UnfreezeResponse"> & {
+  /**
+   * Unfrozen is false when the pool was not frozen (nothing changed).
+   *
+   * @generated from field: bool unfrozen = 1;
+   */
+  unfrozen: boolean;
+};
+
+/**
+ * Describes the message warden.v1.UnfreezeResponse.
+ * Use `create(UnfreezeResponseSchema)` to create a new message.
+ */
+export const UnfreezeResponseSchema: GenMessage<UnfreezeResponse> = /*@__PURE__*/
+  messageDesc(file_warden_v1_quota, 21);
+
+/**
+ * PoolFrozen is the detail of a FAILED_PRECONDITION Reserve under a pool
+ * that `wardend restore` froze: its counters are the backup's and do not
+ * count what was reserved or committed after the backup, so it grants
+ * nothing until an operator records observed usage (ReportUsage with
+ * correct on the pool) or unfreezes it (QuotaService.Unfreeze).
+ *
+ * @generated from message warden.v1.PoolFrozen
+ */
+export type PoolFrozen = Message<"warden.v1.PoolFrozen"> & {
+  /**
+   * @generated from field: string pool = 1;
+   */
+  pool: string;
+
+  /**
+   * Reason is RESTORED.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message warden.v1.PoolFrozen.
+ * Use `create(PoolFrozenSchema)` to create a new message.
+ */
+export const PoolFrozenSchema: GenMessage<PoolFrozen> = /*@__PURE__*/
+  messageDesc(file_warden_v1_quota, 22);
+
+/**
  * QuotaExhausted is the detail of a RESOURCE_EXHAUSTED Reserve.
  *
  * @generated from message warden.v1.QuotaExhausted
@@ -684,7 +760,7 @@ export type QuotaExhausted = Message<"warden.v1.QuotaExhausted"> & {
  * Use `create(QuotaExhaustedSchema)` to create a new message.
  */
 export const QuotaExhaustedSchema: GenMessage<QuotaExhausted> = /*@__PURE__*/
-  messageDesc(file_warden_v1_quota, 20);
+  messageDesc(file_warden_v1_quota, 23);
 
 /**
  * Consistency of a Query.
@@ -745,7 +821,8 @@ export const QuotaService: GenService<{
   /**
    * Reserve holds amount on every level of key's path until ttl passes.
    * Errors: RESOURCE_EXHAUSTED with a QuotaExhausted detail, nothing
-   * charged anywhere; FAILED_PRECONDITION when no level has a limit;
+   * charged anywhere; FAILED_PRECONDITION when no level has a limit, or
+   * with a PoolFrozen detail when the pool is frozen since a restore;
    * INVALID_ARGUMENT when reservation_id was used with other parameters;
    * UNAVAILABLE without quorum (fail closed, retry with the same id).
    *
@@ -824,6 +901,21 @@ export const QuotaService: GenService<{
     methodKind: "unary";
     input: typeof ReportUsageRequestSchema;
     output: typeof ReportUsageResponseSchema;
+  },
+  /**
+   * Unfreeze lets a pool that `wardend restore` froze reserve again, its
+   * counters taken as they are (an UNFREEZE ledger event); a correcting
+   * ReportUsage of the pool's root key unfreezes it too. Repeatable:
+   * unfrozen is false when the pool was not frozen. Needs quota_admin on
+   * the pool. Errors: FAILED_PRECONDITION until every replica of the
+   * pool's shard runs a binary that applies it (envelope version 11).
+   *
+   * @generated from rpc warden.v1.QuotaService.Unfreeze
+   */
+  unfreeze: {
+    methodKind: "unary";
+    input: typeof UnfreezeRequestSchema;
+    output: typeof UnfreezeResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_warden_v1_quota, 0);
