@@ -101,9 +101,10 @@ type Cluster struct {
 	// Router routes over the nodes; Nodes[i] runs cfg.Nodes[i].
 	Router *router.Router
 	Nodes  []router.LocalNode
-	// Modes[i] is how Nodes[i] started.
-	Modes  []StartMode
-	agents []*placement.Agent
+	// Modes[i] is how Nodes[i] started; statuses[i] its startStatus.
+	Modes    []StartMode
+	statuses []string
+	agents   []*placement.Agent
 	// driving is set while the loop's operator driver runs.
 	// peers are the addresses rememberPeers wrote last (the loop's alone).
 	peers   []string
@@ -143,6 +144,8 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			return nil, err
 		}
 		c.Modes = append(c.Modes, mode)
+		// Before OpenIdentity writes anything the next start would read.
+		c.statuses = append(c.statuses, nodeStatus(spec, cfg))
 	}
 	p := router.NewPeers(cfg.Router.ClusterSecret, peerTLS)
 	ids := make([]placement.Identity, len(cfg.Nodes))
@@ -153,8 +156,9 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			return nil, err
 		}
 		ids[i] = id
-		if c.Modes[i] == ModeNewCluster {
-			if err := c.probeIdentity(p, spec, id, nil); err != nil {
+		if c.Modes[i] == ModeNewCluster || c.Modes[i] == ModeRestore {
+			// State the cluster has not seen: confirmed before Raft starts.
+			if err := c.confirmIdentity(p, spec, id, c.statuses[i]); err != nil {
 				_ = id.Forget(spec.DataDir)
 				c.closeNodes()
 				return nil, err
@@ -263,17 +267,14 @@ func isMember(members []Member, id uint64) bool {
 }
 
 // probeIdentity asks the other nodes it knows (the initial members, the
-// join addresses and known), before the node starts a data replica,
-// whether their placement group knows it under another incarnation, or
-// removed it: an initial member on a freshly initialised directory,
-// before it starts any replica (its own check, placement.Bootstrap,
-// comes only after its placement replica has started, and in that
-// window an empty replica could acknowledge entries under the old id),
-// and a node restarting from its directory (a node removed from the
-// cluster, whose replicas were removed from their groups, would
-// otherwise wait for a placement group that no longer answers it).
-// Peers that do not answer (a cluster being created, or all restarting)
-// are not waited for: the later checks decide.
+// join addresses and known), before a node restarting from its directory
+// starts a data replica, whether their placement group knows it under
+// another incarnation, or removed it (a node removed from the cluster,
+// whose replicas were removed from their groups, would otherwise wait
+// for a placement group that no longer answers it). Peers that do not
+// answer (all restarting) are not waited for: the directory's Raft state
+// is the node's own, and the later checks decide. A directory new in
+// this start is confirmed before Raft starts instead (confirmIdentity).
 func (c *Cluster) probeIdentity(p *router.Peers, spec NodeSpec, id placement.Identity, known []string) error {
 	var seeds []string
 	for _, m := range c.cfg.Members {

@@ -10,6 +10,7 @@ import (
 	_ "net/http/pprof" // served only on Config.PprofAddr
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -105,6 +106,29 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server: listen: %w", err)
 	}
 	s := &Server{ln: ln, failed: make(chan error, 1)}
+	// The listener answers while the cluster starts: another starting
+	// node asks how this one starts (router.NewStartingHandler), which
+	// its identity check waits for (confirmIdentity).
+	var handler atomic.Pointer[http.Handler]
+	starting := router.NewStartingHandler(router.Config{}, "") // a dev cluster serves no node API
+	if cfg.Dev == nil {
+		rc := cfg.Cluster.Router
+		rc.PeerTLS = cfg.TLS != nil // with peer material, checked above
+		starting = router.NewStartingHandler(rc, StartingStatus(cfg.Cluster))
+	}
+	handler.Store(&starting)
+	s.http = newHTTPServer(withCORS(grpcWebText(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		(*handler.Load()).ServeHTTP(w, req)
+	}), maxTextRequestBytes), cfg.CORSOrigins), cfg.TLS != nil)
+	serve := ln
+	if cfg.TLS != nil {
+		serve = tls.NewListener(ln, cfg.TLS.ServerConfig())
+	}
+	go func() {
+		if err := s.http.Serve(serve); !errors.Is(err, http.ErrServerClosed) {
+			s.failed <- err
+		}
+	}()
 	if cfg.Dev != nil {
 		dev := *cfg.Dev
 		dev.Router.ClientTLS = cfg.TLS != nil
@@ -121,28 +145,21 @@ func Start(cfg Config) (*Server, error) {
 		s.Cluster, err = StartCluster(cc)
 	}
 	if err != nil {
+		s.http.Close()
 		ln.Close()
 		return nil, err
 	}
 	if cfg.PprofAddr != "" {
 		if s.pprof, err = net.Listen("tcp", cfg.PprofAddr); err != nil {
-			ln.Close()
+			s.http.Close()
 			s.Cluster.Close()
 			return nil, fmt.Errorf("server: pprof-addr: %w", err)
 		}
 		// net/http/pprof registers its handlers on the default mux.
 		go func() { _ = http.Serve(s.pprof, http.DefaultServeMux) }()
 	}
-	s.http = newHTTPServer(withCORS(grpcWebText(router.NewHandler(s.Cluster.Router), maxTextRequestBytes), cfg.CORSOrigins), cfg.TLS != nil)
-	serve := ln
-	if cfg.TLS != nil {
-		serve = tls.NewListener(ln, cfg.TLS.ServerConfig())
-	}
-	go func() {
-		if err := s.http.Serve(serve); !errors.Is(err, http.ErrServerClosed) {
-			s.failed <- err
-		}
-	}()
+	full := router.NewHandler(s.Cluster.Router)
+	handler.Store(&full)
 	return s, nil
 }
 

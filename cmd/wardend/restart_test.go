@@ -251,3 +251,68 @@ func TestClusterCaseL19FullRestart(t *testing.T) {
 		}
 	}
 }
+
+// A wiped member started with --initial-cluster-state new while the two
+// other members are paused (SIGSTOP) for longer than a probe's 3 s must
+// not start Raft on the timeout: it waits, saying why, with no Raft state
+// in its directory. Resumed, the others answer with the placement state,
+// which knows node 3 under its old incarnation, and node 3 exits naming
+// it; the cluster serves every lease. Before, node 3 gave up on the
+// probe after 3 s and started its empty placement replica, a voter that
+// forgot what it acknowledged.
+func TestClusterWipedNodeWaitsForPausedPeers(t *testing.T) {
+	c := startProcCluster(t)
+	leases := c.holdMany("held", 8, 10*time.Minute)
+	wiped := c.nodes[2]
+	c.kill(2)
+	if err := os.RemoveAll(wiped.dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes[:2] {
+		if err := n.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		n.up.Store(false)
+	}
+	c.extra[2] = []string{"--initial-cluster-state", "new"}
+	c.start(2)
+	c.extra[2] = nil
+	// Real time must pass: longer than a probe's timeout, twice.
+	deadline := time.Now().Add(8 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-wiped.exited:
+			t.Fatalf("node 3 exited (%v) while the others were paused:\n%s", err, lastLines(wiped.log.String(), 20))
+		case <-time.After(200 * time.Millisecond):
+		}
+		for _, sub := range []string{"nodehost", "wal"} {
+			if _, err := os.Stat(filepath.Join(wiped.dir, sub)); err == nil {
+				t.Fatalf("node 3 started Raft (%s/ exists) without the cluster's confirmation:\n%s", sub, lastLines(wiped.log.String(), 20))
+			}
+		}
+	}
+	if !strings.Contains(wiped.log.String(), "waiting for the cluster to confirm") {
+		t.Fatalf("node 3 does not say why it waits:\n%s", lastLines(wiped.log.String(), 20))
+	}
+	for _, n := range c.nodes[:2] {
+		if err := n.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		n.up.Store(true)
+	}
+	select {
+	case err := <-wiped.exited:
+		wiped.cmd, wiped.exited = nil, nil
+		wiped.up.Store(false)
+		if err == nil || !strings.Contains(wiped.log.String(), "incarnation") {
+			t.Fatalf("node 3 exited (%v) without naming its incarnation:\n%s", err, lastLines(wiped.log.String(), 20))
+		}
+		t.Logf("node 3 refused once the others resumed: %s", lastLines(strings.TrimSpace(wiped.log.String()), 1))
+	case <-time.After(90 * time.Second):
+		t.Fatalf("node 3 neither refused nor stopped waiting after the others resumed:\n%s", lastLines(wiped.log.String(), 20))
+	}
+	c.waitServing(0)
+	c.waitServing(1)
+	c.checkLeases(leases)
+	c.checkNextTokens(leases)
+}
