@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The backup and restore figures of docs/perf: a three-process cluster
 # from deploy/local under the reference profile (scale 1: 100,000
-# resources, 20,000 held locks) for 20 s, then warden admin backup while
+# resources, 20,000 held locks) for 20 s, then warden admin backup (signed) while
 # the locks are still held, the cluster stopped, wardend restore of each
 # node into a second cluster directory, and that cluster started; each
 # step timed. Everything it starts is stopped when it ends. Environment:
@@ -22,14 +22,15 @@ WARDEN_CLUSTER_DIR=$a deploy/local/cluster.sh start >/dev/null
 eps=""
 for n in 1 2 3; do eps+="${eps:+,}http://127.0.0.1:$((WARDEN_LISTEN_BASE + n))"; done
 timeout 10m ./bin/warden-load run --target warden --endpoints "$eps" --profile reference --scale 1 --duration 20s --out "$work/load" 2>&1 | tail -1
+./bin/warden admin backup-key --out "$work/backup.key" >/dev/null
 s=$(now)
-./bin/warden --addr "http://127.0.0.1:$((WARDEN_LISTEN_BASE + 1))" admin backup --out "$bk" | head -2
+./bin/warden --addr "http://127.0.0.1:$((WARDEN_LISTEN_BASE + 1))" admin backup --out "$bk" --signing-key "$work/backup.key" | head -2
 echo "backup: $(echo "$(now) - $s" | bc) s, $(du -sb "$bk" | cut -f1) bytes"
 WARDEN_CLUSTER_DIR=$a deploy/local/cluster.sh stop >/dev/null
 mkdir -p "$b" && cp "$a/cluster-secret" "$b/"
 s=$(now)
 for n in 1 2 3; do
-	./bin/wardend restore --from "$bk" --node-id "$n" --zone "az$n" --data-dir "$b/node-$n" >/dev/null
+	./bin/wardend restore --from "$bk" --verify-key "$work/backup.key.pub" --node-id "$n" --zone "az$n" --data-dir "$b/node-$n" >/dev/null
 	touch "$b/node-$n.created" # cluster.sh: not a first start
 done
 echo "restore of three nodes: $(echo "$(now) - $s" | bc) s"

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -33,15 +34,51 @@ type Backup struct {
 	State *placementv1.State
 }
 
-// OpenBackup reads the backup in dir: its manifest, and every file the
-// manifest lists, each checked against the manifest's size and SHA-256.
-// A missing, damaged or altered file is an error naming it (and, for a
-// checksum, both digests); nothing is restored from a backup that fails.
-func OpenBackup(dir string) (*Backup, error) {
+// BackupTrust is what OpenBackup requires of a backup's signature
+// (SignatureFile). Exactly one is set: a backup holds the auth state, so
+// whoever could write one could plant credentials, and a restore either
+// checks who signed it or says on purpose that it does not.
+type BackupTrust struct {
+	// Key, if set, must have signed the manifest (wardend restore
+	// --verify-key): an unsigned backup, one signed by another key, and
+	// one whose manifest or any file changed since it was signed are
+	// refused, naming the signature.
+	Key ed25519.PublicKey
+	// AllowUnsigned restores without checking a signature (wardend
+	// restore --allow-unsigned), for backups taken without
+	// --signing-key; the files are still checked against the manifest.
+	AllowUnsigned bool
+}
+
+// OpenBackup reads the backup in dir: its manifest, its signature as
+// trust requires (VerifyManifest, before the manifest is parsed), and
+// every file the manifest lists, each checked against the manifest's
+// size and SHA-256. A missing, damaged or altered file is an error naming
+// it (and, for a checksum, both digests); nothing is restored from a
+// backup that fails.
+func OpenBackup(dir string, trust BackupTrust) (*Backup, error) {
 	path := filepath.Join(dir, ManifestFile)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("restore: %w", err)
+	}
+	switch {
+	case trust.Key != nil && trust.AllowUnsigned:
+		return nil, errors.New("restore: --verify-key and --allow-unsigned exclude each other")
+	case trust.Key != nil:
+		sig, err := os.ReadFile(filepath.Join(dir, SignatureFile))
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("restore: %w: backup %s is not signed (no %s): it was taken without warden admin backup --signing-key, "+
+				"or its signature was removed; restore it with --allow-unsigned only if you know where it came from", ErrSignature, dir, SignatureFile)
+		} else if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		if err := VerifyManifest(trust.Key, b, sig); err != nil {
+			return nil, fmt.Errorf("restore: backup %s: %w", dir, err)
+		}
+	case !trust.AllowUnsigned:
+		return nil, errors.New("restore: give --verify-key FILE.pub (the public key of the warden admin backup-key pair whose private key signed the backup), " +
+			"or --allow-unsigned to restore without checking who wrote the backup: it holds the auth state, so whoever can write it can plant credentials")
 	}
 	man := &wardenv1.BackupManifest{}
 	if err := protojson.Unmarshal(b, man); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/server"
 )
 
 type backupCmd struct {
@@ -27,8 +29,50 @@ type backupCmd struct {
 	Retries  int           `default:"3" help:"How many times to start again when a split or move began during the backup."`
 	// Timestamped and Keep serve timers and CronJobs, which have no shell
 	// to name each backup or to prune old ones.
-	Timestamped bool `help:"Put the backup in a new directory inside --out (which must exist), named by the time it began: warden-backup-20261206T041500.000Z."`
-	Keep        int  `help:"With --timestamped, keep only the newest N warden-backup-* directories in --out once this one succeeded (0: keep all)."`
+	Timestamped bool   `help:"Put the backup in a new directory inside --out (which must exist), named by the time it began: warden-backup-20261206T041500.000Z."`
+	Keep        int    `help:"With --timestamped, keep only the newest N warden-backup-* directories in --out once this one succeeded (0: keep all)."`
+	SigningKey  string `name:"signing-key" placeholder:"FILE" help:"Sign the manifest (which holds every file's SHA-256) with this private key (warden admin backup-key --out FILE), into manifest.json.sig: wardend restore --verify-key FILE.pub then refuses a backup that anyone without the key changed."`
+
+	key ed25519.PrivateKey // --signing-key's, read before the backup starts
+}
+
+// backupKeyCmd is warden admin backup-key.
+type backupKeyCmd struct {
+	Out string `required:"" placeholder:"FILE" help:"Write the private key to FILE (mode 0600; give it to warden admin backup --signing-key) and the public key to FILE.pub (for wardend restore --verify-key). Neither may exist."`
+}
+
+// Run writes a new Ed25519 key pair (server.GenerateBackupKey): the
+// private key readable by its owner alone, both created exclusively so
+// an existing key is never overwritten.
+func (k *backupKeyCmd) Run(g *globals) error {
+	private, public, err := server.GenerateBackupKey()
+	if err != nil {
+		return err
+	}
+	if err := writeNew(k.Out, private, 0o600); err != nil {
+		return fmt.Errorf("backup-key: %w", err)
+	}
+	if err := writeNew(k.Out+".pub", public, 0o644); err != nil {
+		os.Remove(k.Out)
+		return fmt.Errorf("backup-key: %w", err)
+	}
+	pub, _ := server.ParseBackupPublicKey(public)
+	fmt.Fprintf(g.out, "backup key %s: private key in %s (keep it secret; warden admin backup --signing-key), public key in %s.pub (wardend restore --verify-key)\n",
+		server.KeyID(pub), k.Out, k.Out)
+	return nil
+}
+
+// writeNew writes b to a new file at path with mode perm, durably.
+func writeNew(path string, b []byte, perm os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	return closeDurably(f)
 }
 
 // backupPrefix names the directories --timestamped makes.
@@ -70,6 +114,15 @@ func (b *backupCmd) Run(g *globals) error {
 		return usage(errors.New("backup: --keep takes a count of backups, with --timestamped"))
 	case b.Timestamped:
 		b.Out = filepath.Join(parent, backupPrefix+time.Now().UTC().Format("20060102T150405.000Z"))
+	}
+	if b.SigningKey != "" {
+		pem, err := os.ReadFile(b.SigningKey)
+		if err != nil {
+			return usage(fmt.Errorf("backup: --signing-key: %w", err))
+		}
+		if b.key, err = server.ParseBackupPrivateKey(pem); err != nil {
+			return usage(fmt.Errorf("backup: --signing-key %s: %w", b.SigningKey, err))
+		}
 	}
 	if err := os.Mkdir(b.Out, 0o700); err != nil {
 		return fmt.Errorf("backup: --out: %w", err)
@@ -184,6 +237,13 @@ func (b *backupCmd) receive(ctx context.Context, admin wardenv1connect.AdminServ
 			}
 			if err := closeDurably(mf); err != nil {
 				return nil, err
+			}
+			if b.key != nil {
+				// The bytes as written: restore verifies the file, not a
+				// re-encoding of it.
+				if err := writeNew(filepath.Join(b.Out, server.SignatureFile), server.SignManifest(b.key, append(text, '\n')), 0o600); err != nil {
+					return nil, err
+				}
 			}
 			d, err := os.Open(b.Out)
 			if err != nil {

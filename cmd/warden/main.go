@@ -124,7 +124,8 @@ type cli struct {
 
 type adminCmd struct {
 	HotResources hotCmd        `cmd:"" name:"hot-resources" help:"Locks with the most waiters and the highest acquire rate."`
-	Backup       backupCmd     `cmd:"" help:"Take a consistent backup of every shard and the placement state into a new directory (wardend restore reads it)."`
+	Backup       backupCmd     `cmd:"" help:"Take a consistent backup of every shard and the placement state into a new directory (wardend restore reads it); --signing-key signs it."`
+	BackupKey    backupKeyCmd  `cmd:"" name:"backup-key" help:"Create an Ed25519 key pair for signing backups: FILE (private, for backup --signing-key) and FILE.pub (for wardend restore --verify-key)."`
 	Nodes        nodesCmd      `cmd:"" help:"List the cluster's nodes and zones."`
 	Node         nodeCmd       `cmd:"" help:"Node lifecycle: remove a node."`
 	Shards       shardsCmd     `cmd:"" help:"List the data shards: ranges, epochs, replicas, leaders, load."`

@@ -169,4 +169,16 @@ func TestBackupTimestampedKeep(t *testing.T) {
 	if _, err := cli("admin", "backup", "--out", parent, "--keep", "2"); exitStatus(err) != exitUsage {
 		t.Fatalf("--keep without --timestamped: %v", err)
 	}
+	// A signing key that is not one is refused before anything is written.
+	notKey := filepath.Join(t.TempDir(), "not-a-key")
+	if err := os.WriteFile(notKey, []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(parent, "signed")
+	if _, err := cli("admin", "backup", "--out", out, "--signing-key", notKey); exitStatus(err) != exitUsage || err == nil || !strings.Contains(err.Error(), "not-a-key") {
+		t.Fatalf("--signing-key of a file that holds no key: %v", err)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("a refused backup created its directory")
+	}
 }

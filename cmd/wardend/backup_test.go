@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"crypto/sha256"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +21,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/internal/ledgertest"
@@ -249,7 +252,7 @@ func TestClusterBackupRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	empty := filepath.Join(t.TempDir(), "node")
-	out, err := exec.Command(binary, "restore", "--from", bad, "--node-id", "1", "--data-dir", empty).CombinedOutput()
+	out, err := exec.Command(binary, "restore", "--allow-unsigned", "--from", bad, "--node-id", "1", "--data-dir", empty).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), name) || !strings.Contains(string(out), "SHA-256") {
 		t.Fatalf("restore from a damaged backup: %v\n%s", err, out)
 	}
@@ -260,13 +263,13 @@ func TestClusterBackupRestore(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(busy, "x"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(binary, "restore", "--from", backupDir, "--node-id", "1", "--data-dir", busy).CombinedOutput(); err == nil || !strings.Contains(string(out), "not empty") {
+	if out, err := exec.Command(binary, "restore", "--allow-unsigned", "--from", backupDir, "--node-id", "1", "--data-dir", busy).CombinedOutput(); err == nil || !strings.Contains(string(out), "not empty") {
 		t.Fatalf("restore into a directory that holds a file: %v\n%s", err, out)
 	}
 
 	// A fresh cluster, on new addresses, restored from the backup.
 	r := newProcCluster(t)
-	r.restore(backupDir)
+	r.restore(backupDir, "--allow-unsigned")
 	r.boot()
 	shards := r.checkShards()
 	if len(shards) != 2 {
@@ -355,29 +358,105 @@ func TestClusterBackupRestore(t *testing.T) {
 }
 
 // The dev cluster's backup and restore, as the README's newcomer would
-// run them: warden admin backup against wardend --dev, wardend restore
-// --dev into a new directory, wardend --dev on it. The held lock comes
-// back with its token, the restored cluster's next token is above it,
-// and a second restore into the same directory is refused.
+// run them: warden admin backup-key, warden admin backup --signing-key
+// against wardend --dev, wardend restore --dev --verify-key into a new
+// directory, wardend --dev on it. The held lock comes back with its
+// token, the restored cluster's next token is above it, and a second
+// restore into the same directory is refused. The key file is its
+// owner's alone. Refused, naming the signature: a byte flipped in any
+// file of the backup with the manifest's SHA-256 recomputed, the backup
+// without its signature, and another key; and with neither --verify-key
+// nor --allow-unsigned, any restore. --allow-unsigned restores the
+// unsigned copy.
 func TestDevBackupRestore(t *testing.T) {
 	src := startServer(t, t.TempDir())
 	held, err := src.acquire("dev/held", "held", 10*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
+	keys := t.TempDir()
+	key, otherKey := filepath.Join(keys, "backup.key"), filepath.Join(keys, "other.key")
+	for _, k := range []string{key, otherKey} {
+		if out, err := exec.Command(cliBinary, "admin", "backup-key", "--out", k).CombinedOutput(); err != nil {
+			t.Fatalf("warden admin backup-key: %v\n%s", err, out)
+		}
+	}
+	if fi, err := os.Stat(key); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the private key file: %v, %v; want mode 0600", fi, err)
+	}
+	if out, err := exec.Command(cliBinary, "admin", "backup-key", "--out", key).CombinedOutput(); err == nil {
+		t.Fatalf("warden admin backup-key overwrote a key:\n%s", out)
+	}
 	dir := filepath.Join(t.TempDir(), "backup")
-	if out, err := exec.Command(cliBinary, "--addr", "http://"+src.addr, "admin", "backup", "--out", dir).CombinedOutput(); err != nil {
+	if out, err := exec.Command(cliBinary, "--addr", "http://"+src.addr, "admin", "backup", "--out", dir, "--signing-key", key).CombinedOutput(); err != nil {
 		t.Fatalf("warden admin backup: %v\n%s", err, out)
 	}
 	src.signal(syscall.SIGTERM)
 	if err := src.waitExit(); err != nil {
 		t.Fatalf("wardend --dev stopping: %v", err)
 	}
+	refused := func(what, from string, want string, flags ...string) {
+		t.Helper()
+		data := filepath.Join(t.TempDir(), "refused")
+		out, err := exec.Command(binary, append([]string{"restore", "--dev", "--from", from, "--data-dir", data}, flags...)...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Fatalf("%s: restore %v; want refused saying %q\n%s", what, err, want, out)
+		}
+		if entries, _ := os.ReadDir(data); len(entries) > 0 {
+			t.Fatalf("%s: the refused restore wrote %d entries", what, len(entries))
+		}
+	}
+	man := &wardenv1.BackupManifest{}
+	text, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := protojson.Unmarshal(text, man); err != nil {
+		t.Fatal(err)
+	}
+	for i := range backupFiles(man) {
+		bad := filepath.Join(t.TempDir(), "bad")
+		if err := os.CopyFS(bad, os.DirFS(dir)); err != nil {
+			t.Fatal(err)
+		}
+		m := proto.CloneOf(man)
+		f := backupFiles(m)[i]
+		b, err := os.ReadFile(filepath.Join(bad, f.GetName()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/2] ^= 0x01
+		sum := sha256.Sum256(b)
+		f.Sha256 = sum[:]
+		text, err := protojson.MarshalOptions{Multiline: true, UseProtoNames: true}.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, content := range map[string][]byte{f.GetName(): b, "manifest.json": text} {
+			if err := os.WriteFile(filepath.Join(bad, name), content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		refused("a flipped byte in "+f.GetName(), bad, "signature", "--verify-key", key+".pub")
+	}
+	unsigned := filepath.Join(t.TempDir(), "unsigned")
+	if err := os.CopyFS(unsigned, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(unsigned, "manifest.json.sig")); err != nil {
+		t.Fatal(err)
+	}
+	refused("an unsigned backup", unsigned, "not signed", "--verify-key", key+".pub")
+	refused("another key", dir, "signature", "--verify-key", otherKey+".pub")
+	refused("neither flag", dir, "--allow-unsigned")
+	if out, err := exec.Command(binary, "restore", "--dev", "--from", unsigned, "--data-dir", filepath.Join(t.TempDir(), "allowed"), "--allow-unsigned").CombinedOutput(); err != nil {
+		t.Fatalf("wardend restore --allow-unsigned of an unsigned backup: %v\n%s", err, out)
+	}
 	data := filepath.Join(t.TempDir(), "restored")
-	if out, err := exec.Command(binary, "restore", "--dev", "--from", dir, "--data-dir", data).CombinedOutput(); err != nil || !strings.Contains(string(out), "wardend --dev --data-dir") {
+	if out, err := exec.Command(binary, "restore", "--dev", "--from", dir, "--data-dir", data, "--verify-key", key+".pub").CombinedOutput(); err != nil || !strings.Contains(string(out), "wardend --dev --data-dir") {
 		t.Fatalf("wardend restore --dev: %v\n%s", err, out)
 	}
-	if out, err := exec.Command(binary, "restore", "--dev", "--from", dir, "--data-dir", data).CombinedOutput(); err == nil || !strings.Contains(string(out), "not empty") {
+	if out, err := exec.Command(binary, "restore", "--dev", "--from", dir, "--data-dir", data, "--verify-key", key+".pub").CombinedOutput(); err == nil || !strings.Contains(string(out), "not empty") {
 		t.Fatalf("a second restore into the same directory: %v\n%s", err, out)
 	}
 	dst := startServer(t, data)
@@ -460,4 +539,79 @@ func poolFrozen(err error) *wardenv1.PoolFrozen {
 		}
 	}
 	return nil
+}
+
+// Node 3 restored alone from an older backup while the cluster runs must
+// not start Raft: it exits naming the placement state it did not create,
+// before its empty placement replica acknowledges anything. Its original
+// directory, put back, then starts and serves, and the cluster keeps
+// every lease. Before, the restored node acknowledged placement entries
+// under node 3's id and then exited; the original directory then panicked
+// on every start ("invalid commitTo index ..."), its log behind what the
+// leader had recorded for it.
+func TestClusterRestoreIntoRunningClusterRefused(t *testing.T) {
+	c := startProcCluster(t)
+	leases := c.holdMany("held", 8, 10*time.Minute)
+	backupDir := filepath.Join(t.TempDir(), "backup")
+	c.backup(0, backupDir)
+	for res, a := range c.holdMany("later", 8, 10*time.Minute) {
+		leases[res] = a
+	}
+	n := c.nodes[2]
+	c.kill(2)
+	orig := n.dir + ".orig"
+	if err := os.Rename(n.dir, orig); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(binary, "restore", "--allow-unsigned", "--from", backupDir, "--node-id", "3", "--zone", n.zone, "--data-dir", n.dir).CombinedOutput(); err != nil {
+		t.Fatalf("wardend restore of node 3: %v\n%s", err, out)
+	}
+	c.expectRefusal(2, "did not create")
+	for _, sub := range []string{"nodehost", "wal"} {
+		if _, err := os.Stat(filepath.Join(n.dir, sub)); err == nil {
+			t.Fatalf("the refused restore started Raft: %s/ exists", sub)
+		}
+	}
+	// The cluster moves on meanwhile, then node 3 gets its own data back.
+	for res, a := range c.holdMany("meanwhile", 8, 10*time.Minute) {
+		leases[res] = a
+	}
+	if err := os.RemoveAll(n.dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(orig, n.dir); err != nil {
+		t.Fatal(err)
+	}
+	c.start(2)
+	c.waitServing(2)
+	c.checkLeases(leases)
+	c.checkNextTokens(leases)
+	// Node 3 serves on: its replicas caught up rather than panicked.
+	if code, body := n.probe(t, "/readyz"); code != http.StatusOK {
+		deadline := time.Now().Add(60 * time.Second)
+		for ; code != http.StatusOK && time.Now().Before(deadline); code, body = n.probe(t, "/readyz") {
+			time.Sleep(200 * time.Millisecond)
+		}
+		if code != http.StatusOK {
+			t.Fatalf("node 3 not ready on its own data: %d %s", code, body)
+		}
+	}
+	select {
+	case err := <-n.exited:
+		t.Fatalf("node 3 exited (%v) on its own data:\n%s", err, lastLines(n.log.String(), 30))
+	default:
+	}
+	if strings.Contains(n.log.String(), "panic") {
+		t.Fatalf("node 3 panicked on its own data:\n%s", lastLines(n.log.String(), 30))
+	}
+}
+
+// backupFiles lists the files man describes: the placement state's, then
+// each shard's.
+func backupFiles(man *wardenv1.BackupManifest) []*wardenv1.BackupFile {
+	out := []*wardenv1.BackupFile{man.GetPlacement()}
+	for _, s := range man.GetShards() {
+		out = append(out, s.GetFile())
+	}
+	return out
 }

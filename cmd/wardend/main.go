@@ -354,7 +354,17 @@ func (a *auditFile) Close() {
 // restore runs wardend restore: it checks the backup whole, then writes
 // the node's (or the dev cluster's) data directory and says how to start.
 func restore(c cli, out io.Writer) error {
-	b, err := server.OpenBackup(c.Restore.From)
+	trust := server.BackupTrust{AllowUnsigned: c.Restore.AllowUnsigned}
+	if c.Restore.VerifyKey != "" {
+		b, err := os.ReadFile(c.Restore.VerifyKey)
+		if err != nil {
+			return fmt.Errorf("restore: --verify-key: %w", err)
+		}
+		if trust.Key, err = server.ParseBackupPublicKey(b); err != nil {
+			return fmt.Errorf("restore: --verify-key %s: %w", c.Restore.VerifyKey, err)
+		}
+	}
+	b, err := server.OpenBackup(c.Restore.From, trust)
 	if err != nil {
 		return err
 	}

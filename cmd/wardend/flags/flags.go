@@ -63,8 +63,10 @@ type CLI struct {
 
 // Restore is wardend restore's own flags.
 type Restore struct {
-	From     string `required:"" placeholder:"DIR" help:"The backup directory (warden admin backup --out DIR)."`
-	MinEpoch uint64 `name:"min-epoch" placeholder:"EPOCH" help:"The lowest fencing-token epoch the restored shards may take: the old cluster's epoch limit (warden admin shards shows it), if it can still be read; never below the backup's. Default: the backup's epoch limit plus 65,536 (placement.RestoreEpochGap). Give every node the same value."`
+	From          string `required:"" placeholder:"DIR" help:"The backup directory (warden admin backup --out DIR)."`
+	VerifyKey     string `name:"verify-key" placeholder:"FILE.pub" help:"The public key (warden admin backup-key --out FILE writes FILE.pub) whose private key signed the backup (warden admin backup --signing-key): an unsigned backup, one signed by another key, and one changed since it was signed are refused. One of --verify-key and --allow-unsigned is required."`
+	AllowUnsigned bool   `name:"allow-unsigned" help:"Restore without checking a signature (a backup taken without --signing-key, or before signatures): a backup holds the auth state, so whoever can write one can plant credentials."`
+	MinEpoch      uint64 `name:"min-epoch" placeholder:"EPOCH" help:"The lowest fencing-token epoch the restored shards may take: the old cluster's epoch limit (warden admin shards shows it), if it can still be read; never below the backup's. Default: the backup's epoch limit plus 65,536 (placement.RestoreEpochGap). Give every node the same value."`
 }
 
 // ResolveNodeID sets NodeID from --node-id-from-ordinal: BASE plus the
