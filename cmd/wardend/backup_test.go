@@ -3,8 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -587,14 +587,12 @@ func TestClusterRestoreIntoRunningClusterRefused(t *testing.T) {
 	c.checkLeases(leases)
 	c.checkNextTokens(leases)
 	// Node 3 serves on: its replicas caught up rather than panicked.
-	if code, body := n.probe(t, "/readyz"); code != http.StatusOK {
-		deadline := time.Now().Add(60 * time.Second)
-		for ; code != http.StatusOK && time.Now().Before(deadline); code, body = n.probe(t, "/readyz") {
-			time.Sleep(200 * time.Millisecond)
-		}
-		if code != http.StatusOK {
+	deadline := time.Now().Add(60 * time.Second)
+	for code, body := n.probe(t, "/readyz"); code != http.StatusOK; code, body = n.probe(t, "/readyz") {
+		if time.Now().After(deadline) {
 			t.Fatalf("node 3 not ready on its own data: %d %s", code, body)
 		}
+		time.Sleep(200 * time.Millisecond)
 	}
 	select {
 	case err := <-n.exited:
