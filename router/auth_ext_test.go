@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -298,5 +299,96 @@ func TestAuthorization(t *testing.T) {
 	}
 	if !sawDenied || !sawTokenID || !sawPrincipal {
 		t.Errorf("audit: denied acquire %v, token id %v, admin's SetLimit %v:\n%s", sawDenied, sawTokenID, sawPrincipal, out)
+	}
+}
+
+// A waiting Acquire ends when the auth state no longer lets its caller
+// wait: unauthenticated when its token is revoked, permission_denied
+// when its principal's binding is removed; and it leaves the queue, so
+// the lock is not granted to it once free.
+func TestAuthChangeEndsWaits(t *testing.T) {
+	c := startAuthCluster(t, nil)
+	anon := c.caller(c.plain)
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	for name, grants := range map[string][]*wardenv1.AuthGrant{
+		"operator": {{Permission: "admin"}, {Permission: "read"}, {Permission: "lock"}},
+		"workers":  {{Permission: "lock", Prefix: "jobs/"}},
+	} {
+		_, err := anon.auth.PutRole(ctx(t), connect.NewRequest(&wardenv1.PutRoleRequest{Role: &wardenv1.AuthRole{Name: name, Grants: grants}}))
+		must("put role "+name, err)
+	}
+	for principal, role := range map[string]string{"admin": "operator", "worker": "workers", "certified": "workers"} {
+		_, err := anon.auth.Bind(ctx(t), connect.NewRequest(&wardenv1.BindRequest{Binding: &wardenv1.AuthBinding{Principal: principal, Role: role}}))
+		must("bind "+principal, err)
+	}
+	tokens := map[string]*wardenv1.CreateTokenResponse{}
+	for _, principal := range []string{"admin", "worker"} {
+		resp, err := anon.auth.CreateToken(ctx(t), connect.NewRequest(&wardenv1.CreateTokenRequest{Principal: principal}))
+		must("create token", err)
+		tokens[principal] = resp.Msg
+	}
+	_, err := anon.auth.SetEnabled(ctx(t), connect.NewRequest(&wardenv1.SetEnabledRequest{Enabled: true}))
+	must("enable", err)
+	admin := c.caller(c.plain, client.WithToken(tokens["admin"].GetToken()))
+	held, err := admin.locks.Acquire(ctx(t), connect.NewRequest(&wardenv1.AcquireRequest{Resource: "jobs/1", RequestId: "held", LeaseTtl: durationpb.New(time.Minute)}))
+	must("admin acquires jobs/1", err)
+	waiters := func(want uint32) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			d, err := admin.locks.Describe(ctx(t), connect.NewRequest(&wardenv1.DescribeRequest{Resource: "jobs/1"}))
+			must("describe", err)
+			if d.Msg.GetWaiters() == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("jobs/1 has %d waiters, want %d", d.Msg.GetWaiters(), want)
+			}
+		}
+	}
+	// wait starts who's Acquire of jobs/1, waiting up to a minute, once
+	// it is queued; the channel gets its error after change ran.
+	wait := func(who caller, requestID string, change func()) error {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() {
+			_, err := who.locks.Acquire(context.Background(), connect.NewRequest(&wardenv1.AcquireRequest{Resource: "jobs/1", RequestId: requestID,
+				LeaseTtl: durationpb.New(time.Minute), WaitTimeout: durationpb.New(time.Minute)}))
+			done <- err
+		}()
+		waiters(1)
+		changed := time.Now()
+		change()
+		select {
+		case err := <-done:
+			t.Logf("%s's wait ended %v after the change", requestID, time.Since(changed).Round(time.Millisecond))
+			waiters(0)
+			return err
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s still waits 20 s after the change", requestID)
+			return nil
+		}
+	}
+	err = wait(c.caller(c.plain, client.WithToken(tokens["worker"].GetToken())), "revoked", func() {
+		_, err := admin.auth.RevokeToken(ctx(t), connect.NewRequest(&wardenv1.RevokeTokenRequest{Id: tokens["worker"].GetId()}))
+		must("revoke", err)
+	})
+	wantCode(t, err, connect.CodeUnauthenticated)
+	err = wait(c.caller(c.withCert("certified")), "unbound", func() {
+		_, err := admin.auth.Unbind(ctx(t), connect.NewRequest(&wardenv1.UnbindRequest{Binding: &wardenv1.AuthBinding{Principal: "certified", Role: "workers"}}))
+		must("unbind", err)
+	})
+	wantDenied(t, "an unbound principal's wait", err, `"certified"`, "lock", `"jobs/1"`)
+	// Released, the lock goes to nobody: neither wait is in the queue.
+	_, err = admin.locks.Release(ctx(t), connect.NewRequest(&wardenv1.ReleaseRequest{Resource: "jobs/1", LeaseId: held.Msg.GetLeaseId()}))
+	must("release", err)
+	d, err := admin.locks.Describe(ctx(t), connect.NewRequest(&wardenv1.DescribeRequest{Resource: "jobs/1"}))
+	must("describe", err)
+	if d.Msg.GetHeld() {
+		t.Fatalf("jobs/1 was granted after its waiters' credentials ended: %v", d.Msg)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -88,6 +89,17 @@ type authState struct {
 	// required: refuse calls while the auth state is unset
 	// (Config.AuthRequired).
 	required bool
+	// mu guards watches: the calls (waiting Acquires) that a newer auth
+	// state checks again (watchCall).
+	mu      sync.Mutex
+	watches map[*authWatch]struct{}
+}
+
+// authWatch is one watched call: check is what it would be answered by
+// a policy (nil if it may go on), cancel ends it with that answer.
+type authWatch struct {
+	check  func(*auth.Policy) error
+	cancel context.CancelCauseFunc
 }
 
 // set records st, read by a read that began at readAt, unless a newer
@@ -107,8 +119,68 @@ func (a *authState) set(st *placementv1.AuthState, readAt time.Time) {
 			}
 		}
 		if a.p.CompareAndSwap(cur, next) {
+			if cur == nil || next.policy.Revision() > cur.policy.Revision() {
+				a.recheck(next.policy)
+			}
 			return
 		}
+	}
+}
+
+// recheck ends every watched call that pol no longer lets go on.
+func (a *authState) recheck(pol *auth.Policy) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for w := range a.watches {
+		if err := w.check(pol); err != nil {
+			w.cancel(err)
+		}
+	}
+}
+
+// watchCall returns a context of ctx, the call of a client (or a
+// forwarded one) that needs perm on resource, that ends when a newer
+// auth state no longer authenticates the call's credentials (its cause
+// then an Unauthenticated error) or no longer allows its principal perm
+// on resource (PermissionDenied): so a revoked token's or an unbound
+// principal's waiting Acquire ends within the time a revocation takes
+// (authMaxStale). The caller calls stop when the call ends. A forwarded
+// call's credentials are checked again by the node that authenticated
+// it, whose own watch ends the forwarded call.
+func (r *Router) watchCall(ctx context.Context, perm auth.Permission, resource string) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	principal := principalOf(ctx)
+	cred, _ := ctx.Value(credentialKey{}).(*http.Request)
+	w := &authWatch{cancel: cancel, check: func(pol *auth.Policy) error {
+		if cred != nil {
+			p, err := authenticateWith(pol, cred)
+			if err != nil {
+				return err
+			}
+			if p != principal {
+				return connect.NewError(connect.CodeUnauthenticated, errors.New("the call's credentials now name another principal"))
+			}
+		}
+		return authorizeWith(pol, principal, perm, "", resource)
+	}}
+	a := &r.auth
+	a.mu.Lock()
+	if a.watches == nil {
+		a.watches = map[*authWatch]struct{}{}
+	}
+	a.watches[w] = struct{}{}
+	a.mu.Unlock()
+	// A change read between the call's checks and now.
+	if v := a.p.Load(); v != nil {
+		if err := w.check(v.policy); err != nil {
+			cancel(err)
+		}
+	}
+	return ctx, func() {
+		a.mu.Lock()
+		delete(a.watches, w)
+		a.mu.Unlock()
+		cancel(nil)
 	}
 }
 
@@ -130,6 +202,11 @@ func (a *authState) policy() (*auth.Policy, error) {
 }
 
 type principalKey struct{}
+
+// credentialKey holds, in a client call's context, the request whose
+// credentials (a token, a certificate, or none) guard authenticated, so
+// that a newer auth state can check them again (watchCall).
+type credentialKey struct{}
 
 // principalOf is the authenticated principal of the call ctx serves (""
 // when none was given).
@@ -157,6 +234,11 @@ func (a *authState) authenticate(req *http.Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return authenticateWith(pol, req)
+}
+
+// authenticateWith is authenticate by policy pol.
+func authenticateWith(pol *auth.Policy, req *http.Request) (string, error) {
 	if h := req.Header.Get("Authorization"); h != "" {
 		if pol.Enabled() && req.TLS == nil {
 			// A token sent in clear is as good as published.
@@ -214,7 +296,11 @@ func (r *Router) authorize(ctx context.Context, perm, alt auth.Permission, resou
 	if err != nil {
 		return err
 	}
-	principal := principalOf(ctx)
+	return authorizeWith(pol, principalOf(ctx), perm, alt, resource)
+}
+
+// authorizeWith is authorize by policy pol, for principal.
+func authorizeWith(pol *auth.Policy, principal string, perm, alt auth.Permission, resource string) error {
 	if pol.Allows(principal, perm, resource) || alt != "" && pol.Allows(principal, alt, resource) {
 		return nil
 	}

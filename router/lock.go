@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/auth"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -34,7 +35,23 @@ func NewLockServer(r *Router) *LockServer { return &LockServer{r: r} }
 // and goes on waiting there through leader changes; when that node stops
 // hosting the shard, or a forwarded call's node stops answering, it is
 // sent on (with the time it has left) to a node that hosts the shard.
-func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+//
+// A waiting Acquire ends, and leaves the queue as a caller that gives up
+// does, when a newer auth state no longer authenticates its credentials
+// (Unauthenticated) or allows its principal the lock (PermissionDenied):
+// see watchCall.
+func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (_ *connect.Response[wardenv1.AcquireResponse], err error) {
+	if req.Msg.GetWaitTimeout().AsDuration() > 0 {
+		var stop func()
+		ctx, stop = s.r.watchCall(ctx, auth.Lock, req.Msg.GetResource())
+		defer stop()
+		defer func() {
+			// The auth state ended the wait: answer why, not "canceled".
+			if cause := context.Cause(ctx); err != nil && cause != nil && cause != ctx.Err() {
+				err = cause
+			}
+		}()
+	}
 	start := time.Now()
 	for {
 		if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {

@@ -155,9 +155,11 @@ func guard(cfg *Config, a *authState, known func(id uint64) bool, nodePrefix str
 				_ = refuse.Write(w, req, err)
 				return
 			}
+			rctx := context.WithValue(req.Context(), credentialKey{}, req)
 			if p != "" {
-				req = req.WithContext(context.WithValue(req.Context(), principalKey{}, p))
+				rctx = context.WithValue(rctx, principalKey{}, p)
 			}
+			req = req.WithContext(rctx)
 		}
 		next.ServeHTTP(w, req)
 	})
