@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"time"
 
 	"connectrpc.com/connect"
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // The audit log records every state-changing RPC as one JSON line
@@ -18,6 +20,22 @@ import (
 // authenticated caller; for a forwarded call, the original one) and
 // outcome. A quota, admin or auth change's: method, key, its request,
 // principal and outcome. Never a lease id, a token or key material.
+//
+// What a refused call writes is bounded: the caller's text (resource or
+// key, holder, principal, request) is cut to maxLogField bytes (the
+// request to maxAuditRequest) with control, format and bidi characters
+// escaped (shard.LogText), as is what an error message repeats of it
+// (logQuote); and a Batch's or RenewBatch's denied ops write one line
+// with their count (deniedOps), not one each.
+
+// maxLogField bounds, in bytes, a caller's text (a resource, key,
+// holder or principal) where an audit line or an error message repeats
+// it: the longest a valid resource or holder may be.
+const maxLogField = shard.MaxResourceBytes
+
+// logQuote is s, as a caller sent it, for an error message: quoted, cut
+// to maxLogField bytes and escaped (shard.LogText).
+func logQuote(s string) string { return `"` + shard.LogText(s, maxLogField) + `"` }
 
 // auditHash identifies a lease id or request id in logs without
 // revealing it: the first 8 bytes of its SHA-256, in hex. A request id in
@@ -36,6 +54,9 @@ type auditEntry struct {
 	// request is a quota, admin or auth change's request (requestText),
 	// tokenID the id of the token CreateToken made.
 	request, tokenID string
+	// denied, when set, is how many ops of a Batch or RenewBatch were
+	// denied (deniedOps): resource is the first one's.
+	denied int
 }
 
 // acquireEntry is the audit entry of Acquire m, answered resp (nil when
@@ -70,9 +91,9 @@ func (r *Router) audit(ctx context.Context, peer connect.Peer, e auditEntry, err
 	}
 	attrs := []slog.Attr{
 		slog.String("method", e.method),
-		slog.String("resource", e.resource),
+		slog.String("resource", shard.LogText(e.resource, maxLogField)),
 		slog.String("caller", peer.Addr),
-		slog.String("principal", principalOf(ctx)),
+		slog.String("principal", shard.LogText(principalOf(ctx), maxLogField)),
 		slog.String("outcome", outcome(err)),
 	}
 	if e.requestID != "" {
@@ -88,10 +109,13 @@ func (r *Router) audit(ctx context.Context, peer connect.Peer, e auditEntry, err
 		attrs = append(attrs, slog.Bool("released", *e.released))
 	}
 	if e.holder != "" {
-		attrs = append(attrs, slog.String("holder", e.holder))
+		attrs = append(attrs, slog.String("holder", shard.LogText(e.holder, maxLogField)))
 	}
 	if e.request != "" {
 		attrs = append(attrs, slog.String("request", e.request))
+	}
+	if e.denied != 0 {
+		attrs = append(attrs, slog.Int("denied_ops", e.denied))
 	}
 	if e.tokenID != "" {
 		attrs = append(attrs, slog.String("token_id", e.tokenID))
@@ -100,4 +124,32 @@ func (r *Router) audit(ctx context.Context, peer connect.Peer, e auditEntry, err
 		attrs = append(attrs, slog.String("code", classify(err).code.String()))
 	}
 	r.cfg.Audit.LogAttrs(ctx, slog.LevelInfo, "audit", attrs...)
+}
+
+// deniedOps gathers the ops of one Batch or RenewBatch that authorization
+// denied: each is counted as its own call would be, and all are audited
+// in one line (a thousand denials in one request would otherwise write
+// a thousand lines).
+type deniedOps struct {
+	n        int
+	resource string // the first denied op's
+	err      error
+}
+
+// add counts op of method on resource, denied with err (its latency
+// observed from start, unless zero).
+func (d *deniedOps) add(ctx context.Context, r *Router, peer connect.Peer, method, resource string, start time.Time, err error) {
+	r.record(ctx, peer, method, start, nil, err)
+	if d.n == 0 {
+		d.resource, d.err = resource, err
+	}
+	d.n++
+}
+
+// audit writes the one audit line of the denied ops of a call of method,
+// if any were.
+func (d *deniedOps) audit(ctx context.Context, r *Router, peer connect.Peer, method string) {
+	if d.n > 0 {
+		r.audit(ctx, peer, auditEntry{method: method, resource: d.resource, denied: d.n}, d.err)
+	}
 }

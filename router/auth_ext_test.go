@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -302,12 +303,12 @@ func TestAuthorization(t *testing.T) {
 	}
 }
 
-// A waiting Acquire ends when the auth state no longer lets its caller
-// wait: unauthenticated when its token is revoked, permission_denied
-// when its principal's binding is removed; and it leaves the queue, so
-// the lock is not granted to it once free.
-func TestAuthChangeEndsWaits(t *testing.T) {
-	c := startAuthCluster(t, nil)
+// enable sets up roles (name → grants) and bindings (principal → role)
+// anonymously, creates a token for each of tokenFor, and turns
+// authentication on; it returns the tokens by principal.
+func (c *authCluster) enable(roles map[string][]*wardenv1.AuthGrant, bindings map[string]string, tokenFor ...string) map[string]*wardenv1.CreateTokenResponse {
+	t := c.t
+	t.Helper()
 	anon := c.caller(c.plain)
 	must := func(what string, err error) {
 		t.Helper()
@@ -315,25 +316,41 @@ func TestAuthChangeEndsWaits(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	for name, grants := range map[string][]*wardenv1.AuthGrant{
-		"operator": {{Permission: "admin"}, {Permission: "read"}, {Permission: "lock"}},
-		"workers":  {{Permission: "lock", Prefix: "jobs/"}},
-	} {
+	for name, grants := range roles {
 		_, err := anon.auth.PutRole(ctx(t), connect.NewRequest(&wardenv1.PutRoleRequest{Role: &wardenv1.AuthRole{Name: name, Grants: grants}}))
 		must("put role "+name, err)
 	}
-	for principal, role := range map[string]string{"admin": "operator", "worker": "workers", "certified": "workers"} {
+	for principal, role := range bindings {
 		_, err := anon.auth.Bind(ctx(t), connect.NewRequest(&wardenv1.BindRequest{Binding: &wardenv1.AuthBinding{Principal: principal, Role: role}}))
 		must("bind "+principal, err)
 	}
 	tokens := map[string]*wardenv1.CreateTokenResponse{}
-	for _, principal := range []string{"admin", "worker"} {
+	for _, principal := range tokenFor {
 		resp, err := anon.auth.CreateToken(ctx(t), connect.NewRequest(&wardenv1.CreateTokenRequest{Principal: principal}))
 		must("create token", err)
 		tokens[principal] = resp.Msg
 	}
 	_, err := anon.auth.SetEnabled(ctx(t), connect.NewRequest(&wardenv1.SetEnabledRequest{Enabled: true}))
 	must("enable", err)
+	return tokens
+}
+
+// A waiting Acquire ends when the auth state no longer lets its caller
+// wait: unauthenticated when its token is revoked, permission_denied
+// when its principal's binding is removed; and it leaves the queue, so
+// the lock is not granted to it once free.
+func TestAuthChangeEndsWaits(t *testing.T) {
+	c := startAuthCluster(t, nil)
+	tokens := c.enable(map[string][]*wardenv1.AuthGrant{
+		"operator": {{Permission: "admin"}, {Permission: "read"}, {Permission: "lock"}},
+		"workers":  {{Permission: "lock", Prefix: "jobs/"}},
+	}, map[string]string{"admin": "operator", "worker": "workers", "certified": "workers"}, "admin", "worker")
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
 	admin := c.caller(c.plain, client.WithToken(tokens["admin"].GetToken()))
 	held, err := admin.locks.Acquire(ctx(t), connect.NewRequest(&wardenv1.AcquireRequest{Resource: "jobs/1", RequestId: "held", LeaseTtl: durationpb.New(time.Minute)}))
 	must("admin acquires jobs/1", err)
@@ -390,5 +407,62 @@ func TestAuthChangeEndsWaits(t *testing.T) {
 	must("describe", err)
 	if d.Msg.GetHeld() {
 		t.Fatalf("jobs/1 was granted after its waiters' credentials ended: %v", d.Msg)
+	}
+}
+
+// What a refused call writes is bounded: a denied Acquire's 60,000-byte
+// resource and bidi, zero-width and control characters reach neither
+// the error nor the audit line whole or raw, and a Batch of 1,000
+// denied acquires writes one audit line with their count.
+func TestRefusedCallsBoundedAudit(t *testing.T) {
+	var audit syncBuffer
+	c := startAuthCluster(t, slog.New(slog.NewJSONHandler(&audit, nil)))
+	c.enable(map[string][]*wardenv1.AuthGrant{
+		"operator": {{Permission: "admin"}},
+		"orders":   {{Permission: "lock", Prefix: "orders/"}},
+	}, map[string]string{"admin": "operator", "orders": "orders"})
+	orders := c.caller(c.withCert("orders"))
+	raw := []string{"\u202e", "\u200b", "\ufeff", "\u0085", "\n"}
+	wantClean := func(what, s string, max int) {
+		t.Helper()
+		if len(s) > max {
+			t.Errorf("%s is %d bytes, want at most %d", what, len(s), max)
+		}
+		for _, r := range raw {
+			if strings.Contains(strings.TrimSuffix(s, "\n"), r) {
+				t.Errorf("%s holds raw %q", what, r)
+			}
+		}
+	}
+	before := len(audit.String())
+	long := "payments/\u202eevil\u200b\ufeff\u0085\n" + strings.Repeat("x", 60000)
+	_, err := orders.locks.Acquire(ctx(t), connect.NewRequest(&wardenv1.AcquireRequest{Resource: long, RequestId: "r1", Holder: "h\u202eh"}))
+	wantDenied(t, "a long resource", err, `"orders"`, "lock", `payments/\u202Eevil`)
+	wantClean("the denial", err.Error(), 1024)
+	line := audit.String()[before:]
+	wantClean("the denial's audit line", line, 2048)
+	if strings.Count(line, "\n") != 1 || !strings.Contains(line, "(+") {
+		t.Errorf("the denial's audit: %q, want one line with the resource cut", line)
+	}
+
+	before = len(audit.String())
+	ops := make([]*wardenv1.BatchOp, 1000)
+	for i := range ops {
+		ops[i] = acquireOp(fmt.Sprintf("payments/%04d-\u202e", i), fmt.Sprintf("b%d", i))
+	}
+	resp, err := orders.locks.Batch(ctx(t), connect.NewRequest(&wardenv1.BatchRequest{Ops: ops}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range resp.Msg.GetOutcomes() {
+		if o.GetCode() != connect.CodePermissionDenied.String() {
+			t.Fatalf("op %d: %v, want permission_denied", i, o)
+		}
+	}
+	line = audit.String()[before:]
+	wantClean("the denied Batch's audit", line, 1024)
+	var m map[string]any
+	if err := json.Unmarshal([]byte(line), &m); err != nil || m["method"] != "Batch" || m["denied_ops"] != float64(1000) || m["outcome"] != "denied" {
+		t.Fatalf("the denied Batch's audit: %q (%v), want one line of method Batch with denied_ops 1000", line, err)
 	}
 }

@@ -304,11 +304,11 @@ func authorizeWith(pol *auth.Policy, principal string, perm, alt auth.Permission
 	if pol.Allows(principal, perm, resource) || alt != "" && pol.Allows(principal, alt, resource) {
 		return nil
 	}
-	what := fmt.Sprintf("%s on %q", perm, resource)
+	what := fmt.Sprintf("%s on %s", perm, logQuote(resource))
 	if perm == auth.Admin {
 		what = string(auth.Admin)
 	}
-	return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("principal %q lacks %s", principal, what))
+	return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("principal %s lacks %s", logQuote(principal), what))
 }
 
 // requirement is the permission a client call needs, on what (a

@@ -44,13 +44,20 @@ func (s *LockServer) Batch(ctx context.Context, req *connect.Request[wardenv1.Ba
 	out := make([]*wardenv1.BatchOutcome, len(ops))
 	groups := map[uint64][]int{} // shard id → indexes into ops
 	m := s.r.Map()
+	var denied deniedOps
+	defer denied.audit(ctx, s.r, req.Peer(), "Batch")
 	for i, op := range ops {
 		if err := validateOp(i, op); err != nil {
 			out[i] = failedOp(err)
 			continue
 		}
 		if err := s.r.authorize(ctx, auth.Lock, "", opResource(op)); err != nil {
-			out[i] = s.opDone(ctx, req.Peer(), op, nil, err, time.Now()) // denied alone, and audited
+			method := "Acquire"
+			if op.GetAcquire() == nil {
+				method = "Release"
+			}
+			denied.add(ctx, s.r, req.Peer(), method, opResource(op), time.Now(), err) // denied alone
+			out[i] = failedOp(err)
 			continue
 		}
 		rg, err := m.ShardFor(opResource(op))

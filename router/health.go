@@ -118,7 +118,7 @@ type healthChecker struct {
 
 func (h healthChecker) Check(ctx context.Context, req *grpchealth.CheckRequest) (*grpchealth.CheckResponse, error) {
 	if req.Service != "" && !slices.Contains(h.services, req.Service) {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("unknown service %q", req.Service))
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("unknown service %s", logQuote(req.Service)))
 	}
 	if len(h.r.Ready(ctx)) > 0 {
 		return &grpchealth.CheckResponse{Status: grpchealth.StatusNotServing}, nil

@@ -12,6 +12,7 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	"github.com/warden-dev/warden/shard"
 )
 
 // The cross-cutting work of every client RPC (LockService, QuotaService,
@@ -156,16 +157,13 @@ func auditOf(method string, idem connect.IdempotencyLevel, req, resp any) *audit
 const maxAuditRequest = 1024
 
 // requestText is m as compact JSON for the audit log, cut at
-// maxAuditRequest bytes.
+// maxAuditRequest bytes and escaped (shard.LogText).
 func requestText(m proto.Message) string {
 	b, err := protojson.Marshal(m)
 	if err != nil {
 		return ""
 	}
-	if len(b) > maxAuditRequest {
-		return string(b[:maxAuditRequest]) + "…"
-	}
-	return string(b)
+	return shard.LogText(string(b), maxAuditRequest)
 }
 
 // record counts a call (or a batch's part) of method begun at start (its

@@ -33,6 +33,8 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 	ids := make([][]byte, len(renewals)) // the decoded lease ids
 	groups := map[uint64][]int{}         // shard id → indexes into renewals
 	m := s.r.Map()
+	var denied deniedOps
+	defer denied.audit(ctx, s.r, req.Peer(), "RenewBatch")
 	for i, rn := range renewals {
 		var err error
 		if ids[i], err = leaseRef(rn.GetResource(), rn.GetLeaseId()); err != nil {
@@ -42,7 +44,8 @@ func (s *LockServer) RenewBatch(ctx context.Context, req *connect.Request[warden
 			continue
 		}
 		if err := s.r.authorize(ctx, auth.Lock, "", rn.GetResource()); err != nil {
-			out[i] = s.renewed(ctx, req.Peer(), rn, nil, err) // denied alone, and audited
+			denied.add(ctx, s.r, req.Peer(), "RenewBatch.renewal", rn.GetResource(), time.Time{}, err) // denied alone
+			out[i] = renewOutcome(nil, err)
 			continue
 		}
 		rg, err := m.ShardFor(rn.GetResource())

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -78,4 +79,42 @@ func forbidden(r rune) bool {
 	}
 	return unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp) ||
 		(r >= 0xFDD0 && r <= 0xFDEF) || r&0xFFFE == 0xFFFE
+}
+
+// LogText is s made safe to write in a log line or an error message
+// whose reader did not choose it (a refused call's resource, holder or
+// tenant, which no validation has passed): cut to at most max bytes of s
+// at a rune boundary, with "…(+N bytes)" naming the N bytes cut, and
+// every rune CheckText forbids, every invalid byte written as a \u or \x escape
+// (a backslash or a double quote after a backslash, so that the text
+// can be quoted), so that the text can neither reorder,
+// hide or break the line it is written in nor pass as another text.
+func LogText(s string, max int) string {
+	cut := len(s)
+	if cut > max {
+		cut = max
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+	}
+	var b strings.Builder
+	for i := 0; i < cut; {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\\' || r == '"':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case forbidden(r):
+			fmt.Fprintf(&b, `\u%04X`, r)
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	if cut < len(s) {
+		fmt.Fprintf(&b, "…(+%d bytes)", len(s)-cut)
+	}
+	return b.String()
 }
