@@ -265,6 +265,19 @@ func authenticateWith(pol *auth.Policy, req *http.Request) (string, error) {
 	return "", nil
 }
 
+// Refusal returns the error guard answers req with, unread, when req is
+// a client's call of a client service whose credentials do not
+// authenticate; else nil. It is for a layer in front of NewHandler's
+// that reads the body before guard sees the call (server's
+// gRPC-Web-text translation), so that it reads none of a refused call.
+func (r *Router) Refusal(req *http.Request) error {
+	if fromNode(&r.cfg, req) || !ClientPath(req.URL.Path) {
+		return nil
+	}
+	_, err := r.auth.authenticate(req)
+	return err
+}
+
 // BootstrapAuth proposes st as the cluster's first auth state
 // (AuthCmd.bootstrap). It returns nil once some node's bootstrap has
 // committed, this one's or another's.

@@ -275,7 +275,7 @@ func checkGRPCWebAnswer(t *testing.T, name, contentType, wantType string, b []by
 // A gRPC-Web-text request to a path that answers no gRPC-Web (a 404)
 // gets that answer as it is, not base64; bad base64 is a 400 naming it.
 func TestGRPCWebTextPassesOtherAnswers(t *testing.T) {
-	h := grpcWebText(http.NotFoundHandler(), 1<<10)
+	h := grpcWebText(http.NotFoundHandler(), 1<<10, func(*http.Request) error { return nil })
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodPost, "/nope", strings.NewReader("AAAAAAA="))
 	req.Header.Set("Content-Type", "application/grpc-web-text")

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"connectrpc.com/connect"
+
 	"github.com/warden-dev/warden/router"
 )
 
@@ -29,10 +31,14 @@ const maxTextRequestBytes = router.MaxRequestBytes * 3 / 2
 //
 // A request body may be several base64 chunks, each padded, as the
 // protocol allows; it is read whole, within maxBody bytes (the decoded
-// request bound of the API, with base64's overhead). The answer is one
-// base64 stream, padded only where the handler flushes mid-stream
-// (a streaming call) and at the end.
-func grpcWebText(h http.Handler, maxBody int64) http.Handler {
+// request bound of the API, with base64's overhead), but only once the
+// call's credentials authenticate: refusal (router.Router.Refusal) says
+// what h's authentication would answer, and a refused call is answered
+// so, in gRPC-Web-text, unread. The answer is one base64 stream, padded
+// only where the handler flushes mid-stream (a streaming call) and at
+// the end.
+func grpcWebText(h http.Handler, maxBody int64, refusal func(*http.Request) error) http.Handler {
+	refuse := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		codec, ok := strings.CutPrefix(mt, "application/grpc-web-text")
@@ -42,6 +48,14 @@ func grpcWebText(h http.Handler, maxBody int64) http.Handler {
 		}
 		if codec == "" {
 			codec = "+proto"
+		}
+		if err := refusal(r); err != nil {
+			r = r.Clone(r.Context())
+			r.Header.Set("Content-Type", "application/grpc-web"+codec)
+			tw := &textWriter{w: w, contentType: "application/grpc-web-text" + codec}
+			_ = refuse.Write(tw, r, err)
+			tw.finish()
+			return
 		}
 		text, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
 		if err == nil && int64(len(text)) > maxBody {

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
@@ -109,17 +110,20 @@ func Start(cfg Config) (*Server, error) {
 	// The listener answers while the cluster starts: another starting
 	// node asks how this one starts (router.NewStartingHandler), which
 	// its identity check waits for (confirmIdentity).
-	var handler atomic.Pointer[http.Handler]
+	var current atomic.Pointer[http.Handler]
 	starting := router.NewStartingHandler(router.Config{}, "") // a dev cluster serves no node API
 	if cfg.Dev == nil {
 		rc := cfg.Cluster.Router
 		rc.PeerTLS = cfg.TLS != nil // with peer material, checked above
 		starting = router.NewStartingHandler(rc, StartingStatus(cfg.Cluster))
 	}
-	handler.Store(&starting)
-	s.http = newHTTPServer(withCORS(grpcWebText(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		(*handler.Load()).ServeHTTP(w, req)
-	}), maxTextRequestBytes), cfg.CORSOrigins), cfg.TLS != nil)
+	// No client call is served before the router exists: a gRPC-Web-text
+	// one is refused unread, as one that fails authentication is after.
+	starting = withCORS(grpcWebText(starting, maxTextRequestBytes, refuseWhileStarting), cfg.CORSOrigins)
+	current.Store(&starting)
+	s.http = newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		(*current.Load()).ServeHTTP(w, req)
+	}), cfg.TLS != nil)
 	serve := ln
 	if cfg.TLS != nil {
 		serve = tls.NewListener(ln, cfg.TLS.ServerConfig())
@@ -158,9 +162,24 @@ func Start(cfg Config) (*Server, error) {
 		// net/http/pprof registers its handlers on the default mux.
 		go func() { _ = http.Serve(s.pprof, http.DefaultServeMux) }()
 	}
-	full := router.NewHandler(s.Cluster.Router)
-	handler.Store(&full)
+	full := handler(s.Cluster.Router, cfg.CORSOrigins)
+	current.Store(&full)
 	return s, nil
+}
+
+// refuseWhileStarting answers a client call that reaches a node whose
+// cluster is still starting: unavailable, so that the client retries.
+func refuseWhileStarting(req *http.Request) error {
+	if !router.ClientPath(req.URL.Path) {
+		return nil
+	}
+	return connect.NewError(connect.CodeUnavailable, errors.New("the node is starting"))
+}
+
+// handler is the HTTP surface of r: router.NewHandler, with the
+// gRPC-Web-text translation and CORS (for corsOrigins) in front.
+func handler(r *router.Router, corsOrigins []string) http.Handler {
+	return withCORS(grpcWebText(router.NewHandler(r), maxTextRequestBytes, r.Refusal), corsOrigins)
 }
 
 // newHTTPServer returns an HTTP server for h that speaks HTTP/1.1 and
