@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,6 +35,31 @@ type lockRunCmd struct {
 	Tenant       string        `help:"Tenant the wait counts against."`
 	SafetyMargin time.Duration `name:"safety-margin" help:"How long before the lease's local deadline the command is stopped when renewals fail (default: the SDK's, TTL/10 and at least 100ms)."`
 	Grace        time.Duration `help:"How long the command has after SIGTERM to exit before SIGKILL, once the lease is lost; must fit in --safety-margin, so the command is dead before the server could grant the lock to another (default: half the margin)."`
+	// PassCredentials keeps the caller's Warden credentials in the
+	// command's environment (credentialEnv), which lock run removes by
+	// default: the command, and whatever it starts, would act as the
+	// caller.
+	PassCredentials bool `name:"pass-credentials" help:"Leave WARDEN_TOKEN, WARDEN_TOKEN_FILE, WARDEN_CERT and WARDEN_KEY in the command's environment (by default they are removed: the command would act as you)."`
+}
+
+// credentialEnv are the environment variables that hold or name the
+// caller's Warden credentials, which lock run's command does not get
+// unless --pass-credentials.
+var credentialEnv = []string{"WARDEN_TOKEN", "WARDEN_TOKEN_FILE", "WARDEN_CERT", "WARDEN_KEY"}
+
+// childEnv is the environment of lock run's command: environ (the
+// caller's), without its Warden credentials unless pass, and with
+// WARDEN_RESOURCE and WARDEN_FENCING_TOKEN.
+func childEnv(environ []string, pass bool, resource string, token uint64) []string {
+	env := make([]string, 0, len(environ)+2)
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !pass && slices.Contains(credentialEnv, name) {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, "WARDEN_RESOURCE="+resource, "WARDEN_FENCING_TOKEN="+strconv.FormatUint(token, 10))
 }
 
 // margins returns the safety margin and the grace lock run uses: the
@@ -59,7 +86,8 @@ func (l *lockRunCmd) margins() (margin, grace time.Duration, err error) {
 // deadline) it stops the command (SIGTERM to its process group, SIGKILL
 // after --grace) and ends with 124. The command's environment gets
 // WARDEN_RESOURCE and WARDEN_FENCING_TOKEN, never the lease id (a
-// bearer secret every process it starts would see). SIGINT and SIGTERM
+// bearer secret every process it starts would see), nor the caller's
+// credentials unless --pass-credentials (childEnv). SIGINT and SIGTERM
 // are passed on to the command.
 func (l *lockRunCmd) Run(g *globals) error {
 	failed := func(err error) error {
@@ -122,7 +150,7 @@ func (l *lockRunCmd) Run(g *globals) error {
 	cmd := exec.Command(path, l.Command[1:]...)
 	cmd.Args[0] = l.Command[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), "WARDEN_RESOURCE="+l.Resource, "WARDEN_FENCING_TOKEN="+strconv.FormatUint(lease.Token(), 10))
+	cmd.Env = childEnv(os.Environ(), l.PassCredentials, l.Resource, lease.Token())
 	// Its own process group: what it starts is stopped with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -182,3 +182,35 @@ func TestBackupTimestampedKeep(t *testing.T) {
 		t.Fatal("a refused backup created its directory")
 	}
 }
+
+// warden lock run's command gets the resource and the fencing token in
+// its environment, not the caller's Warden credentials, unless
+// --pass-credentials.
+func TestLockRunStripsCredentials(t *testing.T) {
+	cli := devCLI(t)
+	const token = "wdn1.0123456789abcdef.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+	t.Setenv("WARDEN_TOKEN", token)
+	envOf := func(args ...string) string {
+		t.Helper()
+		file := filepath.Join(t.TempDir(), "env")
+		args = append(append([]string{"lock", "run", "run/env"}, args...), "--", "sh", "-c", "env > "+file)
+		if out, err := cli(args...); err != nil {
+			t.Fatalf("lock run %v: %v\n%s", args, err, out)
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	env := envOf()
+	if !strings.Contains(env, "WARDEN_RESOURCE=run/env\n") || !strings.Contains(env, "WARDEN_FENCING_TOKEN=") {
+		t.Fatalf("the command's environment lacks the resource or the fencing token:\n%s", env)
+	}
+	if strings.Contains(env, token) {
+		t.Fatalf("the command got the caller's credentials:\n%s", env)
+	}
+	if env := envOf("--pass-credentials"); !strings.Contains(env, "WARDEN_TOKEN="+token+"\n") {
+		t.Fatalf("--pass-credentials: the command's environment lacks the credentials:\n%s", env)
+	}
+}
