@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -36,7 +37,14 @@ type authCluster struct {
 
 func startAuthCluster(t *testing.T, audit *slog.Logger) *authCluster {
 	t.Helper()
-	dev, err := server.StartDev(server.DevConfig{DataDir: t.TempDir(), Router: router.Config{ClientTLS: true, Audit: audit}})
+	return startAuthClusterWith(t, router.Config{Audit: audit})
+}
+
+// startAuthClusterWith is startAuthCluster with the router's config cfg.
+func startAuthClusterWith(t *testing.T, cfg router.Config) *authCluster {
+	t.Helper()
+	cfg.ClientTLS = true
+	dev, err := server.StartDev(server.DevConfig{DataDir: t.TempDir(), Router: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,5 +472,61 @@ func TestRefusedCallsBoundedAudit(t *testing.T) {
 	var m map[string]any
 	if err := json.Unmarshal([]byte(line), &m); err != nil || m["method"] != "Batch" || m["denied_ops"] != float64(1000) || m["outcome"] != "denied" {
 		t.Fatalf("the denied Batch's audit: %q (%v), want one line of method Batch with denied_ops 1000", line, err)
+	}
+}
+
+// With authentication on, an anonymous scrape of /metrics shows no
+// quota pool's name (warden_quota_drift{pool}), a reader of every key's
+// shows it; with MetricsAuth an anonymous scrape is refused.
+func TestMetricsHideTenants(t *testing.T) {
+	scrape := func(t *testing.T, c *authCluster, h *http.Client, token string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx(t), http.MethodGet, c.srv.URL+"/metrics", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := h.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, metricsAuth := range []bool{false, true} {
+		// One cluster at a time: the metrics of two would collide.
+		t.Run(fmt.Sprintf("MetricsAuth=%v", metricsAuth), func(t *testing.T) { testMetricsHideTenants(t, metricsAuth, scrape) })
+	}
+}
+
+func testMetricsHideTenants(t *testing.T, metricsAuth bool, scrape func(*testing.T, *authCluster, *http.Client, string) (int, string)) {
+	const drift = `warden_quota_drift{pool="tenantx"}`
+	c := startAuthClusterWith(t, router.Config{MetricsAuth: metricsAuth})
+	anon := c.caller(c.plain)
+	_, err := anon.quota.SetLimit(ctx(t), connect.NewRequest(&wardenv1.SetLimitRequest{Key: "tenantx/eu", Limit: 10}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err = anon.quota.ReportUsage(ctx(t), connect.NewRequest(&wardenv1.ReportUsageRequest{Key: "tenantx/eu", Observed: 3, ReportId: "u1"})); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := scrape(t, c, c.plain, ""); code != http.StatusOK || !strings.Contains(body, drift) {
+		t.Fatalf("authentication off: an anonymous scrape: %d, want 200 with %s:\n%.2000s", code, drift, body)
+	}
+	tokens := c.enable(map[string][]*wardenv1.AuthGrant{
+		"operator": {{Permission: "admin"}, {Permission: "read"}},
+		"orders":   {{Permission: "read", Prefix: "orders/"}},
+	}, map[string]string{"admin": "operator", "orders": "orders"}, "admin", "orders")
+	if code, body := scrape(t, c, c.plain, tokens["admin"].GetToken()); code != http.StatusOK || !strings.Contains(body, drift) {
+		t.Fatalf("a reader of every key's scrape: %d, want 200 with %s", code, drift)
+	}
+	for who, token := range map[string]string{"anonymous": "", "a prefix-limited reader": tokens["orders"].GetToken()} {
+		code, body := scrape(t, c, c.plain, token)
+		switch {
+		case metricsAuth && code/100 != 4:
+			t.Errorf("MetricsAuth: %s scrape: %d, want refused", who, code)
+		case !metricsAuth && (code != http.StatusOK || !strings.Contains(body, "warden_rpc_") || strings.Contains(body, "tenantx")):
+			t.Errorf("%s scrape: %d, want 200 with the RPC metrics and without tenantx", who, code)
+		}
 	}
 }

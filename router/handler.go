@@ -9,8 +9,11 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 
+	"github.com/warden-dev/warden/auth"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/ui"
@@ -58,7 +61,7 @@ func NewHandler(r *Router, opts ...connect.HandlerOption) http.Handler {
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
-	mux.Handle("/metrics", promhttp.Handler())
+	mux.Handle("/metrics", metricsHandler(r))
 	// The dashboard's static page; it calls the services above like any
 	// client, with the user's token.
 	mux.Handle(ui.Prefix, ui.Handler())
@@ -82,3 +85,54 @@ const (
 	MaxRequestBytes     = 64 << 10
 	maxNodeRequestBytes = 16 << 20
 )
+
+// tenantLabels are the metric labels whose values name tenants (a quota
+// pool is a key's root segment).
+var tenantLabels = []string{"pool"}
+
+// metricsHandler serves /metrics. With authentication off, to anyone.
+// With it on, a caller whose credentials (a bearer token or a client
+// certificate) name a principal allowed read on every key gets every
+// series; any other gets none with a label that names tenants
+// (tenantLabels), or, with Config.MetricsAuth, unauthenticated or
+// permission_denied. So an anonymous scrape of a node with
+// authentication on shows no tenant's name.
+func metricsHandler(r *Router) http.Handler {
+	full := promhttp.Handler()
+	redacted := promhttp.HandlerFor(prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		mfs, err := prometheus.DefaultGatherer.Gather()
+		out := mfs[:0]
+		for _, mf := range mfs {
+			mf.Metric = slices.DeleteFunc(mf.Metric, func(m *dto.Metric) bool {
+				return slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return slices.Contains(tenantLabels, l.GetName()) })
+			})
+			if len(mf.Metric) > 0 {
+				out = append(out, mf)
+			}
+		}
+		return out, err
+	}), promhttp.HandlerOpts{})
+	refuse := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		pol, err := r.auth.policy()
+		if err == nil && !pol.Enabled() {
+			full.ServeHTTP(w, req)
+			return
+		}
+		var principal string
+		if err == nil {
+			principal, err = authenticateWith(pol, req)
+		}
+		if err == nil {
+			if err = authorizeWith(pol, principal, auth.Read, "", ""); err == nil {
+				full.ServeHTTP(w, req)
+				return
+			}
+		}
+		if r.cfg.MetricsAuth {
+			_ = refuse.Write(w, req, err)
+			return
+		}
+		redacted.ServeHTTP(w, req)
+	})
+}

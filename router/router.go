@@ -70,6 +70,11 @@ type Config struct {
 	// Audit, if set, receives one record per Acquire, Renew and Release
 	// (see audit.go); wardend writes it as JSON lines to --audit-log.
 	Audit *slog.Logger
+	// MetricsAuth: with authentication on, /metrics answers only a
+	// caller allowed read on every key (wardend --metrics-auth). Without
+	// it, any other caller gets the metrics without the series that name
+	// quota pools (metricsHandler).
+	MetricsAuth bool
 	// MaxClockSkew is the clock offset bound the shards' config assumes
 	// (default 500 ms, the shards' default). A node whose clock is more
 	// than half of it away from the majority's stops proposing

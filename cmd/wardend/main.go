@@ -121,6 +121,7 @@ func run(c cli) error {
 			return err
 		}
 		cfg.Cluster.Router.Audit = audit
+		cfg.Cluster.Router.MetricsAuth = c.MetricsAuth
 		cfg.Cluster.Router.ClockOffset = c.ClockOffset
 	}
 	go reloadOnHangup(ctx, cfg.TLS, auditFile)

@@ -55,6 +55,7 @@ type CLI struct {
 	RaftLogLevel   slog.Level       `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
 	ShutdownWait   time.Duration    `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
 	AuditLog       string           `help:"Write the audit log (one JSON line per state-changing call, with its principal) to this file, or - for stderr. Reopened on SIGHUP, for rotation."`
+	MetricsAuth    bool             `name:"metrics-auth" help:"With authentication on, serve /metrics only to a caller allowed read on every key (without it, any other caller gets the metrics without the series that name quota pools)."`
 	PprofAddr      string           `name:"pprof-addr" placeholder:"HOST:PORT" help:"Serve Go's profiler (/debug/pprof/) on this address, for performance work; keep it on loopback. Off by default."`
 
 	Serve   struct{} `cmd:"" default:"withargs" help:"Run the node, or with --dev the whole dev cluster (the default command)."`
