@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/warden-dev/warden/keyspace"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
@@ -55,6 +56,31 @@ func (m *Map) ReplicaNode(shardID, replicaID uint64) *placementv1.Node {
 		}
 	}
 	return nil
+}
+
+// Voters returns the replicas of shard id that vote in its Raft group
+// as far as the map shows: every replica but the new one of a move in
+// progress that is not recorded as promoted (it joined as non-voting,
+// MOVE_STEP_ADDED or before, or the move is rolling back). A replica's
+// NonVoting flag says only how its node starts it, and stays set after
+// its promotion, so it cannot tell. Between the promotion and its record
+// the new replica votes but is left out: a quorum of these replicas is
+// then one of the group's voters but the newest.
+func (m *Map) Voters(id uint64) []*placementv1.Replica {
+	var joining []uint64 // new replicas of moves not promoted
+	for _, op := range m.st.GetOperators() {
+		if mv := op.GetMove(); mv.GetShard() == id && mv.GetToReplica() != 0 &&
+			(mv.GetRollingBack() || mv.GetStep() < placementv1.MoveStep_MOVE_STEP_PROMOTED) {
+			joining = append(joining, mv.GetToReplica())
+		}
+	}
+	var out []*placementv1.Replica
+	for _, r := range m.Shard(id).GetReplicas() {
+		if !slices.Contains(joining, r.GetReplicaId()) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // DataShards lists the ids of the shards that own ranges, in range order.

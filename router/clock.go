@@ -65,14 +65,17 @@ func (w *clockWatch) readings() (map[uint64]reading, map[uint64]time.Time, <-cha
 }
 
 // confirmed reports whether the readings confirm this node's clock for
-// term t: a quorum of the shard's replicas' clocks (this node's
-// included) agree with ours within MaxClockSkew/2, by readings taken in
-// rounds begun after the term began.
+// term t: a quorum of the shard's voters' clocks (this node's included)
+// agree with ours within MaxClockSkew/2, by readings taken in rounds
+// begun after the term began. The new replica of a move in progress
+// does not count until it is promoted (placement.Map.Voters): with it, a
+// shard of three voters, one of them down, would need three of four
+// clocks, and a target that stops answering would stall the shard.
 //
 // A reading agrees by the farthest offset it allows (farthestOffset):
 // its whole uncertainty must lie within the bound.
 func (r *Router) confirmed(t leaderTerm, offsets map[uint64]reading, readAt map[uint64]time.Time) bool {
-	reps := r.Map().Shard(t.shardID).GetReplicas()
+	reps := r.Map().Voters(t.shardID)
 	agree := 0
 	for _, rep := range reps {
 		id := rep.GetNodeId()
@@ -96,7 +99,7 @@ func (r *Router) requestRound() {
 }
 
 // awaitClock returns nil once this node's clock may stamp commands of
-// term t: readings of a quorum of the shard's replicas' nodes, taken in
+// term t: readings of a quorum of the shard's voters' nodes, taken in
 // rounds begun after the term began, put it within MaxClockSkew/2 of
 // their majority (confirmed). A leader that took office with a clock far
 // ahead would otherwise stamp client commands with it, making leases due
@@ -383,7 +386,7 @@ func (r *Router) handLeadershipAway() {
 			if t.shardID == placement.MetaShardID {
 				continue
 			}
-			for _, rep := range m.Shard(t.shardID).GetReplicas() {
+			for _, rep := range m.Voters(t.shardID) { // a non-voter cannot lead
 				if rep.GetNodeId() != n.id {
 					_ = n.raft.transferLeader(t.shardID, rep.GetReplicaId())
 					break

@@ -40,6 +40,55 @@ func TestClockConfirmedNeedsFreshQuorum(t *testing.T) {
 	}
 }
 
+// Only the shard's voters count toward the quorum that confirms a
+// term's clock: the new replica of a move joins as non-voting, so while
+// it catches up a shard of three voters with one down is confirmed by
+// the other (fault 3 of issue 41: with node 3 down and the move's
+// target stopped, 2 of 4 replicas agreed, and the shard committed
+// nothing until the move ended). Once the move records the promotion,
+// the new replica counts like any other.
+func TestClockConfirmedCountsVotersOnly(t *testing.T) {
+	r := &Router{cfg: Config{MaxClockSkew: 500 * time.Millisecond}}
+	anchor := time.Now()
+	term := leaderTerm{shardID: 5, replicaID: 1, anchor: anchor}
+	after := anchor.Add(time.Millisecond)
+	moving := func(step placementv1.MoveStep, rollingBack bool) *placementv1.State {
+		return &placementv1.State{
+			Shards: []*placementv1.Shard{{Id: 5, Replicas: []*placementv1.Replica{
+				{ReplicaId: 1, NodeId: 1}, {ReplicaId: 2, NodeId: 2}, {ReplicaId: 3, NodeId: 3},
+				{ReplicaId: 4, NodeId: 5, Join: true, NonVoting: true}}}},
+			Operators: []*placementv1.Operator{{Id: 9, Kind: &placementv1.Operator_Move{Move: &placementv1.MoveOp{
+				Shard: 5, FromReplica: 2, FromNode: 2, ToReplica: 4, ToNode: 5, Step: step, RollingBack: rollingBack}}}},
+		}
+	}
+	node2 := estimates(map[uint64]time.Duration{2: 0})
+	node25 := estimates(map[uint64]time.Duration{2: 0, 5: 0})
+	for _, c := range []struct {
+		name    string
+		st      *placementv1.State
+		offsets map[uint64]reading
+		want    bool
+	}{
+		{"target added, not promoted; node 2 agrees, nodes 3 and 5 silent", moving(placementv1.MoveStep_MOVE_STEP_ADDED, false), node2, true},
+		{"target planned; node 2 agrees", moving(placementv1.MoveStep_MOVE_STEP_PLANNED, false), node2, true},
+		{"move rolling back; node 2 agrees", moving(placementv1.MoveStep_MOVE_STEP_ADDED, true), node2, true},
+		{"target promoted: 4 voters, 2 agree", moving(placementv1.MoveStep_MOVE_STEP_PROMOTED, false), node2, false},
+		{"target promoted: 4 voters, 3 agree", moving(placementv1.MoveStep_MOVE_STEP_PROMOTED, false), node25, true},
+		{"move done: the target (its flag still set) votes", &placementv1.State{Shards: []*placementv1.Shard{{Id: 5, Replicas: []*placementv1.Replica{
+			{ReplicaId: 1, NodeId: 1}, {ReplicaId: 3, NodeId: 3}, {ReplicaId: 4, NodeId: 5, Join: true, NonVoting: true}}}}},
+			estimates(map[uint64]time.Duration{5: 0}), true},
+	} {
+		r.maps.Store(placement.NewMap(c.st))
+		readAt := map[uint64]time.Time{}
+		for id := range c.offsets {
+			readAt[id] = after
+		}
+		if got := r.confirmed(term, c.offsets, readAt); got != c.want {
+			t.Errorf("%s: confirmed %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 // estimates are readings of offsets in round trips of no time.
 func estimates(m map[uint64]time.Duration) map[uint64]reading {
 	out := map[uint64]reading{}
