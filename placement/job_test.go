@@ -390,8 +390,9 @@ func steps(job *placementv1.Operator) []string {
 }
 
 // A removal driven to its end: node 1's replicas move to node 4 (its
-// zone), one membership change at a time; node 4 takes its placement
-// vote; node 1 leaves the map.
+// zone), one membership change at a time, node 1 (the leader of both
+// shards) handing each shard's lead to node 4 before its replica is
+// removed; node 4 takes its placement vote; node 1 leaves the map.
 func TestRemovalJobRuns(t *testing.T) {
 	o, shards, cluster := jobRig(t)
 	o.register(t, 4, "az1")
@@ -406,7 +407,7 @@ func TestRemovalJobRuns(t *testing.T) {
 		"shard 1: ADD_NON_VOTING 4", "shard 1: ADD_VOTING 4", "shard 1: REMOVE 1",
 		"shard 2: ADD_NON_VOTING 5", "shard 2: ADD_VOTING 5", "shard 2: REMOVE 1",
 	}
-	if fmt.Sprint(shards.log) != fmt.Sprint(want) || fmt.Sprint(cluster.log) != "[placement: node 4 votes for node 1]" {
+	if fmt.Sprint(shards.log) != fmt.Sprint(want) || fmt.Sprint(cluster.log) != "[shard 1: led from node 4 shard 2: led from node 4 placement: node 4 votes for node 1]" {
 		t.Fatalf("membership changes %v, placement %v", shards.log, cluster.log)
 	}
 }

@@ -472,7 +472,29 @@ func (o *Operators) copyRange(ctx context.Context, opID uint64, s *placementv1.S
 
 // BeginMove records a move of shardID's replica on node from to node to;
 // Drive carries it out.
+//
+// A move of a live replica is refused (RefusedError) while another voter
+// of the shard is down (o.Live): the move adds a fourth voter before it
+// removes the third, so until it ends every live node would have to stay
+// up, and the leader removing its own replica would leave the others
+// unable to elect one. Moving the down voter's replica first repairs the
+// shard (driveMove removes a down source before it promotes the new
+// replica). A request id the move was begun with before skips the check.
 func (o *Operators) BeginMove(ctx context.Context, shardID, from, to uint64, requestID string) (*placementv1.Operator, error) {
+	if o.Live != nil && o.Live(from) {
+		st, err := o.Meta.Read(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if op, _ := FindOperator(st, 0, requestID); op == nil {
+			for _, r := range NewMap(st).Voters(shardID) {
+				if id := r.GetNodeId(); id != from && !o.Live(id) {
+					return nil, &RefusedError{fmt.Sprintf("shard %d's voter on node %d does not answer: moving node %d's replica now would need every other node up until the move ends; move node %d's replica first, or wait until it answers",
+						shardID, id, from, id)}
+				}
+			}
+		}
+	}
 	res, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{
 		Shard: shardID, FromNode: from, ToNode: to, RequestId: requestID}}})
 	if err != nil {
@@ -543,13 +565,31 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 				return err
 			}
 		case placementv1.MoveStep_MOVE_STEP_ADDED:
+			// A source that is down leaves before the new replica votes:
+			// promoted first, the new replica would make a fourth voter
+			// with one down, and the shard would stall should it fail
+			// before the source is removed. Once the source is out of the
+			// group the move goes on without waiting (a driver before us
+			// waited), and is never rolled back: the map must not keep a
+			// replica the group removed.
+			_, fromMember := IsMember(mem, m.GetFromReplica())
+			sourceOut := m.GetFromReplica() != 0 && !fromMember
 			if voting, _ := IsMember(mem, m.GetToReplica()); !voting && m.GetToReplica() != 0 {
-				if err := o.awaitCatchUp(ctx, m.GetShard(), m.GetToNode()); err != nil {
-					if ctx.Err() != nil {
+				if !sourceOut {
+					if err := o.awaitCatchUp(ctx, m.GetShard(), m.GetToNode()); err != nil {
+						if ctx.Err() != nil {
+							return err
+						}
+						log.Warn("replica move: the new replica did not catch up; rolling back", "err", err)
+						return o.rollback(ctx, opID)
+					}
+				}
+				if fromMember && m.GetFromReplica() != 0 && o.Live != nil && !o.Live(m.GetFromNode()) {
+					if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
 						return err
 					}
-					log.Warn("replica move: the new replica did not catch up; rolling back", "err", err)
-					return o.rollback(ctx, opID)
+					log.Info("replica move: the source does not answer; removed it before promoting the new replica", "replica", m.GetFromReplica())
+					continue
 				}
 				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
 					return err
@@ -561,6 +601,17 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 		case placementv1.MoveStep_MOVE_STEP_PROMOTED:
 			// An added replica (no from) has nothing to remove.
 			if _, member := IsMember(mem, m.GetFromReplica()); member && m.GetFromReplica() != 0 {
+				// The leader does not remove its own replica: it would
+				// close at once, before telling the others the removal
+				// committed, and they, still counting it a voter, could
+				// not elect a leader with one other voter down. It hands
+				// the lead to the new replica first (should that fail,
+				// the removal goes ahead as before).
+				if o.Cluster != nil && m.GetToNode() != 0 && o.Cluster.Leaders(ctx)[m.GetShard()] == m.GetFromNode() {
+					if err := o.Cluster.TransferLeader(ctx, m.GetShard(), m.GetToNode()); err != nil {
+						log.Warn("replica move: could not hand the lead to the new replica; removing the leader's replica", "err", err)
+					}
+				}
 				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
 					return err
 				}
@@ -584,8 +635,13 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 	}
 }
 
+// targetDownWait is how long a move's new replica's node may go without
+// answering (o.Live) while it catches up before the move rolls back.
+const targetDownWait = 3 * time.Second
+
 // awaitCatchUp waits until node's replica of shardID has applied what the
-// leader had applied when the wait began.
+// leader had applied when the wait began. It fails after TargetWait, or
+// once node has not answered (o.Live) for targetDownWait.
 func (o *Operators) awaitCatchUp(ctx context.Context, shardID, node uint64) error {
 	wait := o.TargetWait
 	if wait == 0 {
@@ -595,7 +651,16 @@ func (o *Operators) awaitCatchUp(ctx context.Context, shardID, node uint64) erro
 	defer cancel()
 	var target uint64 // the leader's applied index when first read
 	read := false
+	var downSince time.Time // since when node has not answered (zero: it does)
 	for {
+		switch {
+		case o.Live == nil || o.Live(node):
+			downSince = time.Time{}
+		case downSince.IsZero():
+			downSince = time.Now()
+		case time.Since(downSince) > targetDownWait:
+			return fmt.Errorf("node %d has not answered for %v", node, targetDownWait)
+		}
 		var idx uint64
 		var err error
 		if !read {
@@ -605,7 +670,12 @@ func (o *Operators) awaitCatchUp(ctx context.Context, shardID, node uint64) erro
 			}
 		}
 		if read {
-			if idx, err = o.Shards.AppliedIndex(ctx, shardID, node); err == nil && idx >= target {
+			// Each call is bounded: a stopped node may take the
+			// connection and answer nothing.
+			call, cancel := context.WithTimeout(ctx, time.Second)
+			idx, err = o.Shards.AppliedIndex(call, shardID, node)
+			cancel()
+			if err == nil && idx >= target {
 				return nil
 			}
 		}

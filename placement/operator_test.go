@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,13 +48,15 @@ func (m *memMeta) Read(context.Context) (*placementv1.State, error) {
 }
 
 // fakeShards records the range commands the operator sends and answers
-// OK; reads of shards in down fail. Its membership changes compare and
-// set as an ordered shard's do: each bumps ccid, and one naming another
-// id is refused.
+// OK; reads of shards in down fail, and AppliedIndex of a node in
+// stopped answers nothing until its context ends. Its membership changes
+// compare and set as an ordered shard's do: each bumps ccid, and one
+// naming another id is refused.
 type fakeShards struct {
 	mu                sync.Mutex
 	log               []string
 	down              map[uint64]bool
+	stopped           map[uint64]bool
 	voting, nonVoting map[uint64]string // shard 1's membership
 	ccid              uint64
 	// interfere, if set, runs before a membership change is decided,
@@ -132,7 +137,16 @@ func (f *fakeShards) apply(shardID uint64, change placementv1.MembershipChange, 
 	}
 }
 
-func (f *fakeShards) AppliedIndex(context.Context, uint64, uint64) (uint64, error) { return 0, nil }
+func (f *fakeShards) AppliedIndex(ctx context.Context, _, node uint64) (uint64, error) {
+	f.mu.Lock()
+	stopped := f.stopped[node]
+	f.mu.Unlock()
+	if stopped {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	return 0, nil
+}
 
 func bootstrapped(t *testing.T) *memMeta {
 	m := &memMeta{st: &placementv1.State{}}
@@ -253,23 +267,137 @@ func TestMoveOfIdleShard(t *testing.T) {
 // state after.
 func moveReplica(t *testing.T, shards *fakeShards) *placementv1.State {
 	t.Helper()
+	o := moveRig(t, "az1", shards, nil)
+	if last := o.runMove(t, 1, 1, 4); last.GetMove().GetRollingBack() {
+		t.Fatalf("run: %v", last)
+	}
+	st, _ := o.Meta.Read(context.Background())
+	return st
+}
+
+// moveRig is a bootstrapped placement group with node 4 registered in
+// zone, and operators over shards that judge nodes live by live.
+func moveRig(t *testing.T, zone string, shards *fakeShards, live func(uint64) bool) *Operators {
+	t.Helper()
 	meta := bootstrapped(t)
 	if _, err := meta.Propose(context.Background(), &placementv1.Command{Command: &placementv1.Command_RegisterNode{RegisterNode: &placementv1.RegisterNodeCmd{
-		Node: &placementv1.Node{Id: 4, Zone: "az1", RaftAddr: "r4", ListenAddr: "l4"}}}}); err != nil {
+		Node: &placementv1.Node{Id: 4, Zone: zone, RaftAddr: "r4", ListenAddr: "l4"}}}}); err != nil {
 		t.Fatal(err)
 	}
-	o := &Operators{Meta: meta, Shards: shards, Alloc: NewAllocator(meta), TargetWait: time.Second}
-	op, err := o.BeginMove(context.Background(), 1, 1, 4, "")
+	return &Operators{Meta: meta, Shards: shards, Alloc: NewAllocator(meta), TargetWait: time.Second, Live: live}
+}
+
+// runMove moves shard's replica on node from to node to, to the end,
+// and returns the move as it ended.
+func (o *Operators) runMove(t *testing.T, shard, from, to uint64) *placementv1.Operator {
+	t.Helper()
+	op, err := o.BeginMove(context.Background(), shard, from, to, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if last, err := o.Run(ctx, op.GetId()); err != nil || last.GetMove().GetRollingBack() {
+	last, err := o.Run(ctx, op.GetId())
+	if err != nil {
 		t.Fatalf("run: %v %v", last, err)
 	}
-	st, _ := meta.Read(context.Background())
-	return st
+	return last
+}
+
+// nodeIs answers, for Operators.Live, whether a node is live: all are
+// but those listed.
+func nodeIs(down ...uint64) func(uint64) bool {
+	return func(id uint64) bool { return !slices.Contains(down, id) }
+}
+
+// Fault 3 of issue 41, with shard 1's voter on node 3 down. A move of
+// node 1's live replica is refused up front, naming node 3: adding a
+// fourth voter before removing the third would leave the shard with no
+// quorum should one more node fail. Node 3's own replica moves (the
+// repair), node 3's removed before node 4's replica is promoted, so the
+// shard keeps a quorum of live voters (nodes 1 and 2) at every step.
+func TestMoveWithVoterDown(t *testing.T) {
+	o := moveRig(t, "az1", &fakeShards{}, nodeIs(3))
+	_, err := o.BeginMove(context.Background(), 1, 1, 4, "")
+	var refused *RefusedError
+	if !errors.As(err, &refused) || !strings.Contains(refused.Reason, "voter on node 3 does not answer") {
+		t.Fatalf("moving node 1's replica with node 3 down: %v, want refused naming node 3", err)
+	}
+	if st, _ := o.Meta.Read(context.Background()); len(st.GetOperators()) != 0 {
+		t.Fatalf("the refused move left operators %v", st.GetOperators())
+	}
+
+	shards := &fakeShards{}
+	o = moveRig(t, "az3", shards, nodeIs(3))
+	if last := o.runMove(t, 1, 3, 4); last.GetMove().GetRollingBack() {
+		t.Fatalf("moving node 3's replica rolled back: %v", last)
+	}
+	want := []string{
+		"shard 1: MEMBERSHIP_CHANGE_ADD_NON_VOTING 4",
+		"shard 1: MEMBERSHIP_CHANGE_REMOVE 3",
+		"shard 1: MEMBERSHIP_CHANGE_ADD_VOTING 4",
+	}
+	st, _ := o.Meta.Read(context.Background())
+	if fmt.Sprint(shards.log) != fmt.Sprint(want) || fmt.Sprint(replicaNodes(st, 1)) != "[1 2 4]" {
+		t.Fatalf("membership changes %v (want %v), replicas on %v", shards.log, want, replicaNodes(st, 1))
+	}
+}
+
+// A driver that resumes a move whose down source is already out of the
+// group (the driver before it removed it, then failed) promotes the new
+// replica without waiting for it, even though it has stopped: rolling
+// back would leave the map listing a replica the group removed.
+func TestMoveResumedAfterSourceRemoved(t *testing.T) {
+	shards := &fakeShards{stopped: map[uint64]bool{4: true}}
+	o := moveRig(t, "az3", shards, nodeIs(3, 4))
+	o.TargetWait = time.Minute
+	op, err := o.BeginMove(context.Background(), 1, 3, 4, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := shards.Membership(context.Background(), &placementv1.MembershipRequest{ShardId: 1, Change: placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE}); err != nil {
+		t.Fatal(err)
+	}
+	shards.apply(1, placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, 4)
+	shards.apply(1, placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, 3)
+	if err := o.advanceMove(context.Background(), op.GetId(), placementv1.MoveStep_MOVE_STEP_ADDED); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	last, err := o.Run(ctx, op.GetId())
+	st, _ := o.Meta.Read(context.Background())
+	if err != nil || last.GetMove().GetRollingBack() || fmt.Sprint(replicaNodes(st, 1)) != "[1 2 4]" {
+		t.Fatalf("resumed move: %v %v, replicas on %v (changes %v)", last, err, replicaNodes(st, 1), shards.log)
+	}
+}
+
+// A move whose new replica's node stops answering while it catches up
+// rolls back once the node has been silent for targetDownWait, not
+// after the whole TargetWait, though each of its AppliedIndex calls
+// hangs (a stopped process takes the connection and answers nothing).
+func TestMoveRollsBackWhenTargetStops(t *testing.T) {
+	shards := &fakeShards{stopped: map[uint64]bool{4: true}}
+	var stopped atomic.Bool
+	o := moveRig(t, "az1", shards, func(id uint64) bool { return id != 4 || !stopped.Load() })
+	o.TargetWait = time.Minute
+	op, err := o.BeginMove(context.Background(), 1, 1, 4, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped.Store(true)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	last, err := o.Run(ctx, op.GetId())
+	took := time.Since(start)
+	st, _ := o.Meta.Read(context.Background())
+	if err != nil || !last.GetMove().GetRollingBack() || fmt.Sprint(replicaNodes(st, 1)) != "[1 2 3]" {
+		t.Fatalf("move to a stopped node: %v %v, replicas on %v", last, err, replicaNodes(st, 1))
+	}
+	if took > targetDownWait+5*time.Second {
+		t.Fatalf("the move rolled back after %v, want about %v", took, targetDownWait)
+	}
 }
 
 // Every step of a move names the config change id of the membership it

@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -125,4 +130,128 @@ func TestClusterMoveReplica(t *testing.T) {
 	if _, err := c.nodes[four].acquire("via-node-4", "a", time.Minute, 0); err != nil {
 		t.Fatalf("acquire via node 4: %v", err)
 	}
+}
+
+// pause SIGSTOPs node i: its process keeps its sockets but answers
+// nothing, as a hung machine would. (Callable from any goroutine: it
+// does not fail the test.)
+func (c *procCluster) pause(i int) {
+	c.nodes[i].up.Store(false)
+	_ = c.nodes[i].cmd.Process.Signal(syscall.SIGSTOP)
+}
+
+// resume SIGCONTs node i.
+func (c *procCluster) resume(i int) {
+	_ = c.nodes[i].cmd.Process.Signal(syscall.SIGCONT)
+	c.nodes[i].up.Store(true)
+}
+
+// Fault 3 of issue 41: moves while one of shard 1's voters (node 3) is
+// SIGSTOPped, with three 8 s leases renewed every second (each renewal
+// must succeed within 2.5 s, failing over between nodes) throughout.
+//
+//   - Moving a live voter (node 2's replica to node 5) would need every
+//     other live node to stay up until it ends: it is refused up front,
+//     failed_precondition naming node 3 (before, it hung 30–60 s and a
+//     lease expired).
+//   - A move to a target stopped just before is refused, or rolls back
+//     (aborted), the replicas staying on nodes 1, 2 and 3.
+//   - The down voter's own replica moves to node 4, and node 4 is
+//     SIGSTOPped the moment its replica votes: the move removed node 3's
+//     replica before promoting node 4's, so the shard (nodes 1, 2 and 4)
+//     has a quorum throughout and the move completes (before, the shard
+//     had two live voters of four and stalled).
+func TestClusterMoveWithVoterDown(t *testing.T) {
+	c := startProcCluster(t)
+	four, five := c.join("az3"), c.join("az2")
+	const ttl = 8 * time.Second
+	var renewers []*rawRenewer
+	defer func() {
+		for _, w := range renewers {
+			w.finish(t)
+		}
+	}()
+	for i := range 3 {
+		r := fmt.Sprintf("kept-%d", i)
+		var l *wardenv1.AcquireResponse
+		if err := retryUnavailable(func() (err error) {
+			l, err = c.nodes[0].acquire(r, "hold-"+r, ttl, 0)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		renewers = append(renewers, c.renewEvery(r, l, ttl, time.Second, 2500*time.Millisecond, i%2))
+	}
+	c.pause(2)
+	c.waitLeaderNot(2)
+	c.nodeUp(0, 3, false)
+	c.nodeUp(1, 3, false)
+	move := func(from, to uint64) (*wardenv1.MoveReplicaResponse, time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		start := time.Now()
+		resp, err := c.nodes[0].admin.MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: 1, FromNodeId: from, ToNodeId: to}))
+		if err != nil {
+			return nil, time.Since(start), err
+		}
+		return resp.Msg, time.Since(start), nil
+	}
+
+	// A live voter's replica, with node 3 down.
+	_, took, err := move(2, c.nodes[five].id)
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "node 3") {
+		t.Fatalf("moving node 2's replica with node 3 down: %v (after %v), want failed_precondition naming node 3", err, took)
+	}
+	if got := slices.Sorted(slices.Values(c.replicaNodes(1))); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("after the refused move shard 1 is on nodes %v", got)
+	}
+	t.Logf("moving node 2's replica: %v (after %v)", err, took.Round(time.Millisecond))
+
+	// To a target stopped just before.
+	c.pause(four)
+	_, took, err = move(3, c.nodes[four].id)
+	if code := connect.CodeOf(err); code != connect.CodeFailedPrecondition && code != connect.CodeAborted {
+		t.Fatalf("moving to a stopped node: %v (after %v), want failed_precondition or aborted", err, took)
+	}
+	if got := slices.Sorted(slices.Values(c.replicaNodes(1))); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("after the move to a stopped node shard 1 is on nodes %v", got)
+	}
+	t.Logf("moving to a stopped node: %v (after %v)", err, took.Round(time.Millisecond))
+	c.resume(four)
+	c.nodeUp(0, c.nodes[four].id, true)
+	c.nodeUp(1, c.nodes[four].id, true)
+
+	// The down voter's replica, its target stopped as soon as it votes.
+	watch, stopWatch := context.WithCancel(context.Background())
+	voted := make(chan time.Time, 1)
+	go func() {
+		defer close(voted)
+		for watch.Err() == nil {
+			ctx, cancel := context.WithTimeout(watch, time.Second)
+			m, err := c.nodes[0].node().Membership(ctx, connect.NewRequest(&placementv1.MembershipRequest{ShardId: 1, Change: placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE}))
+			cancel()
+			// Replicas 1 to 3 are the shard's first; the rolled-back move's
+			// was 4: any other voting is node 4's new one.
+			if err == nil && len(slices.DeleteFunc(slices.Collect(maps.Keys(m.Msg.GetVoting())), func(id uint64) bool { return id <= 3 })) > 0 {
+				c.pause(four)
+				voted <- time.Now()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	resp, took, err := move(3, c.nodes[four].id)
+	answered := time.Now()
+	stopWatch()
+	at, stopped := <-voted
+	if err != nil || !stopped {
+		t.Fatalf("moving node 3's replica to node 4: %v (after %v); node 4 stopped as it voted: %v", err, took, stopped)
+	}
+	t.Logf("node 3's replica moved to node 4 (replica %d) in %v, node 4 stopped %v before the answer", resp.GetReplicaId(), took.Round(time.Millisecond), answered.Sub(at).Round(time.Millisecond))
+	if got := slices.Sorted(slices.Values(c.replicaNodes(1))); !slices.Equal(got, []uint64{1, 2, 4}) {
+		t.Fatalf("after the move shard 1 is on nodes %v", got)
+	}
+	time.Sleep(ttl) // renewals go on, through the two live voters
+	c.resume(four)
+	c.resume(2)
 }

@@ -15,11 +15,14 @@ import (
 
 // rawRenewer renews one lease every period with Renew calls of a 1 s
 // deadline, as a client without the SDK would: through its preferred
-// node, and through the next running one when a call fails.
+// node, and through the next running one when a call fails. With
+// retryFor set, a renewal not done within retryFor of its first call
+// counts as failed (it goes on trying until the TTL runs out).
 type rawRenewer struct {
 	c               *procCluster
 	resource, lease string
 	ttl, period     time.Duration
+	retryFor        time.Duration
 	stop            chan struct{}
 	done            chan struct{}
 	mu              sync.Mutex
@@ -28,8 +31,8 @@ type rawRenewer struct {
 	slowest         time.Duration // of the calls that failed
 }
 
-func (c *procCluster) renewEvery(resource string, l *wardenv1.AcquireResponse, ttl, period time.Duration, via int) *rawRenewer {
-	w := &rawRenewer{c: c, resource: resource, lease: l.GetLeaseId(), ttl: ttl, period: period, stop: make(chan struct{}), done: make(chan struct{})}
+func (c *procCluster) renewEvery(resource string, l *wardenv1.AcquireResponse, ttl, period, retryFor time.Duration, via int) *rawRenewer {
+	w := &rawRenewer{c: c, resource: resource, lease: l.GetLeaseId(), ttl: ttl, period: period, retryFor: retryFor, stop: make(chan struct{}), done: make(chan struct{})}
 	go w.run(via)
 	return w
 }
@@ -49,7 +52,12 @@ func (w *rawRenewer) run(via int) {
 			return
 		case <-time.After(w.period):
 		}
+		first, late := time.Now(), false
 		for ok := false; !ok; {
+			if w.retryFor > 0 && !late && time.Since(first) > w.retryFor {
+				late = true
+				w.fail(fmt.Errorf("renewal of %s not answered within %v (last success %v before)", w.resource, w.retryFor, time.Since(last).Round(time.Millisecond)))
+			}
 			if time.Since(last) > w.ttl {
 				w.fail(fmt.Errorf("no renewal succeeded for %v, past the %v TTL", time.Since(last), w.ttl))
 				return
@@ -131,7 +139,7 @@ func TestClusterCaseL20RenewalsRideThroughNodeLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := c.renewEvery("l20-raw", raw, ttl, 2*time.Second, C)
+	w := c.renewEvery("l20-raw", raw, ttl, 2*time.Second, 0, C)
 	alive := func(when string) {
 		t.Helper()
 		select {
