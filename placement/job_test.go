@@ -459,6 +459,23 @@ func TestRemovalJobFailsWithItsStep(t *testing.T) {
 	}
 }
 
+// A removal of live node 1 while node 3, a voter of its shards, is down
+// ends at its first step with an error naming node 3, having changed no
+// membership: the step would have needed every other node up until it
+// ended (fault 3 of issue 41; BeginMove refuses the same).
+func TestRemovalJobRefusedWithVoterDown(t *testing.T) {
+	o, shards, _ := jobRig(t)
+	o.register(t, 4, "az1")
+	o.Live = nodeIs(3)
+	job, st := o.runJob(t, removalJob(1, 4, false, ""))
+	if !strings.Contains(job.GetError(), "voter on node 3 does not answer") || len(shards.log) != 0 {
+		t.Fatalf("the removal ended as %v, steps %v, membership changes %v", job, steps(job), shards.log)
+	}
+	if nodeByID(st, 1) == nil || fmt.Sprint(replicaNodes(st, 1)) != "[1 2 3]" || len(st.GetOperators()) != 0 {
+		t.Fatalf("after: nodes %v, replicas %v, operators %v", st.GetNodes(), replicaNodes(st, 1), st.GetOperators())
+	}
+}
+
 // FuzzJobCommands applies arbitrary version 7 commands to a state with a
 // node removal and its move in progress: Apply never panics, and every
 // state it makes keeps the map whole and each job's steps bounded.

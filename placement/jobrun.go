@@ -238,10 +238,14 @@ func (o *Operators) recordStep(ctx context.Context, job uint64, step *placementv
 
 // beginStep begins the move that carries out action a as a step of job;
 // the next pass of driveJob drives it. A refusal ends the job: the state
-// it was planned on no longer allows it.
+// it was planned on no longer allows it, or a voter of the shard is down
+// while the step would move a live replica (voterDown, as for BeginMove).
 func (o *Operators) beginStep(ctx context.Context, job uint64, a Action) error {
-	_, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{
-		Shard: a.Shard, FromNode: a.From, ToNode: a.To, Parent: job}}})
+	err := o.voterDown(ctx, a.Shard, a.From, "")
+	if err == nil {
+		_, err = o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{
+			Shard: a.Shard, FromNode: a.From, ToNode: a.To, Parent: job}}})
+	}
 	var refused *RefusedError
 	if errors.As(err, &refused) && !strings.Contains(refused.Reason, busyReason) {
 		return o.failJob(ctx, job, fmt.Sprintf("%s of shard %d refused: %s", a.Kind, a.Shard, refused.Reason))

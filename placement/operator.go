@@ -481,19 +481,8 @@ func (o *Operators) copyRange(ctx context.Context, opID uint64, s *placementv1.S
 // shard (driveMove removes a down source before it promotes the new
 // replica). A request id the move was begun with before skips the check.
 func (o *Operators) BeginMove(ctx context.Context, shardID, from, to uint64, requestID string) (*placementv1.Operator, error) {
-	if o.Live != nil && o.Live(from) {
-		st, err := o.Meta.Read(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if op, _ := FindOperator(st, 0, requestID); op == nil {
-			for _, r := range NewMap(st).Voters(shardID) {
-				if id := r.GetNodeId(); id != from && !o.Live(id) {
-					return nil, &RefusedError{fmt.Sprintf("shard %d's voter on node %d does not answer: moving node %d's replica now would need every other node up until the move ends; move node %d's replica first, or wait until it answers",
-						shardID, id, from, id)}
-				}
-			}
-		}
+	if err := o.voterDown(ctx, shardID, from, requestID); err != nil {
+		return nil, err
 	}
 	res, err := o.Meta.Propose(ctx, &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{
 		Shard: shardID, FromNode: from, ToNode: to, RequestId: requestID}}})
@@ -501,6 +490,29 @@ func (o *Operators) BeginMove(ctx context.Context, shardID, from, to uint64, req
 		return nil, err
 	}
 	return res.GetOperator(), nil
+}
+
+// voterDown refuses (RefusedError) a move of shardID's live replica on
+// node from while another voter of the shard does not answer (o.Live),
+// unless requestID began an operator already (BeginMove).
+func (o *Operators) voterDown(ctx context.Context, shardID, from uint64, requestID string) error {
+	if o.Live == nil || from == 0 || !o.Live(from) {
+		return nil
+	}
+	st, err := o.Meta.Read(ctx)
+	if err != nil {
+		return err
+	}
+	if op, _ := FindOperator(st, 0, requestID); op != nil {
+		return nil
+	}
+	for _, r := range NewMap(st).Voters(shardID) {
+		if id := r.GetNodeId(); id != from && !o.Live(id) {
+			return &RefusedError{fmt.Sprintf("shard %d's voter on node %d does not answer: moving node %d's replica now would need every other node up until the move ends; move node %d's replica first, or wait until it answers",
+				shardID, id, from, id)}
+		}
+	}
+	return nil
 }
 
 func (o *Operators) advanceMove(ctx context.Context, op uint64, to placementv1.MoveStep) error {
@@ -607,10 +619,16 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 				// not elect a leader with one other voter down. It hands
 				// the lead to the new replica first (should that fail,
 				// the removal goes ahead as before).
-				if o.Cluster != nil && m.GetToNode() != 0 && o.Cluster.Leaders(ctx)[m.GetShard()] == m.GetFromNode() {
-					if err := o.Cluster.TransferLeader(ctx, m.GetShard(), m.GetToNode()); err != nil {
-						log.Warn("replica move: could not hand the lead to the new replica; removing the leader's replica", "err", err)
+				if o.Cluster != nil && m.GetToNode() != 0 {
+					// Bounded: a stopped node asked for a leader or the
+					// transfer may answer nothing.
+					hand, cancel := context.WithTimeout(ctx, handOffWait)
+					if o.Cluster.Leaders(hand)[m.GetShard()] == m.GetFromNode() {
+						if err := o.Cluster.TransferLeader(hand, m.GetShard(), m.GetToNode()); err != nil {
+							log.Warn("replica move: could not hand the lead to the new replica; removing the leader's replica", "err", err)
+						}
 					}
+					cancel()
 				}
 				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
 					return err
@@ -634,6 +652,10 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 		}
 	}
 }
+
+// handOffWait bounds a move's hand-off of the lead before it removes the
+// leader's replica.
+const handOffWait = 10 * time.Second
 
 // targetDownWait is how long a move's new replica's node may go without
 // answering (o.Live) while it catches up before the move rolls back.
