@@ -286,8 +286,8 @@ func (s *LockServer) describe(ctx context.Context, m *wardenv1.DescribeRequest) 
 	}
 	l := q.GetLock()
 	out := &wardenv1.DescribeResponse{FencingToken: l.GetFencingToken(), Waiters: l.GetWaiters()}
-	// Held until the lock could be granted to someone else.
-	if shard.Holds(l, q.GetMeta().GetConfig(), q.GetTimeUnixNano()) {
+	// Held until the lock could be granted to someone else, by any leader.
+	if shard.DescribeHolds(q) {
 		out.Held = true
 		out.Holder = l.GetHolder()
 		out.ExpiresAt = timestamp(l.GetExpiresAtUnixNano())

@@ -20,6 +20,21 @@ func Holds(l *shardv1.LockRecord, c *shardv1.ShardConfig, now int64) bool {
 	return l.GetHeld() && now < l.GetExpiresAtUnixNano()+c.GetMaxClockSkewNanos()
 }
 
+// DescribeHolds reports whether the lock a Describe lookup read (q.Lock)
+// is held, as Describe answers it: Holds at the shard's time high-water
+// mark (q.Meta.last_now_unix_nano, the latest now any applied command
+// carried), not at the reading leader's clock (q.TimeUnixNano). Every
+// command applies at that time or later, so a lock it shows free is
+// grantable to a command stamped by any leader, whatever its clock; one
+// read at a leader clock ahead (a leader not yet confirmed, or out of
+// bounds, DESIGN.md "Time") showed a lock free that the next leader
+// still refused as held. A lease past expires_at + max_clock_skew shows
+// held until a command applies a later time: the leader's expiry sweep
+// does within a scan interval.
+func DescribeHolds(q *shardv1.QueryResult) bool {
+	return Holds(q.GetLock(), q.GetMeta().GetConfig(), q.GetMeta().GetLastNowUnixNano())
+}
+
 // grantable reports whether the lock may be granted to a new lease now.
 func (a *applier) grantable(l *shardv1.LockRecord) bool { return !Holds(l, a.cfg(), a.now) }
 
