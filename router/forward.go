@@ -28,10 +28,13 @@ const (
 // of key's shard, when that is another node, and returns its answer with
 // ok set; with ok unset the RPC is to be served here. While the other
 // node answers Unavailable (its leadership moved, a range is moving), or
-// its connection breaks before it answers (it went down), it looks again
-// and retries, until the answers have been
+// its connection breaks before it answers (it went down), or it misses a
+// clock reading with the call in flight (it stopped, or is cut off: its
+// kernel may still accept the connection, and nothing else would end the
+// wait), it looks again and retries, until the answers have been
 // Unavailable for LeaderWait (counted from the first of them, so a wait
-// that lasted minutes before its node died is retried too). Retrying is
+// that lasted minutes before its node died is retried too); within that
+// run each try, and each look for a leader, ends with it. Retrying is
 // safe: every RPC is idempotent under its request id or lease id.
 func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request[Req], key string,
 	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
@@ -39,7 +42,7 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 	defer func() {
 		var ce *connect.Error
 		switch {
-		case !ok:
+		case !ok, asked == nil: // served here, or no node to ask: err is this node's
 		case err == nil || errors.As(err, &ce) && connect.IsWireError(ce):
 			markForwarded(ctx) // a node served it and recorded it
 		case ctx.Err() == nil:
@@ -58,15 +61,33 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 	}
 	var failing time.Time // when the run of Unavailable answers began
 	for {
-		rl := r.remoteFor(ctx, key)
+		// Within a run of failures, every wait ends with the run.
+		tctx, cancel := ctx, context.CancelFunc(func() {})
+		if !failing.IsZero() {
+			tctx, cancel = context.WithDeadline(ctx, failing.Add(r.cfg.LeaderWait))
+		}
+		rl, lerr := r.remoteFor(tctx, key)
 		if rl == nil {
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+			case failing.IsZero() && errors.Is(lerr, ErrNoLeader):
+				// No leader here, and no live node to ask, for LeaderWait:
+				// no quorum. Serving here would wait for one again.
+				return nil, true, lerr
+			case !failing.IsZero() && (errors.Is(lerr, ErrNoLeader) || tctx.Err() != nil):
+				return resp, true, err // the same, after the asked node failed
+			}
 			return nil, false, nil
 		}
 		fr := connect.NewRequest(req.Msg)
 		fr.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
 		metrics.forwards.Inc()
 		asked = rl
-		resp, err := call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
+		resp, err = callLive(tctx, r, rl.node.GetId(), func(ctx context.Context) (*connect.Response[Resp], error) {
+			return call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
+		})
+		cancel()
 		if !client.Retryable(err) && !notAnswered(ctx, err) {
 			return resp, true, err
 		}
@@ -99,18 +120,63 @@ func notAnswered(ctx context.Context, err error) bool {
 }
 
 // remoteFor returns where key's shard is led from when that is another
-// node, or nil when it is here (or unknown: serving here gives the error).
-func (r *Router) remoteFor(ctx context.Context, key string) *remoteLeader {
+// node, or nil when it is here or unknown (serving here gives the error),
+// with the leader lookup's error.
+func (r *Router) remoteFor(ctx context.Context, key string) (*remoteLeader, error) {
 	rg, err := r.Map().ShardFor(key)
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	_, _, err = r.leader(ctx, rg.GetShardId())
 	var rl *remoteLeader
 	if errors.As(err, &rl) {
-		return rl
+		return rl, nil
 	}
-	return nil
+	return nil, err
+}
+
+// errPeerDown is the cause of a forwarded call's cancellation when its
+// node missed a clock reading with the call in flight (callLive).
+var errPeerDown = errors.New("the node stopped answering its clock readings")
+
+// peerDownPoll is how often callLive looks at a peer's last clock reading.
+const peerDownPoll = 100 * time.Millisecond
+
+// callLive runs f, a call to node id through r, and cancels it, with an
+// Unavailable error, once id is found down: it failed a clock reading
+// (one every ClockInterval, each bounded by it) with the call in flight,
+// or before it began. A SIGSTOPped node's kernel still accepts the
+// connection and the request, so without this a call to it waited for
+// the caller's deadline (issue 41).
+func callLive[Resp any](ctx context.Context, r *Router, id uint64, f func(context.Context) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
+	down := func() error {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %d: %w", id, errPeerDown))
+	}
+	if !r.live(id) {
+		return nil, down()
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		tick := time.NewTicker(peerDownPoll)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				if !r.live(id) {
+					cancel(errPeerDown)
+					return
+				}
+			}
+		}
+	}()
+	resp, err := f(ctx)
+	if err != nil && errors.Is(context.Cause(ctx), errPeerDown) {
+		return nil, down()
+	}
+	return resp, err
 }
 
 // proposeShard proposes env on shardID's leader, which must be local.

@@ -370,7 +370,9 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 			off := rand.IntN(len(reps) + 1) // where to start (+1: IntN(0) panics)
 			for k := range reps {
 				rep := reps[(k+off)%len(reps)]
-				if node := m.Node(rep.GetNodeId()); node != nil && !r.isLocal(node.GetId()) {
+				// Not one that missed its last clock reading: a stopped
+				// node would not answer.
+				if node := m.Node(rep.GetNodeId()); node != nil && !r.isLocal(node.GetId()) && r.live(node.GetId()) {
 					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node}
 				}
 			}

@@ -206,7 +206,7 @@ func TestClusterDescribeHeldWhileGrantRefused(t *testing.T) {
 	var mu sync.Mutex
 	var samples []sample
 	var refused int
-	var lastErr error // the contender's last other error
+	var lastErr error                  // the contender's last other error
 	var lastRefusal, granted time.Time // when the last Acquire refused as held was sent; when one was granted
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/client"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
@@ -171,5 +173,78 @@ func TestClusterCaseL20RenewalsRideThroughNodeLoss(t *testing.T) {
 	}
 	if err := sdk.Unlock(ctx); err != nil {
 		t.Fatalf("the SDK's unlock: %v", err)
+	}
+}
+
+// quorumLossBound is how soon a call through the one running node of
+// three must answer Unavailable (DESIGN.md §5, "two replicas down").
+const quorumLossBound = 6 * time.Second
+
+// Issue 41, fault 4: with two of three nodes SIGSTOPped, a Renew through
+// the third answers Unavailable within quorumLossBound, so its caller
+// can stop work or try elsewhere, and so do an Acquire and a Release;
+// after SIGCONT the same lease renews. Once with the running node the
+// shard's leader, once with it a follower (the leader stopped). The
+// bound is 1.5 times the 4 s DESIGN.md states (measured 0.3-3.8 s), for
+// a loaded 2-core machine; it is also what the fault report called a
+// hang. Before the fix a Renew through the follower, and an Acquire
+// through the leader once it stepped down, got no answer until the
+// caller's 20 s deadline: the node forwarded them to a stopped node,
+// whose kernel accepts the connection, and waited without a bound.
+func TestClusterCallsWithoutQuorumAnswerUnavailable(t *testing.T) {
+	c := startProcCluster(t)
+	for _, survivorLeads := range []bool{true, false} {
+		name := map[bool]string{true: "leader", false: "follower"}[survivorLeads]
+		var a, b *wardenv1.AcquireResponse
+		if err := retryUnavailable(func() (err error) { a, err = c.nodes[0].acquire("quorum/"+name, "a", time.Minute, 0); return err }); err != nil {
+			t.Fatal(err)
+		}
+		if err := retryUnavailable(func() (err error) { b, err = c.nodes[0].acquire("quorum/"+name+"-b", "b", time.Minute, 0); return err }); err != nil {
+			t.Fatal(err)
+		}
+		survivor := c.leaderIndex("quorum/" + name)
+		if !survivorLeads {
+			survivor = c.notLeader("quorum/" + name)
+		}
+		n := c.nodes[survivor]
+		var stopped []int
+		for i := range c.nodes {
+			if i != survivor {
+				_ = c.nodes[i].cmd.Process.Signal(syscall.SIGSTOP)
+				stopped = append(stopped, i)
+			}
+		}
+		calls := map[string]func(context.Context) error{
+			"renew": func(ctx context.Context) error {
+				_, err := n.locks.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: "quorum/" + name, LeaseId: a.GetLeaseId()}))
+				return err
+			},
+			"acquire": func(ctx context.Context) error {
+				_, err := n.locks.Acquire(ctx, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "quorum/" + name + "-c", RequestId: "c", LeaseTtl: durationpb.New(time.Minute)}))
+				return err
+			},
+			"release": func(ctx context.Context) error {
+				_, err := n.locks.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: "quorum/" + name + "-b", LeaseId: b.GetLeaseId()}))
+				return err
+			},
+		}
+		for _, op := range []string{"renew", "acquire", "release"} {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			start := time.Now()
+			err := calls[op](ctx)
+			took := time.Since(start)
+			cancel()
+			t.Logf("%s through the %s: %v after %v", op, name, err, took.Round(time.Millisecond))
+			if code := connect.CodeOf(err); err == nil || code != connect.CodeUnavailable || took > quorumLossBound {
+				t.Errorf("%s through node %d, the shard's %s, with the other two stopped: %v after %v, want unavailable within %v",
+					op, survivor+1, name, err, took.Round(time.Millisecond), quorumLossBound)
+			}
+		}
+		for _, i := range stopped {
+			_ = c.nodes[i].cmd.Process.Signal(syscall.SIGCONT)
+		}
+		if err := retryUnavailable(func() error { return n.renew("quorum/"+name, a.GetLeaseId()) }); err != nil {
+			t.Fatalf("renew through node %d after SIGCONT: %v", survivor+1, err)
+		}
 	}
 }
