@@ -94,6 +94,7 @@ func (l *raftLogger) Warningf(format string, args ...any) { l.log(slog.LevelWarn
 func (l *raftLogger) Errorf(format string, args ...any)   { l.log(slog.LevelError, format, args) }
 func (l *raftLogger) Panicf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
+	ExitIfOutOfSpace(msg) // a write that found the disk full: one line, no stack trace
 	slog.Error(msg, "component", "raft/"+l.pkg)
 	panic(msg)
 }

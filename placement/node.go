@@ -79,6 +79,10 @@ type NodeConfig struct {
 	// the probe times the same disk instead, as a lagging commit would
 	// feel it.
 	OnFsync func(d time.Duration)
+	// DiskReserve is the free space the node keeps on its data
+	// directory's filesystem (WritesRefused, disk.go); the zero value
+	// keeps none.
+	DiskReserve DiskReserve
 }
 
 // fsyncProbeInterval is how often a node times an fsync (OnFsync).
@@ -124,6 +128,12 @@ type Node struct {
 	// runsMeta: StartMeta or JoinMeta started this node's replica of
 	// the placement group in this process.
 	runsMeta atomic.Bool
+	// diskLow is set while the data directory has less free space than
+	// the reserve (watchDisk).
+	diskLow atomic.Pointer[DiskLowError]
+	// failed maps shard id → why this node's replica of it was not
+	// started (a *RolledBackError), until the process restarts.
+	failed sync.Map
 }
 
 // StartNode starts a NodeHost with a small LogDB (Dragonboat's default
@@ -138,6 +148,31 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.IdleCompaction == 0 {
 		cfg.IdleCompaction = time.Minute
 	}
+	nh, err := dragonboat.NewNodeHost(nodeHostConfig(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
+	}
+	n := &Node{cfg: cfg, nh: nh, stop: make(chan struct{})}
+	if err := os.RemoveAll(n.ExportDir()); err != nil { // a backup's leftovers
+		nh.Close()
+		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
+	}
+	addDataDir(cfg.DataDir)
+	if cfg.OnFsync != nil {
+		n.done.Go(n.probeFsync)
+	}
+	if cfg.DiskReserve != (DiskReserve{}) {
+		n.checkDisk() // before the first replica starts
+		n.done.Go(n.watchDisk)
+	}
+	if cfg.IdleCompaction > 0 {
+		n.done.Go(n.compactIdle)
+	}
+	return n, nil
+}
+
+// nodeHostConfig is the configuration of cfg's NodeHost.
+func nodeHostConfig(cfg NodeConfig) config.NodeHostConfig {
 	logdb := config.GetTinyMemLogDBConfig()
 	logdb.Shards = 1
 	logdb.KVWriteBufferSize = logDBMemTable
@@ -154,22 +189,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	if t := cfg.RaftTLS; t != nil {
 		nhc.MutualTLS, nhc.CAFile, nhc.CertFile, nhc.KeyFile = true, t.CAFile, t.CertFile, t.KeyFile
 	}
-	nh, err := dragonboat.NewNodeHost(nhc)
-	if err != nil {
-		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
-	}
-	n := &Node{cfg: cfg, nh: nh, stop: make(chan struct{})}
-	if err := os.RemoveAll(n.ExportDir()); err != nil { // a backup's leftovers
-		nh.Close()
-		return nil, fmt.Errorf("placement: start node %d: %w", cfg.ID, err)
-	}
-	if cfg.OnFsync != nil {
-		n.done.Go(n.probeFsync)
-	}
-	if cfg.IdleCompaction > 0 {
-		n.done.Go(n.compactIdle)
-	}
-	return n, nil
+	return nhc
 }
 
 // compactIdle snapshots, every IdleCompaction until Close, each local
@@ -398,10 +418,17 @@ func (n *Node) StartDataShard(s *placementv1.Shard, members map[uint64]string) e
 	}
 	r := s.GetReplicas()[i]
 	shardID, replicaID := s.GetId(), r.GetReplicaId()
-	create := timedSnapshots(shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), shard.Hooks{Applied: n.cfg.Observer, Storage: n.cfg.OnStorage}), n.cfg.OnSnapshot)
+	create := timedSnapshots(shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), shard.Hooks{Applied: n.cfg.Observer, Storage: n.cfg.OnStorage, Fatal: ExitIfOutOfSpace}), n.cfg.OnSnapshot)
 	rc := n.raftConfig(shardID, replicaID)
 	rc.IsNonVoting = r.GetNonVoting()
 	rc.OrderedConfigChange = s.GetOrderedConfigChange()
+	if err := n.ReplicaFailed(shardID); err != nil {
+		return err
+	}
+	if err := n.checkRolledBack(shardID, replicaID); err != nil {
+		n.failReplica(shardID, err)
+		return err
+	}
 	members, join := n.restartArgs(shardID, replicaID, members, r.GetJoin())
 	if err := n.nh.StartOnDiskReplica(members, join, create, rc); err != nil {
 		return fmt.Errorf("placement: node %d: start shard %d: %w", n.cfg.ID, shardID, err)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/warden-dev/warden/placement"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/shard"
@@ -126,7 +127,7 @@ func classify(err error) class {
 		return class{connect.CodeUnavailable, "unknown"}
 	case errors.Is(err, ErrMembershipChanged):
 		return class{connect.CodeAborted, "conflict"}
-	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrClockUnconfirmed):
+	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrClockUnconfirmed), errors.As(err, new(*placement.DiskLowError)):
 		return class{connect.CodeUnavailable, "unavailable"}
 	}
 	return class{connect.CodeInternal, "error"}

@@ -67,6 +67,13 @@ func (r *Router) Ready(ctx context.Context) []string {
 	m := r.Map()
 	for i := range r.nodes {
 		n := &r.nodes[i]
+		if n.Node != nil {
+			if err := n.Node.WritesRefused(); err != nil {
+				mu.Lock()
+				reasons = append(reasons, err.Error())
+				mu.Unlock()
+			}
+		}
 		if _, _, _, err := n.raft.leaderOf(placement.MetaShardID); err == nil && n.Node != nil {
 			check(fmt.Sprintf("node %d's placement replica", n.id), func(ctx context.Context) error {
 				_, err := n.Node.Meta().Read(ctx)

@@ -22,10 +22,15 @@ type dragonboatHost struct {
 	nh *dragonboat.NodeHost
 	// exportDir is where export writes its files (placement.Node.ExportDir).
 	exportDir string
+	// writesRefused says why the node proposes nothing now
+	// (placement.Node.WritesRefused: its disk is below the reserve).
+	writesRefused func() error
 }
 
 // hostOf is the router's seam to node n's Raft host.
-func hostOf(n *placement.Node) raftHost { return dragonboatHost{n.NodeHost(), n.ExportDir()} }
+func hostOf(n *placement.Node) raftHost {
+	return dragonboatHost{n.NodeHost(), n.ExportDir(), n.WritesRefused}
+}
 
 func (h dragonboatHost) export(ctx context.Context, shardID uint64) (*shard.ExportedSnapshot, string, error) {
 	if err := os.MkdirAll(h.exportDir, 0o700); err != nil {
@@ -43,6 +48,11 @@ func (h dragonboatHost) export(ctx context.Context, shardID uint64) (*shard.Expo
 }
 
 func (h dragonboatHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]byte, error) {
+	if err := h.writesRefused(); err != nil {
+		// Not proposed, and not retried here: the disk frees up on an
+		// operator's time, not in a leader wait. Unavailable (classify).
+		return nil, err
+	}
 	out, err := h.nh.SyncPropose(ctx, h.nh.GetNoOPSession(shardID), cmd)
 	if err != nil {
 		return nil, proposeError(err)

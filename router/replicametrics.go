@@ -39,6 +39,8 @@ var (
 		"Size of the filesystem holding a node's data directory.", []string{"node"}, nil)
 	diskFreeDesc = prometheus.NewDesc("warden_disk_free_bytes",
 		"Bytes free (to an unprivileged user) on the filesystem holding a node's data directory.", []string{"node"}, nil)
+	diskLowDesc = prometheus.NewDesc("warden_disk_low",
+		"1 while a node's data directory has less free space than its reserve (wardend --disk-reserve) and the node refuses writes, else 0.", []string{"node"}, nil)
 )
 
 // replicaCollector collects the replica metrics of the routers running
@@ -65,7 +67,7 @@ func (c *replicaCollector) remove(r *Router) {
 }
 
 func (c *replicaCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{hasLeaderDesc, isLeaderDesc, termDesc, appliedDesc, replicasDesc, diskUsedDesc, diskSizeDesc, diskFreeDesc} {
+	for _, d := range []*prometheus.Desc{hasLeaderDesc, isLeaderDesc, termDesc, appliedDesc, replicasDesc, diskUsedDesc, diskSizeDesc, diskFreeDesc, diskLowDesc} {
 		ch <- d
 	}
 }
@@ -100,6 +102,11 @@ func (r *Router) collectReplicas(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(diskSizeDesc, prometheus.GaugeValue, float64(size), node)
 				ch <- prometheus.MustNewConstMetric(diskFreeDesc, prometheus.GaugeValue, float64(free), node)
 			}
+			low := 0.0
+			if n.Node.WritesRefused() != nil {
+				low = 1
+			}
+			ch <- prometheus.MustNewConstMetric(diskLowDesc, prometheus.GaugeValue, low, node)
 		}
 		for _, id := range m.DataShards() {
 			reps := m.Shard(id).GetReplicas()

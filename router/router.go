@@ -655,7 +655,8 @@ func (r *Router) runTimers(n *LocalNode) {
 			if t.shardID == placement.MetaShardID {
 				continue
 			}
-			if err := r.leaderTick(n, t); err != nil {
+			// A disk below its reserve was logged once by its node.
+			if err := r.leaderTick(n, t); err != nil && !errors.As(err, new(*placement.DiskLowError)) {
 				r.cfg.Logger.Warn("leader timer", "node", n.id, "shard", t.shardID, "term", t.term, "err", err)
 			}
 		}

@@ -82,6 +82,10 @@ type ClusterConfig struct {
 	// proposes it until some node's bootstrap commits, and until then
 	// refuses client calls rather than serve them unauthenticated.
 	AuthBootstrap *placementv1.AuthState
+	// DiskReserve is the free space each node keeps on its data
+	// directory's filesystem (wardend --disk-reserve,
+	// placement.NodeConfig.DiskReserve); the zero value keeps none.
+	DiskReserve placement.DiskReserve
 }
 
 // raftTLS is the Raft transport's mutual TLS from the peer material, or
@@ -169,6 +173,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, RaftListenAddr: spec.RaftListenAddr, DataDir: spec.DataDir,
 			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
 			Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage, OnFsync: router.ObserveFsync,
+			DiskReserve: cfg.DiskReserve,
 		})
 		if err != nil {
 			c.closeNodes()

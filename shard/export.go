@@ -171,7 +171,7 @@ func restoredChanges(r Reader) ([]Change, error) {
 }
 
 func (s *StateMachine) restore(r io.Reader, epoch uint64) error {
-	db, err := openDB(filepath.Join(s.dir, "db-1"), nil)
+	db, err := openDB(filepath.Join(s.dir, "db-1"), nil, nil)
 	if err != nil {
 		return err
 	}

@@ -176,7 +176,7 @@ func TestLogNotReserved(t *testing.T) {
 func openTempDB(t *testing.T) (string, *pebble.DB) {
 	t.Helper()
 	dir := t.TempDir()
-	db, err := openDB(dir, nil)
+	db, err := openDB(dir, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func FuzzLoadSnapshot(f *testing.F) {
 	snap := snapshotOf(f, src)
 	f.Add(snap)
 	f.Add(snap[:len(snap)/3])
-	f.Add([]byte(snapshotMagic))
+	f.Add([]byte(SnapshotMagic))
 	rep := newReplica(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		before := dump(t, rep)

@@ -194,7 +194,7 @@ func TestCorruptSnapshotKeepsState(t *testing.T) {
 	// Keys out of order (the loader writes them straight into a sorted
 	// table), and a key twice.
 	stream := func(keys ...string) []byte {
-		b := []byte(snapshotMagic)
+		b := []byte(SnapshotMagic)
 		for _, k := range keys {
 			b = binary.AppendUvarint(b, uint64(len(k)))
 			b = append(b, k...)

@@ -41,6 +41,7 @@ type StateMachine struct {
 	dir       string
 	observe   ApplyObserver
 	storage   func(kind string, d time.Duration)
+	fatal     func(msg string)
 
 	mu struct {
 		sync.RWMutex
@@ -90,6 +91,10 @@ type Hooks struct {
 	// (kind "flush": a memtable written to a table) and compactions (kind
 	// "compaction") took, from Pebble's events.
 	Storage func(kind string, d time.Duration)
+	// Fatal, if set, hears the message of a fatal error of a replica's
+	// database (a background write that failed) before it panics; it may
+	// end the process instead (placement.ExitIfOutOfSpace).
+	Fatal func(msg string)
 }
 
 // NewStateMachine returns a factory for Dragonboat's StartOnDiskReplica.
@@ -103,6 +108,7 @@ func NewStateMachine(dataDir string, h Hooks) sm.CreateOnDiskStateMachineFunc {
 			dir:       ReplicaDir(dataDir, shardID, replicaID),
 			observe:   h.Applied,
 			storage:   h.Storage,
+			fatal:     h.Fatal,
 		}
 	}
 }
@@ -143,7 +149,7 @@ func (s *StateMachine) Open(stopc <-chan struct{}) (idx uint64, err error) {
 	if err := s.removeStale(dbName); err != nil {
 		return 0, err
 	}
-	db, err := openDB(filepath.Join(s.dir, dbName), s.storage)
+	db, err := openDB(filepath.Join(s.dir, dbName), s.storage, s.fatal)
 	if err != nil {
 		return 0, err
 	}
@@ -162,6 +168,28 @@ func (s *StateMachine) Open(stopc <-chan struct{}) (idx uint64, err error) {
 	return s.applied, nil
 }
 
+// AppliedIndexOf is the Raft index of the last entry applied to the
+// state in replica directory dir (ReplicaDir) as it is on disk, read
+// without starting the replica (and without writing): 0 when dir holds
+// no state. The replica must not be running.
+func AppliedIndexOf(dir string) (uint64, error) {
+	name, err := os.ReadFile(filepath.Join(dir, currentFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	opts := dbOptions()
+	opts.ReadOnly = true
+	db, err := pebble.Open(filepath.Join(dir, strings.TrimSpace(string(name))), opts)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	return appliedIndex(db)
+}
+
 // openDB opens a replica's database. Every Acquire of a new resource
 // looks up keys that do not exist, so the tables carry bloom filters (10
 // bits a key, as RocksDB and CockroachDB default to); without them, such
@@ -177,12 +205,14 @@ func (s *StateMachine) Open(stopc <-chan struct{}) (idx uint64, err error) {
 // apply the same writes, so they would flush at the same moments;
 // staggerFlush keeps them apart.
 // openDB opens a replica's database; storage, if set, hears how long
-// its flushes and compactions take (Hooks.Storage).
-func openDB(dir string, storage func(string, time.Duration)) (*pebble.DB, error) {
+// its flushes and compactions take (Hooks.Storage), and fatal its fatal
+// errors (Hooks.Fatal).
+func openDB(dir string, storage func(string, time.Duration), fatal func(string)) (*pebble.DB, error) {
 	cache := pebble.NewCache(32 << 20)
 	defer cache.Unref() // the database holds its own reference
 	opts := dbOptions()
 	opts.Cache = cache
+	opts.Logger = quietLogger{fatal}
 	if storage != nil {
 		opts.EventListener = pebble.EventListener{
 			FlushEnd: func(i pebble.FlushInfo) {
@@ -371,6 +401,7 @@ func SyncDir(dir string) error {
 // written without fsync; Sync makes it durable, and Dragonboat replays
 // from its own log whatever a crash lost.
 func (s *StateMachine) Update(entries []sm.Entry) ([]sm.Entry, error) {
+	defer s.fatalOnPanic()
 	s.mu.RLock()
 	db := s.mu.db
 	s.mu.RUnlock()
@@ -606,6 +637,7 @@ func digest(g getter) ([]byte, error) {
 // Sync implements sm.IOnDiskStateMachine: it makes every applied batch
 // durable.
 func (s *StateMachine) Sync() error {
+	defer s.fatalOnPanic()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.mu.db.LogData(nil, pebble.Sync)
@@ -619,10 +651,11 @@ func (s *StateMachine) PrepareSnapshot() (any, error) {
 	return s.mu.db.NewSnapshot(), nil
 }
 
-// Snapshot stream format: the magic line, then each key/value pair as
-// uvarint(len(key)) key uvarint(len(value)) value, then uvarint(0) and the
-// pair count as 8 bytes big-endian, so a truncated stream is detected.
-const snapshotMagic = "warden-shard-snapshot-v1\n"
+// SnapshotMagic begins the snapshot stream format: the magic line, then
+// each key/value pair as uvarint(len(key)) key uvarint(len(value)) value,
+// then uvarint(0) and the pair count as 8 bytes big-endian, so a
+// truncated stream is detected.
+const SnapshotMagic = "warden-shard-snapshot-v1\n"
 
 // SaveSnapshot implements sm.IOnDiskStateMachine. It writes every key of
 // the pinned snapshot (records, indexes, meta and applied index).
@@ -637,7 +670,7 @@ func (s *StateMachine) SaveSnapshot(ctx any, w io.Writer, stopc <-chan struct{})
 // and returns how many pairs it wrote.
 func writeStream(g getter, w io.Writer, stopc <-chan struct{}) (uint64, error) {
 	bw := bufio.NewWriterSize(w, 256<<10)
-	if _, err := bw.WriteString(snapshotMagic); err != nil {
+	if _, err := bw.WriteString(SnapshotMagic); err != nil {
 		return 0, err
 	}
 	it := g.NewIter(nil)
@@ -683,7 +716,7 @@ func (s *StateMachine) RecoverFromSnapshot(r io.Reader, stopc <-chan struct{}) e
 	cur := s.mu.dbName
 	s.mu.RUnlock()
 	br := bufio.NewReaderSize(r, 256<<10)
-	if magic, err := br.Peek(len(snapshotMagic)); err != nil || string(magic) != snapshotMagic {
+	if magic, err := br.Peek(len(SnapshotMagic)); err != nil || string(magic) != SnapshotMagic {
 		return fmt.Errorf("%w: bad header", ErrCorruptSnapshot)
 	}
 	next := nextDBName(cur)
@@ -691,7 +724,7 @@ func (s *StateMachine) RecoverFromSnapshot(r io.Reader, stopc <-chan struct{}) e
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
-	db, err := openDB(dir, s.storage)
+	db, err := openDB(dir, s.storage, s.fatal)
 	if err != nil {
 		return err
 	}
@@ -736,8 +769,8 @@ func nextDBName(cur string) string {
 // than batched, flushed and scanned again for the filter
 // (BenchmarkRecoverFromSnapshot; figures in docs/perf/README.md).
 func loadSnapshot(db *pebble.DB, dir string, r *bufio.Reader, stopc <-chan struct{}) (*valueCache, error) {
-	magic := make([]byte, len(snapshotMagic))
-	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != snapshotMagic {
+	magic := make([]byte, len(SnapshotMagic))
+	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != SnapshotMagic {
 		return nil, fmt.Errorf("%w: bad header", ErrCorruptSnapshot)
 	}
 	path := filepath.Join(dir, "snapshot.sst")
@@ -840,11 +873,28 @@ func (s *StateMachine) Close() error {
 	return err
 }
 
+// fatalOnPanic, deferred, tells Hooks.Fatal of a panic before it goes
+// on: Pebble panics, rather than return an error, when a commit's write
+// to its write-ahead log fails (a full disk), and its database is
+// unusable after.
+func (s *StateMachine) fatalOnPanic() {
+	if r := recover(); r != nil {
+		if s.fatal != nil {
+			s.fatal(fmt.Sprint(r))
+		}
+		panic(r)
+	}
+}
+
 // quietLogger drops Pebble's informational logging; fatal errors still
-// stop the process.
-type quietLogger struct{}
+// stop the process, told to fatal first (if set).
+type quietLogger struct{ fatal func(string) }
 
 func (quietLogger) Infof(string, ...any) {}
-func (quietLogger) Fatalf(format string, args ...any) {
-	panic(fmt.Sprintf(format, args...))
+func (l quietLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if l.fatal != nil {
+		l.fatal(msg)
+	}
+	panic(msg)
 }

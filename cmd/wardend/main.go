@@ -214,6 +214,9 @@ func clusterConfig(c cli) (server.ClusterConfig, error) {
 		NewCluster:   c.InitialState == "new",
 		BuildVersion: buildVersion(),
 	}
+	if cfg.DiskReserve, err = placement.ParseDiskReserve(c.DiskReserve); err != nil {
+		return server.ClusterConfig{}, fmt.Errorf("--disk-reserve: %w", err)
+	}
 	switch tlsSet := c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" || c.PeerCA != "" || c.PeerCert != "" || c.PeerKey != ""; {
 	case c.Insecure && tlsSet:
 		return server.ClusterConfig{}, errors.New("--insecure and the TLS flags exclude each other")

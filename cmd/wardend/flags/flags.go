@@ -53,6 +53,7 @@ type CLI struct {
 	Listen         string           `default:"127.0.0.1:7070" help:"Address to serve the Connect API on."`
 	LogLevel       slog.Level       `default:"info" help:"Log level: debug, info, warn, error."`
 	RaftLogLevel   slog.Level       `default:"error" help:"Level below which Dragonboat's own logs are dropped (warn shows its election chatter)."`
+	DiskReserve    string           `name:"disk-reserve" default:"1GiB" placeholder:"SIZE" help:"Free space to keep on the --data-dir filesystem: a size (512MiB, 2GiB, 10GB) or a percentage of the filesystem (5%); 0 keeps none. Below it the node refuses writes (unavailable, naming the disk) and /readyz is not ready, while it serves reads and keeps following its leaders; it accepts writes again once space is freed. With less than a quarter of it left, the node exits (code 28) with one line naming the directory, before a write can fail. Not for --dev."`
 	ShutdownWait   time.Duration    `default:"10s" help:"How long a graceful shutdown waits for RPCs in flight."`
 	AuditLog       string           `help:"Write the audit log (one JSON line per state-changing call, with its principal) to this file, or - for stderr. Reopened on SIGHUP, for rotation."`
 	MetricsAuth    bool             `name:"metrics-auth" help:"With authentication on, serve /metrics only to a caller allowed read on every key (without it, any other caller gets the metrics without the series that name quota pools)."`

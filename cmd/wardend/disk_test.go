@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+)
+
+// mountTmpfs mounts a tmpfs of size (mount's size= option, "160m") on
+// dir, created if need be, and unmounts it when the test ends (after the
+// cluster's processes are stopped, whose cleanup boot registers later).
+// It skips the test when the process cannot mount (not root; CI runs as
+// root).
+func mountTmpfs(t *testing.T, dir, size string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a size-limited tmpfs as a node's data directory needs root (CI runs as root)")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		t.Skipf("mounting a tmpfs on %s: %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, 0); err != nil {
+			t.Errorf("unmounting %s: %v", dir, err)
+		}
+	})
+}
+
+// fillTo writes the file path so that about left bytes stay free on its
+// filesystem (path's own blocks included, if it exists).
+func fillTo(t *testing.T, path string, left uint64) {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(filepath.Dir(path), &st); err != nil {
+		t.Fatal(err)
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	if fi, err := os.Stat(path); err == nil {
+		free += uint64(fi.Size())
+	}
+	if free <= left {
+		t.Fatalf("%s has %d bytes free, not more than the %d to leave", filepath.Dir(path), free, left)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(free-left)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A node whose data directory's filesystem fills up (fault 5 of issue
+// 41: it panicked 10-16 s after the fill, "write …/000002.log: no space
+// left on device") keeps its reserve: below --disk-reserve it refuses
+// writes as leader (unavailable, naming the directory), is not ready,
+// still serves reads and stays up, and takes writes again once the space
+// is freed, without a restart. With less than a quarter of the reserve
+// left it exits with one line and code 28, never a stack trace, while
+// the others serve.
+func TestDiskReserve(t *testing.T) {
+	const reserve = 48 << 20
+	c := newProcCluster(t, map[int][]string{2: {"--disk-reserve", "48MiB"}})
+	n3 := c.nodes[2]
+	mountTmpfs(t, n3.dir, "256m")
+	c.boot()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	// Node 3 leads the data shard, so that it is the one to refuse.
+	waitFor(t, 30*time.Second, "node 3 to lead shard 1", func() bool {
+		_, _ = c.nodes[0].admin.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: 1, NodeId: 3}))
+		resp, err := n3.shards()
+		return err == nil && resp.GetShards()[0].GetLeaderNodeId() == 3
+	})
+	if _, err := n3.acquire("disk/before", "b1", time.Minute, 0); err != nil {
+		t.Fatalf("a write before the fill: %v", err)
+	}
+
+	filler := filepath.Join(n3.dir, "filler")
+	fillTo(t, filler, reserve/2)
+	waitFor(t, 10*time.Second, "node 3 to report not ready for its disk", func() bool {
+		code, body := n3.probe(t, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "--disk-reserve")
+	})
+	if v, ok := n3.metric(`warden_disk_low{node="3"}`); !ok || v != 1 {
+		t.Errorf("warden_disk_low of node 3 below its reserve: %v (exported: %v), want 1", v, ok)
+	}
+	_, err := n3.acquire("disk/low", "l1", time.Minute, 0)
+	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), n3.dir) {
+		t.Fatalf("a write on the leader below its reserve: %v, want unavailable naming %s", err, n3.dir)
+	}
+	if _, err := n3.describe("disk/before"); err != nil {
+		t.Errorf("a read on the node below its reserve: %v", err)
+	}
+	// Some seconds pass, in which the node failed before.
+	time.Sleep(5 * time.Second)
+	if err := nodeAlive(n3); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "a write through node 3 once the space is freed", func() bool {
+		_, err := n3.acquire("disk/after", "a1", time.Minute, 0)
+		return err == nil
+	})
+	waitFor(t, 10*time.Second, "node 3 ready again", func() bool {
+		code, _ := n3.probe(t, "/readyz")
+		return code == http.StatusOK
+	})
+	for _, line := range []string{"data directory below its space reserve", "data directory above its space reserve again"} {
+		if k := strings.Count(n3.log.String(), line); k != 1 {
+			t.Errorf("node 3 logged %q %d times, want once", line, k)
+		}
+	}
+
+	// The reserve used up while node 3 follows: it exits, with one line
+	// and code 28, and the other two serve on.
+	waitFor(t, 30*time.Second, "node 1 to lead shard 1", func() bool {
+		_, _ = c.nodes[0].admin.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: 1, NodeId: 1}))
+		resp, err := c.nodes[0].shards()
+		return err == nil && resp.GetShards()[0].GetLeaderNodeId() == 1
+	})
+	fillTo(t, filler, 64<<10)
+	var exited error
+	for i := 0; exited == nil; i++ {
+		if _, err := c.nodes[0].acquire(fmt.Sprintf("disk/full-%d", i), "f", time.Minute, 0); err != nil {
+			t.Fatalf("a write through node 1 while node 3's disk is full: %v", err)
+		}
+		select {
+		case exited = <-n3.exited:
+			n3.cmd = nil
+			n3.up.Store(false)
+		case <-time.After(10 * time.Millisecond):
+			if i > 3000 {
+				t.Fatalf("node 3 still runs on a full disk:\n%s", lastLines(n3.log.String(), 20))
+			}
+		}
+	}
+	t.Logf("node 3 exited: %v\n%s", exited, lastLines(n3.log.String(), 3))
+	if exitCode(exited) != 28 {
+		t.Errorf("node 3 out of space exited with %v, want exit code 28", exited)
+	}
+	if want := "wardend: data directory " + n3.dir + " is out of space: "; !strings.Contains(n3.log.String(), want) {
+		t.Errorf("node 3's output lacks %q:\n%s", want, lastLines(n3.log.String(), 20))
+	}
+	if strings.Contains(n3.log.String(), "panic:") || strings.Contains(n3.log.String(), "goroutine ") {
+		t.Errorf("node 3 panicked:\n%s", lastLines(n3.log.String(), 40))
+	}
+}
+
+// nodeAlive says whether node n's process still runs and has not
+// panicked.
+func nodeAlive(n *node) error {
+	select {
+	case err := <-n.exited:
+		n.exited <- err
+		return errors.New("node exited: " + lastLines(n.log.String(), 30))
+	default:
+	}
+	if strings.Contains(n.log.String(), "panic:") {
+		return errors.New("node panicked: " + lastLines(n.log.String(), 30))
+	}
+	return nil
+}
+
+// waitFor polls cond until it holds, failing the test after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", d, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

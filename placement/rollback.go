@@ -1,0 +1,186 @@
+package placement
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/lni/dragonboat/v4"
+	pb "github.com/lni/dragonboat/v4/raftpb"
+
+	"github.com/warden-dev/warden/shard"
+)
+
+// A replica whose state machine directory went back in time (restored
+// from an older copy, or a disk that lost writes) holds state behind the
+// index its Raft log says it applied. Dragonboat, starting it, checks
+// the index the state machine's Open returns against the replica's last
+// snapshot, and panics when the snapshot is only a marker of the
+// state machine's own state (an on-disk state machine's local snapshot,
+// or a received one after it was loaded) and its index is above Open's:
+// "ss.OnDiskIndex (2428) > s.onDiskInitIndex (2125)", in a goroutine of
+// the NodeHost, taking down every replica of the node, at every start.
+// The node checks that condition before it starts the replica
+// (checkRolledBack) and leaves it stopped instead; wardend drop-replica
+// (DropReplica) is the repair.
+
+// RolledBackError is why a node did not start its replica of a shard:
+// its state machine has applied less than its last snapshot recorded.
+type RolledBackError struct {
+	Shard, Replica, Node uint64
+	// Dir is the replica's state machine directory.
+	Dir string
+	// Applied is the index of the state in Dir; Snapshot the index the
+	// replica's last snapshot recorded the state machine at.
+	Applied, Snapshot uint64
+}
+
+func (e *RolledBackError) Error() string {
+	return fmt.Sprintf("shard %d replica %d on node %d is not started: its state machine directory %s has applied index %d, behind index %d that its last snapshot recorded "+
+		"(the directory was restored from an older copy, or the disk lost writes); the node serves its other replicas. "+
+		"Repair: stop the node, run wardend drop-replica --shard %d with the node's flags, and start it: the replica starts empty and catches up by a snapshot from its leader",
+		e.Shard, e.Replica, e.Node, e.Dir, e.Applied, e.Snapshot, e.Shard)
+}
+
+// ReplicaFailed returns why the node left its replica of shardID
+// stopped (a *RolledBackError), or nil.
+func (n *Node) ReplicaFailed(shardID uint64) error {
+	if err, ok := n.failed.Load(shardID); ok {
+		return err.(error)
+	}
+	return nil
+}
+
+// failReplica records that the replica of shardID stays stopped for
+// err, and logs it once.
+func (n *Node) failReplica(shardID uint64, err error) {
+	if _, loaded := n.failed.LoadOrStore(shardID, err); !loaded {
+		slog.Error("replica not started", "node", n.cfg.ID, "shard", shardID, "err", err)
+	}
+}
+
+// checkRolledBack returns a *RolledBackError when replica replicaID of
+// shardID, which the NodeHost has started before, has a state machine
+// behind its last snapshot as Dragonboat would find it (see above):
+// that snapshot marks state it does not carry, and its index is above
+// the state machine's applied index. A snapshot that carries the state
+// (received, and not loaded before a crash) is loaded at the start, and
+// passes.
+func (n *Node) checkRolledBack(shardID, replicaID uint64) error {
+	if !n.nh.HasNodeInfo(shardID, replicaID) {
+		return nil
+	}
+	ss, dir, err := n.lastSnapshot(shardID, replicaID)
+	if err != nil || ss == nil {
+		return err
+	}
+	smDir := shard.ReplicaDir(filepath.Join(n.cfg.DataDir, "sm"), shardID, replicaID)
+	applied, err := shard.AppliedIndexOf(smDir)
+	if err != nil {
+		return fmt.Errorf("placement: node %d: shard %d: reading the state machine's applied index: %w", n.cfg.ID, shardID, err)
+	}
+	if ss.OnDiskIndex <= applied || (!ss.Dummy && carriesState(filepath.Join(dir, fmt.Sprintf("snapshot-%016X.gbsnap", ss.Index)))) {
+		return nil
+	}
+	return &RolledBackError{Shard: shardID, Replica: replicaID, Node: n.cfg.ID, Dir: smDir, Applied: applied, Snapshot: ss.OnDiskIndex}
+}
+
+// lastSnapshot reads the record of replica replicaID of shardID's
+// newest complete snapshot, the one its Raft log names, and returns it
+// with its directory: nil when it has none. Dragonboat keeps each
+// snapshot in a directory snapshot-<index, hex> under
+// nodehost/<host>/<deployment>/snapshot-part-<n>/snapshot-<shard>-<replica>,
+// with its record in snapshot.metadata (an 8-byte checksum, then the
+// raftpb.Snapshot); one being written or not yet in the log still holds
+// the flag file dragonboat.snapshot.message.
+func (n *Node) lastSnapshot(shardID, replicaID uint64) (*pb.Snapshot, string, error) {
+	dirs, err := filepath.Glob(filepath.Join(n.cfg.DataDir, "nodehost", "*", "*", "snapshot-part-*", fmt.Sprintf("snapshot-%d-%d", shardID, replicaID), "snapshot-*"))
+	if err != nil {
+		return nil, "", err
+	}
+	var best string
+	var bestIndex uint64
+	for _, d := range dirs {
+		idx, err := strconv.ParseUint(strings.TrimPrefix(filepath.Base(d), "snapshot-"), 16, 64)
+		if err != nil {
+			continue // a temporary directory (.generating, .receiving)
+		}
+		if _, err := os.Stat(filepath.Join(d, "dragonboat.snapshot.message")); err == nil {
+			continue
+		}
+		if idx > bestIndex {
+			best, bestIndex = d, idx
+		}
+	}
+	if best == "" {
+		return nil, "", nil
+	}
+	b, err := os.ReadFile(filepath.Join(best, "snapshot.metadata"))
+	if err != nil {
+		return nil, "", fmt.Errorf("placement: node %d: shard %d: the last snapshot's record: %w", n.cfg.ID, shardID, err)
+	}
+	ss := &pb.Snapshot{}
+	if len(b) < 8 || ss.Unmarshal(b[8:]) != nil {
+		return nil, "", fmt.Errorf("placement: node %d: shard %d: the last snapshot's record %s is corrupt", n.cfg.ID, shardID, filepath.Join(best, "snapshot.metadata"))
+	}
+	return ss, best, nil
+}
+
+// carriesState reports whether the snapshot file at path holds a state
+// machine's state (the stream shard.SaveSnapshot writes, uncompressed,
+// right after Dragonboat's header and sessions), not just the marker a
+// loaded or local snapshot of an on-disk state machine is.
+func carriesState(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	head := make([]byte, 8<<10)
+	k, _ := io.ReadFull(f, head)
+	return bytes.Contains(head[:k], []byte(shard.SnapshotMagic))
+}
+
+// DropReplica deletes, on a node that is not running, its replica of
+// shardID: the replica's Raft log and snapshots (Dragonboat's
+// RemoveData) and its state machine directory, so that the node's next
+// start starts it empty, as the map places it, and it catches up by a
+// snapshot from its leader (wardend drop-replica, the repair of a
+// RolledBackError). cfg is the node's configuration as it runs; the
+// NodeHost is opened, with no replica started, and closed again. It
+// returns the replica id dropped.
+func DropReplica(cfg NodeConfig, shardID uint64) (uint64, error) {
+	if shardID == MetaShardID {
+		return 0, errors.New("placement: drop-replica: the placement group's replica is not a data shard's")
+	}
+	sm := filepath.Join(cfg.DataDir, "sm")
+	dirs, err := filepath.Glob(filepath.Join(sm, fmt.Sprintf("shard-%d-replica-*", shardID)))
+	if err != nil {
+		return 0, err
+	}
+	nh, err := dragonboat.NewNodeHost(nodeHostConfig(cfg))
+	if err != nil {
+		return 0, fmt.Errorf("placement: drop-replica: open node %d (is it still running?): %w", cfg.ID, err)
+	}
+	defer nh.Close()
+	for _, d := range dirs {
+		replicaID, err := strconv.ParseUint(strings.TrimPrefix(filepath.Base(d), fmt.Sprintf("shard-%d-replica-", shardID)), 10, 64)
+		if err != nil || !nh.HasNodeInfo(shardID, replicaID) {
+			continue
+		}
+		if err := nh.RemoveData(shardID, replicaID); err != nil {
+			return 0, fmt.Errorf("placement: drop-replica: shard %d replica %d: %w", shardID, replicaID, err)
+		}
+		if err := os.RemoveAll(d); err != nil {
+			return 0, err
+		}
+		return replicaID, shard.SyncDir(sm)
+	}
+	return 0, fmt.Errorf("placement: drop-replica: node %d has no replica of shard %d in %s", cfg.ID, shardID, cfg.DataDir)
+}
