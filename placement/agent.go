@@ -170,19 +170,28 @@ func (a *Agent) Reconcile(m *Map) error {
 	}
 	var errs []error
 	for id, r := range want {
-		if _, ok := a.running[id]; ok {
+		if _, ok := a.running[id]; ok || a.node.ReplicaFailed(id) != nil {
 			continue
 		}
 		var members map[uint64]string // a joining replica learns them from the leader
 		if !r.GetJoin() {
 			members = m.Members(m.Shard(id))
 		}
-		if err := a.node.StartDataShard(shards[id], members); err != nil && !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
+		err := a.node.StartDataShard(shards[id], members)
+		if _, failed := errors.AsType[*RolledBackError](err); failed {
+			continue // left stopped, logged once; the node serves its other replicas
+		}
+		if err != nil && !errors.Is(err, dragonboat.ErrShardAlreadyExist) {
 			errs = append(errs, err)
 			continue
 		}
 		a.running[id] = r.GetReplicaId()
 	}
+	ids := map[uint64]uint64{}
+	for id, r := range want {
+		ids[id] = r.GetReplicaId()
+	}
+	errs = append(errs, a.node.dropFailed(ids))
 	for id, replica := range a.running {
 		if r, ok := want[id]; ok && r.GetReplicaId() == replica {
 			continue

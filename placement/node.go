@@ -85,6 +85,9 @@ type NodeConfig struct {
 	DiskReserve DiskReserve
 }
 
+// defaultRTT is NodeConfig.RTT's default.
+const defaultRTT = 10 * time.Millisecond
+
 // fsyncProbeInterval is how often a node times an fsync (OnFsync).
 const fsyncProbeInterval = time.Second
 
@@ -136,11 +139,33 @@ type Node struct {
 	failed sync.Map
 }
 
+// dropFailed deletes the data of the replicas the node left stopped
+// (ReplicaFailed) that want, the replica ids the map places on the node
+// by shard, no longer names, and forgets they failed: they were moved
+// away (the repair of a RolledBackError).
+func (n *Node) dropFailed(want map[uint64]uint64) error {
+	var errs []error
+	n.failed.Range(func(k, v any) bool {
+		shardID, e := k.(uint64), v.(*RolledBackError)
+		if want[shardID] == e.Replica {
+			return true
+		}
+		if err := n.StopDataShard(shardID, e.Replica); err != nil {
+			errs = append(errs, err)
+			return true
+		}
+		slog.Info("failed replica removed", "node", n.cfg.ID, "shard", shardID, "replica", e.Replica)
+		n.failed.Delete(shardID)
+		return true
+	})
+	return errors.Join(errs...)
+}
+
 // StartNode starts a NodeHost with a small LogDB (Dragonboat's default
 // reserves up to 8 GiB; dev mode runs three in one process).
 func StartNode(cfg NodeConfig) (*Node, error) {
 	if cfg.RTT == 0 {
-		cfg.RTT = 10 * time.Millisecond
+		cfg.RTT = defaultRTT
 	}
 	if cfg.SnapshotEntries == 0 {
 		cfg.SnapshotEntries, cfg.CompactionOverhead = 100_000, 5_000
@@ -426,7 +451,9 @@ func (n *Node) StartDataShard(s *placementv1.Shard, members map[uint64]string) e
 		return err
 	}
 	if err := n.checkRolledBack(shardID, replicaID); err != nil {
-		n.failReplica(shardID, err)
+		if rb, ok := errors.AsType[*RolledBackError](err); ok {
+			n.failReplica(shardID, rb)
+		}
 		return err
 	}
 	members, join := n.restartArgs(shardID, replicaID, members, r.GetJoin())

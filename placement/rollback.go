@@ -2,7 +2,6 @@ package placement
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/lni/dragonboat/v4"
 	pb "github.com/lni/dragonboat/v4/raftpb"
 
 	"github.com/warden-dev/warden/shard"
@@ -27,8 +25,12 @@ import (
 // "ss.OnDiskIndex (2428) > s.onDiskInitIndex (2125)", in a goroutine of
 // the NodeHost, taking down every replica of the node, at every start.
 // The node checks that condition before it starts the replica
-// (checkRolledBack) and leaves it stopped instead; wardend drop-replica
-// (DropReplica) is the repair.
+// (checkRolledBack) and leaves it stopped instead. The repair is a move
+// of the replica to another node of its zone (the node agent deletes
+// the stopped replica's data once the map no longer places it here):
+// Dragonboat never lets a replica id whose data it removed start again
+// on the NodeHost, so the replica cannot be dropped and restarted in
+// place, and a move back later gives the node a replica under a new id.
 
 // RolledBackError is why a node did not start its replica of a shard:
 // its state machine has applied less than its last snapshot recorded.
@@ -44,22 +46,23 @@ type RolledBackError struct {
 func (e *RolledBackError) Error() string {
 	return fmt.Sprintf("shard %d replica %d on node %d is not started: its state machine directory %s has applied index %d, behind index %d that its last snapshot recorded "+
 		"(the directory was restored from an older copy, or the disk lost writes); the node serves its other replicas. "+
-		"Repair: stop the node, run wardend drop-replica --shard %d with the node's flags, and start it: the replica starts empty and catches up by a snapshot from its leader",
-		e.Shard, e.Replica, e.Node, e.Dir, e.Applied, e.Snapshot, e.Shard)
+		"Repair: move the replica to another node of the zone (warden admin move --shard %d --from %d --to NODE; join a node there first if there is none), "+
+		"which deletes it here; a move back gives this node a new replica, which catches up by a snapshot",
+		e.Shard, e.Replica, e.Node, e.Dir, e.Applied, e.Snapshot, e.Shard, e.Node)
 }
 
 // ReplicaFailed returns why the node left its replica of shardID
 // stopped (a *RolledBackError), or nil.
 func (n *Node) ReplicaFailed(shardID uint64) error {
 	if err, ok := n.failed.Load(shardID); ok {
-		return err.(error)
+		return err.(*RolledBackError)
 	}
 	return nil
 }
 
 // failReplica records that the replica of shardID stays stopped for
 // err, and logs it once.
-func (n *Node) failReplica(shardID uint64, err error) {
+func (n *Node) failReplica(shardID uint64, err *RolledBackError) {
 	if _, loaded := n.failed.LoadOrStore(shardID, err); !loaded {
 		slog.Error("replica not started", "node", n.cfg.ID, "shard", shardID, "err", err)
 	}
@@ -145,42 +148,4 @@ func carriesState(path string) bool {
 	head := make([]byte, 8<<10)
 	k, _ := io.ReadFull(f, head)
 	return bytes.Contains(head[:k], []byte(shard.SnapshotMagic))
-}
-
-// DropReplica deletes, on a node that is not running, its replica of
-// shardID: the replica's Raft log and snapshots (Dragonboat's
-// RemoveData) and its state machine directory, so that the node's next
-// start starts it empty, as the map places it, and it catches up by a
-// snapshot from its leader (wardend drop-replica, the repair of a
-// RolledBackError). cfg is the node's configuration as it runs; the
-// NodeHost is opened, with no replica started, and closed again. It
-// returns the replica id dropped.
-func DropReplica(cfg NodeConfig, shardID uint64) (uint64, error) {
-	if shardID == MetaShardID {
-		return 0, errors.New("placement: drop-replica: the placement group's replica is not a data shard's")
-	}
-	sm := filepath.Join(cfg.DataDir, "sm")
-	dirs, err := filepath.Glob(filepath.Join(sm, fmt.Sprintf("shard-%d-replica-*", shardID)))
-	if err != nil {
-		return 0, err
-	}
-	nh, err := dragonboat.NewNodeHost(nodeHostConfig(cfg))
-	if err != nil {
-		return 0, fmt.Errorf("placement: drop-replica: open node %d (is it still running?): %w", cfg.ID, err)
-	}
-	defer nh.Close()
-	for _, d := range dirs {
-		replicaID, err := strconv.ParseUint(strings.TrimPrefix(filepath.Base(d), fmt.Sprintf("shard-%d-replica-", shardID)), 10, 64)
-		if err != nil || !nh.HasNodeInfo(shardID, replicaID) {
-			continue
-		}
-		if err := nh.RemoveData(shardID, replicaID); err != nil {
-			return 0, fmt.Errorf("placement: drop-replica: shard %d replica %d: %w", shardID, replicaID, err)
-		}
-		if err := os.RemoveAll(d); err != nil {
-			return 0, err
-		}
-		return replicaID, shard.SyncDir(sm)
-	}
-	return 0, fmt.Errorf("placement: drop-replica: node %d has no replica of shard %d in %s", cfg.ID, shardID, cfg.DataDir)
 }

@@ -130,6 +130,8 @@ func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[warde
 			// A node that stopped answering is down even while this node's
 			// view of the leader still names it (an election takes a moment).
 			switch up, _ := s.r.heardFrom(rep.NodeId); {
+			case s.r.replicaFailed(rep.NodeId, sh.GetId()):
+				rep.State = "failed"
 			case !up:
 				rep.State = "down"
 			case rep.NodeId == info.LeaderNodeId:

@@ -53,14 +53,17 @@ func (r *Router) Ready(ctx context.Context) []string {
 		reasons []string
 		wg      sync.WaitGroup
 	)
+	add := func(reason string) {
+		mu.Lock()
+		reasons = append(reasons, reason)
+		mu.Unlock()
+	}
 	check := func(what string, read func(context.Context) error) {
 		wg.Go(func() {
 			rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 			defer cancel()
 			if err := read(rctx); err != nil {
-				mu.Lock()
-				reasons = append(reasons, fmt.Sprintf("%s: no leader with a quorum, or not caught up within %v: %v", what, readyTimeout, err))
-				mu.Unlock()
+				add(fmt.Sprintf("%s: no leader with a quorum, or not caught up within %v: %v", what, readyTimeout, err))
 			}
 		})
 	}
@@ -69,9 +72,7 @@ func (r *Router) Ready(ctx context.Context) []string {
 		n := &r.nodes[i]
 		if n.Node != nil {
 			if err := n.Node.WritesRefused(); err != nil {
-				mu.Lock()
-				reasons = append(reasons, err.Error())
-				mu.Unlock()
+				add(err.Error())
 			}
 		}
 		if _, _, _, err := n.raft.leaderOf(placement.MetaShardID); err == nil && n.Node != nil {
@@ -84,6 +85,12 @@ func (r *Router) Ready(ctx context.Context) []string {
 			if !slices.ContainsFunc(m.Shard(id).GetReplicas(), func(rep *placementv1.Replica) bool { return rep.GetNodeId() == n.id }) {
 				continue // the map places no replica of it here
 			}
+			if n.Node != nil {
+				if err := n.Node.ReplicaFailed(id); err != nil {
+					add(err.Error())
+					continue
+				}
+			}
 			check(fmt.Sprintf("node %d's replica of shard %d", n.id, id), func(ctx context.Context) error {
 				_, err := n.raft.read(ctx, id, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
 				return err
@@ -94,6 +101,17 @@ func (r *Router) Ready(ctx context.Context) []string {
 	slices.Sort(reasons)
 	r.ready.at, r.ready.reasons = time.Now(), reasons
 	return reasons
+}
+
+// replicaFailed reports whether node, if it runs in this process, left
+// its replica of shardID stopped (placement.Node.ReplicaFailed).
+func (r *Router) replicaFailed(node, shardID uint64) bool {
+	for i := range r.nodes {
+		if n := &r.nodes[i]; n.id == node && n.Node != nil {
+			return n.Node.ReplicaFailed(shardID) != nil
+		}
+	}
+	return false
 }
 
 // healthz answers that the process serves.

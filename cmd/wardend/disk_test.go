@@ -171,7 +171,7 @@ func nodeAlive(n *node) error {
 	select {
 	case err := <-n.exited:
 		n.exited <- err
-		return errors.New("node exited: " + lastLines(n.log.String(), 30))
+		return fmt.Errorf("node exited (%v):\n%s", err, lastLines(n.log.String(), 30))
 	default:
 	}
 	if strings.Contains(n.log.String(), "panic:") {
