@@ -121,7 +121,7 @@ func TestPoolIDIndexBuiltOnOpen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		db, err := openDB(filepath.Join(r.sm.dir, strings.TrimSpace(string(dir))), nil)
+		db, err := openDB(filepath.Join(r.sm.dir, strings.TrimSpace(string(dir))), nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +155,7 @@ func TestPoolIDIndexBuiltOnOpen(t *testing.T) {
 	if res := r.propose(t0+int64(time.Hour), reserveCmd("pool/c", "v1", 1)); res.GetCode() != shardv1.Code_CODE_INVALID_ARGUMENT || res.GetField() != "reservation_id" {
 		t.Fatalf("Reserve(pool/c, v1), v1 held by pool/b since before the index: %v, want invalid_argument naming reservation_id", res)
 	}
-	stream := bufio.NewReader(bytes.NewReader(snapshotOf(t, r)[len(snapshotMagic):]))
+	stream := bufio.NewReader(bytes.NewReader(snapshotOf(t, r)[len(SnapshotMagic):]))
 	for {
 		k, err := readPair(stream)
 		if err != nil {
