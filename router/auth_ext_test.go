@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpcreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/client"
@@ -528,5 +529,26 @@ func testMetricsHideTenants(t *testing.T, metricsAuth bool, scrape func(*testing
 		case !metricsAuth && (code != http.StatusOK || !strings.Contains(body, "warden_rpc_") || strings.Contains(body, "tenantx")):
 			t.Errorf("%s scrape: %d, want 200 with the RPC metrics and without tenantx", who, code)
 		}
+	}
+}
+
+// With authentication on, gRPC reflection (which lists AuthService)
+// answers only callers that authenticate.
+func TestReflectionNeedsAuthentication(t *testing.T) {
+	c := startAuthCluster(t, nil)
+	list := func(opts ...connect.ClientOption) error {
+		stream := grpcreflect.NewClient(c.plain, c.srv.URL, append(opts, connect.WithGRPC())...).NewStream(ctx(t))
+		defer stream.Close()
+		_, err := stream.ListServices()
+		return err
+	}
+	if err := list(); err != nil {
+		t.Fatalf("authentication off: reflection: %v", err)
+	}
+	tokens := c.enable(map[string][]*wardenv1.AuthGrant{"operator": {{Permission: "admin"}}, "nothing": {}},
+		map[string]string{"admin": "operator", "someone": "nothing"}, "someone")
+	wantCode(t, list(), connect.CodeUnauthenticated)
+	if err := list(client.WithToken(tokens["someone"].GetToken())); err != nil {
+		t.Fatalf("reflection by an authenticated principal: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpcreflect"
 
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -115,9 +116,9 @@ func fromNode(cfg *Config, req *http.Request) bool {
 // the node API (nodePrefix) answers only other nodes; the headers that
 // mean something inside the cluster (forwardedHeader, principalHeader,
 // the cluster secret) are stripped from every other caller's request;
-// and a client's call to a client service is authenticated by a (see
-// authState.authenticate), its principal put in the request's context.
-// A node's call carries its original caller's principal.
+// and a client's call to a client service or reflection is
+// authenticated by a (see authenticated, authState.authenticate), its
+// principal put in the request's context. A node's call carries its original caller's principal.
 //
 // Under TLS a node must also be one the map knows (known, when set,
 // says): a peer certificate for any other id (a node about to join) may
@@ -149,7 +150,7 @@ func guard(cfg *Config, a *authState, known func(id uint64) bool, nodePrefix str
 		req.Header.Del(forwardedHeader)
 		req.Header.Del(secretHeader)
 		req.Header.Del(principalHeader)
-		if ClientPath(req.URL.Path) {
+		if authenticated(req.URL.Path) {
 			p, err := a.authenticate(req)
 			if err != nil {
 				_ = refuse.Write(w, req, err)
@@ -163,6 +164,15 @@ func guard(cfg *Config, a *authState, known func(id uint64) bool, nodePrefix str
 		}
 		next.ServeHTTP(w, req)
 	})
+}
+
+// authenticated reports whether guard authenticates a client's call of
+// an HTTP request path: the client services (ClientPath), and gRPC
+// server reflection, which lists them and AuthService: with
+// authentication on, reflection answers any principal, nobody else.
+func authenticated(path string) bool {
+	return ClientPath(path) || strings.HasPrefix(path, "/"+grpcreflect.ReflectV1ServiceName+"/") ||
+		strings.HasPrefix(path, "/"+grpcreflect.ReflectV1AlphaServiceName+"/")
 }
 
 // joiningKey marks, in a call's context, the id of a node the map does
