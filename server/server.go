@@ -5,11 +5,14 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	_ "net/http/pprof" // served only on Config.PprofAddr
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -182,12 +185,36 @@ func handler(r *router.Router, corsOrigins []string) http.Handler {
 	return withCORS(grpcWebText(router.NewHandler(r), maxTextRequestBytes, r.Refusal), corsOrigins)
 }
 
+// tlsHandshakeFailures counts the connections whose TLS handshake
+// failed (a port scanner, a client with the wrong CA, plain HTTP sent to
+// the TLS port).
+var tlsHandshakeFailures = promauto.NewCounter(prometheus.CounterOpts{Name: "warden_tls_handshake_failures_total",
+	Help: "Connections to the client API whose TLS handshake failed; each is logged at DEBUG only."})
+
+// httpErrorLog is the net/http server's error log: a failed TLS
+// handshake, which anyone who reaches the port can cause at will, is
+// counted (tlsHandshakeFailures) and logged at DEBUG, not at INFO once
+// per connection; anything else is logged at WARN.
+type httpErrorLog struct{}
+
+func (httpErrorLog) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	if strings.Contains(msg, "TLS handshake error") {
+		tlsHandshakeFailures.Inc()
+		slog.Debug(msg)
+	} else {
+		slog.Warn(msg)
+	}
+	return len(p), nil
+}
+
 // newHTTPServer returns an HTTP server for h that speaks HTTP/1.1 and
 // HTTP/2: over TLS (negotiated by ALPN) when secure, else cleartext
 // (h2c), as gRPC clients without TLS need.
 func newHTTPServer(h http.Handler, secure bool) *http.Server {
 	srv := &http.Server{
 		Handler:           h,
+		ErrorLog:          log.New(httpErrorLog{}, "", 0),
 		ReadHeaderTimeout: 10 * time.Second,
 		// Requests are small; a body that trickles in is an attack. (There
 		// is no WriteTimeout: a waiting Acquire may answer minutes later.)
