@@ -552,3 +552,50 @@ func TestReflectionNeedsAuthentication(t *testing.T) {
 		t.Fatalf("reflection by an authenticated principal: %v", err)
 	}
 }
+
+// A principal allowed quota.use under a prefix sees, in Query, the
+// limits and totals of the levels under it, not those of the levels
+// above (another tenant's usage): only their keys and remaining.
+func TestQueryRedactsLevelsAbovePrefix(t *testing.T) {
+	c := startAuthCluster(t, nil)
+	tokens := c.enable(map[string][]*wardenv1.AuthGrant{
+		"operator": {{Permission: "admin"}, {Permission: "read"}, {Permission: "quota.use"}, {Permission: "quota.admin"}},
+		"eu":       {{Permission: "quota.use", Prefix: "acme/eu"}},
+	}, map[string]string{"admin": "operator", "eu": "eu"}, "admin", "eu")
+	admin := c.caller(c.plain, client.WithToken(tokens["admin"].GetToken()))
+	eu := c.caller(c.plain, client.WithToken(tokens["eu"].GetToken()))
+	for key, limit := range map[string]int64{"acme": 100, "acme/eu": 50} {
+		if _, err := admin.quota.SetLimit(ctx(t), connect.NewRequest(&wardenv1.SetLimitRequest{Key: key, Limit: limit})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another tenant's usage of the parent.
+	if _, err := admin.quota.Reserve(ctx(t), connect.NewRequest(&wardenv1.ReserveRequest{Key: "acme/us", Amount: 30, ReservationId: "us1", Ttl: durationpb.New(time.Minute)})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eu.quota.Reserve(ctx(t), connect.NewRequest(&wardenv1.ReserveRequest{Key: "acme/eu", Amount: 5, ReservationId: "eu1", Ttl: durationpb.New(time.Minute)})); err != nil {
+		t.Fatal(err)
+	}
+	levels := func(who caller) map[string]*wardenv1.QuotaLevel {
+		t.Helper()
+		resp, err := who.quota.Query(ctx(t), connect.NewRequest(&wardenv1.QueryRequest{Key: "acme/eu"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]*wardenv1.QuotaLevel{}
+		for _, l := range resp.Msg.GetLevels() {
+			out[l.GetKey()] = l
+		}
+		return out
+	}
+	if l := levels(admin)["acme"]; l.GetReserved() != 35 || l.GetLimit() != 100 {
+		t.Fatalf("admin's view of acme: %v, want reserved 35 of 100", l)
+	}
+	got := levels(eu)
+	if l := got["acme"]; l == nil || l.GetReserved() != 0 || l.GetLimit() != 0 || l.GetHasLimit() || l.GetRemaining() != 65 {
+		t.Errorf("eu's view of acme: %v, want its key and remaining 65 alone", l)
+	}
+	if l := got["acme/eu"]; l.GetReserved() != 5 || l.GetLimit() != 50 {
+		t.Errorf("eu's view of acme/eu: %v, want reserved 5 of 50", l)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/auth"
 	"github.com/warden-dev/warden/keyspace"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
@@ -122,7 +123,43 @@ func (s *QuotaServer) Release(ctx context.Context, req *connect.Request[wardenv1
 }
 
 // Query implements QuotaService.Query.
+//
+// With authentication on, a level whose key the caller may neither use
+// nor read (a level above its grant's prefix, shared with other
+// tenants) shows only its key and remaining (redactLevels).
 func (s *QuotaServer) Query(ctx context.Context, req *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
+	resp, err := s.query(ctx, req)
+	if err == nil {
+		err = s.r.redactLevels(ctx, resp.Msg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// redactLevels zeroes, in q, the limit, weight and totals of each level
+// whose key the call's principal may neither use (quota.use) nor read:
+// they count other tenants' usage. Its key stays, and its remaining,
+// which bounds the caller's own reservations (a Reserve refused would
+// tell as much). It fails, as authorization does, when the node's auth
+// view is too old to decide by.
+func (r *Router) redactLevels(ctx context.Context, q *wardenv1.QueryResponse) error {
+	pol, err := r.auth.policy()
+	if err != nil || !pol.Enabled() {
+		return err
+	}
+	principal := principalOf(ctx)
+	for _, l := range q.GetLevels() {
+		if pol.Allows(principal, auth.QuotaUse, l.GetKey()) || pol.Allows(principal, auth.Read, l.GetKey()) {
+			continue
+		}
+		l.HasLimit, l.Limit, l.Weight, l.Committed, l.Reserved, l.ExpiredPending = false, 0, 0, 0, 0, 0
+	}
+	return nil
+}
+
+func (s *QuotaServer) query(ctx context.Context, req *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
 	if _, known := wardenv1.Consistency_name[int32(req.Msg.GetConsistency())]; !known {
 		return nil, &shard.FieldError{Field: "consistency", Reason: "must be CONSISTENCY_LINEARIZABLE or CONSISTENCY_STALE"}
 	}
