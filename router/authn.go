@@ -266,10 +266,11 @@ func authenticateWith(pol *auth.Policy, req *http.Request) (string, error) {
 }
 
 // Refusal returns the error guard answers req with, unread, when req is
-// a client's call of a client service (or reflection) whose credentials do not
-// authenticate; else nil. It is for a layer in front of NewHandler's
-// that reads the body before guard sees the call (server's
-// gRPC-Web-text translation), so that it reads none of a refused call.
+// a client's call of a client service (or of reflection) whose
+// credentials do not authenticate; else nil. It is for a layer in front
+// of NewHandler's that reads the body before guard sees the call
+// (server's gRPC-Web-text translation), so that it reads none of a
+// refused call.
 func (r *Router) Refusal(req *http.Request) error {
 	if fromNode(&r.cfg, req) || !authenticated(req.URL.Path) {
 		return nil
