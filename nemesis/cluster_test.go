@@ -3,7 +3,6 @@
 package nemesis
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -12,13 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/internal/logbuf"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
@@ -47,24 +46,6 @@ const (
 	raftPort   = "7071"
 )
 
-// syncBuffer is a log buffer the child writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // node is one wardend process in its namespace.
 type node struct {
 	id     uint64
@@ -72,7 +53,7 @@ type node struct {
 	host   string // its address there
 	dir    string
 	cmd    *exec.Cmd
-	log    *syncBuffer
+	log    *logbuf.Buffer
 	exited chan error
 	// offset is the --debug-clock-offset it runs with.
 	offset time.Duration
@@ -154,7 +135,7 @@ func lastLines(s string, n int) string {
 func (c *cluster) start(i int, first bool) {
 	c.t.Helper()
 	n := c.nodes[i]
-	n.log, n.exited = &syncBuffer{}, make(chan error, 1)
+	n.log, n.exited = &logbuf.Buffer{}, make(chan error, 1)
 	adv := strings.Split(strings.Split(c.members, ",")[i], "=")
 	args := []string{"netns", "exec", n.ns, binary, "--node-id", fmt.Sprint(n.id), "--zone", fmt.Sprintf("az%d", i+1),
 		"--raft-addr", net.JoinHostPort(n.host, raftPort), "--listen", net.JoinHostPort(n.host, listenPort),

@@ -230,6 +230,21 @@ func (w *workload) probe(i int) {
 	}
 }
 
+// call runs one lock call as op o of w under ctx: it records its invoke and
+// completion, classifies its outcome, lets fill take what the answer
+// says, and adds o to the history.
+func call[Resp any](ctx context.Context, w *workload, o op, send func(context.Context) (*connect.Response[Resp], error), fill func(*op, *Resp)) op {
+	o.invoke = time.Now()
+	resp, err := send(ctx)
+	o.done = time.Now()
+	classify(&o, err)
+	if err == nil {
+		fill(&o, resp.Msg)
+	}
+	w.hist.add(o)
+	return o
+}
+
 func (w *workload) acquire(client, i int, r, reqID string, wait, cancelAfter time.Duration) op {
 	o := op{client: client, node: i, kind: "acquire", res: r, wait: wait > 0, cancelled: cancelAfter > 0}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout+wait)
@@ -242,61 +257,38 @@ func (w *workload) acquire(client, i int, r, reqID string, wait, cancelAfter tim
 	if wait > 0 {
 		req.WaitTimeout = durationpb.New(wait)
 	}
-	o.invoke = time.Now()
-	resp, err := w.c.nodes[i].locks.Acquire(ctx, connect.NewRequest(req))
-	o.done = time.Now()
-	classify(&o, err)
-	if err == nil {
-		o.lease, o.token, o.expires = resp.Msg.GetLeaseId(), resp.Msg.GetFencingToken(), resp.Msg.GetExpiresAt().AsTime()
-	}
-	w.hist.add(o)
-	return o
+	return call(ctx, w, o, func(ctx context.Context) (*connect.Response[wardenv1.AcquireResponse], error) {
+		return w.c.nodes[i].locks.Acquire(ctx, connect.NewRequest(req))
+	}, func(o *op, m *wardenv1.AcquireResponse) {
+		o.lease, o.token, o.expires = m.GetLeaseId(), m.GetFencingToken(), m.GetExpiresAt().AsTime()
+	})
 }
 
 func (w *workload) renew(client, i int, r, lease string) op {
-	o := op{client: client, node: i, kind: "renew", res: r, lease: lease}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	o.invoke = time.Now()
-	resp, err := w.c.nodes[i].locks.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: r, LeaseId: lease}))
-	o.done = time.Now()
-	classify(&o, err)
-	if err == nil {
-		o.expires = resp.Msg.GetExpiresAt().AsTime()
-	}
-	w.hist.add(o)
-	return o
+	return call(ctx, w, op{client: client, node: i, kind: "renew", res: r, lease: lease}, func(ctx context.Context) (*connect.Response[wardenv1.RenewResponse], error) {
+		return w.c.nodes[i].locks.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: r, LeaseId: lease}))
+	}, func(o *op, m *wardenv1.RenewResponse) { o.expires = m.GetExpiresAt().AsTime() })
 }
 
 func (w *workload) release(client, i int, r, lease string) op {
-	o := op{client: client, node: i, kind: "release", res: r, lease: lease}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	o.invoke = time.Now()
-	resp, err := w.c.nodes[i].locks.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: r, LeaseId: lease}))
-	o.done = time.Now()
-	classify(&o, err)
-	if err == nil {
-		o.released = resp.Msg.GetReleased()
-	}
-	w.hist.add(o)
-	return o
+	return call(ctx, w, op{client: client, node: i, kind: "release", res: r, lease: lease}, func(ctx context.Context) (*connect.Response[wardenv1.ReleaseResponse], error) {
+		return w.c.nodes[i].locks.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: r, LeaseId: lease}))
+	}, func(o *op, m *wardenv1.ReleaseResponse) { o.released = m.GetReleased() })
 }
 
 func (w *workload) describe(client, i int, r string) op {
-	o := op{client: client, node: i, kind: "describe", res: r}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	o.invoke = time.Now()
-	resp, err := w.c.nodes[i].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: r}))
-	o.done = time.Now()
-	classify(&o, err)
-	if err == nil {
-		o.held, o.token = resp.Msg.GetHeld(), resp.Msg.GetFencingToken()
-		if resp.Msg.GetExpiresAt() != nil {
-			o.expires = resp.Msg.GetExpiresAt().AsTime()
+	return call(ctx, w, op{client: client, node: i, kind: "describe", res: r}, func(ctx context.Context) (*connect.Response[wardenv1.DescribeResponse], error) {
+		return w.c.nodes[i].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: r}))
+	}, func(o *op, m *wardenv1.DescribeResponse) {
+		o.held, o.token = m.GetHeld(), m.GetFencingToken()
+		if m.GetExpiresAt() != nil {
+			o.expires = m.GetExpiresAt().AsTime()
 		}
-	}
-	w.hist.add(o)
-	return o
+	})
 }

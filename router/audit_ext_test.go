@@ -1,44 +1,26 @@
 package router_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/internal/logbuf"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/server"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // The audit log has one JSON line per state-changing RPC with resource,
 // lease hash, token, holder, caller and outcome, and never the lease id.
 func TestAuditLog(t *testing.T) {
-	var buf syncBuffer
+	var buf logbuf.Buffer
 	c := startCluster(t, server.DevConfig{Router: router.Config{Audit: slog.New(slog.NewJSONHandler(&buf, nil))}})
 	a := c.mustAcquire("orders/42", "q1", 5*time.Second)
 	c.acquire("orders/42", "q2", 5*time.Second) // conflict

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/client"
+	"github.com/warden-dev/warden/internal/logbuf"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
@@ -117,7 +118,7 @@ func acquireReq(resource string) *connect.Request[wardenv1.AcquireRequest] {
 // token are unauthenticated before anything is read, and the audit log
 // names the principal of every change but never a token.
 func TestAuthorization(t *testing.T) {
-	var audit syncBuffer
+	var audit logbuf.Buffer
 	c := startAuthCluster(t, slog.New(slog.NewJSONHandler(&audit, nil)))
 	anon := c.caller(c.plain)
 	// Authentication off: the first operator sets it up, anonymously.
@@ -424,7 +425,7 @@ func TestAuthChangeEndsWaits(t *testing.T) {
 // the error nor the audit line whole or raw, and a Batch of 1,000
 // denied acquires writes one audit line with their count.
 func TestRefusedCallsBoundedAudit(t *testing.T) {
-	var audit syncBuffer
+	var audit logbuf.Buffer
 	c := startAuthCluster(t, slog.New(slog.NewJSONHandler(&audit, nil)))
 	c.enable(map[string][]*wardenv1.AuthGrant{
 		"operator": {{Permission: "admin"}},

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/client"
+	"github.com/warden-dev/warden/internal/logbuf"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -32,24 +32,6 @@ import (
 // A three-process cluster on loopback: each node a real wardend in its
 // own zone with its own data directory, as deploy/local runs them.
 
-// syncBuffer is a log buffer the child writes while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type node struct {
 	id           uint64
 	zone         string
@@ -58,7 +40,7 @@ type node struct {
 	cmd          *exec.Cmd
 	up           atomic.Bool // running: read by traffic goroutines
 	started      bool        // start has run once: later starts are restarts
-	log          *syncBuffer
+	log          *logbuf.Buffer
 	exited       chan error
 	locks        wardenv1connect.LockServiceClient
 	admin        wardenv1connect.AdminServiceClient
@@ -201,7 +183,7 @@ func lastLines(s string, n int) string {
 func (c *procCluster) start(i int) {
 	c.t.Helper()
 	n := c.nodes[i]
-	n.log, n.exited = &syncBuffer{}, make(chan error, 1)
+	n.log, n.exited = &logbuf.Buffer{}, make(chan error, 1)
 	args := []string{"--node-id", fmt.Sprint(n.id), "--zone", n.zone, "--raft-addr", n.raft, "--listen", n.listen, "--data-dir", n.dir,
 		"--cluster-secret-file", c.secret}
 	if !c.secure && knowsFlag(c.binOf(i), "--insecure") { // older builds served cleartext without it
