@@ -27,6 +27,7 @@ type clockWatch struct {
 	// offsets holds, per peer, its last good reading.
 	offsets map[uint64]reading
 	down    map[uint64]bool // peers whose last reading failed
+	missed  map[uint64]int  // readings each peer failed in a row
 	// versions holds the shard command version each peer's binary
 	// applies, from its last clock reading.
 	versions map[uint64]uint32
@@ -274,9 +275,14 @@ func (r *Router) readClock(n *placementv1.Node, round time.Time) (off, rtt time.
 		r.clock.down = map[uint64]bool{}
 	}
 	r.clock.down[n.GetId()] = err != nil
+	if r.clock.missed == nil {
+		r.clock.missed = map[uint64]int{}
+	}
 	if err != nil {
+		r.clock.missed[n.GetId()]++
 		return 0, 0, false
 	}
+	r.clock.missed[n.GetId()] = 0
 	rtt = got.Sub(sent)
 	off = time.Unix(0, resp.Msg.GetUnixNano()).Sub(sent.Add(rtt / 2))
 	metrics.clockOffset.WithLabelValues(strconv.FormatUint(n.GetId(), 10)).Set(off.Seconds())
@@ -374,6 +380,20 @@ func (r *Router) live(id uint64) bool {
 	r.clock.mu.Lock()
 	defer r.clock.mu.Unlock()
 	return !r.clock.down[id]
+}
+
+// peerDownAfter is how many clock readings in a row a peer must fail
+// before the calls forwarded to it are given up (callLive): one failed
+// reading may be a pause of a busy node, and a waiting Acquire given up
+// on it would leave its place in the queue.
+const peerDownAfter = 2
+
+// unresponsive reports whether node id failed its last peerDownAfter
+// clock readings.
+func (r *Router) unresponsive(id uint64) bool {
+	r.clock.mu.Lock()
+	defer r.clock.mu.Unlock()
+	return r.clock.missed[id] >= peerDownAfter
 }
 
 // handLeadershipAway asks every data shard this node leads to elect

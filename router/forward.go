@@ -61,7 +61,7 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 	}
 	var failing time.Time // when the run of Unavailable answers began
 	for {
-		// Within a run of failures, every wait ends with the run.
+		// Within a run of failures, every leader lookup ends with the run.
 		tctx, cancel := ctx, context.CancelFunc(func() {})
 		if !failing.IsZero() {
 			tctx, cancel = context.WithDeadline(ctx, failing.Add(r.cfg.LeaderWait))
@@ -84,7 +84,10 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		fr.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
 		metrics.forwards.Inc()
 		asked = rl
-		resp, err = callLive(tctx, r, rl.node.GetId(), func(ctx context.Context) (*connect.Response[Resp], error) {
+		// The call itself has the caller's deadline: a waiting Acquire
+		// on a leader that answers waits as long as it asked to (a node
+		// that stops answering is given up by callLive).
+		resp, err = callLive(ctx, r, rl.node.GetId(), func(ctx context.Context) (*connect.Response[Resp], error) {
 			return call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
 		})
 		cancel()
@@ -143,16 +146,16 @@ var errPeerDown = errors.New("the node stopped answering its clock readings")
 const peerDownPoll = 100 * time.Millisecond
 
 // callLive runs f, a call to node id through r, and cancels it, with an
-// Unavailable error, once id is found down: it failed a clock reading
-// (one every ClockInterval, each bounded by it) with the call in flight,
-// or before it began. A SIGSTOPped node's kernel still accepts the
+// Unavailable error, once id is found unresponsive: it failed
+// peerDownAfter clock readings in a row (one every ClockInterval, each
+// bounded by it) with the call in flight, or before it began. A SIGSTOPped node's kernel still accepts the
 // connection and the request, so without this a call to it waited for
 // the caller's deadline (issue 41).
 func callLive[Resp any](ctx context.Context, r *Router, id uint64, f func(context.Context) (*connect.Response[Resp], error)) (*connect.Response[Resp], error) {
 	down := func() error {
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %d: %w", id, errPeerDown))
 	}
-	if !r.live(id) {
+	if r.unresponsive(id) {
 		return nil, down()
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -165,7 +168,7 @@ func callLive[Resp any](ctx context.Context, r *Router, id uint64, f func(contex
 			case <-ctx.Done():
 				return
 			case <-tick.C:
-				if !r.live(id) {
+				if r.unresponsive(id) {
 					cancel(errPeerDown)
 					return
 				}

@@ -209,31 +209,48 @@ func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*conn
 
 // Release implements LockService.Release.
 func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
-	if resp, ok, err := forwardRelease(ctx, s.r, req, func(p *peer) releaseCall { return p.locks.Release }); ok {
+	unknown := false // a forwarded attempt's outcome is unknown
+	if resp, ok, err := forwardRelease(ctx, s.r, req, &unknown, func(p *peer) releaseCall { return p.locks.Release }); ok {
 		return resp, err
 	}
-	return s.release(ctx, req.Msg)
+	// Leadership came here after such an attempt: the same rule.
+	resp, err := s.release(ctx, req.Msg)
+	if err == nil && unknown {
+		settleRelease(resp.Msg)
+	}
+	return resp, err
+}
+
+// settleRelease answers a Release that was sent again after an attempt
+// whose outcome is unknown: when the lease was found already released by
+// a Release of its lease id, that attempt (or, should the holder have
+// sent the same Release twice at once, the other copy) ended it, and the
+// call answers released.
+func settleRelease(m *wardenv1.ReleaseResponse) {
+	if m.GetAlreadyReleased() {
+		m.Released, m.AlreadyReleased = true, false
+	}
 }
 
 // releaseCall is LockService.Release on one node.
 type releaseCall = func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error)
 
-// forwardRelease is forward for a Release. forward sends a Release again
+// forwardRelease is forward for a Release; *unknown is set once an
+// attempt's outcome is unknown. forward sends a Release again
 // only after an attempt whose outcome it cannot tell (an error): when a
 // later attempt finds the lease already released by a Release of its
 // lease id, the attempt before it did that, and the call answers what that
 // attempt would have, released (DESIGN.md §1 rule 3), rather than that
 // nothing changed. Any other answer is the last attempt's own.
-func forwardRelease(ctx context.Context, r *Router, req *connect.Request[wardenv1.ReleaseRequest], call func(*peer) releaseCall) (*connect.Response[wardenv1.ReleaseResponse], bool, error) {
-	unknown := false // an earlier attempt's outcome is unknown
+func forwardRelease(ctx context.Context, r *Router, req *connect.Request[wardenv1.ReleaseRequest], unknown *bool, call func(*peer) releaseCall) (*connect.Response[wardenv1.ReleaseResponse], bool, error) {
 	return forward(ctx, r, req, req.Msg.GetResource(), func(p *peer) releaseCall {
 		return func(ctx context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 			resp, err := call(p)(ctx, fr)
 			switch {
 			case err != nil:
-				unknown = true
-			case unknown && resp.Msg.GetAlreadyReleased():
-				resp.Msg.Released, resp.Msg.AlreadyReleased = true, false
+				*unknown = true
+			case *unknown:
+				settleRelease(resp.Msg)
 			}
 			return resp, err
 		}

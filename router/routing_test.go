@@ -334,7 +334,7 @@ func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 	}
 	calls := 0
 	call := func(*peer) releaseCall {
-		return func(_ context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+		return func(ctx context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 			calls++
 			if got, want := fr.Header().Get(forwardedHeader), strconv.Itoa(hops+1); got != want {
 				t.Errorf("forwarded with %s %q, want %q", forwardedHeader, got, want)
@@ -352,6 +352,13 @@ func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 				return connect.NewResponse(&wardenv1.ReleaseResponse{AlreadyReleased: true}), nil
 			case "broken":
 				return nil, connect.NewError(connect.CodeUnavailable, errors.New("connection reset by peer"))
+			case "slow": // answers ok after 3 s (a waiting Acquire, say), longer than LeaderWait
+				select {
+				case <-time.After(3 * time.Second):
+					return connect.NewResponse(&wardenv1.ReleaseResponse{}), nil
+				case <-ctx.Done():
+					return nil, connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+				}
 			case "garbled": // not Connect's answer: an HTTP 400 from something else on the address
 				return nil, connect.NewError(connect.CodeInternal, errors.New("protocol error: HTTP status 400 Bad Request"))
 			}
@@ -363,7 +370,8 @@ func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 		}
 	}
 	req.Msg.Resource = key
-	resp, ok, err := forwardRelease(f.ctx, f.r, req, call)
+	unknown := false
+	resp, ok, err := forwardRelease(f.ctx, f.r, req, &unknown, call)
 	if !ok {
 		return fmt.Sprintf("served here (%d calls)", calls)
 	}
