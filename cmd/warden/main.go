@@ -322,10 +322,13 @@ func (r *releaseCmd) Run(g *globals) error {
 		return fmt.Errorf("release %s: %w", r.Resource, err)
 	}
 	return g.print(resp.Msg, func(w io.Writer) {
-		if resp.Msg.GetReleased() {
+		switch {
+		case resp.Msg.GetReleased():
 			fmt.Fprintf(w, "released %s\n", r.Resource)
-		} else {
-			fmt.Fprintf(w, "not released: %s is not held by that lease (already released, expired or replaced)\n", r.Resource)
+		case resp.Msg.GetAlreadyReleased():
+			fmt.Fprintf(w, "not released: a Release of that lease ended it earlier (%s)\n", r.Resource)
+		default:
+			fmt.Fprintf(w, "not released: %s is not held by that lease (expired, revoked or replaced)\n", r.Resource)
 		}
 	})
 }

@@ -72,10 +72,10 @@ func TestCLI(t *testing.T) {
 	if out, err := cli("lock", "renew", "orders/42", got.LeaseID); err != nil || !strings.HasPrefix(out, "renewed orders/42") {
 		t.Fatalf("renew printed %q (%v)", out, err)
 	}
-	if out, err := cli("lock", "release", "orders/42", got.LeaseID, "--json"); err != nil || strings.TrimSpace(out) != `{"released":true}` {
+	if out, err := cli("lock", "release", "orders/42", got.LeaseID, "--json"); err != nil || strings.TrimSpace(out) != `{"released":true,"already_released":false}` {
 		t.Fatalf("release printed %q (%v)", out, err)
 	}
-	if out, err := cli("lock", "release", "orders/42", got.LeaseID); err != nil || !strings.HasPrefix(out, "not released") {
+	if out, err := cli("lock", "release", "orders/42", got.LeaseID); err != nil || !strings.HasPrefix(out, "not released: a Release of that lease ended it earlier") {
 		t.Fatalf("repeated release printed %q (%v)", out, err)
 	}
 	_, err = cli("lock", "renew", "orders/42", "nothex")
