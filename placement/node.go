@@ -451,10 +451,17 @@ func (n *Node) StartDataShard(s *placementv1.Shard, members map[uint64]string) e
 		return err
 	}
 	if err := n.checkRolledBack(shardID, replicaID); err != nil {
-		if rb, ok := errors.AsType[*RolledBackError](err); ok {
+		rb, ok := errors.AsType[*RolledBackError](err)
+		if ok {
 			n.failReplica(shardID, rb)
+			return err
 		}
-		return err
+		// The check reads Dragonboat's files and the state machine's
+		// database from outside: one it cannot read (a snapshot directory
+		// a crash left without its record, a database another replica
+		// object of this process still holds) proves nothing, and the
+		// replica starts as it did before the check existed.
+		slog.Warn("replica started without the rollback check", "node", n.cfg.ID, "shard", shardID, "replica", replicaID, "err", err)
 	}
 	members, join := n.restartArgs(shardID, replicaID, members, r.GetJoin())
 	if err := n.nh.StartOnDiskReplica(members, join, create, rc); err != nil {

@@ -117,6 +117,9 @@ func (n *Node) lastSnapshot(shardID, replicaID uint64) (*pb.Snapshot, string, er
 		if _, err := os.Stat(filepath.Join(d, "dragonboat.snapshot.message")); err == nil {
 			continue
 		}
+		if _, err := os.Stat(filepath.Join(d, "snapshot.metadata")); err != nil {
+			continue // not complete: a crash cut it short before its record
+		}
 		if idx > bestIndex {
 			best, bestIndex = d, idx
 		}

@@ -129,7 +129,17 @@ func TestReplicaRolledBack(t *testing.T) {
 		_, err := os.Stat(smDir)
 		return os.IsNotExist(err) && strings.Contains(n3.log.String(), "failed replica removed")
 	})
-	back, err := c.nodes[0].admin.MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: 1, FromNodeId: 4, ToNodeId: 3}))
+	// A move is refused while node 1 has not heard node 3 answer its last
+	// clock reading (one a second), which a loaded machine can miss.
+	var back *connect.Response[wardenv1.MoveReplicaResponse]
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		back, err = c.nodes[0].admin.MoveReplica(ctx, connect.NewRequest(&wardenv1.MoveReplicaRequest{ShardId: 1, FromNodeId: 4, ToNodeId: 3}))
+		if err == nil || !strings.Contains(err.Error(), "does not answer") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatalf("moving the replica back: %v", err)
 	}
