@@ -141,8 +141,21 @@ func TestClusterMixedOperations(t *testing.T) {
 		t.Fatalf("a rebalance once every node runs version 7: %v\n%s", err, out)
 	}
 	sum, st = c.placementDigest()
-	if kept := st.GetFinishedOperators(); len(kept) != 2 || kept[1].GetRebalance() == nil || kept[1].GetRequestId() != "rebalance-a" {
+	// Kept: the split, the rebalance last, and between them the moves the
+	// rebalance ran as its steps (when a split left a shard short of a
+	// replica, its node being upgraded then), each naming it as parent.
+	kept := st.GetFinishedOperators()
+	if len(kept) < 2 {
 		t.Fatalf("after the rebalance the placement replicas keep %v", kept)
+	}
+	last := kept[len(kept)-1]
+	if kept[0].GetSplit() == nil || last.GetRebalance() == nil || last.GetRequestId() != "rebalance-a" {
+		t.Fatalf("after the rebalance the placement replicas keep %v", kept)
+	}
+	for _, op := range kept[1 : len(kept)-1] {
+		if op.GetMove() == nil || op.GetParent() != last.GetId() {
+			t.Fatalf("after the rebalance the placement replicas keep %v: %v is not one of the rebalance's steps", kept, op)
+		}
 	}
 	t.Logf("upgraded: the rebalance kept on every placement replica, digest %s…", sum[:16])
 }
