@@ -5,14 +5,19 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// A starting node tells another node, and only a node, how it starts; a
-// caller without the cluster secret learns nothing but Unavailable.
+// A starting node tells another node, and only a node, how it starts,
+// as it is at the time of the call (it changes once the node starts
+// Raft); a caller without the cluster secret learns nothing but
+// Unavailable.
 func TestStartingHandlerAnswersNodesOnly(t *testing.T) {
-	srv := httptest.NewUnstartedServer(NewStartingHandler(Config{ClusterSecret: "secret-0123456789"}, "restore 0a1b"))
+	var status atomic.Value
+	status.Store("restore 0a1b")
+	srv := httptest.NewUnstartedServer(NewStartingHandler(Config{ClusterSecret: "secret-0123456789"}, func() string { return status.Load().(string) }))
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
@@ -32,6 +37,10 @@ func TestStartingHandlerAnswersNodesOnly(t *testing.T) {
 		if st != nil || status != tc.want || (tc.want == "") != (err != nil) {
 			t.Errorf("secret %q: ProbeStart = %v, %q, %v; want status %q", tc.secret, st, status, err, tc.want)
 		}
+	}
+	status.Store("running")
+	if _, got, err := NewPeers("secret-0123456789", nil).ProbeStart(ctx, addr); got != "running" || err != nil {
+		t.Errorf("after the status changed: ProbeStart = %q, %v; want status %q", got, err, "running")
 	}
 	resp, err := http.Get(srv.URL + "/healthz")
 	if err != nil {

@@ -86,6 +86,11 @@ type ClusterConfig struct {
 	// directory's filesystem (wardend --disk-reserve,
 	// placement.NodeConfig.DiskReserve); the zero value keeps none.
 	DiskReserve placement.DiskReserve
+	// Status, if set, is what the process answers the other starting
+	// nodes until its router serves (NewStatus). StartCluster sets it to
+	// StatusRunning before it starts Raft on any node: from then the
+	// node may acknowledge entries, and must not be counted as new.
+	Status *Status
 }
 
 // raftTLS is the Raft transport's mutual TLS from the peer material, or
@@ -167,6 +172,9 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 				c.closeNodes()
 				return nil, err
 			}
+		}
+		if cfg.Status != nil {
+			cfg.Status.set(StatusRunning)
 		}
 		lead := router.NewLeadership(cfg.Router.ClockOffset)
 		n, err := placement.StartNode(placement.NodeConfig{

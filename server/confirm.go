@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/warden-dev/warden/placement"
@@ -45,14 +46,37 @@ func nodeStatus(spec NodeSpec, cfg ClusterConfig) string {
 	return startStatus(mode, pending.GetRestoreId())
 }
 
-// StartingStatus is the router.StartingHeader a process running cfg
-// answers with while its cluster starts: its (first) node's nodeStatus.
-func StartingStatus(cfg ClusterConfig) string {
-	if len(cfg.Nodes) == 0 {
-		return ""
+// StatusRunning is the router.StartingHeader of a process that has
+// started Raft on a node but does not serve yet (placement.Bootstrap may
+// wait for a quorum for up to BootstrapTimeout): that node may have
+// acknowledged, even committed, entries, so another node's identity
+// check never counts it as new in this start (decideStart).
+const StatusRunning = "running"
+
+// Status is the router.StartingHeader a process answers while its
+// cluster starts, before its router serves. Safe for concurrent use.
+type Status struct{ v atomic.Pointer[string] }
+
+// NewStatus is the status of a process running cfg: its (first) node's
+// nodeStatus until StartCluster(cfg) starts Raft, StatusRunning from
+// then on (ClusterConfig.Status).
+func NewStatus(cfg ClusterConfig) *Status {
+	s := new(Status)
+	if len(cfg.Nodes) > 0 {
+		s.set(nodeStatus(cfg.Nodes[0], cfg))
 	}
-	return nodeStatus(cfg.Nodes[0], cfg)
+	return s
 }
+
+// String is the status to answer now ("" before any is set).
+func (s *Status) String() string {
+	if v := s.v.Load(); v != nil {
+		return *v
+	}
+	return ""
+}
+
+func (s *Status) set(v string) { s.v.Store(&v) }
 
 // peerAnswer is what one initial member answered an identity probe.
 type peerAnswer struct {
@@ -146,9 +170,11 @@ func probePeers(p *router.Peers, seeds []string) []peerAnswer {
 // confirmed included, are starting with the same status: every entry a
 // cluster ever committed was acknowledged by a quorum, so while at most
 // one directory is lost, a quorum of directories new in this start means
-// nothing was committed yet (a restore: by the restored cluster). Else
-// (members unreachable, restarting from their data, or starting
-// otherwise) it waits, and why says for whom.
+// nothing was committed yet (a restore: by the restored cluster). A
+// member that answers StatusRunning has started Raft, so it is not new
+// whatever mode it started in. Else (members unreachable, restarting
+// from their data, running Raft without serving, or starting otherwise)
+// it waits, and why says for whom.
 func decideStart(answers []peerAnswer, id placement.Identity, status, restoreID string, confirmed, quorum int) (ok bool, why string, err error) {
 	var waiting []string
 	for _, a := range answers {
@@ -163,6 +189,10 @@ func decideStart(answers []peerAnswer, id placement.Identity, status, restoreID 
 				return false, "", err
 			}
 			return true, "", nil
+		case a.status == StatusRunning:
+			// It started Raft and may hold committed entries: it
+			// confirms nothing until it serves its placement state.
+			waiting = append(waiting, a.addr+" has started Raft and does not serve yet")
 		case a.status == status:
 			confirmed++
 		case a.status != "":

@@ -2,11 +2,16 @@ package server
 
 import (
 	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/router"
 )
 
 // A node whose directory is new in this start (a new cluster's member, a
@@ -14,8 +19,9 @@ import (
 // member's placement state that knows it by this incarnation or none
 // (for a restore, the state this restore created), or a quorum of
 // initial members starting the same way. Unreachable members,
-// restarting ones and ones starting otherwise make it wait, never
-// start; a state that does not know it so refuses it.
+// restarting ones, ones that run Raft but do not serve yet and ones
+// starting otherwise make it wait, never start; a state that does not
+// know it so refuses it.
 func TestDecideStart(t *testing.T) {
 	id := placement.Identity{NodeID: 3, Incarnation: "new", Created: true}
 	state := func(restoreID, incarnation string) *placementv1.State {
@@ -44,6 +50,8 @@ func TestDecideStart(t *testing.T) {
 		{name: "a late member of the restore", answers: []peerAnswer{{addr: "a:1", state: state("r1", "")}}, status: "restore r1", restoreID: "r1", want: true},
 		{name: "a quorum restoring", answers: []peerAnswer{down, {addr: "b:1", status: "restore r1"}}, status: "restore r1", restoreID: "r1", want: true},
 		{name: "a peer restoring another backup", answers: []peerAnswer{down, {addr: "b:1", status: "restore r0"}}, status: "restore r1", restoreID: "r1", wantWhy: "b:1 is starting as restore r0"},
+		{name: "a peer running Raft, not serving yet", answers: []peerAnswer{down, {addr: "b:1", status: StatusRunning}}, status: "new-cluster", wantWhy: "b:1 has started Raft"},
+		{name: "a peer running a restore's Raft", answers: []peerAnswer{down, {addr: "b:1", status: StatusRunning}}, status: "restore r1", restoreID: "r1", wantWhy: "b:1 has started Raft"},
 		{name: "a restore beside new members", answers: []peerAnswer{newCluster, {addr: "c:1", status: "new-cluster"}}, status: "restore r1", restoreID: "r1", wantWhy: "1 initial member(s) starting as restore r1, 2 needed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,5 +72,76 @@ func TestDecideStart(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A node answers as new only until it starts Raft: once its Raft
+// transport listens (Raft runs, and may acknowledge entries) while
+// placement.Bootstrap still waits for a quorum, its starting status is
+// StatusRunning, which no other node's identity check counts as new.
+func TestStartingStatusRunningOnceRaftStarts(t *testing.T) {
+	const secret = "secret-0123456789"
+	// Member 2 answers that it starts a new cluster too, and never runs
+	// Raft; member 3 is down. With this node, a quorum of 3 says new, so
+	// this node starts Raft, and Bootstrap waits in vain.
+	peer := httptest.NewUnstartedServer(router.NewStartingHandler(router.Config{ClusterSecret: secret}, func() string { return "new-cluster" }))
+	peer.Config.Protocols = new(http.Protocols)
+	peer.Config.Protocols.SetHTTP1(true)
+	peer.Config.Protocols.SetUnencryptedHTTP2(true)
+	peer.Start()
+	defer peer.Close()
+	addr := func() string {
+		a, err := FreeLoopbackAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	raft, listen := addr(), addr()
+	cfg := ClusterConfig{
+		Nodes:      []NodeSpec{{ID: 1, RaftAddr: raft, DataDir: t.TempDir()}},
+		ListenAddr: listen,
+		Members: []Member{
+			{ID: 1, RaftAddr: raft, ListenAddr: listen},
+			{ID: 2, RaftAddr: addr(), ListenAddr: strings.TrimPrefix(peer.URL, "http://")},
+			{ID: 3, RaftAddr: addr(), ListenAddr: addr()},
+		},
+		NewCluster:       true,
+		Router:           router.Config{ClusterSecret: secret},
+		BootstrapTimeout: 5 * time.Second,
+	}
+	cfg.Status = NewStatus(cfg)
+	if got := cfg.Status.String(); got != "new-cluster" {
+		t.Fatalf("status before the start: %q, want %q", got, "new-cluster")
+	}
+	done := make(chan error, 1)
+	go func() {
+		c, err := StartCluster(cfg)
+		if err == nil {
+			c.Close()
+		}
+		done <- err
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", raft); err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("StartCluster returned (%v) before its Raft transport listened", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the node's Raft transport never listened")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := cfg.Status.String(); got != StatusRunning {
+		t.Errorf("status once Raft runs, with Bootstrap waiting: %q, want %q", got, StatusRunning)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("StartCluster succeeded without a quorum")
 	}
 }

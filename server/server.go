@@ -114,11 +114,12 @@ func Start(cfg Config) (*Server, error) {
 	// node asks how this one starts (router.NewStartingHandler), which
 	// its identity check waits for (confirmIdentity).
 	var current atomic.Pointer[http.Handler]
-	starting := router.NewStartingHandler(router.Config{}, "") // a dev cluster serves no node API
+	starting := router.NewStartingHandler(router.Config{}, func() string { return "" }) // a dev cluster serves no node API
 	if cfg.Dev == nil {
 		rc := cfg.Cluster.Router
 		rc.PeerTLS = cfg.TLS != nil // with peer material, checked above
-		starting = router.NewStartingHandler(rc, StartingStatus(cfg.Cluster))
+		cfg.Cluster.Status = NewStatus(cfg.Cluster)
+		starting = router.NewStartingHandler(rc, cfg.Cluster.Status.String)
 	}
 	// No client call is served before the router exists: a gRPC-Web-text
 	// one is refused unread, as one that fails authentication is after.
