@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"path/filepath"
@@ -87,18 +88,18 @@ func OpenBackup(dir string, trust BackupTrust) (*Backup, error) {
 	if man.GetBackupId() == "" || man.GetPlacement() == nil || len(man.GetShards()) == 0 {
 		return nil, fmt.Errorf("restore: %s: backup_id, placement and shards are required", path)
 	}
-	files := []*wardenv1.BackupFile{man.GetPlacement()}
-	for _, s := range man.GetShards() {
-		files = append(files, s.GetFile())
+	// The placement file is read once, and what was checked is parsed.
+	pb, err := readChecked(dir, man.GetPlacement())
+	if err != nil {
+		return nil, err
 	}
-	for _, f := range files {
-		if err := checkFile(dir, f); err != nil {
+	// The shard files are checked now, so that a damaged backup fails
+	// before anything is written, and again as restoreReplica reads
+	// them: a check holds only for the bytes it hashed.
+	for _, s := range man.GetShards() {
+		if err := checkFile(dir, s.GetFile()); err != nil {
 			return nil, err
 		}
-	}
-	pb, err := os.ReadFile(filepath.Join(dir, man.GetPlacement().GetName()))
-	if err != nil {
-		return nil, fmt.Errorf("restore: %w", err)
 	}
 	st := &placementv1.State{}
 	if err := proto.Unmarshal(pb, st); err != nil {
@@ -117,27 +118,78 @@ func OpenBackup(dir string, trust BackupTrust) (*Backup, error) {
 
 // checkFile checks file f of backup dir against its size and digest.
 func checkFile(dir string, f *wardenv1.BackupFile) error {
+	r, err := openChecked(dir, f)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return r.check()
+}
+
+// readChecked reads file f of backup dir once and checks those bytes
+// against its size and digest: what it returns is what was checked.
+func readChecked(dir string, f *wardenv1.BackupFile) ([]byte, error) {
+	r, err := openChecked(dir, f)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("restore: backup file %s: %w", r.path, err)
+	}
+	return b, r.check()
+}
+
+// checkedReader reads a backup file and hashes every byte it returns, so
+// that check verifies exactly the bytes its reader used: a file changed
+// after an earlier check (OpenBackup) is never used unchecked.
+type checkedReader struct {
+	path string
+	want *wardenv1.BackupFile
+	in   *os.File
+	h    hash.Hash
+	n    int64
+}
+
+// openChecked opens file f of backup dir, whose name must be a plain
+// name, for a checkedReader.
+func openChecked(dir string, f *wardenv1.BackupFile) (*checkedReader, error) {
 	name := f.GetName()
 	if name == "" || filepath.Base(name) != name {
-		return fmt.Errorf("restore: %s: file name %q is not a plain name", filepath.Join(dir, ManifestFile), name)
+		return nil, fmt.Errorf("restore: %s: file name %q is not a plain name", filepath.Join(dir, ManifestFile), name)
 	}
 	path := filepath.Join(dir, name)
 	in, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("restore: backup file %s: %w", path, err)
+		return nil, fmt.Errorf("restore: backup file %s: %w", path, err)
 	}
-	defer in.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, in)
-	if err != nil {
-		return fmt.Errorf("restore: backup file %s: %w", path, err)
+	return &checkedReader{path: path, want: f, in: in, h: sha256.New()}, nil
+}
+
+func (r *checkedReader) Read(p []byte) (int, error) {
+	n, err := r.in.Read(p)
+	r.h.Write(p[:n])
+	r.n += int64(n)
+	return n, err
+}
+
+// check reads what the reader has not yet returned, then compares the
+// bytes read in all with the manifest's size and SHA-256: an error names
+// the file and both digests.
+func (r *checkedReader) check() error {
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return fmt.Errorf("restore: backup file %s: %w", r.path, err)
 	}
-	if got := h.Sum(nil); n != f.GetSize() || !bytes.Equal(got, f.GetSha256()) {
+	if got := r.h.Sum(nil); r.n != r.want.GetSize() || !bytes.Equal(got, r.want.GetSha256()) {
 		return fmt.Errorf("restore: backup file %s is damaged: %d bytes with SHA-256 %s, but the manifest says %d bytes with SHA-256 %s",
-			path, n, hex.EncodeToString(got), f.GetSize(), hex.EncodeToString(f.GetSha256()))
+			r.path, r.n, hex.EncodeToString(got), r.want.GetSize(), hex.EncodeToString(r.want.GetSha256()))
 	}
 	return nil
 }
+
+// Close closes the file.
+func (r *checkedReader) Close() error { return r.in.Close() }
 
 // RestoreResult is what RestoreNode wrote.
 type RestoreResult struct {
@@ -205,14 +257,20 @@ func restoreReplica(b *Backup, dataDir string, shardID, replicaID, epoch uint64)
 	if i < 0 {
 		return fmt.Errorf("restore: the backup has no file of shard %d", shardID)
 	}
-	path := filepath.Join(b.Dir, b.Manifest.GetShards()[i].GetFile().GetName())
-	f, err := os.Open(path)
+	r, err := openChecked(b.Dir, b.Manifest.GetShards()[i].GetFile())
 	if err != nil {
-		return fmt.Errorf("restore: %w", err)
+		return err
 	}
-	defer f.Close()
-	if err := shard.RestoreReplica(filepath.Join(dataDir, "sm"), shardID, replicaID, f, epoch); err != nil {
-		return fmt.Errorf("restore: backup file %s: %w", path, err)
+	defer r.Close()
+	err = shard.RestoreReplica(filepath.Join(dataDir, "sm"), shardID, replicaID, r, epoch)
+	// The bytes restored are checked, not only the file OpenBackup read:
+	// on a mismatch RestoreNode removes what was written. A mismatch is
+	// the cause of a malformed stream, so it is reported first.
+	if cerr := r.check(); cerr != nil {
+		return cerr
+	}
+	if err != nil {
+		return fmt.Errorf("restore: backup file %s: %w", r.path, err)
 	}
 	return nil
 }
