@@ -244,6 +244,21 @@ func pickNodes(st *placementv1.State, n int, live func(uint64) bool) []uint64 {
 			best[nd.GetZone()] = nd
 		}
 	}
+	// Too few zones with a live node (one missed its last clock reading,
+	// as a node just started may): a zone's node that did not answer
+	// takes the place before a replica is left out, since its agent
+	// starts the replica when it serves, and a shard a replica short
+	// stops with its next node down.
+	if len(best) < n && live != nil {
+		for _, nd := range st.GetNodes() {
+			if removing(st, nd.GetId()) != nil || best[nd.GetZone()] != nil && live(best[nd.GetZone()].GetId()) {
+				continue
+			}
+			if b := best[nd.GetZone()]; b == nil || load[nd.GetId()] < load[b.GetId()] {
+				best[nd.GetZone()] = nd
+			}
+		}
+	}
 	var picks []*placementv1.Node
 	for _, nd := range best {
 		picks = append(picks, nd)

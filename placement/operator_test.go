@@ -459,3 +459,21 @@ func TestSplitCopyProgress(t *testing.T) {
 		t.Fatalf("after the split the driver still counts %v", c)
 	}
 }
+
+// A split's new shard gets a replica in every zone the source has, a
+// node that missed its last clock reading (just started, say) included
+// when its zone has no other: a shard a replica short stops with its
+// next node down (CI found splits made right after a start with two).
+func TestPickNodesKeepsEveryZone(t *testing.T) {
+	st := &placementv1.State{Nodes: []*placementv1.Node{
+		{Id: 1, Zone: "az1"}, {Id: 2, Zone: "az2"}, {Id: 3, Zone: "az3"}, {Id: 4, Zone: "az2"}}}
+	live := func(id uint64) bool { return id != 1 && id != 2 }
+	got := pickNodes(st, 3, live)
+	slices.Sort(got)
+	if !slices.Equal(got, []uint64{1, 3, 4}) {
+		t.Fatalf("pickNodes with nodes 1 and 2 silent: %v, want [1 3 4] (the live node 4 in az2, node 1 for az1)", got)
+	}
+	if got := pickNodes(st, 3, nil); len(got) != 3 {
+		t.Fatalf("pickNodes without liveness: %v", got)
+	}
+}
