@@ -64,7 +64,7 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		// Within a run of failures, every leader lookup ends with the run.
 		tctx, cancel := ctx, context.CancelFunc(func() {})
 		if !failing.IsZero() {
-			tctx, cancel = context.WithDeadline(ctx, failing.Add(r.cfg.LeaderWait))
+			tctx, cancel = context.WithDeadline(ctx, failing.Add(r.failingPatience(key)))
 		}
 		rl, lerr := r.remoteFor(tctx, key)
 		if rl == nil {
@@ -96,7 +96,7 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		}
 		if failing.IsZero() {
 			failing = time.Now()
-		} else if time.Since(failing) > r.cfg.LeaderWait {
+		} else if time.Since(failing) > r.failingPatience(key) {
 			return resp, true, err
 		}
 		select {
@@ -105,6 +105,30 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// failingPatience is how long a run of failed forwards of key may last:
+// LeaderWait, or three of them while a quorum of the key's shard's
+// voters answer their clock readings (the leader died or moved, and the
+// others will elect one: a waiting Acquire keeps waiting through it); a
+// shard without a live quorum answers unavailable sooner.
+func (r *Router) failingPatience(key string) time.Duration {
+	m := r.Map()
+	rg, err := m.ShardFor(key)
+	if err != nil {
+		return r.cfg.LeaderWait
+	}
+	voters := m.Voters(rg.GetShardId())
+	live := 0
+	for _, v := range voters {
+		if r.isLocal(v.GetNodeId()) || r.live(v.GetNodeId()) {
+			live++
+		}
+	}
+	if 2*live > len(voters) {
+		return 3 * r.cfg.LeaderWait
+	}
+	return r.cfg.LeaderWait
 }
 
 // notAnswered reports whether err, from a forwarded call, is one that no
