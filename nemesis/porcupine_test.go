@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -28,7 +29,11 @@ import (
 const never = math.MaxInt64
 
 type lockState struct {
-	holder string // lease id; "" free; "?" a grant whose lease nobody knows
+	// holder is the lease id; "" free; "?" a grant of an unknown Acquire,
+	// not seen yet (its token is above token); "!" that grant once a
+	// Describe has shown it (token is its token). A "!" lease may end
+	// before its expiry: its caller gave up, and its router cancels it.
+	holder string
 	token  uint64 // the holder's token, or the last one (a lower bound for "?")
 	// The holder's lease ends in [expLow, expHigh] on the server's clock
 	// (never: no bound known).
@@ -129,7 +134,7 @@ func lockModel(skew, margin time.Duration) porcupine.NondeterministicModel {
 			case o.token < st.token:
 			case o.token > st.token:
 				if st.holder == "?" { // the unknown grant, now seen
-					h := lockState{holder: "?", token: o.token, expLow: o.expires, expHigh: o.expires, used: st.used}
+					h := lockState{holder: "!", token: o.token, expLow: 0, expHigh: o.expires, used: st.used}
 					if !o.held {
 						h.holder = ""
 					}
@@ -270,12 +275,78 @@ func lockOperations(ops []op, hot []string) []porcupine.Operation {
 // timeout; a check that runs out of time is reported, not failed.
 func checkLinearizable(ops []op, hot []string, cfg checkConfig, timeout time.Duration) (string, []violation) {
 	m := lockModel(cfg.skew, cfg.margin)
-	res := porcupine.CheckOperationsTimeout(m.ToModel(), lockOperations(ops, hot), timeout)
+	res, info := porcupine.CheckOperationsVerbose(m.ToModel(), lockOperations(ops, hot), timeout)
 	switch res {
 	case porcupine.Ok:
 		return "linearizable", nil
 	case porcupine.Illegal:
-		return "NOT linearizable", []violation{{"linearizable", time.Now(), "porcupine found no linearization of the lock history"}}
+		return "NOT linearizable", []violation{{"linearizable", time.Now(), "porcupine found no linearization of the lock history" + stuck(ops, info)}}
 	}
 	return fmt.Sprintf("unknown (no answer in %v)", timeout), nil
+}
+
+// stuck describes where porcupine's search stopped, so that a failure
+// seen once (in CI) can be read without a replay: for each resource
+// whose history has no linearization, the last operations of the
+// longest linearized prefix and every call on the resource (unknown
+// outcomes included) from shortly before the prefix ended to shortly
+// after the first operation it could not place returned.
+func stuck(ops []op, info porcupine.LinearizationInfo) string {
+	var b strings.Builder
+	for _, parts := range info.PartialLinearizationsOperations() {
+		var longest []porcupine.Operation
+		for _, p := range parts {
+			if len(p) > len(longest) {
+				longest = p
+			}
+		}
+		if len(longest) == 0 {
+			continue
+		}
+		res := longest[0].Input.(lockIn).res
+		all := lockOperations(ops, []string{res})
+		if len(longest) == len(all) {
+			continue
+		}
+		placed := map[int64]bool{}
+		var end int64
+		for _, o := range longest {
+			placed[o.Call] = true
+			end = max(end, o.Return)
+		}
+		var next porcupine.Operation // the earliest operation not placed
+		for _, o := range all {
+			if !placed[o.Call] && (next.Input == nil || o.Call < next.Call) {
+				next = o
+			}
+		}
+		fmt.Fprintf(&b, "\n%s: %d of %d operations linearized; the prefix ends with:", res, len(longest), len(all))
+		for _, o := range longest[max(0, len(longest)-6):] {
+			fmt.Fprintf(&b, "\n  %s", describeOp(o))
+		}
+		if next.Input != nil {
+			fmt.Fprintf(&b, "\nfirst operation not placed:\n  %s", describeOp(next))
+			end = max(end, next.Return)
+		}
+		from, to := time.Unix(0, end).Add(-3*time.Second), time.Unix(0, end).Add(time.Second)
+		b.WriteString("\ncalls on it around then (client node kind lease outcome token expires held released):")
+		n := 0
+		for _, o := range ops {
+			if o.res != res || o.done.Before(from) || o.invoke.After(to) {
+				continue
+			}
+			if n++; n > 80 {
+				b.WriteString("\n  …")
+				break
+			}
+			fmt.Fprintf(&b, "\n  %s-%s c%d n%d %s %s %s/%v t%d exp %s held=%v rel=%v", stamp(o.invoke), stamp(o.done), o.client, o.node, o.kind, o.lease, o.outcome, o.code, o.token, stamp(o.expires), o.held, o.released)
+		}
+	}
+	return b.String()
+}
+
+// describeOp prints a porcupine operation of the lock model.
+func describeOp(o porcupine.Operation) string {
+	i, r := o.Input.(lockIn), o.Output.(lockOut)
+	return fmt.Sprintf("%s-%s %s %s ok=%v lease=%s t%d exp %s held=%v", stamp(time.Unix(0, o.Call)), stamp(time.Unix(0, o.Return)), i.kind, i.lease, r.ok, r.lease, r.token, stamp(time.Unix(0, r.expires)), r.held)
 }
