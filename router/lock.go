@@ -130,7 +130,7 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 		// deadline, which an earlier attempt set. (Counted from before the
 		// first proposal: env may have been stamped on another node.)
 		deadline := min(res.GetWaitDeadlineUnixNano(), start.Add(wait).UnixNano())
-		l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), cmd.GetLeaseId(), res.GetWaiterSeq(), deadline)
+		l, err = s.r.awaitGrant(ctx, sub, m.GetResource(), m.GetRequestId(), cmd.GetLeaseId(), res.GetWaiterSeq(), deadline, res.GetWaitDeadlineUnixNano())
 		if err != nil {
 			return nil, err
 		}
@@ -145,8 +145,7 @@ func (s *LockServer) acquire(ctx context.Context, m *wardenv1.AcquireRequest) (*
 // attempt is now its latest), so that no grant goes to nobody, and
 // answers as a wait that ran out.
 func (s *LockServer) giveUpQueued(m *wardenv1.AcquireRequest, attempt []byte) error {
-	s.r.cancelWait(m.GetResource(), m.GetRequestId(), attempt)
-	return errWaitTimedOut
+	return s.r.endWait(m.GetResource(), m.GetRequestId(), attempt)
 }
 
 // acquireCmd validates m and returns its shard command, with a fresh

@@ -232,15 +232,24 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 		if err != nil {
 			t.Fatalf("%s: wait: %v", d.Pos, err)
 		}
+		place := dd // the waiter's deadline on the shard: a retry's is later
+		if d.HasArg("place") {
+			var p string
+			d.ScanArgs(t, "place", &p)
+			if place, err = time.ParseDuration(p); err != nil {
+				t.Fatalf("%s: place: %v", d.Pos, err)
+			}
+		}
 		ctx, cancel := context.WithCancel(f.ctx)
 		f.cancels[name] = cancel
 		sub := f.r.waits.subscribe(resource, request)
-		deadline := time.Now().Add(dd).UnixNano()
+		deadline, placeDeadline := time.Now().Add(dd).UnixNano(), time.Now().Add(place).UnixNano()
 		return f.call(t, d, func() string {
 			defer f.r.waits.unsubscribe(sub)
-			cancels := f.cancelWaits()
-			lease, err := f.r.awaitGrant(ctx, sub, resource, request, []byte(attempt), seq, deadline)
-			out := fmt.Sprintf("%d cancels: ", f.cancelWaits()-cancels)
+			cancels, drops := f.cancelWaits()
+			lease, err := f.r.awaitGrant(ctx, sub, resource, request, []byte(attempt), seq, deadline, placeDeadline)
+			c, dr := f.cancelWaits()
+			out := fmt.Sprintf("%d cancels, %d drops: ", c-cancels, dr-drops)
 			if err != nil {
 				return out + "error: " + err.Error()
 			}
@@ -397,15 +406,16 @@ func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 	return out
 }
 
-// cancelWaits counts the CancelWait commands the local hosts proposed.
-func (f *routingFixture) cancelWaits() int {
-	n := 0
+// cancelWaits counts the CancelWait and DropWaiters commands the local
+// hosts proposed.
+func (f *routingFixture) cancelWaits() (cancels, drops int) {
 	for _, h := range f.hosts {
 		h.mu.Lock()
-		n += h.cancels
+		cancels += h.cancels
+		drops += h.drops
 		h.mu.Unlock()
 	}
-	return n
+	return cancels, drops
 }
 
 func (f *routingFixture) lookup() string {
@@ -475,6 +485,7 @@ type fakeHost struct {
 	drop    int
 	n       int
 	cancels int // CancelWait commands proposed
+	drops   int // DropWaiters commands proposed
 	// snapshotBusy: the next snapshot calls that meet another snapshot
 	// of the replica (errSnapshotBusy); snapshotIndex: the index a
 	// snapshot then takes (0: nothing to snapshot); snapshots: the calls.
@@ -498,6 +509,9 @@ func (h *fakeHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]b
 	h.n++
 	if env.GetCancelWait() != nil {
 		h.cancels++
+	}
+	if env.GetDropWaiters() != nil {
+		h.drops++
 	}
 	if h.hang {
 		h.mu.Unlock()

@@ -34,10 +34,20 @@ var errWaitElsewhere = errors.New("router: this node no longer hosts the resourc
 // awaitGrant waits for the hand-off of queue entry seq of the request. The
 // wait is replicated state and every replica applies its grant, so it
 // rides through leader changes: the grant is taken from a local replica's
-// applied log, whichever replica leads. It returns the granted lease, or:
-//   - errWaitTimedOut when the wait deadline (shard time, Unix ns) passes
-//     or the shard dropped the waiter; the waiter is removed by a cancel
-//     command, which also releases a grant that raced it;
+// applied log, whichever replica leads. deadline (shard time, Unix ns)
+// is when this attempt stops waiting; placeDeadline is the deadline the
+// shard recorded for the waiter (later than deadline for a retry that
+// has less time left than the attempt that took the place). It returns
+// the granted lease, or:
+//   - errWaitTimedOut when the shard dropped the waiter. At deadline the
+//     router asks the shard to drop it (DropWaiters, which acts only
+//     once the leader's clock has passed the place's deadline and only
+//     on a waiter still queued) and takes whichever of the grant and the
+//     drop the log applies first, so the answer is the log's. A retry
+//     with less time left cancels its place instead, and is told the
+//     wait timed out once the cancel has applied (a grant that raced the
+//     cancel is released by it), or that the outcome is unknown if the
+//     cancel's own outcome is;
 //   - the context's error when the caller gave up, after the same cancel
 //     (also when the grant arrived just as the caller left);
 //   - ErrNoLeader when no local replica has known a leader for
@@ -49,8 +59,9 @@ var errWaitElsewhere = errors.New("router: this node no longer hosts the resourc
 //
 // attempt is this attempt's lease id: a cancel counts only while no later
 // attempt of the request has arrived.
-func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, requestID string, attempt []byte, seq uint64, deadline int64) (*shardv1.LeaseInfo, error) {
-	timer := time.NewTimer(time.Until(time.Unix(0, deadline)))
+func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, requestID string, attempt []byte, seq uint64, deadline, placeDeadline int64) (*shardv1.LeaseInfo, error) {
+	// On this node's clock, as the leader's clock decides the shard's time.
+	timer := time.NewTimer(time.Unix(0, deadline).Sub(r.now()))
 	defer timer.Stop()
 	poll := time.NewTicker(waitPoll)
 	defer poll.Stop()
@@ -78,11 +89,21 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 				return outcome(ev)
 			}
 		case <-timer.C:
-			if ev := sub.find(seq); ev != nil && ev.GetLease() != nil { // granted just in time
+			if ev := sub.find(seq); ev != nil { // granted or dropped just in time
 				return outcome(ev)
 			}
-			r.cancelWait(resource, requestID, attempt)
-			return nil, errWaitTimedOut
+			if deadline < placeDeadline {
+				return nil, r.endWait(resource, requestID, attempt)
+			}
+			// Cancelling here raced a grant applied between the look at the
+			// subscription and the cancel: the caller was told that its
+			// wait timed out while a lease had been granted to it (and then
+			// released by the cancel), which Describe showed. The drop, by
+			// the leader's clock, comes to the subscription like a grant;
+			// until the leader's clock passes the deadline it does nothing,
+			// and the router asks again.
+			r.dropWaiter(ctx, resource, seq, placeDeadline)
+			timer.Reset(waitPoll)
 		case <-ctx.Done():
 			r.cancelWait(resource, requestID, attempt)
 			return nil, ctx.Err()
@@ -123,15 +144,42 @@ func (r *Router) replicaView(shardID uint64) (hosted, led bool) {
 }
 
 // cancelWait proposes the removal of an abandoned attempt's waiter (or the
-// release of a grant nobody received). If it fails, the leader's timer
-// drops the waiter at its deadline, and a lease granted to nobody ends
-// with its TTL.
-func (r *Router) cancelWait(resource, requestID string, attempt []byte) {
+// release of a grant nobody received) and reports whether it applied. If
+// it fails, the leader's timer drops the waiter at its deadline, and a
+// lease granted to nobody ends with its TTL.
+func (r *Router) cancelWait(resource, requestID string, attempt []byte) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ProposeTimeout)
 	defer cancel()
 	_, err := r.propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{
 		Resource: resource, RequestId: requestID, AttemptId: attempt}}})
 	if err != nil {
 		r.cfg.Logger.Warn("cancelling an abandoned wait", "resource", resource, "request_id", requestID, "err", err)
+	}
+	return err
+}
+
+// endWait cancels an attempt whose time to wait is over while its caller
+// still listens, and says what to answer: the wait timed out once the
+// cancel applied (the place is gone, and a grant that raced the cancel
+// was released by it, so no lease is left to the request), or, when the
+// cancel's outcome is unknown, that the request's is too.
+func (r *Router) endWait(resource, requestID string, attempt []byte) error {
+	if err := r.cancelWait(resource, requestID, attempt); err != nil {
+		return fmt.Errorf("%w: the wait timed out, and the cancel of its place did not complete (%v): retry with the same request_id to learn the outcome", ErrOutcomeUnknown, err)
+	}
+	return errWaitTimedOut
+}
+
+// dropWaiter asks the shard to drop waiter seq of resource if it still
+// waits and the leader's clock has passed deadline, its recorded
+// deadline. A failure is left to the caller's next try, the leader's own
+// timer and waitRideThrough.
+func (r *Router) dropWaiter(ctx context.Context, resource string, seq uint64, deadline int64) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
+	defer cancel()
+	_, err := r.propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_DropWaiters{DropWaiters: &shardv1.DropWaitersCmd{
+		Items: []*shardv1.WaiterRef{{Resource: resource, Seq: seq, DeadlineUnixNano: deadline}}}}})
+	if err != nil && ctx.Err() == nil {
+		r.cfg.Logger.Debug("dropping a waiter past its deadline", "resource", resource, "seq", seq, "err", err)
 	}
 }

@@ -3,6 +3,7 @@ package router_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -186,6 +187,38 @@ func TestWaitTimeout(t *testing.T) {
 	}
 	if d := c.describe("r"); d.GetHeld() {
 		t.Fatalf("the lock went to a waiter that timed out: %v", d)
+	}
+}
+
+// A wait ends by the shard's clock, in log order, not by the router's
+// wall clock: this router's clock (the one that stamps the shard's
+// commands) runs 700 ms behind the wall clock, so a wait of 2 s ends on
+// the shard 2.7 s after it began by the wall. The holder releases 1.6 s
+// in (wall): the waiter is granted. The router used to time the wait by
+// the wall clock and cancel the waiter at 2 s (shard time 1.3 s), before
+// the release; and with its cancel racing the grant it could answer
+// deadline_exceeded for a lease the log had granted to it.
+func TestWaitEndsByTheShardsClock(t *testing.T) {
+	c := startCluster(t, server.DevConfig{Router: router.Config{ClockOffset: -700 * time.Millisecond}})
+	a := c.mustAcquire("r", "a", time.Minute)
+	released := make(chan error, 1)
+	go func() {
+		time.Sleep(1600 * time.Millisecond) // real time must pass: the wait is timed by clocks
+		ok, err := c.release("r", a.GetLeaseId())
+		if err == nil && !ok {
+			err = errors.New("released false")
+		}
+		released <- err
+	}()
+	w, err := c.acquireWait(ctx(t), "r", "b", time.Minute, 2*time.Second)
+	if rerr := <-released; rerr != nil {
+		t.Fatalf("release of the holder: %v", rerr)
+	}
+	if err != nil {
+		t.Fatalf("a waiter whose wait has 1.1 s left on the shard's clock when the lock is released: %v, want granted", err)
+	}
+	if w.GetFencingToken() <= a.GetFencingToken() {
+		t.Fatalf("waiter's token %d, holder's %d", w.GetFencingToken(), a.GetFencingToken())
 	}
 }
 
