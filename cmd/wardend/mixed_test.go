@@ -759,3 +759,71 @@ func TestClusterMixedReleaseReplay(t *testing.T) {
 	}
 	c.agree("upgraded")
 }
+
+// A restore in the middle of a rolling upgrade across envelope version 11
+// (restored pools): the backup's cluster runs this binary, and the
+// restored cluster starts with node 2 on the binary before version 11.
+// Beside that replica the routers keep the old rule: Reserve in a
+// restored pool is granted (the freeze is recorded but only version-11
+// entries enforce it) and QuotaService.Unfreeze is refused with
+// failed_precondition naming the upgrade; the replicas agree, the
+// old binary's pool records keeping the flag it does not know. Once
+// node 2 is upgraded in place, Reserve is refused with PoolFrozen until
+// Unfreeze, then granted, and the replicas again agree.
+func TestClusterMixedRestoredPools(t *testing.T) {
+	old := buildBefore(t, "shard/apply.go", "VersionRestoredPools = 11")
+	c := newProcCluster(t)
+	c.boot()
+	reserve := func(c *procCluster, i int, id string) error {
+		return call(func(ctx context.Context) error {
+			_, err := c.nodes[i].quota().Reserve(ctx, connect.NewRequest(&wardenv1.ReserveRequest{Key: "gpus/team", Amount: 1, ReservationId: id, Ttl: durationpb.New(time.Hour)}))
+			return err
+		})
+	}
+	if err := call(func(ctx context.Context) error {
+		_, err := c.any().quota().SetLimit(ctx, connect.NewRequest(&wardenv1.SetLimitRequest{Key: "gpus", Limit: 100}))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := reserve(c, 0, "before-backup"); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "backup")
+	c.backup(0, dir)
+	for i := range c.nodes {
+		c.kill(i)
+	}
+
+	r := newProcCluster(t)
+	r.restore(dir, "--allow-unsigned")
+	r.bins = map[int]string{1: old}
+	r.boot()
+	r.waitClockReadings()
+	if err := reserve(r, 1, "beside-old"); err != nil {
+		t.Fatalf("Reserve in a restored pool beside a replica older than version 11: %v, want granted (the old rule)", err)
+	}
+	unfreeze := func() error {
+		return call(func(ctx context.Context) error {
+			_, err := r.nodes[0].quota().Unfreeze(ctx, connect.NewRequest(&wardenv1.UnfreezeRequest{Pool: "gpus"}))
+			return err
+		})
+	}
+	if err := unfreeze(); connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "upgrade") {
+		t.Fatalf("Unfreeze beside a replica older than version 11: %v, want failed_precondition naming the upgrade", err)
+	}
+	r.agree("mixed binaries")
+
+	r.upgradeInPlace()
+	err := reserve(r, 1, "upgraded")
+	if frozen := poolFrozen(err); connect.CodeOf(err) != connect.CodeFailedPrecondition || frozen.GetPool() != "gpus" {
+		t.Fatalf("Reserve in the restored pool once every replica applies version 11: %v (detail %v), want failed_precondition with PoolFrozen", err, frozen)
+	}
+	if err := unfreeze(); err != nil {
+		t.Fatalf("Unfreeze once every replica applies version 11: %v", err)
+	}
+	if err := reserve(r, 2, "unfrozen"); err != nil {
+		t.Fatalf("Reserve once unfrozen: %v", err)
+	}
+	r.agree("upgraded")
+}
