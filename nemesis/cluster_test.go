@@ -18,6 +18,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/warden-dev/warden/internal/logbuf"
+	"github.com/warden-dev/warden/internal/proctest"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
@@ -111,7 +112,7 @@ func startCluster(t *testing.T, seed uint64) *cluster {
 				c.kill(i)
 			}
 			if t.Failed() {
-				t.Logf("node %d log (last lines):\n%s", i+1, lastLines(n.log.String(), 30))
+				t.Logf("node %d log (last lines):\n%s", i+1, n.log.Tail(30))
 			}
 		}
 	})
@@ -122,11 +123,6 @@ func startCluster(t *testing.T, seed uint64) *cluster {
 		c.waitServing(i)
 	}
 	return c
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // start starts node i in its namespace (first: on a new data
@@ -192,22 +188,9 @@ func (c *cluster) signal(i int, sig syscall.Signal) {
 // map and the shard a leader).
 func (c *cluster) waitServing(i int) {
 	c.t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := c.nodes[i].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "probe"}))
-		cancel()
-		if err == nil {
-			return
-		}
-		select {
-		case err := <-c.nodes[i].exited:
-			c.nodes[i].exited <- err
-			c.t.Fatalf("node %d exited (%v):\n%s", i+1, err, lastLines(c.nodes[i].log.String(), 40))
-		case <-time.After(100 * time.Millisecond):
-		}
+	if err := proctest.WaitServing(c.nodes[i].locks, c.nodes[i].exited, 90*time.Second); err != nil {
+		c.t.Fatalf("node %d %v:\n%s", i+1, err, c.nodes[i].log.Tail(40))
 	}
-	c.t.Fatalf("node %d did not serve:\n%s", i+1, lastLines(c.nodes[i].log.String(), 40))
 }
 
 // dataLeader is the index of the node leading the data shard, as a node

@@ -364,7 +364,7 @@ func TestClusterBackupRestore(t *testing.T) {
 		r.waitServing(i)
 	}
 	if !bytes.Contains([]byte(r.nodes[0].log.String()), []byte(`"start":["restart"]`)) {
-		t.Fatalf("the second start of a restored node was not a restart:\n%s", lastLines(r.nodes[0].log.String(), 5))
+		t.Fatalf("the second start of a restored node was not a restart:\n%s", r.nodes[0].log.Tail(5))
 	}
 }
 
@@ -607,11 +607,11 @@ func TestClusterRestoreIntoRunningClusterRefused(t *testing.T) {
 	}
 	select {
 	case err := <-n.exited:
-		t.Fatalf("node 3 exited (%v) on its own data:\n%s", err, lastLines(n.log.String(), 30))
+		t.Fatalf("node 3 exited (%v) on its own data:\n%s", err, n.log.Tail(30))
 	default:
 	}
 	if strings.Contains(n.log.String(), "panic") {
-		t.Fatalf("node 3 panicked on its own data:\n%s", lastLines(n.log.String(), 30))
+		t.Fatalf("node 3 panicked on its own data:\n%s", n.log.Tail(30))
 	}
 }
 

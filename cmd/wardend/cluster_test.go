@@ -23,6 +23,7 @@ import (
 
 	"github.com/warden-dev/warden/client"
 	"github.com/warden-dev/warden/internal/logbuf"
+	"github.com/warden-dev/warden/internal/proctest"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -167,16 +168,11 @@ func (c *procCluster) boot() {
 				_ = n.cmd.Process.Kill()
 				<-n.exited
 				if t.Failed() {
-					t.Logf("node %d log:\n%s", i+1, lastLines(n.log.String(), 40))
+					t.Logf("node %d log:\n%s", i+1, n.log.Tail(40))
 				}
 			}
 		}
 	})
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // start starts node i's process (again) on its data directory.
@@ -256,17 +252,9 @@ func (c *procCluster) kill(i int) {
 // and the shard a leader, wherever it is).
 func (c *procCluster) waitServing(i int) {
 	c.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := c.nodes[i].locks.Describe(ctx, connect.NewRequest(&wardenv1.DescribeRequest{Resource: "probe"}))
-		cancel()
-		if err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := proctest.WaitServing(c.nodes[i].locks, c.nodes[i].exited, 60*time.Second); err != nil {
+		c.t.Fatalf("node %d %v:\n%s", i+1, err, c.nodes[i].log.Tail(40))
 	}
-	c.t.Fatalf("node %d did not serve:\n%s", i+1, lastLines(c.nodes[i].log.String(), 40))
 }
 
 // any returns a running node's clients, picked at random.

@@ -149,19 +149,19 @@ func TestDiskReserve(t *testing.T) {
 			n3.up.Store(false)
 		case <-time.After(10 * time.Millisecond):
 			if i > 3000 {
-				t.Fatalf("node 3 still runs on a full disk:\n%s", lastLines(n3.log.String(), 20))
+				t.Fatalf("node 3 still runs on a full disk:\n%s", n3.log.Tail(20))
 			}
 		}
 	}
-	t.Logf("node 3 exited: %v\n%s", exited, lastLines(n3.log.String(), 3))
+	t.Logf("node 3 exited: %v\n%s", exited, n3.log.Tail(3))
 	if exitCode(exited) != 28 {
 		t.Errorf("node 3 out of space exited with %v, want exit code 28", exited)
 	}
 	if want := "wardend: data directory " + n3.dir + " is out of space: "; !strings.Contains(n3.log.String(), want) {
-		t.Errorf("node 3's output lacks %q:\n%s", want, lastLines(n3.log.String(), 20))
+		t.Errorf("node 3's output lacks %q:\n%s", want, n3.log.Tail(20))
 	}
 	if strings.Contains(n3.log.String(), "panic:") || strings.Contains(n3.log.String(), "goroutine ") {
-		t.Errorf("node 3 panicked:\n%s", lastLines(n3.log.String(), 40))
+		t.Errorf("node 3 panicked:\n%s", n3.log.Tail(40))
 	}
 }
 
@@ -171,11 +171,11 @@ func nodeAlive(n *node) error {
 	select {
 	case err := <-n.exited:
 		n.exited <- err
-		return fmt.Errorf("node exited (%v):\n%s", err, lastLines(n.log.String(), 30))
+		return fmt.Errorf("node exited (%v):\n%s", err, n.log.Tail(30))
 	default:
 	}
 	if strings.Contains(n.log.String(), "panic:") {
-		return errors.New("node panicked: " + lastLines(n.log.String(), 30))
+		return errors.New("node panicked: " + n.log.Tail(30))
 	}
 	return nil
 }

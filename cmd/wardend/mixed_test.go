@@ -462,7 +462,7 @@ func TestClusterMixedAuthPlacement(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the old node 3 does not answer: %v\n%s", err, lastLines(c.nodes[2].log.String(), 20))
+			t.Fatalf("the old node 3 does not answer: %v\n%s", err, c.nodes[2].log.Tail(20))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -60,7 +60,7 @@ func TestClusterMoveReplica(t *testing.T) {
 		c.start(four)
 		c.waitServing(four)
 		if idx, err := c.nodes[four].node().AppliedIndex(ctx, connect.NewRequest(&placementv1.AppliedIndexRequest{ShardId: 1})); err != nil {
-			t.Fatalf("node 4's replica after a restart (snapshot %v): %v\n%s", snapshot, err, lastLines(c.nodes[four].log.String(), 20))
+			t.Fatalf("node 4's replica after a restart (snapshot %v): %v\n%s", snapshot, err, c.nodes[four].log.Tail(20))
 		} else {
 			t.Logf("node 4's replica applied %d after a restart (snapshot first: %v)", idx.Msg.GetIndex(), snapshot)
 		}

@@ -188,10 +188,10 @@ func TestClusterRemoveNode(t *testing.T) {
 	case err := <-n.exited:
 		n.cmd = nil // exited: nothing for the cleanup to stop
 		if err == nil || !strings.Contains(n.log.String(), "was removed from the cluster") {
-			t.Fatalf("node 4 started again: %v\n%s", err, lastLines(n.log.String(), 10))
+			t.Fatalf("node 4 started again: %v\n%s", err, n.log.Tail(10))
 		}
 	case <-time.After(60 * time.Second):
-		t.Fatalf("node 4, removed, still runs:\n%s", lastLines(n.log.String(), 10))
+		t.Fatalf("node 4, removed, still runs:\n%s", n.log.Tail(10))
 	}
 }
 
@@ -297,11 +297,11 @@ func (c *procCluster) expectRemoved(i int, id uint64, within time.Duration) {
 	case err := <-n.exited:
 		n.cmd = nil // exited: nothing for the cleanup to stop
 		if err == nil || !strings.Contains(n.log.String(), fmt.Sprintf("node %d was removed from the cluster", id)) {
-			c.t.Fatalf("node %d, removed, started again: %v\n%s", id, err, lastLines(n.log.String(), 10))
+			c.t.Fatalf("node %d, removed, started again: %v\n%s", id, err, n.log.Tail(10))
 		}
 		c.t.Logf("node %d, removed, refused to start in %v", id, time.Since(began).Round(time.Millisecond))
 	case <-time.After(within):
-		c.t.Fatalf("node %d, removed, still runs %v after its start:\n%s", id, within, lastLines(n.log.String(), 10))
+		c.t.Fatalf("node %d, removed, still runs %v after its start:\n%s", id, within, n.log.Tail(10))
 	}
 }
 

@@ -165,11 +165,11 @@ func (c *procCluster) expectRefusal(i int, want string, extra ...string) {
 			c.t.Fatalf("node %d exited 0 on a lost data directory", i+1)
 		}
 		if !strings.Contains(n.log.String(), want) {
-			c.t.Fatalf("node %d refused, but its log does not say %q:\n%s", i+1, want, lastLines(n.log.String(), 10))
+			c.t.Fatalf("node %d refused, but its log does not say %q:\n%s", i+1, want, n.log.Tail(10))
 		}
-		c.t.Logf("node %d refused to start: %s", i+1, lastLines(strings.TrimSpace(n.log.String()), 1))
+		c.t.Logf("node %d refused to start: %s", i+1, n.log.Tail(1))
 	case <-time.After(60 * time.Second):
-		c.t.Fatalf("node %d started on a lost data directory:\n%s", i+1, lastLines(n.log.String(), 20))
+		c.t.Fatalf("node %d started on a lost data directory:\n%s", i+1, n.log.Tail(20))
 	}
 }
 
@@ -282,17 +282,17 @@ func TestClusterWipedNodeWaitsForPausedPeers(t *testing.T) {
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-wiped.exited:
-			t.Fatalf("node 3 exited (%v) while the others were paused:\n%s", err, lastLines(wiped.log.String(), 20))
+			t.Fatalf("node 3 exited (%v) while the others were paused:\n%s", err, wiped.log.Tail(20))
 		case <-time.After(200 * time.Millisecond):
 		}
 		for _, sub := range []string{"nodehost", "wal"} {
 			if _, err := os.Stat(filepath.Join(wiped.dir, sub)); err == nil {
-				t.Fatalf("node 3 started Raft (%s/ exists) without the cluster's confirmation:\n%s", sub, lastLines(wiped.log.String(), 20))
+				t.Fatalf("node 3 started Raft (%s/ exists) without the cluster's confirmation:\n%s", sub, wiped.log.Tail(20))
 			}
 		}
 	}
 	if !strings.Contains(wiped.log.String(), "waiting for the cluster to confirm") {
-		t.Fatalf("node 3 does not say why it waits:\n%s", lastLines(wiped.log.String(), 20))
+		t.Fatalf("node 3 does not say why it waits:\n%s", wiped.log.Tail(20))
 	}
 	for _, n := range c.nodes[:2] {
 		if err := n.cmd.Process.Signal(syscall.SIGCONT); err != nil {
@@ -305,11 +305,11 @@ func TestClusterWipedNodeWaitsForPausedPeers(t *testing.T) {
 		wiped.cmd, wiped.exited = nil, nil
 		wiped.up.Store(false)
 		if err == nil || !strings.Contains(wiped.log.String(), "incarnation") {
-			t.Fatalf("node 3 exited (%v) without naming its incarnation:\n%s", err, lastLines(wiped.log.String(), 20))
+			t.Fatalf("node 3 exited (%v) without naming its incarnation:\n%s", err, wiped.log.Tail(20))
 		}
-		t.Logf("node 3 refused once the others resumed: %s", lastLines(strings.TrimSpace(wiped.log.String()), 1))
+		t.Logf("node 3 refused once the others resumed: %s", wiped.log.Tail(1))
 	case <-time.After(90 * time.Second):
-		t.Fatalf("node 3 neither refused nor stopped waiting after the others resumed:\n%s", lastLines(wiped.log.String(), 20))
+		t.Fatalf("node 3 neither refused nor stopped waiting after the others resumed:\n%s", wiped.log.Tail(20))
 	}
 	c.waitServing(0)
 	c.waitServing(1)

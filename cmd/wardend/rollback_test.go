@@ -113,7 +113,7 @@ func TestReplicaRolledBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	if k := strings.Count(n3.log.String(), "replica not started"); k != 1 {
-		t.Errorf("node 3 logged its failed replica %d times, want once:\n%s", k, lastLines(n3.log.String(), 10))
+		t.Errorf("node 3 logged its failed replica %d times, want once:\n%s", k, n3.log.Tail(10))
 	}
 
 	// The repair: move the replica to another node of the zone, which

@@ -265,7 +265,7 @@ func TestClusterTLS(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("node 1 counted no refused handshake of the foreign node:\n%s", lastLines(c.nodes[0].log.String(), 20))
+			t.Fatalf("node 1 counted no refused handshake of the foreign node:\n%s", c.nodes[0].log.Tail(20))
 		}
 	}
 	lctx, lcancel := rpcCtx()

@@ -4,6 +4,7 @@ package logbuf
 
 import (
 	"bytes"
+	"strings"
 	"sync"
 )
 
@@ -26,4 +27,11 @@ func (s *Buffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Tail returns the last n lines written so far (fewer if there are not
+// that many), without the final newline.
+func (s *Buffer) Tail(n int) string {
+	lines := strings.Split(strings.TrimRight(s.String(), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
