@@ -73,6 +73,8 @@ type cluster struct {
 	nodes   []*node
 	members string
 	secret  string
+	// ports[i] are the proxy's ports that lead to node i (Raft, API).
+	ports [][]string
 }
 
 // startCluster lays out the namespaces and the proxy, starts three nodes
@@ -95,6 +97,7 @@ func startCluster(t *testing.T, seed uint64) *cluster {
 		if err != nil {
 			t.Fatal(err)
 		}
+		c.ports = append(c.ports, []string{portOf(t, raftAdv), portOf(t, apiAdv)})
 		// The clients call a node's bound address directly; a long
 		// wait or a paused node must not exhaust the connections.
 		web := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext}}
@@ -223,4 +226,29 @@ func (c *cluster) waitDataLeader() int {
 	}
 	c.t.Fatal("no node knows the data shard's leader")
 	return -1
+}
+
+// portOf is the port of addr (host:port).
+func portOf(t *testing.T, addr string) string {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
+}
+
+// silence cuts the pairs silently (netlab.silence): each node of a pair
+// drops its packets through the proxy ports that lead to the other. With
+// no pairs it heals every silent cut.
+func (c *cluster) silence(pairs ...[2]int) {
+	c.t.Helper()
+	ports := make([][]string, len(c.nodes))
+	for _, p := range pairs {
+		ports[p[0]] = append(ports[p[0]], c.ports[p[1]]...)
+		ports[p[1]] = append(ports[p[1]], c.ports[p[0]]...)
+	}
+	for i := range c.nodes {
+		c.net.silence(i, ports[i])
+	}
 }

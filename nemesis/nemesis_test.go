@@ -12,6 +12,7 @@ package nemesis
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -152,6 +153,20 @@ var faults = []fault{
 		s.c.signal(l, syscall.SIGSTOP)
 		return fmt.Sprintf("SIGSTOP node %d (data leader) past a lease TTL + skew, then SIGCONT", l+1), []int{l}, func() { s.c.signal(l, syscall.SIGCONT) }
 	}},
+	// Real partitions are silent: connections are not closed, packets
+	// vanish. A connection that went silent recovers only when TCP
+	// retransmits again, after a backoff that grew through the cut.
+	{"silent-isolate-leader", func(s *suite) (string, []int, func()) {
+		l := s.c.waitDataLeader()
+		s.c.silence(pair(l, others(l)[0]), pair(l, others(l)[1]))
+		return fmt.Sprintf("node %d (data leader) cut off silently (packets dropped); its clients still reach it", l+1), []int{l}, func() { s.c.silence() }
+	}},
+	{"silent-bridge", func(s *suite) (string, []int, func()) {
+		a := s.rng.IntN(3)
+		b, c := others(a)[0], others(a)[1]
+		s.c.silence(pair(b, c))
+		return fmt.Sprintf("node %d sees %d and %d, which do not see each other (packets dropped)", a+1, b+1, c+1), nil, func() { s.c.silence() }
+	}},
 	{"clock-offset", func(s *suite) (string, []int, func()) {
 		i := s.rng.IntN(3)
 		s.restartWithOffset(i, clockOffset)
@@ -176,16 +191,35 @@ func (s *suite) restartWithOffset(i int, offset time.Duration) {
 }
 
 // shortFaults are the faults of the short run (go test): the partitions
-// DESIGN.md §5 names first.
-var shortFaults = []string{"isolate-leader", "isolate-follower", "split-1|2", "kill-all", "stop-leader"}
+// DESIGN.md §5 names first, and a silent one.
+var shortFaults = []string{"isolate-leader", "isolate-follower", "split-1|2", "kill-all", "stop-leader", "silent-bridge"}
+
+// healBound bounds, for the partitions (healBounded), the time from the
+// heal until every node's probe is granted again (DESIGN.md §5). A silent
+// partition is held silentHold at least: long enough for TCP's
+// retransmission backoff on a silent connection to reach far past the
+// bound (retransmissions 0.2, 0.6, 1.4, 3.0, 6.2, 12.6 and 25.4 s after
+// the first loss: the next after a 14 s cut comes 11.4 s after the
+// heal), which a node that reused such a connection waited for.
+const (
+	healBound  = 4 * time.Second
+	silentHold = 8 * time.Second
+)
+
+// healBounded are the faults whose heal is the network's alone (no
+// process restarts) and which healBound applies to.
+var healBounded = []string{"isolate-leader", "isolate-follower", "split-1|2", "bridge", "silent-isolate-leader", "silent-bridge"}
 
 // TestNemesis runs the fault schedule against three wardend processes
 // under load and checks the history. WARDEN_NEMESIS=long runs every
 // fault three times with longer faults; WARDEN_NEMESIS_SEED replays a
-// run's schedule and choices.
+// run's schedule and choices; WARDEN_NEMESIS_FAULTS (names, comma
+// separated) runs only those faults.
 func TestNemesis(t *testing.T) {
 	_, err := exec.LookPath("ip")
 	deploytest.Need(t, err == nil, "ip (iproute2) is not installed: the nemesis puts each node in a network namespace")
+	_, err = exec.LookPath("nft")
+	deploytest.Need(t, err == nil, "nft (nftables) is not installed: the nemesis cuts links silently with it")
 	deploytest.Need(t, os.Geteuid() == 0, "the nemesis creates network namespaces, which needs root")
 	long := os.Getenv("WARDEN_NEMESIS") == "long"
 	seed := uint64(time.Now().UnixNano())
@@ -200,6 +234,14 @@ func TestNemesis(t *testing.T) {
 		names, reps, faultFor, healFor = nil, 3, 8*time.Second, 5*time.Second
 		for _, f := range faults {
 			names = append(names, f.name)
+		}
+	}
+	if v := os.Getenv("WARDEN_NEMESIS_FAULTS"); v != "" {
+		names = strings.Split(v, ",")
+		for _, n := range names {
+			if !slices.ContainsFunc(faults, func(f fault) bool { return f.name == n }) {
+				t.Fatalf("WARDEN_NEMESIS_FAULTS: no fault %q", n)
+			}
 		}
 	}
 	var schedule []fault
@@ -230,14 +272,17 @@ func TestNemesis(t *testing.T) {
 		p.from = time.Now()
 		t.Logf("%s %s: %s", stamp(p.from), f.name, p.what)
 		hold := faultFor
-		if f.name == "stop-leader" {
+		switch {
+		case f.name == "stop-leader":
 			hold = max(hold, leaseTTL+maxClockSkew+time.Second)
+		case strings.HasPrefix(f.name, "silent-"):
+			hold = max(hold, silentHold)
 		}
 		time.Sleep(hold)
 		heal()
 		p.healed = time.Now()
 		t.Logf("%s %s healed", stamp(p.healed), f.name)
-		time.Sleep(healFor)
+		time.Sleep(max(healFor, healBound+time.Second))
 		p.to = time.Now()
 		s.phases = append(s.phases, p)
 	}
@@ -362,6 +407,11 @@ func (s *suite) report() {
 				}
 			}
 			r.heal = append(r.heal, last.Sub(p.healed))
+			if took := last.Sub(p.healed); took > healBound && slices.Contains(healBounded, p.fault) {
+				vs = append(vs, violation{"heal", p.healed, fmt.Sprintf("every node served again %v after the heal, past the bound %v", took.Round(time.Millisecond), healBound)})
+			}
+		} else if slices.Contains(healBounded, p.fault) {
+			vs = append(vs, violation{"heal", p.healed, fmt.Sprintf("only nodes %v of %d served again within %v of the heal", plus1(slices.Sorted(maps.Keys(firstGrant))), len(s.c.nodes), p.to.Sub(p.healed).Round(time.Millisecond))})
 		}
 		for _, v := range vs {
 			if !v.at.Before(p.from) && v.at.Before(p.to) {

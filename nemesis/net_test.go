@@ -130,3 +130,31 @@ func freeSubnet(t *testing.T) string {
 	t.Fatal("no free 10.77.X.0/24 subnet")
 	return ""
 }
+
+// silentTable is the nftables table of a namespace's silent cuts.
+const silentTable = "wnsilent"
+
+// silence makes node i's packets to and from the proxy ports in ports
+// (the ports that lead to the nodes it is cut from) vanish, in its own
+// namespace: its connections through them go silent, as in a real
+// partition (no reset, no close; TCP retransmits with growing backoff
+// and a dial's SYNs go unanswered), where a proxy cut closes them. An
+// empty ports clears node i's silent cuts.
+func (l *netlab) silence(i int, ports []string) {
+	l.t.Helper()
+	_ = exec.Command("ip", "netns", "exec", l.netns(i), "nft", "delete", "table", "inet", silentTable).Run()
+	if len(ports) == 0 {
+		return
+	}
+	set := strings.Join(ports, ", ")
+	script := fmt.Sprintf(`table inet %s {
+	chain out { type filter hook output priority 0; ip daddr %s tcp dport { %s } drop; }
+	chain in { type filter hook input priority 0; ip saddr %s tcp sport { %s } drop; }
+}
+`, silentTable, l.gateway, set, l.gateway, set)
+	cmd := exec.Command("ip", "netns", "exec", l.netns(i), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		l.t.Fatalf("nft in %s: %v\n%s", l.netns(i), err, out)
+	}
+}
