@@ -47,6 +47,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"sync"
@@ -227,7 +228,15 @@ func NewWithConfig(cfg Config) (*Client, error) {
 	}
 	var own *http.Transport
 	if cfg.HTTPClient == nil {
-		own = &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64, TLSClientConfig: cfg.TLS}
+		// A connection to a node that went silent (a partition drops its
+		// packets; nothing closes it) is pinged after 5 s without a frame
+		// and closed when the ping gets no answer in 5 s, so later calls
+		// and the failover to another endpoint go over a new connection
+		// instead of queueing on the dead one until TCP gives up; a dial
+		// gives up after 5 s.
+		own = &http.Transport{Protocols: new(http.Protocols), MaxIdleConnsPerHost: 64, TLSClientConfig: cfg.TLS,
+			DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+			HTTP2:       &http.HTTP2Config{SendPingTimeout: 5 * time.Second, PingTimeout: 5 * time.Second}}
 		own.Protocols.SetHTTP1(true)
 		own.Protocols.SetHTTP2(true)
 		own.Protocols.SetUnencryptedHTTP2(true)
