@@ -1573,6 +1573,9 @@ func (x *RebalanceOp) GetPlanned() uint32 {
 // MoveOp moves a shard's replica from one node to another: add the new
 // one as non-voting, let it catch up, promote it, remove the old one
 // (Raft membership changes one at a time; leases are state, untouched).
+// When the old replica's node is down, it is removed before the new one
+// is promoted (never a fourth voter with one down), and the move then
+// only rolls forward.
 // A job's move may have no from (from_node and from_replica 0: a replica
 // added, the last step skipped) or no to (to_node and to_replica 0: a
 // replica dropped, the first two steps skipped).
