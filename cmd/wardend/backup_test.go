@@ -82,7 +82,10 @@ func (c *procCluster) backup(i int, dir string) *wardenv1.BackupManifest {
 			for _, n := range c.nodes {
 				_ = n.cmd.Process.Signal(syscall.SIGQUIT)
 			}
-			time.Sleep(2 * time.Second) // the dumps reach the logs the failure prints
+			time.Sleep(2 * time.Second) // the dumps reach the logs
+			for i, n := range c.nodes {
+				c.t.Logf("node %d's goroutines in Warden's code:\n%s", i+1, wardenGoroutines(n.log.String(), 300))
+			}
 		}
 		c.t.Fatalf("warden admin backup: %v\n%s", err, out)
 	}
@@ -96,6 +99,22 @@ func (c *procCluster) backup(i int, dir string) *wardenv1.BackupManifest {
 		c.t.Fatal(err)
 	}
 	return man
+}
+
+// wardenGoroutines picks from a goroutine dump (SIGQUIT) the goroutines
+// with a frame in Warden's own packages, at most max lines of them.
+func wardenGoroutines(dump string, max int) string {
+	var out []string
+	for _, g := range strings.Split(dump, "\n\n") {
+		if strings.HasPrefix(strings.TrimSpace(g), "goroutine ") && strings.Contains(g, "warden-dev/warden/") {
+			out = append(out, strings.Split(g, "\n")...)
+		}
+		if len(out) >= max {
+			out = append(out[:max], "…")
+			break
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // restore runs wardend restore for each node of c from backup dir.
