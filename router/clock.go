@@ -31,6 +31,9 @@ type clockWatch struct {
 	// versions holds the shard command version each peer's binary
 	// applies, from its last clock reading.
 	versions map[uint64]uint32
+	// diskLow holds the peers whose last clock reading said their data
+	// directory is below its reserve (ClockResponse.disk_low).
+	diskLow map[uint64]bool
 	// unsafe is set while this node's clock is more than MaxClockSkew/2
 	// from the majority's.
 	unsafe atomic.Bool
@@ -172,6 +175,7 @@ func (r *Router) watchClock() {
 		case <-r.clock.kick:
 		}
 		r.measureClocks()
+		r.handOffLowDisk()
 	}
 }
 
@@ -218,7 +222,9 @@ func (r *Router) measureClocks() {
 		}
 	}
 	if unsafe {
-		r.handLeadershipAway()
+		for i := range r.nodes {
+			r.handLeadershipAway(&r.nodes[i], false, "its clock is out of bounds")
+		}
 	}
 }
 
@@ -294,6 +300,10 @@ func (r *Router) readClock(n *placementv1.Node, round time.Time) (off, rtt time.
 		r.clock.versions = map[uint64]uint32{}
 	}
 	r.clock.versions[n.GetId()] = max(resp.Msg.GetCommandVersion(), 1)
+	if r.clock.diskLow == nil {
+		r.clock.diskLow = map[uint64]bool{}
+	}
+	r.clock.diskLow[n.GetId()] = resp.Msg.GetDiskLow()
 	if r.clock.readAt == nil {
 		r.clock.readAt = map[uint64]time.Time{}
 	}
@@ -396,22 +406,75 @@ func (r *Router) unresponsive(id uint64) bool {
 	return r.clock.missed[id] >= peerDownAfter
 }
 
-// handLeadershipAway asks every data shard this node leads to elect
-// another replica.
-func (r *Router) handLeadershipAway() {
+// handLeadershipAway asks every shard local node n leads (the data
+// shards, and the placement group too when meta) to elect the replica of
+// another voter that can lead (canLead), and logs each hand-off with
+// why. A shard with no such voter stays led by n.
+func (r *Router) handLeadershipAway(n *LocalNode, meta bool, why string) {
 	m := r.Map()
-	for i := range r.nodes {
-		n := &r.nodes[i]
-		for _, t := range n.Leadership.led() {
-			if t.shardID == placement.MetaShardID {
+	for _, t := range n.Leadership.led() {
+		var to, replica uint64
+		if t.shardID == placement.MetaShardID {
+			if !meta {
 				continue
 			}
-			for _, rep := range m.Voters(t.shardID) { // a non-voter cannot lead
-				if rep.GetNodeId() != n.id {
-					_ = n.raft.transferLeader(t.shardID, rep.GetReplicaId())
+			// The placement group's replica ids are its nodes' ids.
+			ms, err := r.placementMembership(context.Background())
+			if err != nil {
+				continue
+			}
+			for _, v := range slices.Sorted(maps.Keys(ms.GetVoting())) {
+				if v != n.id && r.canLead(v) {
+					to, replica = v, v
 					break
 				}
 			}
+		} else {
+			for _, rep := range m.Voters(t.shardID) { // a non-voter cannot lead
+				if id := rep.GetNodeId(); id != n.id && r.canLead(id) {
+					to, replica = id, rep.GetReplicaId()
+					break
+				}
+			}
+		}
+		if to == 0 {
+			continue
+		}
+		if err := n.raft.transferLeader(t.shardID, replica); err == nil {
+			r.cfg.Logger.Info("leadership handed away", "shard", t.shardID, "from", n.id, "to", to, "why", why)
+		}
+	}
+}
+
+// canLead reports whether node id may be handed a leadership: it
+// answered its last clock reading and its data directory is not below
+// its reserve (as it last said).
+func (r *Router) canLead(id uint64) bool {
+	return r.live(id) && !r.diskLow(id)
+}
+
+// diskLow reports whether node id's data directory is below its reserve
+// (placement.Node.WritesRefused), for a peer as its last clock reading
+// said.
+func (r *Router) diskLow(id uint64) bool {
+	if n := r.localNode(id); n != nil {
+		return n.Node != nil && n.Node.WritesRefused() != nil
+	}
+	r.clock.mu.Lock()
+	defer r.clock.mu.Unlock()
+	return r.clock.diskLow[id]
+}
+
+// handOffLowDisk hands away every leadership, the placement group's
+// included, of each local node whose data directory is below its reserve
+// (DESIGN.md §5): such a node proposes nothing, so while it led a shard
+// every write to the shard through any node would fail. It runs each
+// clock round (ClockInterval, as often as the disk is checked), so a node
+// re-elected meanwhile gives the lead away again.
+func (r *Router) handOffLowDisk() {
+	for i := range r.nodes {
+		if n := &r.nodes[i]; r.diskLow(n.id) {
+			r.handLeadershipAway(n, true, "its data directory is below its reserve (--disk-reserve)")
 		}
 	}
 }

@@ -106,7 +106,12 @@ func nextHop(h http.Header, err error) *remoteLeader {
 	return nil
 }
 
-// Clock implements NodeService.Clock.
+// Clock implements NodeService.Clock: the clock, the command version,
+// and whether a local node's disk is below its reserve.
 func (s *NodeServer) Clock(context.Context, *connect.Request[placementv1.ClockRequest]) (*connect.Response[placementv1.ClockResponse], error) {
-	return connect.NewResponse(&placementv1.ClockResponse{UnixNano: s.r.now().UnixNano(), CommandVersion: shard.CommandVersion}), nil
+	resp := &placementv1.ClockResponse{UnixNano: s.r.now().UnixNano(), CommandVersion: shard.CommandVersion}
+	for i := range s.r.nodes {
+		resp.DiskLow = resp.DiskLow || s.r.diskLow(s.r.nodes[i].id)
+	}
+	return connect.NewResponse(resp), nil
 }

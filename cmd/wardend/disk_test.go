@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -79,14 +78,8 @@ func TestDiskReserve(t *testing.T) {
 	n3 := c.nodes[2]
 	mountTmpfs(t, n3.dir, "256m")
 	c.boot()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	// Node 3 leads the data shard, so that it is the one to refuse.
-	waitFor(t, 30*time.Second, "node 3 to lead shard 1", func() bool {
-		_, _ = c.nodes[0].admin.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: 1, NodeId: 3}))
-		resp, err := n3.shards()
-		return err == nil && resp.GetShards()[0].GetLeaderNodeId() == 3
-	})
+	c.leadShard1(3)
 	if _, err := n3.acquire("disk/before", "b1", time.Minute, 0); err != nil {
 		t.Fatalf("a write before the fill: %v", err)
 	}
@@ -132,11 +125,7 @@ func TestDiskReserve(t *testing.T) {
 
 	// The reserve used up while node 3 follows: it exits, with one line
 	// and code 28, and the other two serve on.
-	waitFor(t, 30*time.Second, "node 1 to lead shard 1", func() bool {
-		_, _ = c.nodes[0].admin.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: 1, NodeId: 1}))
-		resp, err := c.nodes[0].shards()
-		return err == nil && resp.GetShards()[0].GetLeaderNodeId() == 1
-	})
+	c.leadShard1(1)
 	fillTo(t, filler, 64<<10)
 	var exited error
 	for i := 0; exited == nil; i++ {
@@ -162,6 +151,89 @@ func TestDiskReserve(t *testing.T) {
 	}
 	if strings.Contains(n3.log.String(), "panic:") || strings.Contains(n3.log.String(), "goroutine ") {
 		t.Errorf("node 3 panicked:\n%s", n3.log.Tail(40))
+	}
+}
+
+// leadShard1 moves the lead of data shard 1 to node id and waits until
+// node 1 sees it there.
+func (c *procCluster) leadShard1(id uint64) {
+	c.t.Helper()
+	waitFor(c.t, 30*time.Second, fmt.Sprintf("node %d to lead shard 1", id), func() bool {
+		ctx, cancel := rpcCtx()
+		defer cancel()
+		_, _ = c.nodes[0].admin.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: 1, NodeId: id}))
+		return c.shard1Leader() == id
+	})
+}
+
+// shard1Leader is the node leading data shard 1 as node 1 sees it, 0 if
+// unknown.
+func (c *procCluster) shard1Leader() uint64 {
+	resp, err := c.nodes[0].shards()
+	if err != nil || len(resp.GetShards()) == 0 {
+		return 0
+	}
+	return resp.GetShards()[0].GetLeaderNodeId()
+}
+
+// placementLeader is the node leading the placement group as node 1
+// sees it, 0 if unknown.
+func (c *procCluster) placementLeader() uint64 {
+	ctx, cancel := rpcCtx()
+	defer cancel()
+	resp, err := c.nodes[0].admin.ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+	if err != nil {
+		return 0
+	}
+	return resp.Msg.GetPlacementLeaderId()
+}
+
+// A node below its disk reserve proposes nothing; while it led a shard
+// (or the placement group) it kept leading, so every write to the shard
+// through every node failed until its disk was freed: one node's disk
+// stalled the cluster (found by the nemesis disk-full fault, issue 41).
+// It hands its leaderships to a node whose disk is fine, and the others
+// grant within seconds of the fill.
+func TestDiskReserveLeaderHandsOff(t *testing.T) {
+	const reserve = 16 << 20
+	c := newProcCluster(t, map[int][]string{2: {"--disk-reserve", "16MiB"}})
+	n3 := c.nodes[2]
+	mountTmpfs(t, n3.dir, "128m")
+	c.boot()
+	c.leadShard1(3)
+	metaLed := c.placementLeader() == 3
+	t.Logf("node 3 leads shard 1; the placement group too: %v", metaLed)
+	if _, err := c.nodes[0].acquire("handoff/before", "b1", time.Minute, 0); err != nil {
+		t.Fatalf("a write before the fill: %v", err)
+	}
+
+	filler := filepath.Join(n3.dir, "filler")
+	fillTo(t, filler, reserve/2)
+	t.Cleanup(func() { os.Remove(filler) })
+	filled := time.Now()
+	waitFor(t, 10*time.Second, "node 3 to find its disk below the reserve", func() bool {
+		code, _ := n3.probe(t, "/readyz")
+		return code == http.StatusServiceUnavailable
+	})
+	for i, n := range c.nodes[:2] {
+		waitFor(t, 10*time.Second, fmt.Sprintf("a write through node %d with node 3's disk full", i+1), func() bool {
+			_, err := n.acquire(fmt.Sprintf("handoff/during-%d", i), "d", time.Minute, 0)
+			return err == nil
+		})
+	}
+	t.Logf("both other nodes granted %v after the fill", time.Since(filled).Round(time.Millisecond))
+	if l := c.shard1Leader(); l == 3 || l == 0 {
+		t.Errorf("shard 1's leader with node 3's disk full: node %d, want node 1 or 2", l)
+	}
+	if l := c.placementLeader(); metaLed && (l == 3 || l == 0) {
+		t.Errorf("the placement group's leader with node 3's disk full: node %d, want node 1 or 2", l)
+	}
+	// Led from another node, node 3 forwards its clients' writes there.
+	if _, err := n3.acquire("handoff/via-3", "v", time.Minute, 0); err != nil {
+		t.Errorf("a write through node 3, below its reserve, with the lead elsewhere: %v", err)
+	}
+	if err := nodeAlive(n3); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -1011,8 +1011,13 @@ type ClockResponse struct {
 	// node's binary applies (shard.CommandVersion); 0 from binaries older
 	// than the field, which apply version 1.
 	CommandVersion uint32 `protobuf:"varint,2,opt,name=command_version,json=commandVersion,proto3" json:"command_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// DiskLow is set while a node of the answering process has less free
+	// space on its data directory than its reserve (wardend
+	// --disk-reserve): it refuses to propose, so the other nodes hand no
+	// leadership to it; false from binaries older than the field.
+	DiskLow       bool `protobuf:"varint,3,opt,name=disk_low,json=diskLow,proto3" json:"disk_low,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClockResponse) Reset() {
@@ -1057,6 +1062,13 @@ func (x *ClockResponse) GetCommandVersion() uint32 {
 		return x.CommandVersion
 	}
 	return 0
+}
+
+func (x *ClockResponse) GetDiskLow() bool {
+	if x != nil {
+		return x.DiskLow
+	}
+	return false
 }
 
 var File_warden_placement_v1_node_proto protoreflect.FileDescriptor
@@ -1119,10 +1131,11 @@ const file_warden_placement_v1_node_proto_rawDesc = "" +
 	"\x0fReadMetaRequest\"D\n" +
 	"\x10ReadMetaResponse\x120\n" +
 	"\x05state\x18\x01 \x01(\v2\x1a.warden.placement.v1.StateR\x05state\"\x0e\n" +
-	"\fClockRequest\"U\n" +
+	"\fClockRequest\"p\n" +
 	"\rClockResponse\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12'\n" +
-	"\x0fcommand_version\x18\x02 \x01(\rR\x0ecommandVersion*\xb7\x01\n" +
+	"\x0fcommand_version\x18\x02 \x01(\rR\x0ecommandVersion\x12\x19\n" +
+	"\bdisk_low\x18\x03 \x01(\bR\adiskLow*\xb7\x01\n" +
 	"\x10MembershipChange\x12!\n" +
 	"\x1dMEMBERSHIP_CHANGE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16MEMBERSHIP_CHANGE_NONE\x10\x01\x12$\n" +
