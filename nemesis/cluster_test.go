@@ -5,6 +5,7 @@ package nemesis
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -75,14 +76,18 @@ type cluster struct {
 	secret  string
 	// ports[i] are the proxy's ports that lead to node i (Raft, API).
 	ports [][]string
+	// diskNode is the node whose data directory is a tmpfs of
+	// diskTmpfsSize (the disk-full fault), -1 for none.
+	diskNode int
 }
 
 // startCluster lays out the namespaces and the proxy, starts three nodes
-// and waits until each serves.
-func startCluster(t *testing.T, seed uint64) *cluster {
+// and waits until each serves. Node diskNode (if not -1) keeps its data
+// directory on a tmpfs of diskTmpfsSize.
+func startCluster(t *testing.T, seed uint64, diskNode int) *cluster {
 	t.Helper()
 	l := newNetlab(t, 3)
-	c := &cluster{t: t, net: l, proxy: newProxy(l.gateway, l.hosts, seed), secret: filepath.Join(t.TempDir(), "secret")}
+	c := &cluster{t: t, net: l, proxy: newProxy(l.gateway, l.hosts, seed), secret: filepath.Join(t.TempDir(), "secret"), diskNode: diskNode}
 	t.Cleanup(c.proxy.close)
 	if err := os.WriteFile(c.secret, []byte("nemesis-secret-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -105,6 +110,11 @@ func startCluster(t *testing.T, seed uint64) *cluster {
 		n := &node{id: uint64(i + 1), ns: l.netns(i), host: host, dir: filepath.Join(t.TempDir(), fmt.Sprintf("node-%d", i+1)), web: web,
 			locks: wardenv1connect.NewLockServiceClient(web, base), quota: wardenv1connect.NewQuotaServiceClient(web, base),
 			admin: wardenv1connect.NewAdminServiceClient(web, base)}
+		if i == diskNode {
+			// Unmounted by its cleanup, after the one below stops
+			// the processes (cleanups run last first).
+			proctest.MountTmpfs(t, n.dir, diskTmpfsSize)
+		}
 		c.nodes = append(c.nodes, n)
 		members = append(members, fmt.Sprintf("%d=%s=%s", n.id, raftAdv, apiAdv))
 	}
@@ -139,7 +149,7 @@ func (c *cluster) start(i int, first bool) {
 	args := []string{"netns", "exec", n.ns, binary, "--node-id", fmt.Sprint(n.id), "--zone", fmt.Sprintf("az%d", i+1),
 		"--raft-addr", net.JoinHostPort(n.host, raftPort), "--listen", net.JoinHostPort(n.host, listenPort),
 		"--raft-advertise-addr", adv[1], "--advertise-addr", adv[2],
-		"--data-dir", n.dir, "--insecure", "--cluster-secret-file", c.secret, "--initial-members", c.members}
+		"--data-dir", n.dir, "--disk-reserve", diskReserveFlag, "--insecure", "--cluster-secret-file", c.secret, "--initial-members", c.members}
 	if first {
 		args = append(args, "--initial-cluster-state", "new")
 	}
@@ -211,6 +221,43 @@ func (c *cluster) dataLeader(from ...int) int {
 		}
 	}
 	return -1
+}
+
+// leadData moves the data shard's lead to node i and waits until node
+// i sees itself lead it.
+func (c *cluster) leadData(i int) {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for c.dataLeader(i) != i {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node %d does not take the data shard's lead", i+1)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _ = c.nodes[i].admin.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: 1, NodeId: uint64(i + 1)}))
+		cancel()
+	}
+}
+
+// waitDiskLow waits until node i finds its data directory below its
+// reserve: /readyz answers 503 naming --disk-reserve (the node reads its
+// free space every second).
+func (c *cluster) waitDiskLow(i int) {
+	c.t.Helper()
+	n := c.nodes[i]
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		resp, err := n.web.Get("http://" + net.JoinHostPort(n.host, listenPort) + "/readyz")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable && strings.Contains(string(body), "--disk-reserve") {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node %d does not report its data directory below its reserve on /readyz (last: %v)", i+1, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // waitDataLeader waits until one of the nodes knows the data shard's

@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/deploy/deploytest"
+	"github.com/warden-dev/warden/internal/proctest"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
@@ -38,6 +40,14 @@ const (
 	// slack absorbs the difference between this process's clock reads and
 	// a node's (same host, different reads, a loaded machine).
 	slack = 50 * time.Millisecond
+	// diskReserve is every node's --disk-reserve (diskReserveFlag):
+	// small, so that the disk-full fault's tmpfs stays small.
+	diskReserve     = 32 << 20
+	diskReserveFlag = "32MiB"
+	// diskTmpfsSize is the size of the tmpfs the disk-full fault's node
+	// keeps its data directory on: what a long run writes there
+	// (measured: see diskUsed's log line), the reserve and room.
+	diskTmpfsSize = "256m"
 )
 
 // suite is one run: the cluster, its workload and what happened.
@@ -58,6 +68,9 @@ type phase struct {
 	what             string // which nodes, as printed
 	from, healed, to time.Time
 	minority         []int // nodes cut off from the majority, if any
+	// serving are nodes whose probes must be granted between the fault
+	// and the heal (the others of a disk-full node), if any.
+	serving []int
 }
 
 // fault is one kind of fault: inject starts it and returns what it did,
@@ -147,6 +160,35 @@ var faults = []fault{
 			s.c.start(i, false)
 		}
 		return "SIGKILL all three nodes mid-load, then restart them", nil, func() {}
+	}},
+	{"disk-full", func(s *suite) (string, []int, func()) {
+		// The tmpfs node leads the data shard or follows it, at random.
+		i, role := s.c.diskNode, "data leader"
+		other := others(i)[s.rng.IntN(2)]
+		if s.rng.IntN(2) == 0 {
+			s.c.leadData(i)
+		} else {
+			s.c.leadData(other)
+			role = "follower"
+		}
+		// Half the reserve left: below it the node refuses to propose;
+		// with a quarter left it would exit (code 28), which fails the
+		// run at the heal.
+		filler := filepath.Join(s.c.nodes[i].dir, "filler")
+		proctest.FillTo(s.t, filler, diskReserve/2)
+		s.c.waitDiskLow(i) // the fault begins when the node refuses
+		return fmt.Sprintf("node %d (%s): its data directory filled to %d MiB free, half its reserve", i+1, role, diskReserve/2>>20), nil, func() {
+			if err := os.Remove(filler); err != nil {
+				s.t.Fatal(err)
+			}
+			n := s.c.nodes[i]
+			select {
+			case err := <-n.exited:
+				n.exited <- err // for the cleanup's kill
+				s.t.Fatalf("node %d exited with its disk filled to half its reserve (%v):\n%s", i+1, err, n.log.Tail(10))
+			default:
+			}
+		}
 	}},
 	{"stop-leader", func(s *suite) (string, []int, func()) {
 		l := s.c.waitDataLeader()
@@ -257,7 +299,11 @@ func TestNemesis(t *testing.T) {
 	}
 	t.Logf("nemesis seed %d (replay: WARDEN_NEMESIS_SEED=%d); schedule: %s", seed, seed, strings.Join(order, ", "))
 
-	s.c = startCluster(t, seed)
+	diskNode := -1
+	if slices.Contains(order, "disk-full") {
+		diskNode = 2
+	}
+	s.c = startCluster(t, seed, diskNode)
 	s.checkNoBypass()
 	s.w = newWorkload(s.c)
 	s.newPool()
@@ -270,6 +316,9 @@ func TestNemesis(t *testing.T) {
 		var heal func()
 		p.what, p.minority, heal = f.inject(s)
 		p.from = time.Now()
+		if f.name == "disk-full" {
+			p.serving = others(s.c.diskNode)
+		}
 		t.Logf("%s %s: %s", stamp(p.from), f.name, p.what)
 		hold := faultFor
 		switch {
@@ -287,7 +336,21 @@ func TestNemesis(t *testing.T) {
 		s.phases = append(s.phases, p)
 	}
 	s.w.halt()
+	if diskNode >= 0 {
+		s.logDiskUsed()
+	}
 	s.report()
+}
+
+// logDiskUsed logs how much of the disk-full fault's tmpfs the node's
+// data occupies (what diskTmpfsSize must hold).
+func (s *suite) logDiskUsed() {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.c.nodes[s.c.diskNode].dir, &st); err != nil {
+		s.t.Fatal(err)
+	}
+	size, free := st.Blocks*uint64(st.Bsize), st.Bfree*uint64(st.Bsize)
+	s.t.Logf("node %d's data directory uses %d MiB of its %d MiB tmpfs at the end of the run", s.c.diskNode+1, (size-free)>>20, size>>20)
 }
 
 // checkNoBypass asserts that the nodes reach each other only through the
@@ -444,6 +507,13 @@ func (s *suite) report() {
 	for _, p := range s.phases {
 		if r := rows[p.fault]; len(r.recover) == 0 {
 			t.Errorf("%s: no grant after the fault began", p.fault)
+		}
+		for _, i := range p.serving {
+			if !slices.ContainsFunc(ops, func(o op) bool {
+				return o.client < 0 && o.node == i && o.kind == "acquire" && o.outcome == okOutcome && !o.invoke.Before(p.from) && o.done.Before(p.healed)
+			}) {
+				t.Errorf("%s at %s: node %d granted no probe between the fault and the heal (%s): %s", p.fault, stamp(p.from), i+1, stamp(p.healed), p.what)
+			}
 		}
 	}
 }

@@ -7,62 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/internal/proctest"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
-
-// mountTmpfs mounts a tmpfs of size (mount's size= option, "160m") on
-// dir, created if need be, and unmounts it when the test ends (after the
-// cluster's processes are stopped, whose cleanup boot registers later).
-// It skips the test when the process cannot mount (not root; CI runs as
-// root).
-func mountTmpfs(t *testing.T, dir, size string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a size-limited tmpfs as a node's data directory needs root (CI runs as root)")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
-		t.Skipf("mounting a tmpfs on %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, 0); err != nil {
-			t.Errorf("unmounting %s: %v", dir, err)
-		}
-	})
-}
-
-// fillTo writes the file path so that about left bytes stay free on its
-// filesystem (path's own blocks included, if it exists).
-func fillTo(t *testing.T, path string, left uint64) {
-	t.Helper()
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(filepath.Dir(path), &st); err != nil {
-		t.Fatal(err)
-	}
-	free := st.Bavail * uint64(st.Bsize)
-	if fi, err := os.Stat(path); err == nil {
-		free += uint64(fi.Size())
-	}
-	if free <= left {
-		t.Fatalf("%s has %d bytes free, not more than the %d to leave", filepath.Dir(path), free, left)
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := syscall.Fallocate(int(f.Fd()), 0, 0, int64(free-left)); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // A node whose data directory's filesystem fills up (fault 5 of issue
 // 41: it panicked 10-16 s after the fill, "write …/000002.log: no space
@@ -76,7 +28,7 @@ func TestDiskReserve(t *testing.T) {
 	const reserve = 48 << 20
 	c := newProcCluster(t, map[int][]string{2: {"--disk-reserve", "48MiB"}})
 	n3 := c.nodes[2]
-	mountTmpfs(t, n3.dir, "256m")
+	proctest.MountTmpfs(t, n3.dir, "256m")
 	c.boot()
 	// Node 3 leads the data shard, so that it is the one to refuse.
 	c.leadShard1(3)
@@ -85,7 +37,7 @@ func TestDiskReserve(t *testing.T) {
 	}
 
 	filler := filepath.Join(n3.dir, "filler")
-	fillTo(t, filler, reserve/2)
+	proctest.FillTo(t, filler, reserve/2)
 	waitFor(t, 10*time.Second, "node 3 to report not ready for its disk", func() bool {
 		code, body := n3.probe(t, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "--disk-reserve")
@@ -126,7 +78,7 @@ func TestDiskReserve(t *testing.T) {
 	// The reserve used up while node 3 follows: it exits, with one line
 	// and code 28, and the other two serve on.
 	c.leadShard1(1)
-	fillTo(t, filler, 64<<10)
+	proctest.FillTo(t, filler, 64<<10)
 	var exited error
 	for i := 0; exited == nil; i++ {
 		if _, err := c.nodes[0].acquire(fmt.Sprintf("disk/full-%d", i), "f", time.Minute, 0); err != nil {
@@ -198,7 +150,7 @@ func TestDiskReserveLeaderHandsOff(t *testing.T) {
 	const reserve = 16 << 20
 	c := newProcCluster(t, map[int][]string{2: {"--disk-reserve", "16MiB"}})
 	n3 := c.nodes[2]
-	mountTmpfs(t, n3.dir, "128m")
+	proctest.MountTmpfs(t, n3.dir, "128m")
 	c.boot()
 	c.leadShard1(3)
 	metaLed := c.placementLeader() == 3
@@ -208,7 +160,7 @@ func TestDiskReserveLeaderHandsOff(t *testing.T) {
 	}
 
 	filler := filepath.Join(n3.dir, "filler")
-	fillTo(t, filler, reserve/2)
+	proctest.FillTo(t, filler, reserve/2)
 	t.Cleanup(func() { os.Remove(filler) })
 	filled := time.Now()
 	waitFor(t, 10*time.Second, "node 3 to find its disk below the reserve", func() bool {
