@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,12 +141,12 @@ func (c *procCluster) shard1Leader() uint64 {
 	return resp.GetShards()[0].GetLeaderNodeId()
 }
 
-// placementLeader is the node leading the placement group as node 1
+// placementLeader is the node leading the placement group as node n
 // sees it, 0 if unknown.
-func (c *procCluster) placementLeader() uint64 {
-	ctx, cancel := rpcCtx()
+func placementLeader(n *node) uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	resp, err := c.nodes[0].admin.ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
+	resp, err := n.admin.ListNodes(ctx, connect.NewRequest(&wardenv1.ListNodesRequest{}))
 	if err != nil {
 		return 0
 	}
@@ -163,9 +165,26 @@ func TestDiskReserveLeaderHandsOff(t *testing.T) {
 	n3 := c.nodes[2]
 	proctest.MountTmpfs(t, n3.dir, "128m")
 	c.boot()
+	// Node 3 leads the placement group: its leader is paused until the
+	// other two elect one, as often as it takes to be node 3.
+	waitFor(t, 90*time.Second, "node 3 to lead the placement group", func() bool {
+		l := placementLeader(n3)
+		if l == 1 || l == 2 {
+			p := c.nodes[l-1].cmd.Process
+			_ = p.Signal(syscall.SIGSTOP)
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				if m := placementLeader(n3); m != 0 && m != l {
+					break
+				}
+			}
+			_ = p.Signal(syscall.SIGCONT)
+		}
+		return placementLeader(n3) == 3
+	})
 	c.leadShard1(3)
-	metaLed := c.placementLeader() == 3
-	t.Logf("node 3 leads shard 1; the placement group too: %v", metaLed)
+	if l := placementLeader(n3); l != 3 {
+		t.Fatalf("the placement group's leader before the fill: node %d, want node 3", l)
+	}
 	if _, err := c.nodes[0].acquire("handoff/before", "b1", time.Minute, 0); err != nil {
 		t.Fatalf("a write before the fill: %v", err)
 	}
@@ -188,9 +207,10 @@ func TestDiskReserveLeaderHandsOff(t *testing.T) {
 	if l := c.shard1Leader(); l == 3 || l == 0 {
 		t.Errorf("shard 1's leader with node 3's disk full: node %d, want node 1 or 2", l)
 	}
-	if l := c.placementLeader(); metaLed && (l == 3 || l == 0) {
-		t.Errorf("the placement group's leader with node 3's disk full: node %d, want node 1 or 2", l)
-	}
+	waitFor(t, 10*time.Second, "node 3 to hand the placement group's lead away", func() bool {
+		l := placementLeader(n3)
+		return l == 1 || l == 2
+	})
 	// Led from another node, node 3 forwards its clients' writes there.
 	if _, err := n3.acquire("handoff/via-3", "v", time.Minute, 0); err != nil {
 		t.Errorf("a write through node 3, below its reserve, with the lead elsewhere: %v", err)
