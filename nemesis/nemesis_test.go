@@ -501,6 +501,21 @@ func (s *suite) report() {
 	}
 	b.WriteString("recover: from the fault to the first probe grant; heal: from the heal until every node's probe is granted;\n" +
 		"minority: calls to cut-off nodes (invoked before the heal) answered unavailable / unknown (deadline), and their p50 latency\n")
+	for _, p := range s.phases {
+		if p.fault != "disk-full" {
+			continue
+		}
+		// The full node refuses to propose: its clients' writes are
+		// granted once it has handed its leads away (it forwards them).
+		outcomes := map[string]int{}
+		for _, o := range ops {
+			if o.node == s.c.diskNode && o.kind != "describe" && !o.invoke.Before(p.from) && o.invoke.Before(p.healed) {
+				outcomes[o.outcome]++
+			}
+		}
+		fmt.Fprintf(&b, "disk-full %s (%s): lock calls through node %d before the heal: %d ok, %d refused, %d unavailable, %d unknown\n",
+			stamp(p.from), p.what, s.c.diskNode+1, outcomes[okOutcome], outcomes[refused], outcomes[unavailable], outcomes[unknown])
+	}
 	fmt.Fprintf(&b, "porcupine over the lock history: %s\n", lin)
 	t.Log(b.String())
 	for _, v := range vs {
