@@ -116,11 +116,12 @@ fuzz:
 
 ## bench: acquire+release throughput and latency (1 and 64 clients) and waiter hand-off latency on a dev cluster,
 ## then, on a three-process cluster, acquire+release before and after a split and reserve+commit, in cleartext
-## and again with TLS and authentication on
+## and again with TLS and authentication on, and a restarted node's time to serve every shard with 1, 16 and 64 shards
 bench:
 	$(GO) test ./router -run '^$$' -bench 'AcquireRelease|HandOff' -benchtime 5s -count 3 -timeout 30m
 	WARDEN_BENCH=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
 	WARDEN_BENCH=1 WARDEN_BENCH_SECURE=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
+	for n in 1 16 64; do WARDEN_RESTART_SHARDS=$$n WARDEN_RESTART_ROUNDS=3 $(GO) test ./cmd/wardend -run '^TestClusterRestartServingShards$$' -count 1 -v -timeout 30m || exit 1; done
 
 ## bench-sdk: the lock round trip (lock, then unlock) of the Go SDK and of the TypeScript SDK from Node.js, against one
 ## wardend --dev, in the same run (N pairs each, default 2000)

@@ -142,13 +142,24 @@ func bootstrapOnce(ctx context.Context, meta MetaClient, create *placementv1.Com
 // machine, so placement changes become replica starts here).
 type Agent struct {
 	node *Node
-	mu   sync.Mutex
+	// start starts the node's replica of a shard (Node.StartDataShard).
+	start func(s *placementv1.Shard, members map[uint64]string) error
+	mu    sync.Mutex
 	// running maps shard id → replica id of the replicas it started.
 	running map[uint64]uint64
 }
 
 // NewAgent returns the agent of node.
-func NewAgent(node *Node) *Agent { return &Agent{node: node, running: map[uint64]uint64{}} }
+func NewAgent(node *Node) *Agent {
+	return &Agent{node: node, start: node.StartDataShard, running: map[uint64]uint64{}}
+}
+
+// startWorkers is how many replicas Reconcile starts at once. A start
+// reads the replica's files (the rollback check opens its state
+// machine's database) before Dragonboat's part, which NodeHost runs one
+// at a time: started one after another, a node's restart took about
+// 30 ms a replica on a 2-core machine (2–3.4 s of 64) before it served.
+const startWorkers = 8
 
 // Reconcile starts every replica m places on the node that is not running
 // and stops (and deletes) every running one m no longer places there. An
@@ -169,15 +180,7 @@ func (a *Agent) Reconcile(m *Map) error {
 		}
 	}
 	var errs []error
-	for id, r := range want {
-		if _, ok := a.running[id]; ok || a.node.ReplicaFailed(id) != nil {
-			continue
-		}
-		var members map[uint64]string // a joining replica learns them from the leader
-		if !r.GetJoin() {
-			members = m.Members(m.Shard(id))
-		}
-		err := a.node.StartDataShard(shards[id], members)
+	for id, err := range a.startAll(m, want, shards) {
 		if _, failed := errors.AsType[*RolledBackError](err); failed {
 			continue // left stopped, logged once; the node serves its other replicas
 		}
@@ -185,7 +188,7 @@ func (a *Agent) Reconcile(m *Map) error {
 			errs = append(errs, err)
 			continue
 		}
-		a.running[id] = r.GetReplicaId()
+		a.running[id] = want[id].GetReplicaId()
 	}
 	ids := map[uint64]uint64{}
 	for id, r := range want {
@@ -204,6 +207,48 @@ func (a *Agent) Reconcile(m *Map) error {
 		delete(a.running, id)
 	}
 	return errors.Join(errs...)
+}
+
+// startAll starts, startWorkers at a time, every replica of want (by
+// shard id, with its shard in shards) that is not running and did not
+// fail, and returns each start's error by shard id. The caller holds
+// a.mu.
+func (a *Agent) startAll(m *Map, want map[uint64]*placementv1.Replica, shards map[uint64]*placementv1.Shard) map[uint64]error {
+	type start struct {
+		shard   *placementv1.Shard
+		members map[uint64]string
+	}
+	var todo []start
+	for id, r := range want {
+		if _, ok := a.running[id]; ok || a.node.ReplicaFailed(id) != nil {
+			continue
+		}
+		var members map[uint64]string // a joining replica learns them from the leader
+		if !r.GetJoin() {
+			members = m.Members(m.Shard(id))
+		}
+		todo = append(todo, start{shards[id], members})
+	}
+	out := make(map[uint64]error, len(todo))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	work := make(chan start)
+	for range min(startWorkers, len(todo)) {
+		wg.Go(func() {
+			for st := range work {
+				err := a.start(st.shard, st.members)
+				mu.Lock()
+				out[st.shard.GetId()] = err
+				mu.Unlock()
+			}
+		})
+	}
+	for _, st := range todo {
+		work <- st
+	}
+	close(work)
+	wg.Wait()
+	return out
 }
 
 // Hosts reports whether the agent runs a replica of shardID.
