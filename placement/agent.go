@@ -158,7 +158,7 @@ func NewAgent(node *Node) *Agent {
 // reads the replica's files (the rollback check opens its state
 // machine's database) before Dragonboat's part, which NodeHost runs one
 // at a time: started one after another, a node's restart took about
-// 30 ms a replica on a 2-core machine (2–3.4 s of 64) before it served.
+// 30 ms a replica on a 2-core machine (0.8–3.4 s of 64) before it served.
 const startWorkers = 8
 
 // Reconcile starts every replica m places on the node that is not running

@@ -11,7 +11,7 @@ import (
 
 // Fault 7 of issue 41: a restarting node's agent starts its replicas
 // startWorkers at a time, not one after another (whose time grew with
-// the shard count before the node served: 2–3.4 s of 64 shards). Each
+// the shard count before the node served: 0.8–3.4 s of 64 shards). Each
 // start here blocks until startWorkers of them are in flight; started
 // one at a time, none would ever see the others, and the test fails
 // after 10 s. Every replica is then running, except the one whose start
