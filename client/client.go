@@ -56,7 +56,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/rpctypes"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
 
@@ -380,45 +380,17 @@ func (c *Client) leaderEndpoint(err error) (uint32, bool) {
 // (warden.v1.NotLeader or RangeMoved), or "" when err names none: a
 // client that has that node among its endpoints sends its retry there.
 // Client does so itself; this is for callers with their own transport.
-func LeaderAddress(err error) string {
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		return ""
-	}
-	for _, d := range ce.Details() {
-		v, derr := d.Value()
-		if derr != nil {
-			continue
-		}
-		switch m := v.(type) {
-		case *wardenv1.NotLeader:
-			return m.GetLeaderAddress()
-		case *wardenv1.RangeMoved:
-			return m.GetLeaderAddress()
-		}
-	}
-	return ""
-}
+// It is rpctypes.LeaderAddress, which the server shares.
+func LeaderAddress(err error) string { return rpctypes.LeaderAddress(err) }
 
 // Retryable reports whether err leaves a call's outcome unknown in a way
 // that a retry with the same request, reservation or lease id settles:
 // the server answered Unavailable, or the connection broke before the
 // answer was read (the node died or restarted mid-call, which Connect
 // reports as Unknown, not from the wire). The caller's own deadline or
-// cancel is not retryable: it decides what the caller is told.
-func Retryable(err error) bool {
-	var ce *connect.Error
-	if !errors.As(err, &ce) {
-		return false
-	}
-	switch ce.Code() {
-	case connect.CodeUnavailable:
-		return true
-	case connect.CodeUnknown:
-		return !connect.IsWireError(ce)
-	}
-	return false
-}
+// cancel is not retryable: it decides what the caller is told. It is
+// rpctypes.Retryable, which the server shares.
+func Retryable(err error) bool { return rpctypes.Retryable(err) }
 
 // newRequestID draws a random request id (96 bits, hex).
 func newRequestID() string {

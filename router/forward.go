@@ -9,8 +9,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/warden-dev/warden/client"
 	"github.com/warden-dev/warden/placement"
+	"github.com/warden-dev/warden/proto/rpctypes"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
@@ -91,7 +91,7 @@ func forward[Req, Resp any](ctx context.Context, r *Router, req *connect.Request
 			return call(r.peers.get(rl.node.GetListenAddr()))(ctx, fr)
 		})
 		cancel()
-		if !client.Retryable(err) && !notAnswered(ctx, err) {
+		if !rpctypes.Retryable(err) && !notAnswered(ctx, err) {
 			return resp, true, err
 		}
 		if failing.IsZero() {

@@ -1,16 +1,18 @@
-package client_test
+package rpctypes_test
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
-	"github.com/warden-dev/warden/client"
+	"github.com/warden-dev/warden/proto/rpctypes"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
@@ -66,8 +68,37 @@ func TestRetryable(t *testing.T) {
 		{"not a Connect error", errors.New("local"), false},
 		{"nil", nil, false},
 	} {
-		if got := client.Retryable(c.err); got != c.want {
+		if got := rpctypes.Retryable(c.err); got != c.want {
 			t.Errorf("%s: Retryable(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
+	}
+}
+
+// LeaderAddress: the address a NotLeader or RangeMoved detail names, ""
+// when the detail names none or there is none.
+func TestLeaderAddress(t *testing.T) {
+	withDetail := func(m proto.Message) error {
+		e := connect.NewError(connect.CodeUnavailable, errors.New("not here"))
+		d, err := connect.NewErrorDetail(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.AddDetail(d)
+		return fmt.Errorf("wrapped: %w", e)
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"not leader", withDetail(&wardenv1.NotLeader{ShardId: 2, LeaderAddress: "10.0.0.2:7070", LeaderNodeId: 2, Term: 3}), "10.0.0.2:7070"},
+		{"range moved", withDetail(&wardenv1.RangeMoved{ShardId: 4, LeaderAddress: "10.0.0.3:7070"}), "10.0.0.3:7070"},
+		{"leader unknown", withDetail(&wardenv1.NotLeader{ShardId: 2}), ""},
+		{"no detail", connect.NewError(connect.CodeUnavailable, errors.New("no leader")), ""},
+		{"not a Connect error", errors.New("local"), ""},
+	} {
+		if got := rpctypes.LeaderAddress(c.err); got != c.want {
+			t.Errorf("%s: LeaderAddress = %q, want %q", c.name, got, c.want)
 		}
 	}
 }
