@@ -185,7 +185,9 @@ func (r *Router) snapshotLocal(ctx context.Context, shardID, nodeID uint64) *war
 		idx, err := r.nodes[i].raft.snapshot(sctx, shardID)
 		giveUp := time.Now().Add(snapshotBusyFor)
 		for errors.Is(err, errSnapshotBusy) && time.Now().Before(giveUp) && sctx.Err() == nil {
-			r.snapshotBusy.Add(1)
+			if f := r.cfg.Knobs.OnSnapshotBusy; f != nil {
+				f()
+			}
 			select {
 			case <-sctx.Done(): // the caller is gone: the busy answer stands
 			case <-time.After(snapshotBusyWait):

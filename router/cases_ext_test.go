@@ -120,7 +120,7 @@ func TestCaseQ13CorrectionExactlyOnce(t *testing.T) {
 // epoch change again and again, every token above the one before, and
 // none refused.
 func TestShardTakesNewEpochBeforeRevisionsRunOut(t *testing.T) {
-	c := startCluster(t, server.DevConfig{Router: router.Config{RevisionHeadroom: shard.MaxRevision - 20}})
+	c := startCluster(t, server.DevConfig{Router: router.Config{Knobs: router.TestingKnobs{RevisionHeadroom: shard.MaxRevision - 20}}})
 	epochs := map[uint64]bool{}
 	var last uint64
 	for i := range 150 {

@@ -160,7 +160,7 @@ func (r *Router) hasPeers(shardID uint64) bool {
 }
 
 // now is this node's wall clock, as the leader clock and Clock see it.
-func (r *Router) now() time.Time { return time.Now().Add(r.cfg.ClockOffset) }
+func (r *Router) now() time.Time { return time.Now().Add(r.cfg.Knobs.ClockOffset) }
 
 // watchClock measures the offsets every ClockInterval, and at once when
 // a term begins here, until Stop.

@@ -18,7 +18,3 @@ func ProposeAcquire(ctx context.Context, r *Router, req *wardenv1.AcquireRequest
 	}
 	return r.propose(ctx, req.GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: cmd}})
 }
-
-// SnapshotBusyAnswers is how many times admin snapshots through r met
-// another snapshot of a replica and waited for it.
-func SnapshotBusyAnswers(r *Router) int64 { return r.snapshotBusy.Load() }

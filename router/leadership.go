@@ -14,7 +14,7 @@ import (
 // office, plus its monotonic clock since (DESIGN.md "Time"), so a wall
 // clock step during its term moves nothing.
 type Leadership struct {
-	// offset is added to the wall clock (Config.ClockOffset, tests only).
+	// offset is added to the wall clock (TestingKnobs.ClockOffset, tests only).
 	offset time.Duration
 	mu     struct {
 		sync.Mutex
@@ -97,8 +97,8 @@ func (t *leaderTerm) now() int64 {
 }
 
 // NewLeadership returns an empty Leadership whose leader clocks run
-// clockOffset ahead of the wall clock (Config.ClockOffset; zero but in
-// clock skew tests).
+// clockOffset ahead of the wall clock (TestingKnobs.ClockOffset;
+// zero but in clock skew tests).
 func NewLeadership(clockOffset time.Duration) *Leadership {
 	l := &Leadership{offset: clockOffset}
 	l.mu.terms = map[uint64]*leaderTerm{}

@@ -99,17 +99,10 @@ type Config struct {
 	// client calls are refused Unavailable, not served unauthenticated
 	// (a node given an auth bootstrap, which is yet to commit).
 	AuthRequired bool
-	// ClockOffset is added to this node's wall clock. It exists to test
-	// clock skew; never set it in production.
-	ClockOffset time.Duration
 	// MoveWait bounds how long a request keeps retrying, transparently,
 	// while its key's range is fenced by a move or its map is stale
 	// (default 5 s; the caller's deadline, when shorter, wins).
 	MoveWait time.Duration
-	// RevisionHeadroom is how close to shard.MaxRevision a shard's
-	// revision may come before its leader gives it a new epoch (default
-	// shard.RevisionHeadroom, 2^32 grants). Tests lower it.
-	RevisionHeadroom uint64
 	// MaxProposing bounds the node's proposals in flight (default 2,048,
 	// Dragonboat's queue of a shard). Past it, requests wait, newest
 	// first, and one whose deadline passes while waiting is never
@@ -118,6 +111,27 @@ type Config struct {
 	// are in docs/perf/README.md, "Figures behind the code"); shedding a
 	// long overload well is future work.
 	MaxProposing int
+	// Knobs are for tests; a production node leaves them zero.
+	Knobs TestingKnobs
+}
+
+// TestingKnobs gathers what tests (and wardend's hidden --debug-* flags,
+// which the fault suite uses) change in a router, out of Config's
+// production fields, as CockroachDB's StoreTestingKnobs do. The zero
+// value is production behaviour.
+type TestingKnobs struct {
+	// ClockOffset is added to this node's wall clock, for its leader
+	// clocks and its reads (wardend --debug-clock-offset): clock skew
+	// tests.
+	ClockOffset time.Duration
+	// RevisionHeadroom is how close to shard.MaxRevision a shard's
+	// revision may come before its leader gives it a new epoch (zero:
+	// shard.RevisionHeadroom, 2^32 grants). Tests lower it to reach the
+	// rollover in a few grants.
+	RevisionHeadroom uint64
+	// OnSnapshotBusy, if set, is called each time an admin snapshot
+	// meets a replica taking another snapshot and waits for it.
+	OnSnapshotBusy func()
 }
 
 func (c *Config) setDefaults() {
@@ -142,8 +156,8 @@ func (c *Config) setDefaults() {
 	if c.MoveWait == 0 {
 		c.MoveWait = 5 * time.Second
 	}
-	if c.RevisionHeadroom == 0 {
-		c.RevisionHeadroom = shard.RevisionHeadroom
+	if c.Knobs.RevisionHeadroom == 0 {
+		c.Knobs.RevisionHeadroom = shard.RevisionHeadroom
 	}
 	if c.MaxProposing == 0 {
 		c.MaxProposing = 2048
@@ -175,12 +189,8 @@ type Router struct {
 	auth authState
 	// ready caches the last readiness answer (health.go).
 	ready readiness
-	// snapshotBusy counts the answers "taking another snapshot" that
-	// admin snapshots met and waited out (snapshotLocal), for the tests
-	// outside the package.
-	snapshotBusy atomic.Int64
-	stop         chan struct{}
-	wg           sync.WaitGroup
+	stop  chan struct{}
+	wg    sync.WaitGroup
 }
 
 // New returns a Router over the local nodes, whose replicas report their
@@ -840,7 +850,7 @@ var leaderTasks = []leaderTask{
 // being refused for want of revisions. An epoch drawn but not applied
 // (the proposal failed) is never used again: the allocator only moves on.
 func (r *Router) renewEpoch(ctx context.Context, n *LocalNode, t leaderTerm, meta *shardv1.ShardMeta) error {
-	if meta.GetInactive() || meta.GetRevision() < shard.MaxRevision-min(r.cfg.RevisionHeadroom, shard.MaxRevision) || r.ops == nil || !r.applies(t.shardID, shard.VersionNewEpoch) {
+	if meta.GetInactive() || meta.GetRevision() < shard.MaxRevision-min(r.cfg.Knobs.RevisionHeadroom, shard.MaxRevision) || r.ops == nil || !r.applies(t.shardID, shard.VersionNewEpoch) {
 		return nil
 	}
 	epoch, err := r.ops.Alloc.Next(ctx)

@@ -199,7 +199,7 @@ func TestWaitTimeout(t *testing.T) {
 // the release; and with its cancel racing the grant it could answer
 // deadline_exceeded for a lease the log had granted to it.
 func TestWaitEndsByTheShardsClock(t *testing.T) {
-	c := startCluster(t, server.DevConfig{Router: router.Config{ClockOffset: -700 * time.Millisecond}})
+	c := startCluster(t, server.DevConfig{Router: router.Config{Knobs: router.TestingKnobs{ClockOffset: -700 * time.Millisecond}}})
 	a := c.mustAcquire("r", "a", time.Minute)
 	released := make(chan error, 1)
 	go func() {

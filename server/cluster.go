@@ -176,7 +176,7 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		if cfg.Status != nil {
 			cfg.Status.set(StatusRunning)
 		}
-		lead := router.NewLeadership(cfg.Router.ClockOffset)
+		lead := router.NewLeadership(cfg.Router.Knobs.ClockOffset)
 		n, err := placement.StartNode(placement.NodeConfig{
 			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, RaftListenAddr: spec.RaftListenAddr, DataDir: spec.DataDir,
 			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,

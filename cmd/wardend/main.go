@@ -122,7 +122,7 @@ func run(c cli) error {
 		}
 		cfg.Cluster.Router.Audit = audit
 		cfg.Cluster.Router.MetricsAuth = c.MetricsAuth
-		cfg.Cluster.Router.ClockOffset = c.ClockOffset
+		cfg.Cluster.Router.Knobs.ClockOffset = c.ClockOffset
 	}
 	go reloadOnHangup(ctx, cfg.TLS, auditFile)
 	srv, err := server.Start(cfg)
