@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/internal/realtime"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
@@ -122,19 +123,18 @@ func TestMassExpiry(t *testing.T) {
 		t.Fatalf("waiter: %v", g.err)
 	}
 	due := held.GetExpiresAt().AsTime()
-	if late := g.at.Sub(due); late > skew+scan+time.Second {
-		t.Fatalf("the waiter was granted %v after its lock's lease expired, with %d expired leases pending; the bound is %v",
-			late, fleet, skew+scan+time.Second)
-	} else {
-		t.Logf("the waiter was granted %v after its lock's lease expired (%d other leases expiring)", late, fleet)
+	// Safety, however slow the machine: not before expiry plus the skew
+	// bound. Liveness, on a machine that gives the test its CPUs: within
+	// rule 6's bound plus 1 s, however many expired leases are pending.
+	if g.at.Before(due.Add(skew)) {
+		t.Fatalf("the waiter was granted at %v, before its lock's lease expired (%v) plus the skew bound", g.at, due)
 	}
-	for c.heldLocks() > uint64(others+1) {
-		if time.Since(last) > skew+5*time.Second {
-			t.Fatalf("%d locks still held %v after the fleet's leases expired", c.heldLocks(), time.Since(last))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	realtime.Within(t, fmt.Sprintf("the waiter's grant after its lock's lease expired, %d expired leases pending", fleet), g.at.Sub(due), skew+scan+time.Second)
+	// The backlog drains (waited on for up to a minute; the bound is
+	// the machine's).
+	waitUntil(t, time.Minute, func() bool { return c.heldLocks() <= uint64(others+1) })
 	drained := time.Since(last)
+	realtime.Within(t, "the fleet's backlog gone after its leases expired", drained, skew+5*time.Second)
 	close(stop)
 	wg.Wait()
 	slices.Sort(renewals)

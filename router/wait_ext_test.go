@@ -97,12 +97,19 @@ func TestWaiterGrantedAtExpiry(t *testing.T) {
 	}
 }
 
+// waitFor waits up to 10 s for cond.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	waitUntil(t, 10*time.Second, cond)
+}
+
+// waitUntil waits up to within for cond, looking every 10 ms.
+func waitUntil(t *testing.T, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
+			t.Fatalf("condition not met within %v", within)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
