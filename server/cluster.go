@@ -129,84 +129,25 @@ type Cluster struct {
 // its data directory and cfg give it (StartMode), bootstraps or joins
 // the placement group, starts the replicas the map places on the nodes,
 // and runs the map refresh, the node agents and, on the placement
-// leader, the operator driver.
-func StartCluster(cfg ClusterConfig) (*Cluster, error) {
-	if cfg.BootstrapTimeout == 0 {
-		cfg.BootstrapTimeout = time.Minute
-	}
-	if cfg.MapInterval == 0 {
-		cfg.MapInterval = 200 * time.Millisecond
-	}
-	var peerTLS *tls.Config
-	if cfg.TLS != nil {
-		peerTLS = cfg.TLS.PeerClientConfig()
-	}
-	cfg.Router.PeerTLS = peerTLS != nil
-	cfg.Router.AuthRequired = cfg.AuthBootstrap != nil
+// leader, the operator driver. It decides every node's mode before
+// anything starts, so a config that cannot start one node starts none;
+// on any later error it closes the nodes it started.
+func StartCluster(cfg ClusterConfig) (_ *Cluster, err error) {
+	cfg, peerTLS := cfg.withDefaults()
 	c := &Cluster{cfg: cfg, waits: router.NewWaitRegistry(), stop: make(chan struct{})}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	// Every mode is decided before anything starts: a config that cannot
-	// start one node starts none.
-	for _, spec := range cfg.Nodes {
-		mode, err := startMode(spec, cfg)
-		if err != nil {
-			return nil, err
-		}
-		c.Modes = append(c.Modes, mode)
-		// Before OpenIdentity writes anything the next start would read.
-		c.statuses = append(c.statuses, nodeStatus(spec, cfg))
+	if err := c.decideModes(); err != nil {
+		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			c.closeNodes()
+		}
+	}()
 	p := router.NewPeers(cfg.Router.ClusterSecret, peerTLS)
 	ids := make([]placement.Identity, len(cfg.Nodes))
-	for i, spec := range cfg.Nodes {
-		id, err := placement.OpenIdentity(spec.DataDir, spec.ID, c.Modes[i].initMode())
-		if err != nil {
-			c.closeNodes()
-			return nil, err
-		}
-		ids[i] = id
-		if c.Modes[i] == ModeNewCluster || c.Modes[i] == ModeRestore {
-			// State the cluster has not seen: confirmed before Raft starts.
-			if err := c.confirmIdentity(p, spec, id, c.statuses[i]); err != nil {
-				_ = id.Forget(spec.DataDir)
-				c.closeNodes()
-				return nil, err
-			}
-		}
-		if cfg.Status != nil {
-			cfg.Status.set(StatusRunning)
-		}
-		lead := router.NewLeadership(cfg.Router.Knobs.ClockOffset)
-		n, err := placement.StartNode(placement.NodeConfig{
-			ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, RaftListenAddr: spec.RaftListenAddr, DataDir: spec.DataDir,
-			RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
-			Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage, OnFsync: router.ObserveFsync,
-			DiskReserve: cfg.DiskReserve,
-		})
-		if err != nil {
-			c.closeNodes()
-			return nil, err
-		}
-		c.Nodes = append(c.Nodes, router.LocalNode{Node: n, Leadership: lead})
-		c.agents = append(c.agents, placement.NewAgent(n))
-		switch {
-		case c.initial(spec.ID):
-			// An initial member hosts a replica of the placement group
-			// from its first start.
-			err = n.StartMeta(c.Members(), false)
-		case n.HostsMeta():
-			// One that joined it since (it replaced a member) restarts
-			// its replica.
-			err = n.JoinMeta()
-		}
-		if err == nil && c.Modes[i] == ModeRestart {
-			// A node removed while it was down, or while it ran cut off,
-			// asks the nodes of the last map it saw too: the initial
-			// members may all be gone.
-			err = c.probeIdentity(p, spec, id, loadPeers(spec.DataDir))
-		}
-		if err != nil {
-			c.closeNodes()
+	for i := range cfg.Nodes {
+		if ids[i], err = c.startNode(i, p); err != nil {
 			return nil, err
 		}
 	}
@@ -219,16 +160,120 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 		nodes = append(nodes, n.Node)
 	}
 	meta := placement.LocalFirst(nodes, p.Placement(cfg.Join, c.knownAddrs))
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.BootstrapTimeout)
+	st, err := c.bootstrap(meta, ids)
+	if err != nil {
+		return nil, err
+	}
+	c.Router = router.New(c.Nodes, meta, placement.NewMap(st), c.waits, cfg.Router, p)
+	if err := c.reconcile(); err != nil {
+		return nil, err
+	}
+	c.Router.Start()
+	c.wg.Add(1)
+	go c.loop()
+	return c, nil
+}
+
+// withDefaults returns cfg with its zero timings defaulted and the
+// router told what the cluster's config implies, and the TLS config of
+// the calls to other nodes (nil without TLS).
+func (cfg ClusterConfig) withDefaults() (ClusterConfig, *tls.Config) {
+	if cfg.BootstrapTimeout == 0 {
+		cfg.BootstrapTimeout = time.Minute
+	}
+	if cfg.MapInterval == 0 {
+		cfg.MapInterval = 200 * time.Millisecond
+	}
+	var peerTLS *tls.Config
+	if cfg.TLS != nil {
+		peerTLS = cfg.TLS.PeerClientConfig()
+	}
+	cfg.Router.PeerTLS = peerTLS != nil
+	cfg.Router.AuthRequired = cfg.AuthBootstrap != nil
+	return cfg, peerTLS
+}
+
+// decideModes decides every node's start mode (and the status it
+// reports while starting) before anything is started or written.
+func (c *Cluster) decideModes() error {
+	for _, spec := range c.cfg.Nodes {
+		mode, err := startMode(spec, c.cfg)
+		if err != nil {
+			return err
+		}
+		c.Modes = append(c.Modes, mode)
+		// Before OpenIdentity writes anything the next start would read.
+		c.statuses = append(c.statuses, nodeStatus(spec, c.cfg))
+	}
+	return nil
+}
+
+// startNode opens node i's identity (confirming, for a new cluster or a
+// restore, that the cluster has not seen it), starts its NodeHost and
+// its replica of the placement group where it hosts one, and appends it
+// to c.Nodes; a restarting node also checks that it was not removed
+// meanwhile. It returns the node's identity.
+func (c *Cluster) startNode(i int, p *router.Peers) (placement.Identity, error) {
+	cfg, spec, mode := c.cfg, c.cfg.Nodes[i], c.Modes[i]
+	id, err := placement.OpenIdentity(spec.DataDir, spec.ID, mode.initMode())
+	if err != nil {
+		return id, err
+	}
+	if mode == ModeNewCluster || mode == ModeRestore {
+		// State the cluster has not seen: confirmed before Raft starts.
+		if err := c.confirmIdentity(p, spec, id, c.statuses[i]); err != nil {
+			_ = id.Forget(spec.DataDir)
+			return id, err
+		}
+	}
+	if cfg.Status != nil {
+		cfg.Status.set(StatusRunning)
+	}
+	lead := router.NewLeadership(cfg.Router.Knobs.ClockOffset)
+	n, err := placement.StartNode(placement.NodeConfig{
+		ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, RaftListenAddr: spec.RaftListenAddr, DataDir: spec.DataDir,
+		RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
+		Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage, OnFsync: router.ObserveFsync,
+		DiskReserve: cfg.DiskReserve,
+	})
+	if err != nil {
+		return id, err
+	}
+	c.Nodes = append(c.Nodes, router.LocalNode{Node: n, Leadership: lead})
+	c.agents = append(c.agents, placement.NewAgent(n))
+	switch {
+	case c.initial(spec.ID):
+		// An initial member hosts a replica of the placement group
+		// from its first start.
+		err = n.StartMeta(c.Members(), false)
+	case n.HostsMeta():
+		// One that joined it since (it replaced a member) restarts
+		// its replica.
+		err = n.JoinMeta()
+	}
+	if err == nil && mode == ModeRestart {
+		// A node removed while it was down, or while it ran cut off,
+		// asks the nodes of the last map it saw too: the initial
+		// members may all be gone.
+		err = c.probeIdentity(p, spec, id, loadPeers(spec.DataDir))
+	}
+	return id, err
+}
+
+// bootstrap creates, joins or reads the placement state through meta
+// for each node (placement.Bootstrap, within BootstrapTimeout), ends a
+// restored node's restore, and returns the state the last node read.
+func (c *Cluster) bootstrap(meta placement.MetaClient, ids []placement.Identity) (*placementv1.State, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.BootstrapTimeout)
 	defer cancel()
 	var initial []*placementv1.Node
-	for _, m := range cfg.Members {
+	for _, m := range c.cfg.Members {
 		initial = append(initial, &placementv1.Node{Id: m.ID, RaftAddr: m.RaftAddr, ListenAddr: m.ListenAddr})
 	}
 	var st *placementv1.State
-	for i, spec := range cfg.Nodes {
-		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: cfg.ListenAddr, Incarnation: ids[i].Incarnation, CommandVersion: shard.CommandVersion,
-			MetaCommandVersion: placement.MetaCommandVersion, BuildVersion: cfg.BuildVersion}
+	for i, spec := range c.cfg.Nodes {
+		self := &placementv1.Node{Id: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, ListenAddr: c.cfg.ListenAddr, Incarnation: ids[i].Incarnation, CommandVersion: shard.CommandVersion,
+			MetaCommandVersion: placement.MetaCommandVersion, BuildVersion: c.cfg.BuildVersion}
 		create, err := c.firstState(spec, c.Modes[i], initial)
 		if err == nil {
 			st, err = placement.Bootstrap(ctx, meta, create, self, ids[i])
@@ -237,19 +282,10 @@ func StartCluster(cfg ClusterConfig) (*Cluster, error) {
 			err = placement.FinishRestore(spec.DataDir)
 		}
 		if err != nil {
-			c.closeNodes()
 			return nil, err
 		}
 	}
-	c.Router = router.New(c.Nodes, meta, placement.NewMap(st), c.waits, cfg.Router, p)
-	if err := c.reconcile(); err != nil {
-		c.closeNodes()
-		return nil, err
-	}
-	c.Router.Start()
-	c.wg.Add(1)
-	go c.loop()
-	return c, nil
+	return st, nil
 }
 
 // firstState is the placement command node spec, starting in mode, may
