@@ -15,7 +15,7 @@ import (
 )
 
 // Exit statuses of warden, one per kind of outcome a script tells apart
-// (README "The CLI in scripts"; warden --help lists them). warden lock
+// (docs/api.md "The CLI"; warden --help lists them). warden lock
 // run has its own for the child (runStatus).
 const (
 	exitOK           = 0
