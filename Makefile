@@ -66,8 +66,8 @@ cluster-stop:
 ## it, it skips saying why; CI=true fails), in every module (the SDK in client/, the API in proto/,
 ## the load harness in loadtest/, whose etcd and ZooKeeper adapter tests skip when those servers are not installed,
 ## unless WARDEN_PEER_TESTS=1), the deployment artifacts' tests (deploy/: the image, systemd, Kubernetes, compose,
-## monitoring; verbose, so that a test this machine cannot run says why it skipped; CI=true fails instead), and the
-## check that the SDK pulls none of the server's dependencies
+## monitoring; verbose, so that a test this machine cannot run says why it skipped; CI=true fails instead), the
+## check that the SDK pulls none of the server's dependencies, and the README's cap (300 lines) and links (.ci/check-readme)
 test:
 	$(GO) vet $(PKGS)
 	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
@@ -78,6 +78,7 @@ test:
 	$(GO) test -count=1 -v -timeout 15m ./deploy/...
 	cd deploy/kubernetes && $(GO) test -count=1 -v -timeout 5m ./...
 	./.ci/check-sdk-deps
+	./.ci/check-readme
 	$(MAKE) test-js
 
 ## test-js: the TypeScript SDK's type check and tests (Node's test runner, against wardend processes it starts), and
