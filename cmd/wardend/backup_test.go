@@ -405,10 +405,11 @@ func TestClusterBackupRestore(t *testing.T) {
 	}
 }
 
-// The dev cluster's backup and restore, as the README's newcomer would
-// run them: warden admin backup-key, warden admin backup --signing-key
-// against wardend --dev, wardend restore --dev --verify-key into a new
-// directory, wardend --dev on it. The held lock comes back with its
+// The dev cluster's backup and restore, as a newcomer would run them
+// after docs/operations.md "Backup and restore": warden admin
+// backup-key, warden admin backup --signing-key against wardend --dev,
+// wardend restore --dev --verify-key into a new directory, wardend --dev
+// on it. The held lock comes back with its
 // token, the restored cluster's next token is above it, and a second
 // restore into the same directory is refused. The key file is its
 // owner's alone. Refused, naming the signature: a byte flipped in any
