@@ -69,6 +69,7 @@ cluster-stop:
 ## monitoring; verbose, so that a test this machine cannot run says why it skipped; CI=true fails instead), the
 ## check that the SDK pulls none of the server's dependencies, and the README's cap (300 lines) and links (.ci/check-readme)
 test:
+	./.ci/check-readme
 	$(GO) vet $(PKGS)
 	for m in $(MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	$(GO) test -race -count=1 -timeout 20m $$($(GO) list $(PKGS) | grep -v '/deploy/')
@@ -78,7 +79,6 @@ test:
 	$(GO) test -count=1 -v -timeout 15m ./deploy/...
 	cd deploy/kubernetes && $(GO) test -count=1 -v -timeout 5m ./...
 	./.ci/check-sdk-deps
-	./.ci/check-readme
 	$(MAKE) test-js
 
 ## test-js: the TypeScript SDK's type check and tests (Node's test runner, against wardend processes it starts), and
