@@ -3,36 +3,49 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log"
+	"net/http"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/warden-dev/warden/client"
 	"github.com/warden-dev/warden/client/fence"
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
 
 // Lock a resource, do the work while the lease lasts, and pass the
 // fencing token to what the work changes, so that a write from a holder
-// that was paused past its lease is refused there.
+// that was paused past its lease is refused there. The lease renews
+// itself in the background until Unlock; if it cannot, Done closes
+// before the server could grant the lock to anyone else.
 func ExampleClient_Lock() {
-	c, err := client.New("http://127.0.0.1:7070", "http://127.0.0.1:7071", "http://127.0.0.1:7072")
+	// Give every node's URL ("http://10.0.1.5:7070", …); this example
+	// calls an in-memory stand-in.
+	c, err := client.New(exampleNode())
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer c.Close(context.Background()) // releases what is still held
+
 	ctx := context.Background()
 	lease, err := c.Lock(ctx, "orders/42", client.LockOptions{TTL: 30 * time.Second, Wait: time.Minute})
-	if errors.Is(err, client.ErrHeld) {
-		return // someone else holds it and the minute passed
+	if errors.Is(err, client.ErrWaitTimeout) {
+		return // someone else held it for the whole minute
 	}
 	if err != nil {
-		log.Fatal(err) // the cluster could not be reached within ctx
+		log.Fatal(err) // the cluster could not be reached within ctx, say
 	}
 	defer lease.Unlock(context.Background())
 
-	var orders fence.Memory // in real use, fence.SQL on the orders table
+	var orders fence.Memory // in real use, fence.SQL on the orders' database
 	done := make(chan error, 1)
 	go func() {
 		done <- orders.Do("orders/42", lease.Token(), func() error {
-			return nil // change order 42
+			fmt.Println("order 42 shipped under fencing token", lease.Token())
+			return nil
 		})
 	}()
 	select {
@@ -44,4 +57,41 @@ func ExampleClient_Lock() {
 			log.Print(err) // a higher token was accepted: this holder is stale
 		}
 	}
+	// Output: order 42 shipped under fencing token 1
+}
+
+// Work under a lease stops when Done closes. Here an operator revokes
+// the lease (warden lock revoke), as for a holder stuck but still
+// renewing: the next renewal is refused, and Err says the lease is lost.
+func ExampleLease_Done() {
+	node := exampleNode()
+	c, err := client.New(node)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	// A short TTL, so that the renewal that finds out comes soon: every
+	// TTL/3.
+	lease, err := c.Lock(ctx, "orders/42", client.LockOptions{TTL: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	admin := wardenv1connect.NewAdminServiceClient(http.DefaultClient, node)
+	_, err = admin.RevokeLease(ctx, connect.NewRequest(&wardenv1.RevokeLeaseRequest{Resource: "orders/42", FencingToken: lease.Token()}))
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	for {
+		select {
+		case <-lease.Done():
+			fmt.Println("stopped:", errors.Is(lease.Err(), client.ErrLeaseLost))
+			return
+		case <-time.After(10 * time.Millisecond):
+			// A step of the work.
+		}
+	}
+	// Output: stopped: true
 }
