@@ -95,3 +95,59 @@ func ExampleLease_Done() {
 	}
 	// Output: stopped: true
 }
+
+// Reserve capacity before spending it; commit what was spent once the
+// work succeeded (the rest returns), or release the reservation when it
+// failed. A reservation not committed returns by itself at its TTL.
+func ExampleClient_Reserve() {
+	c, err := client.New(exampleNode())
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	// The limits, set once by the platform team (warden quota set-limit):
+	// a reserve must fit under every level of its key's path.
+	for _, l := range []struct {
+		key   string
+		limit int64
+	}{{"gpu", 100}, {"gpu/team-a", 60}, {"gpu/team-a/train", 40}} {
+		if err := c.SetLimit(ctx, l.key, l.limit, 0); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	r, err := c.Reserve(ctx, "gpu/team-a/train", 30, client.ReserveOptions{TTL: time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("reserved 30,", r.Remaining, "left")
+
+	_, err = c.Reserve(ctx, "gpu/team-a/train", 20, client.ReserveOptions{TTL: time.Hour})
+	var ex *client.ExhaustedError
+	if errors.As(err, &ex) {
+		fmt.Printf("refused at %s (%s): %d left\n", ex.Level, ex.Reason, ex.Remaining)
+	}
+
+	// The job used 25 of its 30.
+	n, err := c.Commit(ctx, r, 25)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("committed", n)
+
+	// Another job failed before using any of its reservation.
+	r, err = c.Reserve(ctx, "gpu/team-a/train", 10, client.ReserveOptions{TTL: time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	released, err := c.ReleaseReservation(ctx, r)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("released", released)
+	// Output:
+	// reserved 30, 10 left
+	// refused at gpu/team-a/train (LIMIT): 10 left
+	// committed 25
+	// released true
+}
