@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/warden-dev/warden/client"
 	"github.com/warden-dev/warden/client/fence"
@@ -150,4 +153,39 @@ func ExampleClient_Reserve() {
 	// refused at gpu/team-a/train (LIMIT): 10 left
 	// committed 25
 	// released true
+}
+
+// A Batcher sends the acquires and releases that many goroutines make
+// at about the same time through your own LockService client in shared
+// Batch calls. (A Client does this for its Lock and Unlock calls by
+// itself.)
+func ExampleBatcher() {
+	// The LockService client of a node ("http://10.0.1.5:7070"); this
+	// example calls an in-memory stand-in.
+	locks := wardenv1connect.NewLockServiceClient(http.DefaultClient, exampleNode())
+	b := client.NewBatcher(locks, client.DefaultBatchCalls)
+
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var run atomic.Int64
+	for i := range 100 {
+		wg.Go(func() {
+			resource := fmt.Sprintf("jobs/%d", i)
+			lease, err := b.Acquire(ctx, &wardenv1.AcquireRequest{
+				Resource: resource, RequestId: fmt.Sprintf("run-1-%d", i), LeaseTtl: durationpb.New(30 * time.Second),
+			})
+			if err != nil {
+				log.Print(err) // each call gets its own answer: aborted when held
+				return
+			}
+			run.Add(1) // the job's work, under lease.GetFencingToken()
+			_, err = b.Release(ctx, &wardenv1.ReleaseRequest{Resource: resource, LeaseId: lease.GetLeaseId()})
+			if err != nil {
+				log.Print(err) // the lease ends at its TTL
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println(run.Load(), "jobs run")
+	// Output: 100 jobs run
 }
