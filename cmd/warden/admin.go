@@ -211,7 +211,7 @@ func (l *leaderCmd) Run(g *globals) error {
 
 type revokeCmd struct {
 	Resource string `arg:""`
-	Token    uint64 `name:"fencing-token" required:"" help:"The fencing token of the lease to end (lock describe shows it)."`
+	Token    uint64 `name:"fencing-token" required:"" env:"-" help:"The fencing token of the lease to end (lock describe shows it); never read from the environment, where lock run gives its command its own lease's token."`
 }
 
 // Run sends AdminService.RevokeLease; a lease that was no longer held

@@ -214,3 +214,17 @@ func TestLockRunStripsCredentials(t *testing.T) {
 		t.Fatalf("--pass-credentials: the command's environment lacks the credentials:\n%s", env)
 	}
 }
+
+// lock revoke never takes its --fencing-token from WARDEN_FENCING_TOKEN:
+// lock run gives its command that variable, its own lease's token, and
+// a command that ran lock revoke for another lease without the flag
+// revoked its own (lock run then exited 124). Without the flag, it is a
+// usage error, before any call.
+func TestRevokeTokenNotFromEnvironment(t *testing.T) {
+	t.Setenv("WARDEN_FENCING_TOKEN", "1099511627777")
+	t.Setenv("WARDEN_ADDR", "http://127.0.0.1:1") // nothing answers there
+	_, err := run(context.Background(), []string{"lock", "revoke", "orders/42"}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "--fencing-token") {
+		t.Fatalf("lock revoke without --fencing-token, WARDEN_FENCING_TOKEN set: %v, want a usage error naming the flag", err)
+	}
+}
