@@ -557,113 +557,163 @@ func (o *Operators) driveMove(ctx context.Context, opID uint64) error {
 		if m == nil {
 			return nil
 		}
-		to := nodeByID(st, m.GetToNode())
-		log := o.logger().With("operator", opID, "shard", m.GetShard(), "from_node", m.GetFromNode(), "to_node", m.GetToNode())
-		mem, err := o.Shards.Membership(ctx, &placementv1.MembershipRequest{ShardId: m.GetShard(), Change: placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE})
+		p := &movePass{opID: opID, m: m, to: nodeByID(st, m.GetToNode()),
+			log: o.logger().With("operator", opID, "shard", m.GetShard(), "from_node", m.GetFromNode(), "to_node", m.GetToNode())}
+		p.mem, err = o.Shards.Membership(ctx, &placementv1.MembershipRequest{ShardId: m.GetShard(), Change: placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE})
 		if err != nil {
 			return err
 		}
-		// change makes one change decided against mem: compare-and-set
-		// on its config change id, so a change another driver (an old
-		// placement leader) made since is never overwritten by this one.
-		change := func(c placementv1.MembershipChange, replica uint64, addr string) error {
-			_, err := o.Shards.Membership(ctx, &placementv1.MembershipRequest{
-				ShardId: m.GetShard(), Change: c, ReplicaId: replica, Address: addr, ConfigChangeId: mem.GetConfigChangeId()})
-			return err
-		}
 		if m.GetRollingBack() {
-			if _, member := IsMember(mem, m.GetToReplica()); member && m.GetToReplica() != 0 {
-				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetToReplica(), ""); err != nil {
-					return err
-				}
-			}
-			log.Warn("replica move rolled back")
-			return o.end(ctx, opID, false)
+			return o.rollBackMove(ctx, p)
 		}
 		switch m.GetStep() {
 		case placementv1.MoveStep_MOVE_STEP_PLANNED:
-			// A dropped replica (no to) has nothing to add or promote.
-			if _, member := IsMember(mem, m.GetToReplica()); !member && m.GetToReplica() != 0 {
-				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
-					return err
-				}
-			}
-			if err := o.advanceMove(ctx, opID, placementv1.MoveStep_MOVE_STEP_ADDED); err != nil {
-				return err
-			}
+			err = o.addNewReplica(ctx, p)
 		case placementv1.MoveStep_MOVE_STEP_ADDED:
-			// A source that is down leaves before the new replica votes:
-			// promoted first, the new replica would make a fourth voter
-			// with one down, and the shard would stall should it fail
-			// before the source is removed. Once the source is out of the
-			// group the move goes on without waiting (a driver before us
-			// waited), and is never rolled back: the map must not keep a
-			// replica the group removed.
-			_, fromMember := IsMember(mem, m.GetFromReplica())
-			sourceOut := m.GetFromReplica() != 0 && !fromMember
-			if voting, _ := IsMember(mem, m.GetToReplica()); !voting && m.GetToReplica() != 0 {
-				if !sourceOut {
-					if err := o.awaitCatchUp(ctx, m.GetShard(), m.GetToNode()); err != nil {
-						if ctx.Err() != nil {
-							return err
-						}
-						log.Warn("replica move: the new replica did not catch up; rolling back", "err", err)
-						return o.rollback(ctx, opID)
-					}
-				}
-				if fromMember && m.GetFromReplica() != 0 && o.Live != nil && !o.Live(m.GetFromNode()) {
-					if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
-						return err
-					}
-					log.Info("replica move: the source does not answer; removed it before promoting the new replica", "replica", m.GetFromReplica())
-					continue
-				}
-				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING, m.GetToReplica(), to.GetRaftAddr()); err != nil {
-					return err
-				}
-			}
-			if err := o.advanceMove(ctx, opID, placementv1.MoveStep_MOVE_STEP_PROMOTED); err != nil {
+			var ended bool
+			if ended, err = o.promoteNewReplica(ctx, p); ended {
 				return err
 			}
 		case placementv1.MoveStep_MOVE_STEP_PROMOTED:
-			// An added replica (no from) has nothing to remove.
-			if _, member := IsMember(mem, m.GetFromReplica()); member && m.GetFromReplica() != 0 {
-				// The leader does not remove its own replica: it would
-				// close at once, before telling the others the removal
-				// committed, and they, still counting it a voter, could
-				// not elect a leader with one other voter down. It hands
-				// the lead to the new replica first (should that fail,
-				// the removal goes ahead as before).
-				if o.Cluster != nil && m.GetToNode() != 0 {
-					// Bounded: a stopped node asked for a leader or the
-					// transfer may answer nothing.
-					hand, cancel := context.WithTimeout(ctx, handOffWait)
-					if o.Cluster.Leaders(hand)[m.GetShard()] == m.GetFromNode() {
-						if err := o.Cluster.TransferLeader(hand, m.GetShard(), m.GetToNode()); err != nil {
-							log.Warn("replica move: could not hand the lead to the new replica; removing the leader's replica", "err", err)
-						}
-					}
-					cancel()
-				}
-				if err := change(placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
-					return err
-				}
-			}
-			if err := o.advanceMove(ctx, opID, placementv1.MoveStep_MOVE_STEP_REMOVED); err != nil {
-				return err
-			}
-			switch moveKind(m) {
-			case placementv1.JobStepKind_JOB_STEP_KIND_ADD_REPLICA:
-				log.Info("replica added", "replica", m.GetToReplica())
-			case placementv1.JobStepKind_JOB_STEP_KIND_DROP_REPLICA:
-				log.Info("replica dropped", "replica", m.GetFromReplica())
-			default:
-				log.Info("replica moved", "replica", m.GetToReplica())
-			}
+			err = o.removeSource(ctx, p)
 		case placementv1.MoveStep_MOVE_STEP_REMOVED:
 			return o.end(ctx, opID, false)
 		default:
 			return fmt.Errorf("unknown move step %v", m.GetStep())
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// movePass is what one pass of driveMove decides on: the move as
+// recorded and the shard's membership read after it.
+type movePass struct {
+	opID uint64
+	m    *placementv1.MoveOp
+	to   *placementv1.Node // the new replica's node (nil for a dropped replica)
+	mem  *placementv1.MembershipResponse
+	log  *slog.Logger
+}
+
+// changeMember makes one change decided against p.mem: compare-and-set
+// on its config change id, so a change another driver (an old placement
+// leader) made since is never overwritten by this one.
+func (o *Operators) changeMember(ctx context.Context, p *movePass, c placementv1.MembershipChange, replica uint64, addr string) error {
+	_, err := o.Shards.Membership(ctx, &placementv1.MembershipRequest{
+		ShardId: p.m.GetShard(), Change: c, ReplicaId: replica, Address: addr, ConfigChangeId: p.mem.GetConfigChangeId()})
+	return err
+}
+
+// rollBackMove removes the new replica, if the group has it, and ends
+// the move. The rollback is recorded, so no driver can advance the move
+// any more (advanceMove refuses it); ending it drops the replica from
+// the map.
+func (o *Operators) rollBackMove(ctx context.Context, p *movePass) error {
+	if _, member := IsMember(p.mem, p.m.GetToReplica()); member && p.m.GetToReplica() != 0 {
+		if err := o.changeMember(ctx, p, placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, p.m.GetToReplica(), ""); err != nil {
+			return err
+		}
+	}
+	p.log.Warn("replica move rolled back")
+	return o.end(ctx, p.opID, false)
+}
+
+// addNewReplica adds the new replica as non-voting, unless the group
+// has it already, and records MOVE_STEP_ADDED.
+func (o *Operators) addNewReplica(ctx context.Context, p *movePass) error {
+	// A dropped replica (no to) has nothing to add or promote.
+	if _, member := IsMember(p.mem, p.m.GetToReplica()); !member && p.m.GetToReplica() != 0 {
+		if err := o.changeMember(ctx, p, placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_NON_VOTING, p.m.GetToReplica(), p.to.GetRaftAddr()); err != nil {
+			return err
+		}
+	}
+	return o.advanceMove(ctx, p.opID, placementv1.MoveStep_MOVE_STEP_ADDED)
+}
+
+// promoteNewReplica waits for the new replica to catch up and makes it a
+// voter, unless it is one already, and records MOVE_STEP_PROMOTED. A
+// source that is down is removed first, and nothing recorded: the next
+// pass decides on the membership without it. ended reports that the move
+// ended here (rolled back, or the rollback failed with err).
+func (o *Operators) promoteNewReplica(ctx context.Context, p *movePass) (ended bool, err error) {
+	m := p.m
+	// A source that is down leaves before the new replica votes:
+	// promoted first, the new replica would make a fourth voter
+	// with one down, and the shard would stall should it fail
+	// before the source is removed. Once the source is out of the
+	// group the move goes on without waiting (a driver before us
+	// waited), and is never rolled back: the map must not keep a
+	// replica the group removed.
+	_, fromMember := IsMember(p.mem, m.GetFromReplica())
+	sourceOut := m.GetFromReplica() != 0 && !fromMember
+	if voting, _ := IsMember(p.mem, m.GetToReplica()); !voting && m.GetToReplica() != 0 {
+		if !sourceOut {
+			if err := o.awaitCatchUp(ctx, m.GetShard(), m.GetToNode()); err != nil {
+				if ctx.Err() != nil {
+					return false, err
+				}
+				p.log.Warn("replica move: the new replica did not catch up; rolling back", "err", err)
+				return true, o.rollback(ctx, p.opID)
+			}
+		}
+		if fromMember && m.GetFromReplica() != 0 && o.Live != nil && !o.Live(m.GetFromNode()) {
+			if err := o.changeMember(ctx, p, placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
+				return false, err
+			}
+			p.log.Info("replica move: the source does not answer; removed it before promoting the new replica", "replica", m.GetFromReplica())
+			return false, nil
+		}
+		if err := o.changeMember(ctx, p, placementv1.MembershipChange_MEMBERSHIP_CHANGE_ADD_VOTING, m.GetToReplica(), p.to.GetRaftAddr()); err != nil {
+			return false, err
+		}
+	}
+	return false, o.advanceMove(ctx, p.opID, placementv1.MoveStep_MOVE_STEP_PROMOTED)
+}
+
+// removeSource removes the source replica, if the group still has it,
+// handing the lead off it first, and records MOVE_STEP_REMOVED.
+func (o *Operators) removeSource(ctx context.Context, p *movePass) error {
+	m := p.m
+	// An added replica (no from) has nothing to remove.
+	if _, member := IsMember(p.mem, m.GetFromReplica()); member && m.GetFromReplica() != 0 {
+		o.handOffLead(ctx, p)
+		if err := o.changeMember(ctx, p, placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, m.GetFromReplica(), ""); err != nil {
+			return err
+		}
+	}
+	if err := o.advanceMove(ctx, p.opID, placementv1.MoveStep_MOVE_STEP_REMOVED); err != nil {
+		return err
+	}
+	switch moveKind(m) {
+	case placementv1.JobStepKind_JOB_STEP_KIND_ADD_REPLICA:
+		p.log.Info("replica added", "replica", m.GetToReplica())
+	case placementv1.JobStepKind_JOB_STEP_KIND_DROP_REPLICA:
+		p.log.Info("replica dropped", "replica", m.GetFromReplica())
+	default:
+		p.log.Info("replica moved", "replica", m.GetToReplica())
+	}
+	return nil
+}
+
+// handOffLead hands the shard's lead to the new replica's node if the
+// source's node holds it. The leader does not remove its own replica: it
+// would close at once, before telling the others the removal committed,
+// and they, still counting it a voter, could not elect a leader with one
+// other voter down. A failed hand-off is logged, and the removal goes
+// ahead as before.
+func (o *Operators) handOffLead(ctx context.Context, p *movePass) {
+	if o.Cluster == nil || p.m.GetToNode() == 0 {
+		return
+	}
+	// Bounded: a stopped node asked for a leader or the transfer may
+	// answer nothing.
+	hand, cancel := context.WithTimeout(ctx, handOffWait)
+	defer cancel()
+	if o.Cluster.Leaders(hand)[p.m.GetShard()] == p.m.GetFromNode() {
+		if err := o.Cluster.TransferLeader(hand, p.m.GetShard(), p.m.GetToNode()); err != nil {
+			p.log.Warn("replica move: could not hand the lead to the new replica; removing the leader's replica", "err", err)
 		}
 	}
 }
