@@ -35,19 +35,36 @@ type Action struct {
 //
 // It is pure; the plan applies to st as it was.
 func PlanRebalance(st *placementv1.State, leaders map[uint64]uint64, live func(uint64) bool) []Action {
-	var plan []Action
 	leaders = maps.Clone(leaders)
 	isLive := func(id uint64) bool { return live == nil || live(id) }
-	hosts := map[uint64][]uint64{} // node → shards it hosts a replica of
-	zoneOf := map[uint64]string{}
+	hosts := replicaHosts(st)
+	plan := planAddReplicas(st, hosts, isLive)
+	plan = append(plan, planMoveReplicas(st, hosts, leaders, isLive)...)
+	return append(plan, planTransferLeaders(st, hosts, leaders)...)
+}
+
+// replicaHosts maps each node of st, and each node a replica names, to
+// the shards it hosts a replica of (none: a nil entry), in st's order.
+func replicaHosts(st *placementv1.State) map[uint64][]uint64 {
+	hosts := map[uint64][]uint64{}
 	for _, n := range st.GetNodes() {
 		hosts[n.GetId()] = nil
-		zoneOf[n.GetId()] = n.GetZone()
 	}
 	for _, s := range st.GetShards() {
 		for _, r := range s.GetReplicas() {
 			hosts[r.GetNodeId()] = append(hosts[r.GetNodeId()], s.GetId())
 		}
+	}
+	return hosts
+}
+
+// planAddReplicas plans PlanRebalance's step 0, the replicas of active
+// shards left short, and adds each to hosts as if made.
+func planAddReplicas(st *placementv1.State, hosts map[uint64][]uint64, isLive func(uint64) bool) []Action {
+	var plan []Action
+	zoneOf := map[uint64]string{}
+	for _, n := range st.GetNodes() {
+		zoneOf[n.GetId()] = n.GetZone()
 	}
 	for _, s := range st.GetShards() {
 		if s.GetState() != placementv1.ShardState_SHARD_STATE_ACTIVE {
@@ -72,6 +89,15 @@ func PlanRebalance(st *placementv1.State, leaders map[uint64]uint64, live func(u
 			hosts[to] = append(hosts[to], s.GetId())
 		}
 	}
+	return plan
+}
+
+// planMoveReplicas plans PlanRebalance's step 1, the moves within each
+// zone (in zone order) from its most to its least loaded live node, and
+// updates hosts as if made and leaders with the moved replicas'
+// leaderships unknown (0).
+func planMoveReplicas(st *placementv1.State, hosts map[uint64][]uint64, leaders map[uint64]uint64, isLive func(uint64) bool) []Action {
+	var plan []Action
 	zones := map[string][]uint64{}
 	for _, n := range st.GetNodes() {
 		if isLive(n.GetId()) {
@@ -102,6 +128,16 @@ func PlanRebalance(st *placementv1.State, leaders map[uint64]uint64, live func(u
 			}
 		}
 	}
+	return plan
+}
+
+// planTransferLeaders plans PlanRebalance's step 2 on hosts and leaders
+// as steps 0 and 1 left them: each node (by id) leading more than its
+// share hands its shards, the last in range order first, to the node
+// hosting the shard that leads fewest; it stops within its share, or at
+// the first shard no node can take within its own.
+func planTransferLeaders(st *placementv1.State, hosts map[uint64][]uint64, leaders map[uint64]uint64) []Action {
+	var plan []Action
 	led := map[uint64][]uint64{} // node → shards it leads
 	var shards []uint64
 	for _, r := range st.GetRanges() {
