@@ -145,6 +145,86 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
+	top := cfg.Profile.Scale
+	if cfg.FindMax {
+		top *= pow(cfg.StepFactor, cfg.MaxSteps)
+	}
+	cfg.Driver.Resources = cfg.Profile.Rescaled(top).Resources
+	cfg.Driver.Log = log
+	d := NewDriver(t, cfg.Driver)
+	defer d.Close()
+	rep := newReport(t, cfg.Profile)
+	p := cfg.Profile
+	if p.QuotaRate > 0 {
+		if err := setupQuota(ctx, t, p); err != nil {
+			return nil, err
+		}
+	}
+	log.Info("ramp", "target", t.Name(), "profile", p.Name, "held_locks", p.HeldLocks)
+	if err := d.Ramp(ctx, p, cfg.RampTimeout); err != nil {
+		return nil, err
+	}
+	before := cfg.Meter.sample(ctx) // the steady phase's, without FindMax
+	steadyFrom := d.Elapsed()
+	rep.RampS, rep.SteadyFromS = secs(steadyFrom), secs(steadyFrom)
+	log.Info("steady", "ramp_s", fmt.Sprintf("%.1f", rep.RampS), "held", d.Held())
+	stopFaults, faultsDone, err := startFaults(ctx, t, cfg, d, rep, log)
+	if err != nil {
+		return nil, err
+	}
+	defer stopFaults()
+	if !cfg.FindMax {
+		d.Steady(ctx, p, cfg.Duration)
+	} else {
+		findMax(ctx, d, cfg, rep, log)
+	}
+	steadyTo := d.Elapsed()
+	after := cfg.Meter.sample(ctx)
+	stopFaults() // faults scheduled past the end do not start
+	<-faultsDone
+	whole := step(d, p, steadyFrom, steadyTo, cfg)
+	rep.DurationS = secs(steadyTo - steadyFrom)
+	rep.Ops = whole.Ops
+	rep.CommitsPerSec = whole.CommitsPerSec
+	rep.AcquiresPerSec = whole.AcquiresPerSec
+	if !cfg.FindMax {
+		rep.Usage = cfg.Meter.usage(before, after, rep.CommitsPerSec)
+	}
+	// The same whole seconds as the step's other rates.
+	rep.WritesPerSec = writes(rep.Costs, whole.Ops) / max(whole.ToS-whole.FromS, 1)
+	rep.HeldAtEnd = d.Held()
+	rep.Safety = d.chk.Safety()
+	rep.Series = chartSeries(d.rec)
+	return rep, nil
+}
+
+// newReport is the report of a run of profile p on t starting now, on
+// this machine.
+func newReport(t Target, p Profile) *Report {
+	return &Report{
+		Target:    t.Name(),
+		Profile:   p,
+		Costs:     t.Costs(),
+		Machine:   fmt.Sprintf("%d CPUs, %s/%s, %s", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version()),
+		StartedAt: time.Now().UTC(),
+	}
+}
+
+// chartSeries is rec's per-second points of the state changes and the
+// hand-offs, by operation; one with none is left out.
+func chartSeries(rec *Recorder) map[string][]Point {
+	series := map[string][]Point{}
+	for _, op := range append(stateChanges, OpHandoff) {
+		if s := rec.Series(op); s != nil {
+			series[op] = s
+		}
+	}
+	return series
+}
+
+// withDefaults is cfg with its unset settings given their defaults.
+func (cfg Config) withDefaults() Config {
 	if cfg.RampTimeout == 0 {
 		cfg.RampTimeout = 2 * time.Minute
 	}
@@ -163,162 +243,135 @@ func Run(ctx context.Context, t Target, cfg Config, log *slog.Logger) (*Report, 
 	if cfg.Precision == 0 {
 		cfg.Precision = 0.05
 	}
-	top := cfg.Profile.Scale
-	if cfg.FindMax {
-		top *= pow(cfg.StepFactor, cfg.MaxSteps)
-	}
-	cfg.Driver.Resources = cfg.Profile.Rescaled(top).Resources
-	cfg.Driver.Log = log
-	d := NewDriver(t, cfg.Driver)
-	defer d.Close()
-	rep := &Report{
-		Target:    t.Name(),
-		Profile:   cfg.Profile,
-		Costs:     t.Costs(),
-		Machine:   fmt.Sprintf("%d CPUs, %s/%s, %s", runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version()),
-		StartedAt: time.Now().UTC(),
-	}
-	p := cfg.Profile
-	if p.QuotaRate > 0 {
-		q, ok := t.(QuotaTarget)
-		if !ok {
-			return nil, fmt.Errorf("profile quota: target %s has no quota service", t.Name())
-		}
-		if err := q.SetupQuota(ctx, p.QuotaPools, p.QuotaTenants, 1<<50, 1<<45); err != nil {
-			return nil, fmt.Errorf("quota setup: %w", err)
-		}
-	}
-	log.Info("ramp", "target", t.Name(), "profile", p.Name, "held_locks", p.HeldLocks)
-	if err := d.Ramp(ctx, p, cfg.RampTimeout); err != nil {
-		return nil, err
-	}
-	before := cfg.Meter.sample(ctx) // the steady phase's, without FindMax
-	steadyFrom := d.Elapsed()
-	rep.RampS, rep.SteadyFromS = secs(steadyFrom), secs(steadyFrom)
-	log.Info("steady", "ramp_s", fmt.Sprintf("%.1f", rep.RampS), "held", d.Held())
+	return cfg
+}
 
-	// Faults run one after the other, in schedule order: one that takes
-	// long (a slow cluster answers its admin calls slowly) delays the next
-	// rather than overlapping it (a restart must follow its kill).
+// setupQuota creates profile p's quota pools and tenants on t, with
+// limits no run reaches.
+func setupQuota(ctx context.Context, t Target, p Profile) error {
+	q, ok := t.(QuotaTarget)
+	if !ok {
+		return fmt.Errorf("profile quota: target %s has no quota service", t.Name())
+	}
+	if err := q.SetupQuota(ctx, p.QuotaPools, p.QuotaTenants, 1<<50, 1<<45); err != nil {
+		return fmt.Errorf("quota setup: %w", err)
+	}
+	return nil
+}
+
+// startFaults starts injecting cfg's faults, each At after now, and
+// records each in rep.Faults as it ends. Faults run one after the other,
+// in schedule order: one that takes long (a slow cluster answers its
+// admin calls slowly) delays the next rather than overlapping it (a
+// restart must follow its kill). stop keeps the faults not yet started
+// from starting; done is closed once none will run.
+func startFaults(ctx context.Context, t Target, cfg Config, d *Driver, rep *Report, log *slog.Logger) (stop func(), done <-chan struct{}, err error) {
 	faultsDone := make(chan struct{})
-	stopFaults := func() {}
-	if len(cfg.Faults) > 0 {
-		f, ok := t.(Faulter)
-		if !ok && slices.ContainsFunc(cfg.Faults, func(fs FaultSpec) bool { return fs.Kind != MassExpiry }) {
-			return nil, fmt.Errorf("faults: target %s cannot inject faults", t.Name())
-		}
-		fctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		stopFaults = cancel
-		plan := slices.Clone(cfg.Faults)
-		slices.SortStableFunc(plan, func(a, b FaultSpec) int { return cmp.Compare(a.At, b.At) })
-		begin := time.Now()
-		go func() {
-			defer close(faultsDone)
-			for _, fs := range plan {
-				select {
-				case <-time.After(time.Until(begin.Add(fs.At))):
-				case <-fctx.Done():
-					return
-				}
-				at := d.Elapsed()
-				log.Info("fault", "kind", fs.Kind, "at_s", fmt.Sprintf("%.1f", secs(at)))
-				// A fault under way finishes even if the run ends meanwhile.
-				var detail string
-				var err error
-				if fs.Kind == MassExpiry {
-					ictx, icancel := context.WithTimeout(ctx, 5*time.Minute)
-					detail, err = massExpiry(ictx, t, cfg.MassExpiry, rep.StartedAt.Format("150405"))
-					icancel()
-				} else {
-					ictx, icancel := context.WithTimeout(ctx, time.Minute)
-					if m, ok := f.(Measurer); ok {
-						detail, err = m.Measure(ictx, fs.Kind)
-					} else {
-						err = f.Fault(ictx, fs.Kind)
-					}
-					icancel()
-				}
-				end := d.Elapsed()
-				ev := FaultEvent{Kind: fs.Kind, AtS: secs(at), TookS: secs(end - at), Detail: detail,
-					Ops: d.rec.Summary(int(at/time.Second), int(end/time.Second)+1)}
-				if err != nil {
-					ev.Error = err.Error()
-					log.Warn("fault failed", "kind", fs.Kind, "err", err)
-				}
-				rep.Faults = append(rep.Faults, ev)
-			}
-		}()
-	} else {
+	if len(cfg.Faults) == 0 {
 		close(faultsDone)
+		return func() {}, faultsDone, nil
 	}
-
-	if !cfg.FindMax {
-		d.Steady(ctx, p, cfg.Duration)
-	} else {
-		bisecting := false
-		search(p.Scale, cfg.StepFactor, cfg.Precision, cfg.MaxSteps, func(scale float64, bisect bool) (passed, stop bool) {
-			bisecting = bisecting || bisect
-			sp := p.Rescaled(scale)
-			if err := d.Ramp(ctx, sp, cfg.RampTimeout); err != nil {
-				rep.Steps = append(rep.Steps, Step{Scale: sp.Scale, Reason: err.Error(), Bisect: bisecting})
-				return false, true
-			}
-			// A step that fails is run once more before it counts as
-			// failed: one noisy interval on a shared machine should not
-			// decide the search.
-			var st Step
-			for try := range 2 {
-				// The samples fall outside the step's window: no load
-				// is offered while they are taken.
-				before := cfg.Meter.sample(ctx)
-				from := d.Elapsed()
-				d.Steady(ctx, sp, cfg.Duration)
-				to := d.Elapsed()
-				after := cfg.Meter.sample(ctx)
-				st = step(d, sp, from, to, cfg)
-				st.Usage = cfg.Meter.usage(before, after, st.CommitsPerSec)
-				st.WritesPerSec = writes(rep.Costs, st.Ops) / (st.ToS - st.FromS)
-				st.Bisect = bisecting
-				log.Info("step", "scale", fmt.Sprintf("%.3g", sp.Scale), "try", try+1, "bisect", bisecting, "acquires_per_sec", int(st.AcquiresPerSec), "commits_per_sec", int(st.CommitsPerSec),
-					"p99_acquire_ms", st.P99AcquireMS, "error_rate", st.ErrorRate, "passed", st.Passed)
-				rep.Steps = append(rep.Steps, st)
-				if st.Passed || ctx.Err() != nil {
-					break
-				}
-			}
-			if st.Passed {
-				if b, ok := rep.best(); !ok || b.Scale <= st.Scale {
-					c, a := st.CommitsPerSec, st.AcquiresPerSec
-					rep.MaxCommitsPerSec, rep.MaxAcquiresPerSec = &c, &a
-				}
-			}
-			return st.Passed, ctx.Err() != nil
-		})
+	f, ok := t.(Faulter)
+	if !ok && slices.ContainsFunc(cfg.Faults, func(fs FaultSpec) bool { return fs.Kind != MassExpiry }) {
+		return nil, nil, fmt.Errorf("faults: target %s cannot inject faults", t.Name())
 	}
-	steadyTo := d.Elapsed()
-	after := cfg.Meter.sample(ctx)
-	stopFaults() // faults scheduled past the end do not start
-	<-faultsDone
-	whole := step(d, p, steadyFrom, steadyTo, cfg)
-	rep.DurationS = secs(steadyTo - steadyFrom)
-	rep.Ops = whole.Ops
-	rep.CommitsPerSec = whole.CommitsPerSec
-	rep.AcquiresPerSec = whole.AcquiresPerSec
-	if !cfg.FindMax {
-		rep.Usage = cfg.Meter.usage(before, after, rep.CommitsPerSec)
-	}
-	// The same whole seconds as the step's other rates.
-	rep.WritesPerSec = writes(rep.Costs, whole.Ops) / max(whole.ToS-whole.FromS, 1)
-	rep.HeldAtEnd = d.Held()
-	rep.Safety = d.chk.Safety()
-	rep.Series = map[string][]Point{}
-	for _, op := range append(stateChanges, OpHandoff) {
-		if s := d.rec.Series(op); s != nil {
-			rep.Series[op] = s
+	fctx, cancel := context.WithCancel(ctx)
+	plan := slices.Clone(cfg.Faults)
+	slices.SortStableFunc(plan, func(a, b FaultSpec) int { return cmp.Compare(a.At, b.At) })
+	begin := time.Now()
+	go func() {
+		defer close(faultsDone)
+		for _, fs := range plan {
+			select {
+			case <-time.After(time.Until(begin.Add(fs.At))):
+			case <-fctx.Done():
+				return
+			}
+			at := d.Elapsed()
+			log.Info("fault", "kind", fs.Kind, "at_s", fmt.Sprintf("%.1f", secs(at)))
+			// A fault under way finishes even if the run ends meanwhile.
+			detail, err := injectFault(ctx, t, f, fs.Kind, cfg.MassExpiry, rep.StartedAt)
+			end := d.Elapsed()
+			ev := FaultEvent{Kind: fs.Kind, AtS: secs(at), TookS: secs(end - at), Detail: detail,
+				Ops: d.rec.Summary(int(at/time.Second), int(end/time.Second)+1)}
+			if err != nil {
+				ev.Error = err.Error()
+				log.Warn("fault failed", "kind", fs.Kind, "err", err)
+			}
+			rep.Faults = append(rep.Faults, ev)
 		}
+	}()
+	return cancel, faultsDone, nil
+}
+
+// injectFault injects one fault of kind, a mass expiry (sized by mass,
+// its resources named after the run's start) or one of f's, and returns
+// what it measured. Its time is bounded: 5 minutes for a mass expiry, a
+// minute for f's.
+func injectFault(ctx context.Context, t Target, f Faulter, kind string, mass MassExpiryConfig, started time.Time) (detail string, err error) {
+	if kind == MassExpiry {
+		ictx, icancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer icancel()
+		return massExpiry(ictx, t, mass, started.Format("150405"))
 	}
-	return rep, nil
+	ictx, icancel := context.WithTimeout(ctx, time.Minute)
+	defer icancel()
+	if m, ok := f.(Measurer); ok {
+		return m.Measure(ictx, kind)
+	}
+	return "", f.Fault(ictx, kind)
+}
+
+// findMax runs find-max's scales (search) from the profile's, each
+// ramped to and then measured up to twice (a step that fails is run
+// once more before it counts as failed: one noisy interval on a shared
+// machine should not decide the search). It records every try in
+// rep.Steps and the highest scale that passed as rep's maximum.
+func findMax(ctx context.Context, d *Driver, cfg Config, rep *Report, log *slog.Logger) {
+	p := cfg.Profile
+	bisecting := false
+	search(p.Scale, cfg.StepFactor, cfg.Precision, cfg.MaxSteps, func(scale float64, bisect bool) (passed, stop bool) {
+		bisecting = bisecting || bisect
+		sp := p.Rescaled(scale)
+		if err := d.Ramp(ctx, sp, cfg.RampTimeout); err != nil {
+			rep.Steps = append(rep.Steps, Step{Scale: sp.Scale, Reason: err.Error(), Bisect: bisecting})
+			return false, true
+		}
+		var st Step
+		for try := range 2 {
+			st = measureStep(ctx, d, cfg, rep.Costs, sp)
+			st.Bisect = bisecting
+			log.Info("step", "scale", fmt.Sprintf("%.3g", sp.Scale), "try", try+1, "bisect", bisecting, "acquires_per_sec", int(st.AcquiresPerSec), "commits_per_sec", int(st.CommitsPerSec),
+				"p99_acquire_ms", st.P99AcquireMS, "error_rate", st.ErrorRate, "passed", st.Passed)
+			rep.Steps = append(rep.Steps, st)
+			if st.Passed || ctx.Err() != nil {
+				break
+			}
+		}
+		if st.Passed {
+			if b, ok := rep.best(); !ok || b.Scale <= st.Scale {
+				c, a := st.CommitsPerSec, st.AcquiresPerSec
+				rep.MaxCommitsPerSec, rep.MaxAcquiresPerSec = &c, &a
+			}
+		}
+		return st.Passed, ctx.Err() != nil
+	})
+}
+
+// measureStep runs profile sp's steady phase for cfg.Duration on the
+// driver, ramped to sp already, and summarises it (step) with what it
+// cost and its writes at costs. The meter's samples fall outside the
+// step's window: no load is offered while they are taken.
+func measureStep(ctx context.Context, d *Driver, cfg Config, costs Costs, sp Profile) Step {
+	before := cfg.Meter.sample(ctx)
+	from := d.Elapsed()
+	d.Steady(ctx, sp, cfg.Duration)
+	to := d.Elapsed()
+	after := cfg.Meter.sample(ctx)
+	st := step(d, sp, from, to, cfg)
+	st.Usage = cfg.Meter.usage(before, after, st.CommitsPerSec)
+	st.WritesPerSec = writes(costs, st.Ops) / (st.ToS - st.FromS)
+	return st
 }
 
 // search is find-max's order of scales: from start, up by factor until
