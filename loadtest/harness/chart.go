@@ -29,14 +29,48 @@ var (
 // acknowledged state changes per second. Dashed verticals mark the start
 // of the steady phase, each find-max step and each fault.
 func WriteChart(w io.Writer, rep *Report) error {
-	lat := plot.New()
+	lat, ymin, ymax, err := latencyPlot(rep)
+	if err != nil {
+		return err
+	}
+	tput, tmax, err := commitsPlot(rep)
+	if err != nil {
+		return err
+	}
+	for _, m := range chartMarks(rep) {
+		if err := addMark(lat, m, ymin, ymax); err != nil {
+			return err
+		}
+		if err := addMark(tput, m, 0, tmax); err != nil {
+			return err
+		}
+	}
+
+	img := vgimg.New(vg.Points(1200), vg.Points(800))
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: 2, Cols: 1, PadTop: vg.Points(8), PadBottom: vg.Points(8), PadX: vg.Points(8), PadY: vg.Points(16), PadLeft: vg.Points(8), PadRight: vg.Points(16)}
+	plots := [][]*plot.Plot{{lat}, {tput}}
+	canvases := plot.Align(plots, tiles, dc)
+	lat.Draw(canvases[0][0])
+	tput.Draw(canvases[1][0])
+	_, err = vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	return err
+}
+
+// latencyPlot is the chart's upper plot: a solid p99 and a dashed p50
+// line per main operation with points, a colour each, each latency at
+// least 0.01 ms (the log scale has no zero). ymin is the lowest latency
+// drawn (0.01 with none), ymax the highest (1 at least): the marks span
+// them.
+func latencyPlot(rep *Report) (lat *plot.Plot, ymin, ymax float64, err error) {
+	lat = plot.New()
 	lat.Title.Text = fmt.Sprintf("%s, %s profile ×%g: latency per second", rep.Target, rep.Profile.Name, rep.Profile.Scale)
 	lat.X.Label.Text = "seconds"
 	lat.Y.Label.Text = "ms (log)"
 	lat.Y.Scale = plot.LogScale{}
 	lat.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	lat.Legend.Top = true
-	ymin, ymax := math.Inf(1), 1.0
+	ymin, ymax = math.Inf(1), 1.0
 	ci := 0
 	for _, op := range []string{OpAcquire, OpAcquireContended, OpRenew, OpRelease, OpReserve} {
 		pts := rep.Series[op]
@@ -56,7 +90,7 @@ func WriteChart(w io.Writer, rep *Report) error {
 			}
 			l, err := plotter.NewLine(xy)
 			if err != nil {
-				return err
+				return nil, 0, 0, err
 			}
 			l.Color = chartColors[ci%len(chartColors)]
 			if qi == 1 {
@@ -67,8 +101,17 @@ func WriteChart(w io.Writer, rep *Report) error {
 		}
 		ci++
 	}
+	if math.IsInf(ymin, 1) {
+		ymin = 0.01
+	}
+	return lat, ymin, ymax, nil
+}
 
-	tput := plot.New()
+// commitsPlot is the chart's lower plot: the state changes acknowledged
+// each second, from second 0 to the last recorded (0 where none were).
+// tmax is the most in a second, 1 at least: the marks span it.
+func commitsPlot(rep *Report) (tput *plot.Plot, tmax float64, err error) {
+	tput = plot.New()
 	tput.Title.Text = "acknowledged state changes per second"
 	tput.X.Label.Text = "seconds"
 	tput.Y.Label.Text = "commits/s"
@@ -81,53 +124,45 @@ func WriteChart(w io.Writer, rep *Report) error {
 		}
 	}
 	xy := make(plotter.XYs, 0, last+1)
-	tmax := 1.0
+	tmax = 1.0
 	for s := 0; s <= last; s++ {
 		xy = append(xy, plotter.XY{X: float64(s), Y: perSec[s]})
 		tmax = math.Max(tmax, perSec[s])
 	}
 	l, err := plotter.NewLine(xy)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	l.Color = chartColors[0]
 	tput.Add(l)
+	return tput, tmax, nil
+}
 
-	if math.IsInf(ymin, 1) {
-		ymin = 0.01
-	}
+// chartMarks are the events the chart marks, as faults: the start of
+// the steady phase, each find-max step after the first (which starts
+// with it), and the faults.
+func chartMarks(rep *Report) []FaultEvent {
 	marks := []FaultEvent{{Kind: "steady", AtS: rep.SteadyFromS}}
 	for _, st := range rep.Steps[min(1, len(rep.Steps)):] {
 		marks = append(marks, FaultEvent{Kind: fmt.Sprintf("×%.2g", st.Scale), AtS: st.FromS})
 	}
-	marks = append(marks, rep.Faults...)
-	for _, m := range marks {
-		for _, pl := range []struct {
-			p      *plot.Plot
-			lo, hi float64
-		}{{lat, ymin, ymax}, {tput, 0, tmax}} {
-			v, err := plotter.NewLine(plotter.XYs{{X: m.AtS, Y: pl.lo}, {X: m.AtS, Y: pl.hi}})
-			if err != nil {
-				return err
-			}
-			v.Color = faultColor
-			v.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
-			pl.p.Add(v)
-			labels, err := plotter.NewLabels(plotter.XYLabels{XYs: []plotter.XY{{X: m.AtS, Y: pl.hi}}, Labels: []string{" " + m.Kind}})
-			if err != nil {
-				return err
-			}
-			pl.p.Add(labels)
-		}
-	}
+	return append(marks, rep.Faults...)
+}
 
-	img := vgimg.New(vg.Points(1200), vg.Points(800))
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 2, Cols: 1, PadTop: vg.Points(8), PadBottom: vg.Points(8), PadX: vg.Points(8), PadY: vg.Points(16), PadLeft: vg.Points(8), PadRight: vg.Points(16)}
-	plots := [][]*plot.Plot{{lat}, {tput}}
-	canvases := plot.Align(plots, tiles, dc)
-	lat.Draw(canvases[0][0])
-	tput.Draw(canvases[1][0])
-	_, err = vgimg.PngCanvas{Canvas: img}.WriteTo(w)
-	return err
+// addMark draws mark m on p as a dashed vertical from lo to hi, labelled
+// with its kind at the top.
+func addMark(p *plot.Plot, m FaultEvent, lo, hi float64) error {
+	v, err := plotter.NewLine(plotter.XYs{{X: m.AtS, Y: lo}, {X: m.AtS, Y: hi}})
+	if err != nil {
+		return err
+	}
+	v.Color = faultColor
+	v.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+	p.Add(v)
+	labels, err := plotter.NewLabels(plotter.XYLabels{XYs: []plotter.XY{{X: m.AtS, Y: hi}}, Labels: []string{" " + m.Kind}})
+	if err != nil {
+		return err
+	}
+	p.Add(labels)
+	return nil
 }
