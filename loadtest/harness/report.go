@@ -197,6 +197,28 @@ func WriteComparison(w io.Writer, runs [][]*Report) {
 	if len(runs) == 0 || len(runs[0]) == 0 {
 		return
 	}
+	reps := medianRuns(runs)
+	base := reps[0]
+	fmt.Fprintf(w, "# Side by side: %s profile, same machine, one target after the other\n\n", base.Profile.Name)
+	fmt.Fprintf(w, "Each target ran find-max: the reference profile (scale 1 = 20,000 held locks renewed every 10 s, 2,000 acquires/s and 2,000 releases/s) stepped up until p99 acquire passed 200 ms or errors passed 0.1 %%, then bisected between the last scale that passed and the first that failed to within 5 %% (a scale that fails is tried twice before it counts). \"Max\" is the highest scale that passed; \"at reference\" is the step at scale 1.")
+	if len(runs) > 1 {
+		fmt.Fprintf(w, " Of %d compare runs, each target's row is its median run's (by max commits/s); the last column lists every run's max scale.", len(runs))
+	}
+	fmt.Fprintf(w, "\n\n")
+	maxTable(w, runs, reps)
+	ratioSection(w, reps)
+	costSection(w, reps)
+	fmt.Fprintf(w, "\n## What each side pays\n\n")
+	for _, r := range reps {
+		fmt.Fprintf(w, "- **%s**: acquire %.3g, renew %.3g, release %.3g replicated writes. %s\n", r.Target, r.Costs.Acquire, r.Costs.Renew, r.Costs.Release, r.Costs.Note)
+	}
+	fmt.Fprintf(w, "\nPer-target details: <target>-report.md and <target>-chart.png beside this file.\n")
+}
+
+// medianRuns is, for each target of runs (by its place in the first),
+// the median of its runs (medianRun); a run short of the target is left
+// out.
+func medianRuns(runs [][]*Report) []*Report {
 	reps := make([]*Report, len(runs[0]))
 	for i := range reps {
 		var of []*Report
@@ -207,13 +229,13 @@ func WriteComparison(w io.Writer, runs [][]*Report) {
 		}
 		reps[i] = medianRun(of)
 	}
-	base := reps[0]
-	fmt.Fprintf(w, "# Side by side: %s profile, same machine, one target after the other\n\n", base.Profile.Name)
-	fmt.Fprintf(w, "Each target ran find-max: the reference profile (scale 1 = 20,000 held locks renewed every 10 s, 2,000 acquires/s and 2,000 releases/s) stepped up until p99 acquire passed 200 ms or errors passed 0.1 %%, then bisected between the last scale that passed and the first that failed to within 5 %% (a scale that fails is tried twice before it counts). \"Max\" is the highest scale that passed; \"at reference\" is the step at scale 1.")
-	if len(runs) > 1 {
-		fmt.Fprintf(w, " Of %d compare runs, each target's row is its median run's (by max commits/s); the last column lists every run's max scale.", len(runs))
-	}
-	fmt.Fprintf(w, "\n\n")
+	return reps
+}
+
+// maxTable writes the comparison's main table: a row per target, reps[i]
+// (its median run) standing for runs' i-th target, with the safety
+// violations of all its runs and every run's max scale.
+func maxTable(w io.Writer, runs [][]*Report, reps []*Report) {
 	fmt.Fprintln(w, "| target | max scale | max acquires/s | max commits/s | own writes/s at max | p99 acquire at max ms | p99 acquire at reference ms | safety violations | max scale of each run |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|")
 	for i, r := range reps {
@@ -246,6 +268,13 @@ func WriteComparison(w io.Writer, runs [][]*Report) {
 		}
 		fmt.Fprintf(w, "| %s | %.3g | %.0f | %.0f | %.0f | %.1f | %s | %d | %s |\n", r.Target, b.Scale, b.AcquiresPerSec, b.CommitsPerSec, b.WritesPerSec, b.P99AcquireMS, ref, n, strings.Join(each, ", "))
 	}
+}
+
+// ratioSection writes the ratios of reps[0], the base, to each other
+// target: max acquires/s and commits/s, and p99 acquire at scale 1 ("–"
+// where either side has none).
+func ratioSection(w io.Writer, reps []*Report) {
+	base := reps[0]
 	fmt.Fprintf(w, "\n## Ratios (%s ÷ peer)\n\n| peer | max sustained acquires/s | max commits/s | p99 acquire at reference (below 1: %s is faster) |\n|---|---:|---:|---:|\n", base.Target, base.Target)
 	bb, bok := base.best()
 	bref, brefOK := base.AtScale(1)
@@ -261,6 +290,11 @@ func WriteComparison(w io.Writer, runs [][]*Report) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", r.Target, acq, com, p99)
 	}
+}
+
+// costSection writes what a commit cost each target of reps, at scale 1
+// and at its max (the steps the meter measured).
+func costSection(w io.Writer, reps []*Report) {
 	fmt.Fprintf(w, "\n## What a commit costs\n\nFrom /proc (the servers' and the generator's CPU time and resident sets) and the servers' Prometheus counters, over the step at scale 1 (\"ref\") and the highest passing step (\"max\"). Node CPU adds up the three servers; entries per commit below 1 means commands share Raft entries; \"CPU stolen\" is the share of the machine's CPU time its hypervisor took (/proc/stat), which leaves the targets fewer cores than the machine shows.\n\n")
 	fmt.Fprintln(w, "| target | step | node CPU µs/commit | node CPU cores | generator CPU cores | allocs/commit | Raft entries/commit | node RSS MB | CPU stolen % |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -277,11 +311,6 @@ func WriteComparison(w io.Writer, runs [][]*Report) {
 			}
 		}
 	}
-	fmt.Fprintf(w, "\n## What each side pays\n\n")
-	for _, r := range reps {
-		fmt.Fprintf(w, "- **%s**: acquire %.3g, renew %.3g, release %.3g replicated writes. %s\n", r.Target, r.Costs.Acquire, r.Costs.Renew, r.Costs.Release, r.Costs.Note)
-	}
-	fmt.Fprintf(w, "\nPer-target details: <target>-report.md and <target>-chart.png beside this file.\n")
 }
 
 // GroupRuns splits reports given run after run into n compare runs of
