@@ -55,10 +55,10 @@ func TestMeterSamples(t *testing.T) {
 	if u.NodeCPUMicrosPerCommit < 1000 || u.NodeCPUCores <= 0 || u.GeneratorCPUCores <= 0 {
 		t.Fatalf("node %.0f µs/commit (%.2f cores), generator %.2f cores; want ≥ 1,000 µs and cores above 0", u.NodeCPUMicrosPerCommit, u.NodeCPUCores, u.GeneratorCPUCores)
 	}
-	if u.AllocsPerCommit == nil || *u.AllocsPerCommit != 50 {
+	if u.AllocsPerCommit == nil || math.Abs(*u.AllocsPerCommit-50) > 1e-9 {
 		t.Fatalf("allocs/commit %v, want 50", optF(u.AllocsPerCommit, "%v"))
 	}
-	if u.RaftEntriesPerCommit == nil || *u.RaftEntriesPerCommit != 0.5 {
+	if u.RaftEntriesPerCommit == nil || math.Abs(*u.RaftEntriesPerCommit-0.5) > 1e-9 {
 		t.Fatalf("entries/commit %v, want 0.5", optF(u.RaftEntriesPerCommit, "%v"))
 	}
 }
