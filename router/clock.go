@@ -83,7 +83,7 @@ func (r *Router) confirmed(t leaderTerm, offsets map[uint64]reading, readAt map[
 	agree := 0
 	for _, rep := range reps {
 		id := rep.GetNodeId()
-		if rep.GetReplicaId() == t.replicaID || r.isLocal(id) { // the leader's own clock
+		if rep.GetReplicaId() == t.replicaID || r.IsLocal(id) { // the leader's own clock
 			agree++
 			continue
 		}
@@ -152,15 +152,15 @@ func (r *Router) awaitClock(ctx context.Context, n *LocalNode, t leaderTerm) err
 // hasPeers reports whether a replica of shardID runs outside this process.
 func (r *Router) hasPeers(shardID uint64) bool {
 	for _, rep := range r.Map().Shard(shardID).GetReplicas() {
-		if !r.isLocal(rep.GetNodeId()) {
+		if !r.IsLocal(rep.GetNodeId()) {
 			return true
 		}
 	}
 	return false
 }
 
-// now is this node's wall clock, as the leader clock and Clock see it.
-func (r *Router) now() time.Time { return time.Now().Add(r.cfg.Knobs.ClockOffset) }
+// Now is this node's wall clock, as the leader clock and Clock see it.
+func (r *Router) Now() time.Time { return time.Now().Add(r.cfg.Knobs.ClockOffset) }
 
 // watchClock measures the offsets every ClockInterval, and at once when
 // a term begins here, until Stop.
@@ -186,7 +186,7 @@ func (r *Router) watchClock() {
 func (r *Router) measureClocks() {
 	var peers []*placementv1.Node
 	for _, n := range r.Map().State().GetNodes() {
-		if !r.isLocal(n.GetId()) {
+		if !r.IsLocal(n.GetId()) {
 			peers = append(peers, n)
 		}
 	}
@@ -272,9 +272,9 @@ func fromMajority(offsets []time.Duration) time.Duration {
 func (r *Router) readClock(n *placementv1.Node, round time.Time) (off, rtt time.Duration, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ClockInterval)
 	defer cancel()
-	sent := r.now()
-	resp, err := r.peers.get(n.GetListenAddr()).node.Clock(ctx, connect.NewRequest(&placementv1.ClockRequest{}))
-	got := r.now()
+	sent := r.Now()
+	resp, err := r.peers.Get(n.GetListenAddr()).Node.Clock(ctx, connect.NewRequest(&placementv1.ClockRequest{}))
+	got := r.Now()
 	r.clock.mu.Lock()
 	defer r.clock.mu.Unlock()
 	if r.clock.down == nil {
@@ -315,14 +315,14 @@ func (r *Router) readClock(n *placementv1.Node, round time.Time) (off, rtt time.
 	return off, rtt, true
 }
 
-// applies reports whether every replica of shardID is on a node whose
+// Applies reports whether every replica of shardID is on a node whose
 // binary applies command envelope version v: this node's, or a peer
 // whose peerVersion says so. A command of a newer version than
 // some replica applies would stop that replica's whole process, and go on
 // stopping it while it replays its log, so the router proposes one only
 // once every replica's node has been upgraded (a rolling upgrade keeps
 // using the older commands until then).
-func (r *Router) applies(shardID uint64, v uint32) bool {
+func (r *Router) Applies(shardID uint64, v uint32) bool {
 	if v <= 1 {
 		return true
 	}
@@ -333,7 +333,7 @@ func (r *Router) applies(shardID uint64, v uint32) bool {
 	r.clock.mu.Lock()
 	defer r.clock.mu.Unlock()
 	for _, rep := range s.GetReplicas() {
-		if !r.isLocal(rep.GetNodeId()) && r.peerVersion(rep.GetNodeId()) < v {
+		if !r.IsLocal(rep.GetNodeId()) && r.peerVersion(rep.GetNodeId()) < v {
 			return false
 		}
 	}
@@ -350,7 +350,7 @@ func (r *Router) sharedVersion(shardID uint64) uint32 {
 	r.clock.mu.Lock()
 	defer r.clock.mu.Unlock()
 	for _, rep := range r.Map().Shard(shardID).GetReplicas() {
-		if !r.isLocal(rep.GetNodeId()) {
+		if !r.IsLocal(rep.GetNodeId()) {
 			v = min(v, r.peerVersion(rep.GetNodeId()))
 		}
 	}
@@ -368,10 +368,10 @@ func (r *Router) peerVersion(id uint64) uint32 {
 	return max(r.Map().Node(id).GetCommandVersion(), 1)
 }
 
-// heardFrom reports whether node id is up (local, or it answered its last
+// HeardFrom reports whether node id is up (local, or it answered its last
 // clock reading) and when this node last heard from it (nil: never).
-func (r *Router) heardFrom(id uint64) (bool, *timestamppb.Timestamp) {
-	if r.isLocal(id) {
+func (r *Router) HeardFrom(id uint64) (bool, *timestamppb.Timestamp) {
+	if r.IsLocal(id) {
 		return true, timestamppb.Now()
 	}
 	r.clock.mu.Lock()
@@ -384,9 +384,9 @@ func (r *Router) heardFrom(id uint64) (bool, *timestamppb.Timestamp) {
 	return !r.clock.down[id], timestamppb.New(at)
 }
 
-// live reports whether node id answered its last clock reading (a node
+// Live reports whether node id answered its last clock reading (a node
 // not read yet counts as live; local nodes always do).
-func (r *Router) live(id uint64) bool {
+func (r *Router) Live(id uint64) bool {
 	r.clock.mu.Lock()
 	defer r.clock.mu.Unlock()
 	return !r.clock.down[id]
@@ -398,9 +398,9 @@ func (r *Router) live(id uint64) bool {
 // on it would leave its place in the queue.
 const peerDownAfter = 2
 
-// unresponsive reports whether node id failed its last peerDownAfter
+// Unresponsive reports whether node id failed its last peerDownAfter
 // clock readings.
-func (r *Router) unresponsive(id uint64) bool {
+func (r *Router) Unresponsive(id uint64) bool {
 	r.clock.mu.Lock()
 	defer r.clock.mu.Unlock()
 	return r.clock.missed[id] >= peerDownAfter
@@ -419,19 +419,19 @@ func (r *Router) handLeadershipAway(n *LocalNode, meta bool, why string) {
 				continue
 			}
 			// The placement group's replica ids are its nodes' ids.
-			ms, err := r.placementMembership(context.Background())
+			ms, err := r.PlacementMembership(context.Background())
 			if err != nil {
 				continue
 			}
 			for _, v := range slices.Sorted(maps.Keys(ms.GetVoting())) {
-				if v != n.id && r.canLead(v) {
+				if v != n.ID && r.canLead(v) {
 					to, replica = v, v
 					break
 				}
 			}
 		} else {
 			for _, rep := range m.Voters(t.shardID) { // a non-voter cannot lead
-				if id := rep.GetNodeId(); id != n.id && r.canLead(id) {
+				if id := rep.GetNodeId(); id != n.ID && r.canLead(id) {
 					to, replica = id, rep.GetReplicaId()
 					break
 				}
@@ -441,7 +441,7 @@ func (r *Router) handLeadershipAway(n *LocalNode, meta bool, why string) {
 			continue
 		}
 		if err := n.raft.transferLeader(t.shardID, replica); err == nil {
-			r.cfg.Logger.Info("leadership handed away", "shard", t.shardID, "from", n.id, "to", to, "why", why)
+			r.cfg.Logger.Info("leadership handed away", "shard", t.shardID, "from", n.ID, "to", to, "why", why)
 		}
 	}
 }
@@ -450,14 +450,14 @@ func (r *Router) handLeadershipAway(n *LocalNode, meta bool, why string) {
 // answered its last clock reading and its data directory is not below
 // its reserve (as it last said).
 func (r *Router) canLead(id uint64) bool {
-	return r.live(id) && !r.diskLow(id)
+	return r.Live(id) && !r.DiskLow(id)
 }
 
-// diskLow reports whether node id's data directory is below its reserve
+// DiskLow reports whether node id's data directory is below its reserve
 // (placement.Node.WritesRefused), for a peer as its last clock reading
 // said.
-func (r *Router) diskLow(id uint64) bool {
-	if n := r.localNode(id); n != nil {
+func (r *Router) DiskLow(id uint64) bool {
+	if n := r.LocalNode(id); n != nil {
 		return n.Node != nil && n.Node.WritesRefused() != nil
 	}
 	r.clock.mu.Lock()
@@ -473,7 +473,7 @@ func (r *Router) diskLow(id uint64) bool {
 // re-elected meanwhile gives the lead away again.
 func (r *Router) handOffLowDisk() {
 	for i := range r.nodes {
-		if n := &r.nodes[i]; r.diskLow(n.id) {
+		if n := &r.nodes[i]; r.DiskLow(n.ID) {
 			r.handLeadershipAway(n, true, "its data directory is below its reserve (--disk-reserve)")
 		}
 	}

@@ -1,9 +1,13 @@
-// Package router serves Warden's Connect API. It validates requests,
-// finds the shard that owns each key, stamps commands with the shard
-// leader's clock and proposes them through the leader's NodeHost, maps
-// results to Connect error codes in one place (errors.go), and runs the
-// leader-driven timers: expiry of leases and forgetting of old dedup
-// entries.
+// Package router is Warden's routing core. It finds the shard that owns
+// each key and the node that leads it (lookup.go), stamps commands with
+// the shard leader's clock and proposes them through the leader's Raft
+// host or the node that hosts the leader (Propose, Read, Forward), waits
+// for a queued Acquire's grant in log order (wait.go), and runs the
+// leader-driven timers: expiry of leases, forgetting of old dedup
+// entries, dropping of timed-out waiters, reclaiming of expired
+// reservations. The API layer, package rpc, serves the Connect services
+// over it and maps its errors (ErrNoLeader, ErrOutcomeUnknown,
+// *RemoteLeader, *ResultError, ...) to the wire.
 //
 // Timers run only on a shard's leader, and only after a linearizable read
 // in the current term has confirmed leadership and that every entry before

@@ -8,14 +8,14 @@ import (
 	"time"
 )
 
-// rateTracker estimates the Acquire rate of the busiest resources in
+// RateTracker estimates the Acquire rate of the busiest resources in
 // bounded memory with the space-saving algorithm (Metwally, Agrawal and El
 // Abbadi, "Efficient Computation of Frequent and Top-k Elements in Data
 // Streams", 2005): it counts at most capacity resources; a new one takes
 // the place of the least counted, inheriting its count. Counts are kept
 // for the current and the previous window, so a rate covers between one
 // and two windows.
-type rateTracker struct {
+type RateTracker struct {
 	capacity int
 	window   time.Duration
 
@@ -84,15 +84,15 @@ func (s *spaceSaving) add(resource string, capacity int) {
 	heap.Fix(&s.heap, 0)
 }
 
-func newRateTracker(capacity int, window time.Duration) *rateTracker {
-	t := &rateTracker{capacity: capacity, window: window}
+func newRateTracker(capacity int, window time.Duration) *RateTracker {
+	t := &RateTracker{capacity: capacity, window: window}
 	t.mu.start = time.Now()
 	t.mu.cur, t.mu.prev = newSpaceSaving(), newSpaceSaving()
 	return t
 }
 
 // rollLocked starts a new window when the current one is over.
-func (t *rateTracker) rollLocked(now time.Time) {
+func (t *RateTracker) rollLocked(now time.Time) {
 	switch {
 	case now.Sub(t.mu.start) >= 2*t.window:
 		t.mu.prev, t.mu.cur, t.mu.start = newSpaceSaving(), newSpaceSaving(), now
@@ -101,8 +101,8 @@ func (t *rateTracker) rollLocked(now time.Time) {
 	}
 }
 
-// add counts one Acquire of resource.
-func (t *rateTracker) add(resource string) {
+// Add counts one Acquire of resource.
+func (t *RateTracker) Add(resource string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.rollLocked(time.Now())
@@ -110,12 +110,12 @@ func (t *rateTracker) add(resource string) {
 }
 
 type resourceRate struct {
-	resource string
-	perSec   float64
+	Resource string
+	PerSec   float64
 }
 
-// top returns up to n resources by rate, highest first.
-func (t *rateTracker) top(n int) []resourceRate {
+// Top returns up to n resources by rate, highest first.
+func (t *RateTracker) Top(n int) []resourceRate {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := time.Now()
@@ -132,10 +132,10 @@ func (t *rateTracker) top(n int) []resourceRate {
 		out = append(out, resourceRate{r, float64(c) / span})
 	}
 	slices.SortFunc(out, func(a, b resourceRate) int {
-		if c := cmp.Compare(b.perSec, a.perSec); c != 0 {
+		if c := cmp.Compare(b.PerSec, a.PerSec); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.resource, b.resource)
+		return cmp.Compare(a.Resource, b.Resource)
 	})
 	return out[:min(n, len(out))]
 }

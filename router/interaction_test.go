@@ -40,7 +40,7 @@ func TestInteractions(t *testing.T) {
 	datadriven.Walk(t, "testdata/interaction", func(t *testing.T, path string) {
 		l := NewLeadership(0)
 		w := NewWaitRegistry()
-		subs := map[string]*subscription{}
+		subs := map[string]*Subscription{}
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			switch d.Cmd {
 			case "event":
@@ -80,12 +80,12 @@ func TestInteractions(t *testing.T) {
 				d.ScanArgs(t, "name", &name)
 				d.ScanArgs(t, "resource", &resource)
 				d.ScanArgs(t, "request", &request)
-				subs[name] = w.subscribe(resource, request)
+				subs[name] = w.Subscribe(resource, request)
 				return fmt.Sprintf("%d subscribed\n", subscribed(w))
 			case "unsubscribe":
 				var name string
 				d.ScanArgs(t, "name", &name)
-				w.unsubscribe(subs[name])
+				w.Unsubscribe(subs[name])
 				return fmt.Sprintf("%d subscribed\n", subscribed(w))
 			case "apply":
 				w.Observe(1, appliedResult(t, d))
@@ -143,7 +143,7 @@ func subscribed(w *WaitRegistry) int {
 	return n
 }
 
-func sortedNames(subs map[string]*subscription) []string {
+func sortedNames(subs map[string]*Subscription) []string {
 	var names []string
 	for n := range subs {
 		names = append(names, n)

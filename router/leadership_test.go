@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/lni/dragonboat/v4/raftio"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -92,16 +90,16 @@ func TestDeposedOnlyByALaterView(t *testing.T) {
 }
 
 // A request whose deadline passes while the router retries a refusal that
-// is worth retrying (a busy or starting shard, a moving range) answers
-// deadline_exceeded, as one whose deadline was too short to propose: the
+// is worth retrying (a busy or starting shard, a moving range) ends with
+// the deadline's error (deadline_exceeded to a client: rpc's errors test), as one whose deadline was too short to propose: the
 // caller's deadline decides (CI once saw unavailable for a 1 ms deadline).
 func TestRetriesEndWithTheCallersDeadline(t *testing.T) {
 	r := &Router{cfg: Config{LeaderWait: time.Minute, MoveWait: time.Minute}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
 	err := r.retryDropped(ctx, func() error { return fmt.Errorf("%w (%w): busy", ErrNoLeader, errDropped) })
-	if code := connect.CodeOf(toConnect(err)); code != connect.CodeDeadlineExceeded {
-		t.Fatalf("dropped until the deadline: %v (%v), want deadline_exceeded", code, err)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dropped until the deadline: %v, want the deadline's error (deadline_exceeded to a client)", err)
 	}
 	// Within retryMoved's first pause (20 ms), before it refreshes the map.
 	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Millisecond)
@@ -109,8 +107,8 @@ func TestRetriesEndWithTheCallersDeadline(t *testing.T) {
 	_, err = r.retryMoved(ctx, "k", func() (*shardv1.Result, error) {
 		return &shardv1.Result{Code: shardv1.Code_CODE_WRONG_SHARD, Reason: "moved"}, nil
 	})
-	if code := connect.CodeOf(toConnect(err)); code != connect.CodeDeadlineExceeded {
-		t.Fatalf("moved until the deadline: %v (%v), want deadline_exceeded", code, err)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("moved until the deadline: %v, want the deadline's error (deadline_exceeded to a client)", err)
 	}
 }
 
@@ -158,5 +156,23 @@ func TestLeaderTasks(t *testing.T) {
 	}
 	if lag := testutil.ToFloat64(metrics.reclaimLag); lag != 4 {
 		t.Errorf("reclaim lag %v s, want 4 (now 5 s, the oldest expired at 1 s)", lag)
+	}
+}
+
+// A node is unresponsive, and the calls forwarded to it are given up,
+// only once it has failed peerDownAfter clock readings in a row: one
+// failed reading may be a pause of a busy node, and a waiting Acquire
+// given up on it would leave its place in the queue (issue 41's review).
+func TestUnresponsiveAfterMissedReadings(t *testing.T) {
+	r := &Router{}
+	r.clock.missed = map[uint64]int{}
+	for missed, want := range map[int]bool{0: false, 1: false, peerDownAfter: true, peerDownAfter + 1: true} {
+		r.clock.missed[3] = missed
+		if got := r.Unresponsive(3); got != want {
+			t.Errorf("%d readings missed: unresponsive %v, want %v", missed, got, want)
+		}
+	}
+	if peerDownAfter < 2 {
+		t.Fatalf("peerDownAfter %d: one missed reading would give up a call", peerDownAfter)
 	}
 }

@@ -13,61 +13,57 @@ import (
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 )
 
-// membershipTimeout bounds one membership change (Dragonboat needs a
-// deadline; the caller's, if shorter, wins).
-const membershipTimeout = 10 * time.Second
-
 // Membership implements placement.ShardClient: through the shard's
 // leader, on this node or another (Dragonboat accepts one membership
 // change at a time, from a voting replica).
 func (c shardClient) Membership(ctx context.Context, req *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
-	return c.r.membership(ctx, 0, req)
+	return c.r.Membership(ctx, 0, req)
 }
 
-// membership changes the shard's membership on its leader's node, having
+// Membership changes the shard's membership on its leader's node, having
 // been forwarded hops times.
-func (r *Router) membership(ctx context.Context, hops int, m *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
+func (r *Router) Membership(ctx context.Context, hops int, m *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
 	n, _, err := r.leader(ctx, m.GetShardId())
 	if err == nil {
 		ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
 		defer cancel()
 		return n.raft.changeMembership(ctx, m)
 	}
-	var rl *remoteLeader
-	if !errors.As(err, &rl) || hops >= maxHops {
+	var rl *RemoteLeader
+	if !errors.As(err, &rl) || hops >= MaxHops {
 		return nil, err
 	}
 	req := connect.NewRequest(m)
-	req.Header().Set(forwardedHeader, strconv.Itoa(hops+1))
-	resp, err := r.peers.get(rl.node.GetListenAddr()).node.Membership(ctx, req)
+	req.Header().Set(ForwardedHeader, strconv.Itoa(hops+1))
+	resp, err := r.peers.Get(rl.Node.GetListenAddr()).Node.Membership(ctx, req)
 	if err != nil {
-		return nil, fmt.Errorf("shard %d membership via node %d: %w", m.GetShardId(), rl.node.GetId(), err)
+		return nil, fmt.Errorf("shard %d membership via node %d: %w", m.GetShardId(), rl.Node.GetId(), err)
 	}
 	return resp.Msg, nil
 }
 
 // AppliedIndex implements placement.ShardClient.
 func (c shardClient) AppliedIndex(ctx context.Context, shardID, nodeID uint64) (uint64, error) {
-	if c.r.isLocal(nodeID) {
-		return c.r.appliedIndexLocal(shardID, nodeID)
+	if c.r.IsLocal(nodeID) {
+		return c.r.AppliedIndexLocal(shardID, nodeID)
 	}
 	node := c.r.Map().Node(nodeID)
 	if node == nil {
 		return 0, fmt.Errorf("node %d is not in the map", nodeID)
 	}
-	resp, err := c.r.peers.get(node.GetListenAddr()).node.AppliedIndex(ctx, forwardedReq(&placementv1.AppliedIndexRequest{ShardId: shardID}))
+	resp, err := c.r.peers.Get(node.GetListenAddr()).Node.AppliedIndex(ctx, ForwardedReq(&placementv1.AppliedIndexRequest{ShardId: shardID}))
 	if err != nil {
 		return 0, err
 	}
 	return resp.Msg.GetIndex(), nil
 }
 
-// appliedIndexLocal reads how far local node nodeID's replica of shardID
+// AppliedIndexLocal reads how far local node nodeID's replica of shardID
 // has applied (0 for any node when nodeID is 0: the first local replica).
-func (r *Router) appliedIndexLocal(shardID, nodeID uint64) (uint64, error) {
+func (r *Router) AppliedIndexLocal(shardID, nodeID uint64) (uint64, error) {
 	for i := range r.nodes {
 		n := &r.nodes[i]
-		if nodeID != 0 && n.id != nodeID {
+		if nodeID != 0 && n.ID != nodeID {
 			continue
 		}
 		out, err := n.raft.staleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
@@ -82,20 +78,6 @@ func (r *Router) appliedIndexLocal(shardID, nodeID uint64) (uint64, error) {
 	return 0, fmt.Errorf("no local replica of shard %d", shardID)
 }
 
-// Membership implements NodeService.Membership.
-func (s *NodeServer) Membership(ctx context.Context, req *connect.Request[placementv1.MembershipRequest]) (*connect.Response[placementv1.MembershipResponse], error) {
-	out, err := s.r.membership(ctx, hopsOf(req.Header()), req.Msg)
-	if err != nil {
-		return nil, toConnect(err)
-	}
-	return connect.NewResponse(out), nil
-}
-
-// AppliedIndex implements NodeService.AppliedIndex.
-func (s *NodeServer) AppliedIndex(_ context.Context, req *connect.Request[placementv1.AppliedIndexRequest]) (*connect.Response[placementv1.AppliedIndexResponse], error) {
-	idx, err := s.r.appliedIndexLocal(req.Msg.GetShardId(), 0)
-	if err != nil {
-		return nil, connect.NewError(connect.CodeNotFound, err)
-	}
-	return connect.NewResponse(&placementv1.AppliedIndexResponse{Index: idx}), nil
-}
+// membershipTimeout bounds one membership change (Dragonboat needs a
+// deadline; the caller's, if shorter, wins).
+const membershipTimeout = 10 * time.Second

@@ -1,41 +1,32 @@
 package router
 
 import (
+	"context"
+	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/warden-dev/warden/placement"
 )
 
 // metrics of the router, registered with Prometheus's default registry.
 var metrics = struct {
-	rpcDuration *prometheus.HistogramVec
-	rpcOutcomes *prometheus.CounterVec
-	proposal    prometheus.Histogram
+	proposal prometheus.Histogram
 	// proposalsFailed counts failed proposals by outcome label.
 	proposalsFailed *prometheus.CounterVec
 	snapshots       *prometheus.HistogramVec
 	storage         *prometheus.HistogramVec
 	fsync           prometheus.Histogram
-	batchOps        prometheus.Histogram
 	leaderChanges   prometheus.Counter
 	expirations     prometheus.Counter
-	waitDuration    prometheus.Histogram
 	activeLocks     *prometheus.GaugeVec
 	waiters         *prometheus.GaugeVec
 	moveRetries     prometheus.Counter
-	forwards        prometheus.Counter
 	splitFence      prometheus.Histogram
 	clockOffset     *prometheus.GaugeVec
-	quotaDrift      *prometheus.GaugeVec
 	reclaimLag      prometheus.Gauge
 }{
-	// By pool (a key's root segment), not by key: one series per key
-	// would grow without bound with the tenants and projects under a pool.
-	quotaDrift: promauto.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "warden_quota_drift",
-		Help: "Observed minus committed usage at the pool's last ReportUsage (of any key under the pool).",
-	}, []string{"pool"}),
 	reclaimLag: promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "warden_quota_reclaim_lag_seconds",
 		Help: "How long past its ttl the oldest expired reservation waited for the reclaimer, at the leader's last pass (0 when none was waiting).",
@@ -49,24 +40,11 @@ var metrics = struct {
 		Name: "warden_move_retries_total",
 		Help: "Proposals retried because the key's range was moving or the router's placement map was stale.",
 	}),
-	forwards: promauto.NewCounter(prometheus.CounterOpts{
-		Name: "warden_forwarded_requests_total",
-		Help: "Client RPCs this node forwarded to the node hosting the shard's leader.",
-	}),
 	splitFence: promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "warden_split_fence_seconds",
 		Help:    "How long a split kept its moving range fenced (writes answering unavailable), from the fence to the map commit, in seconds.",
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
 	}),
-	rpcDuration: promauto.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "warden_rpc_duration_seconds",
-		Help:    "Latency of Warden RPCs, in seconds, by method and outcome (the labels of warden_rpc_outcomes_total).",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-	}, []string{"method", "outcome"}),
-	rpcOutcomes: promauto.NewCounterVec(prometheus.CounterOpts{
-		Name: "warden_rpc_outcomes_total",
-		Help: "Warden RPCs by method and outcome (ok, conflict, timeout, stale, invalid, exhausted, unknown, unavailable, canceled, error).",
-	}, []string{"method", "outcome"}),
 	proposalsFailed: promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "warden_proposals_failed_total",
 		Help: "Proposals to a local leader that failed, by outcome (unavailable: dropped or no leader; unknown: the outcome was not learned; timeout, canceled, error).",
@@ -91,11 +69,6 @@ var metrics = struct {
 		Help:    "Time from proposing a command to learning its committed result, in seconds.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	}),
-	batchOps: promauto.NewHistogram(prometheus.HistogramOpts{
-		Name:    "warden_batch_command_ops",
-		Help:    "Ops in each BatchCmd (one Raft entry) this node proposed for a Batch call.",
-		Buckets: prometheus.ExponentialBuckets(1, 2, 11),
-	}),
 	leaderChanges: promauto.NewCounter(prometheus.CounterOpts{
 		Name: "warden_raft_leader_changes_total",
 		Help: "Terms in which a local replica became a shard leader.",
@@ -103,11 +76,6 @@ var metrics = struct {
 	expirations: promauto.NewCounter(prometheus.CounterOpts{
 		Name: "warden_lease_expirations_total",
 		Help: "Leases ended by the leader's expiry timer.",
-	}),
-	waitDuration: promauto.NewHistogram(prometheus.HistogramOpts{
-		Name:    "warden_lock_wait_seconds",
-		Help:    "Time a queued Acquire waited until its grant, in seconds.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 	}),
 	activeLocks: promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "warden_active_locks",
@@ -151,3 +119,20 @@ func ObserveStorage(kind string, d time.Duration) {
 // ObserveFsync records how long a node's fsync probe took; the
 // composition root passes it to each node (placement.NodeConfig.OnFsync).
 func ObserveFsync(d time.Duration) { metrics.fsync.Observe(d.Seconds()) }
+
+// proposalOutcome labels a failed proposal for proposalsFailed
+// (unavailable: dropped or no leader; unknown: the outcome was not
+// learned; timeout, canceled, error).
+func proposalOutcome(err error) string {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, ErrOutcomeUnknown):
+		return "unknown"
+	case errors.Is(err, ErrNoLeader), errors.Is(err, errDropped), errors.Is(err, ErrClockUnconfirmed), errors.As(err, new(*placement.DiskLowError)):
+		return "unavailable"
+	}
+	return "error"
+}

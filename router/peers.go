@@ -2,30 +2,28 @@ package router
 
 import (
 	"context"
-	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
-	"connectrpc.com/grpcreflect"
 
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/tlsconfig"
 )
 
-// peer is another Warden node's Connect API.
-type peer struct {
-	locks wardenv1connect.LockServiceClient
-	quota wardenv1connect.QuotaServiceClient
-	admin wardenv1connect.AdminServiceClient
-	node  placementv1connect.NodeServiceClient
+// Peer is another Warden node's Connect API.
+type Peer struct {
+	Locks wardenv1connect.LockServiceClient
+	Quota wardenv1connect.QuotaServiceClient
+	Admin wardenv1connect.AdminServiceClient
+	Node  placementv1connect.NodeServiceClient
 }
 
 // Peers keeps one client per node address, over one HTTP/2 transport
@@ -39,12 +37,12 @@ type Peers struct {
 	scheme string
 	secret string
 	mu     sync.Mutex
-	byAddr map[string]*peer
+	byAddr map[string]*Peer
 }
 
-// secretHeader carries the cluster secret on node-to-node calls of a
+// SecretHeader carries the cluster secret on node-to-node calls of a
 // cluster without TLS.
-const secretHeader = "Warden-Cluster-Secret"
+const SecretHeader = "Warden-Cluster-Secret"
 
 // A connection to another node that went silent (a partition drops its
 // packets: nothing closes it, and TCP retransmits with a backoff that
@@ -78,7 +76,7 @@ func NewPeers(secret string, tlsConfig *tls.Config) *Peers {
 	} else {
 		t.Protocols.SetUnencryptedHTTP2(true)
 	}
-	return &Peers{client: &http.Client{Transport: t}, scheme: scheme, secret: secret, byAddr: map[string]*peer{}}
+	return &Peers{client: &http.Client{Transport: t}, scheme: scheme, secret: secret, byAddr: map[string]*Peer{}}
 }
 
 // nodeCall adds to outgoing calls the cluster secret and the principal
@@ -93,10 +91,10 @@ type nodeCaller struct{ secret string }
 
 func (n nodeCaller) headers(ctx context.Context, h http.Header) {
 	if n.secret != "" {
-		h.Set(secretHeader, n.secret)
+		h.Set(SecretHeader, n.secret)
 	}
-	if p := principalOf(ctx); p != "" {
-		h.Set(principalHeader, p)
+	if p := PrincipalOf(ctx); p != "" {
+		h.Set(PrincipalHeader, p)
 	}
 }
 
@@ -119,87 +117,8 @@ func (nodeCaller) WrapStreamingHandler(next connect.StreamingHandlerFunc) connec
 	return next
 }
 
-// fromNode reports whether req came from another node of the cluster:
-// over a connection whose peer certificate the listener verified
-// (cfg.PeerTLS), or, on a cluster without TLS, with the cluster secret
-// (compared in constant time). With neither configured nothing is.
-func fromNode(cfg *Config, req *http.Request) bool {
-	if cfg.PeerTLS {
-		_, ok := tlsconfig.PeerNodeID(req.TLS)
-		return ok
-	}
-	return cfg.ClusterSecret != "" && subtle.ConstantTimeCompare([]byte(req.Header.Get(secretHeader)), []byte(cfg.ClusterSecret)) == 1
-}
-
-// guard is the HTTP layer's check of who calls, before any body is read:
-// the node API (nodePrefix) answers only other nodes; the headers that
-// mean something inside the cluster (forwardedHeader, principalHeader,
-// the cluster secret) are stripped from every other caller's request;
-// and a client's call to a client service or reflection is
-// authenticated by a (see authenticated, authState.authenticate), its
-// principal put in the request's context. A node's call carries its original caller's principal.
-//
-// Under TLS a node must also be one the map knows (known, when set,
-// says): a peer certificate for any other id (a node about to join) may
-// read the placement state and register itself, nothing else.
-func guard(cfg *Config, a *authState, known func(id uint64) bool, nodePrefix string, next http.Handler) http.Handler {
-	refuse := connect.NewErrorWriter()
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if fromNode(cfg, req) {
-			if id, ok := tlsconfig.PeerNodeID(req.TLS); ok && known != nil && !known(id) {
-				switch req.URL.Path {
-				case nodePrefix + "ReadMeta", nodePrefix + "Clock":
-				case nodePrefix + "ProposeMeta":
-					req = req.WithContext(context.WithValue(req.Context(), joiningKey{}, id))
-				default:
-					_ = refuse.Write(w, req, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %d is not in the cluster's map: it may only register", id)))
-					return
-				}
-			}
-			if p := req.Header.Get(principalHeader); p != "" {
-				req = req.WithContext(context.WithValue(req.Context(), principalKey{}, p))
-			}
-			next.ServeHTTP(w, req)
-			return
-		}
-		if strings.HasPrefix(req.URL.Path, nodePrefix) {
-			_ = refuse.Write(w, req, connect.NewError(connect.CodeUnauthenticated, errors.New("the node API answers only the cluster's nodes")))
-			return
-		}
-		req.Header.Del(forwardedHeader)
-		req.Header.Del(secretHeader)
-		req.Header.Del(principalHeader)
-		if authenticated(req.URL.Path) {
-			p, err := a.authenticate(req)
-			if err != nil {
-				_ = refuse.Write(w, req, err)
-				return
-			}
-			rctx := context.WithValue(req.Context(), credentialKey{}, req)
-			if p != "" {
-				rctx = context.WithValue(rctx, principalKey{}, p)
-			}
-			req = req.WithContext(rctx)
-		}
-		next.ServeHTTP(w, req)
-	})
-}
-
-// authenticated reports whether guard authenticates a client's call of
-// an HTTP request path: the client services (ClientPath), and gRPC
-// server reflection, which lists them and AuthService: with
-// authentication on, reflection answers any principal, nobody else.
-func authenticated(path string) bool {
-	return ClientPath(path) || strings.HasPrefix(path, "/"+grpcreflect.ReflectV1ServiceName+"/") ||
-		strings.HasPrefix(path, "/"+grpcreflect.ReflectV1AlphaServiceName+"/")
-}
-
-// joiningKey marks, in a call's context, the id of a node the map does
-// not know yet (see guard).
-type joiningKey struct{}
-
-// get returns the clients of the node listening on addr (host:port).
-func (p *Peers) get(addr string) *peer {
+// Get returns the clients of the node listening on addr (host:port).
+func (p *Peers) Get(addr string) *Peer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c := p.byAddr[addr]; c != nil {
@@ -209,12 +128,91 @@ func (p *Peers) get(addr string) *peer {
 	// The secret goes with forwarded client calls too: it is what tells
 	// the other node that their forwarding header is a node's.
 	auth := nodeCall(p.secret)
-	c := &peer{
-		locks: wardenv1connect.NewLockServiceClient(p.client, base, auth),
-		quota: wardenv1connect.NewQuotaServiceClient(p.client, base, auth),
-		admin: wardenv1connect.NewAdminServiceClient(p.client, base, auth),
-		node:  placementv1connect.NewNodeServiceClient(p.client, base, auth),
+	c := &Peer{
+		Locks: wardenv1connect.NewLockServiceClient(p.client, base, auth),
+		Quota: wardenv1connect.NewQuotaServiceClient(p.client, base, auth),
+		Admin: wardenv1connect.NewAdminServiceClient(p.client, base, auth),
+		Node:  placementv1connect.NewNodeServiceClient(p.client, base, auth),
 	}
 	p.byAddr[addr] = c
 	return c
+}
+
+// ProbeStart asks the node at addr for the placement state: it returns
+// the state of a node that serves, or the StartingHeader of one still
+// starting (NewStartingHandler), or the error of one that answers
+// neither (unreachable, or a binary without the header).
+func (p *Peers) ProbeStart(ctx context.Context, addr string) (*placementv1.State, string, error) {
+	resp, err := p.Get(addr).Node.ReadMeta(ctx, connect.NewRequest(&placementv1.ReadMetaRequest{}))
+	if err == nil {
+		return resp.Msg.GetState(), "", nil
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		if s := ce.Meta().Get(StartingHeader); s != "" {
+			return nil, s, nil
+		}
+	}
+	return nil, "", err
+}
+
+// StartingHeader is the header with which a node whose cluster has not
+// started yet (NewStartingHandler) answers another node's ReadMeta: how
+// it starts (server.StartMode's name, and a restore's id after a space),
+// for the identity check of a node that may not start Raft before the
+// cluster confirms it.
+const StartingHeader = "Warden-Starting"
+
+// Placement returns the placement client that asks the nodes at seeds
+// and then, if known is set, at the addresses it lists (the map's), over
+// NodeService: the placement.MetaClient of a node that hosts no replica
+// of the placement group.
+func (p *Peers) Placement(seeds []string, known func() []string) placement.MetaClient {
+	return remoteMeta{peers: p, seeds: seeds, known: known}
+}
+
+// remoteMeta is the placement.MetaClient of a node that hosts no replica
+// of the placement group: it asks the nodes it knows (seeds, then the
+// map's) over NodeService.
+type remoteMeta struct {
+	peers *Peers
+	seeds []string
+	known func() []string
+}
+
+func (m remoteMeta) addrs() []string {
+	out := append([]string(nil), m.seeds...)
+	if m.known != nil {
+		out = append(out, m.known()...)
+	}
+	return out
+}
+
+func (m remoteMeta) Propose(ctx context.Context, cmd *placementv1.Command) (*placementv1.Result, error) {
+	var errs []error
+	for _, a := range m.addrs() {
+		resp, err := m.peers.Get(a).Node.ProposeMeta(ctx, connect.NewRequest(&placementv1.ProposeMetaRequest{Command: cmd}))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if res := resp.Msg.GetResult(); res.GetError() != "" {
+			return res, &placement.RefusedError{Reason: res.GetError()}
+		}
+		return resp.Msg.GetResult(), nil
+	}
+	return nil, fmt.Errorf("placement: no node answered: %w", errors.Join(errs...))
+}
+
+func (m remoteMeta) Read(ctx context.Context) (*placementv1.State, error) {
+	var errs []error
+	for _, a := range m.addrs() {
+		resp, err := m.peers.Get(a).Node.ReadMeta(ctx, connect.NewRequest(&placementv1.ReadMetaRequest{}))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return resp.Msg.GetState(), nil
+	}
+	return nil, fmt.Errorf("placement: no node answered: %w", errors.Join(errs...))
 }

@@ -60,4 +60,4 @@ var errNothingToSnapshot = errors.New("nothing to snapshot: no entries applied s
 // errSnapshotBusy: the replica is taking another snapshot (Dragonboat's
 // ErrSystemBusy), such as the node's snapshot of an idle replica
 // (placement.Node's idle compaction) or a second admin call.
-var errSnapshotBusy = errors.New("the replica is taking another snapshot")
+var ErrSnapshotBusy = errors.New("the replica is taking another snapshot")

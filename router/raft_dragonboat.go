@@ -27,8 +27,8 @@ type dragonboatHost struct {
 	writesRefused func() error
 }
 
-// hostOf is the router's seam to node n's Raft host.
-func hostOf(n *placement.Node) raftHost {
+// HostOf is the router's seam to node n's Raft host.
+func HostOf(n *placement.Node) raftHost {
 	return dragonboatHost{n.NodeHost(), n.ExportDir(), n.WritesRefused}
 }
 
@@ -94,7 +94,7 @@ func (h dragonboatHost) snapshot(ctx context.Context, shardID uint64) (uint64, e
 	case errors.Is(err, dragonboat.ErrRejected):
 		return idx, errNothingToSnapshot
 	case errors.Is(err, dragonboat.ErrSystemBusy):
-		return idx, fmt.Errorf("%w: %v", errSnapshotBusy, err)
+		return idx, fmt.Errorf("%w: %v", ErrSnapshotBusy, err)
 	}
 	return idx, err
 }

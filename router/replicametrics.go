@@ -92,8 +92,8 @@ func (r *Router) collectReplicas(ch chan<- prometheus.Metric) {
 	}
 	for i := range r.nodes {
 		n := &r.nodes[i]
-		node := strconv.FormatUint(n.id, 10)
-		raftStateOf(n, placement.MetaShardID, n.id, "placement", node, gauge) // meta replica id = node id
+		node := strconv.FormatUint(n.ID, 10)
+		raftStateOf(n, placement.MetaShardID, n.ID, "placement", node, gauge) // meta replica id = node id
 		if n.Node != nil {
 			raftLog, sm := n.Node.DiskUsage()
 			ch <- prometheus.MustNewConstMetric(diskUsedDesc, prometheus.GaugeValue, float64(raftLog), node, "raft_log")
@@ -110,7 +110,7 @@ func (r *Router) collectReplicas(ch chan<- prometheus.Metric) {
 		}
 		for _, id := range m.DataShards() {
 			reps := m.Shard(id).GetReplicas()
-			at := slices.IndexFunc(reps, func(rep *placementv1.Replica) bool { return rep.GetNodeId() == n.id })
+			at := slices.IndexFunc(reps, func(rep *placementv1.Replica) bool { return rep.GetNodeId() == n.ID })
 			if at < 0 {
 				continue
 			}

@@ -30,7 +30,7 @@ type LocalNode struct {
 	// id and raft are the node's id and the router's seam to its Raft
 	// host, set by New from Node (the interaction tests set them to a
 	// fake and leave Node nil).
-	id   uint64
+	ID   uint64
 	raft raftHost
 }
 
@@ -181,12 +181,12 @@ type Router struct {
 	clock clockWatch
 	waits *WaitRegistry
 	// acquires estimates the Acquire rate of the busiest resources.
-	acquires *rateTracker
+	acquires *RateTracker
 	// proposing admits at most cfg.MaxProposing proposals at once; the
 	// rest wait (newest first) without spinning.
 	proposing *admission
 	// auth is the newest auth view the node read with the map.
-	auth authState
+	auth AuthState
 	// ready caches the last readiness answer (health.go).
 	ready readiness
 	stop  chan struct{}
@@ -204,7 +204,7 @@ func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *
 	nodes = slices.Clone(nodes)
 	for i := range nodes {
 		if n := nodes[i].Node; n != nil {
-			nodes[i].id, nodes[i].raft = n.ID(), hostOf(n)
+			nodes[i].ID, nodes[i].raft = n.ID(), HostOf(n)
 		}
 	}
 	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: p, waits: waits, clock: clockWatch{kick: make(chan struct{}, 1)}, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
@@ -212,7 +212,7 @@ func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *
 	r.auth.required = cfg.AuthRequired
 	r.auth.set(m.State().GetAuth(), time.Now())
 	r.ops = &placement.Operators{Meta: meta, Shards: r.Shards(), Alloc: placement.NewAllocator(meta),
-		Logger: cfg.Logger, Live: r.live, Leads: r.LeadsPlacement, Cluster: jobCluster{r},
+		Logger: cfg.Logger, Live: r.Live, Leads: r.LeadsPlacement, Cluster: jobCluster{r},
 		OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
 	return r
 }
@@ -244,19 +244,19 @@ func (r *Router) RefreshMap(ctx context.Context) error {
 	return nil
 }
 
-// isLocal reports whether node id runs in this process.
-func (r *Router) isLocal(id uint64) bool {
+// IsLocal reports whether node id runs in this process.
+func (r *Router) IsLocal(id uint64) bool {
 	for i := range r.nodes {
-		if r.nodes[i].id == id {
+		if r.nodes[i].ID == id {
 			return true
 		}
 	}
 	return false
 }
 
-// metaLeader returns the node that leads the placement group, as the
+// MetaLeader returns the node that leads the placement group, as the
 // local replicas know it, or nil.
-func (r *Router) metaLeader() *placementv1.Node {
+func (r *Router) MetaLeader() *placementv1.Node {
 	for i := range r.nodes {
 		id, _, valid, err := r.nodes[i].leaderOf(placement.MetaShardID)
 		if err == nil && valid && id != 0 {
@@ -269,8 +269,8 @@ func (r *Router) metaLeader() *placementv1.Node {
 // LeadsPlacement reports whether a local node leads the placement group,
 // where the operators in progress (splits, moves) are driven.
 func (r *Router) LeadsPlacement() bool {
-	l := r.metaLeader()
-	return l != nil && r.isLocal(l.GetId())
+	l := r.MetaLeader()
+	return l != nil && r.IsLocal(l.GetId())
 }
 
 // DriveOperators runs the operators in progress in the map to their end
@@ -299,36 +299,36 @@ func (r *Router) Stop() {
 	r.wg.Wait()
 }
 
-// remoteLeader says that a shard's leader (or, for a node that hosts no
+// RemoteLeader says that a shard's leader (or, for a node that hosts no
 // replica of the shard, a replica that knows it) runs on another node.
-type remoteLeader struct {
-	shardID uint64
-	node    *placementv1.Node
-	// term is the leader's Raft term when node is known to lead, 0 when
+type RemoteLeader struct {
+	ShardID uint64
+	Node    *placementv1.Node
+	// Term is the leader's Raft term when node is known to lead, 0 when
 	// node is only a replica to ask.
-	term uint64
+	Term uint64
 }
 
-func (e *remoteLeader) Error() string {
-	return fmt.Sprintf("router: shard %d is led from node %d (%s)", e.shardID, e.node.GetId(), e.node.GetListenAddr())
+func (e *RemoteLeader) Error() string {
+	return fmt.Sprintf("router: shard %d is led from node %d (%s)", e.ShardID, e.Node.GetId(), e.Node.GetListenAddr())
 }
 
-// notLeader is the recovery detail of an answer that could not reach
+// NotLeader is the recovery detail of an answer that could not reach
 // e's shard's leader: where it is led from, when that is known.
-func (e *remoteLeader) notLeader() *wardenv1.NotLeader {
-	d := &wardenv1.NotLeader{ShardId: e.shardID}
-	if e.term != 0 {
-		d.LeaderNodeId, d.LeaderAddress, d.Term = e.node.GetId(), e.node.GetListenAddr(), e.term
+func (e *RemoteLeader) NotLeader() *wardenv1.NotLeader {
+	d := &wardenv1.NotLeader{ShardId: e.ShardID}
+	if e.Term != 0 {
+		d.LeaderNodeId, d.LeaderAddress, d.Term = e.Node.GetId(), e.Node.GetListenAddr(), e.Term
 	}
 	return d
 }
 
-// noLeaderError says that no replica the router knows of has a leader
+// NoLeaderError says that no replica the router knows of has a leader
 // for shardID; errors.Is(err, ErrNoLeader) holds.
-type noLeaderError struct{ shardID uint64 }
+type NoLeaderError struct{ ShardID uint64 }
 
-func (e *noLeaderError) Error() string   { return fmt.Sprintf("%v %d", ErrNoLeader, e.shardID) }
-func (e *noLeaderError) Is(t error) bool { return t == ErrNoLeader }
+func (e *NoLeaderError) Error() string   { return fmt.Sprintf("%v %d", ErrNoLeader, e.ShardID) }
+func (e *NoLeaderError) Is(t error) bool { return t == ErrNoLeader }
 
 // leader finds the local node that leads shardID in its current term,
 // waiting up to LeaderWait for an election. It returns a *remoteLeader
@@ -364,8 +364,8 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 				return n, t, nil
 			}
 			if m := r.Map(); (!ok || id != t.replicaID) && shardID != placement.MetaShardID {
-				if node := m.ReplicaNode(shardID, id); node != nil && !r.isLocal(node.GetId()) {
-					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node, term: term}
+				if node := m.ReplicaNode(shardID, id); node != nil && !r.IsLocal(node.GetId()) {
+					return nil, leaderTerm{}, &RemoteLeader{ShardID: shardID, Node: node, Term: term}
 				}
 			}
 		}
@@ -382,14 +382,14 @@ func (r *Router) leader(ctx context.Context, shardID uint64) (*LocalNode, leader
 				rep := reps[(k+off)%len(reps)]
 				// Not one that missed its last clock reading: a stopped
 				// node would not answer.
-				if node := m.Node(rep.GetNodeId()); node != nil && !r.isLocal(node.GetId()) && r.live(node.GetId()) {
-					return nil, leaderTerm{}, &remoteLeader{shardID: shardID, node: node}
+				if node := m.Node(rep.GetNodeId()); node != nil && !r.IsLocal(node.GetId()) && r.Live(node.GetId()) {
+					return nil, leaderTerm{}, &RemoteLeader{ShardID: shardID, Node: node}
 				}
 			}
 		}
 		now := time.Now()
 		if now.After(deadline) {
-			return nil, leaderTerm{}, &noLeaderError{shardID}
+			return nil, leaderTerm{}, &NoLeaderError{shardID}
 		}
 		if changes == nil {
 			changes = make([]<-chan struct{}, len(r.nodes))
@@ -445,13 +445,13 @@ func awaitAny(ctx context.Context, chans []<-chan struct{}, d time.Duration) err
 	return nil
 }
 
-// propose sends a command for key to its shard's leader and returns the
+// Propose sends a command for key to its shard's leader and returns the
 // shard's result; a result that refused the command is a *resultError.
 // The leader is normally local (the RPC was routed here); when leadership
 // has moved since, the command is proposed through the leader's node over
 // NodeService. While the key's range is moving or the map is stale, it
 // refreshes the map and retries for up to MoveWait.
-func (r *Router) propose(ctx context.Context, key string, env *shardv1.Envelope) (*shardv1.Result, error) {
+func (r *Router) Propose(ctx context.Context, key string, env *shardv1.Envelope) (*shardv1.Result, error) {
 	return r.retryMoved(ctx, key, func() (*shardv1.Result, error) {
 		m := r.Map()
 		rg, err := m.ShardFor(key)
@@ -479,11 +479,11 @@ func (r *Router) retryMoved(ctx context.Context, key string, f func() (*shardv1.
 		if c == shardv1.Code_CODE_OK || c == shardv1.Code_CODE_QUEUED {
 			return res, nil
 		}
-		if !movedOn(c) {
-			return res, &resultError{res: res}
+		if !MovedOn(c) {
+			return res, &ResultError{Res: res}
 		}
 		if time.Now().After(deadline) {
-			return res, &resultError{res: res, moved: r.rangeMoved(key)}
+			return res, &ResultError{Res: res, Moved: r.rangeMoved(key)}
 		}
 		metrics.moveRetries.Inc()
 		select {
@@ -508,16 +508,16 @@ func (r *Router) rangeMoved(key string) *wardenv1.RangeMoved {
 		return nil
 	}
 	d := &wardenv1.RangeMoved{ShardId: rg.GetShardId(), RangeStart: rg.GetStart(), RangeEnd: rg.GetEnd(), Generation: m.Generation()}
-	if id := r.leaderNode(rg.GetShardId()); id != 0 {
+	if id := r.LeaderNode(rg.GetShardId()); id != 0 {
 		d.LeaderNodeId, d.LeaderAddress = id, m.Node(id).GetListenAddr()
 	}
 	return d
 }
 
-// movedOn reports whether a shard refused a command with code c because
+// MovedOn reports whether a shard refused a command with code c because
 // the key's range left it or is moving: worth routing again by a fresher
 // map.
-func movedOn(c shardv1.Code) bool {
+func MovedOn(c shardv1.Code) bool {
 	return c == shardv1.Code_CODE_WRONG_SHARD || c == shardv1.Code_CODE_UNAVAILABLE
 }
 
@@ -568,7 +568,7 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 			// retries with the same id, as after a timeout, but now.
 			err = fmt.Errorf("%w: %w (shard %d, term %d)", ErrOutcomeUnknown, errTermEnded, shardID, t.term)
 		}
-		metrics.proposalsFailed.WithLabelValues(outcome(err)).Inc()
+		metrics.proposalsFailed.WithLabelValues(proposalOutcome(err)).Inc()
 		return nil, err
 	}
 	metrics.proposal.Observe(time.Since(start).Seconds())
@@ -579,17 +579,17 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 	return res, nil
 }
 
-// read runs a linearizable read of key's shard on its leader, stamped
+// Read runs a linearizable read of key's shard on its leader, stamped
 // with the leader's clock. A shard that no longer serves key (a stale
 // map) makes it refresh the map and retry, as propose does.
-func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shardv1.QueryResult, error) {
+func (r *Router) Read(ctx context.Context, key string, q *shardv1.Query) (*shardv1.QueryResult, error) {
 	var out *shardv1.QueryResult
 	_, err := r.retryMoved(ctx, key, func() (*shardv1.Result, error) {
 		rg, err := r.Map().ShardFor(key)
 		if err != nil {
 			return nil, err
 		}
-		out, err = r.readShard(ctx, rg.GetShardId(), q)
+		out, err = r.ReadShard(ctx, rg.GetShardId(), q)
 		if err != nil {
 			return nil, err
 		}
@@ -602,9 +602,9 @@ func (r *Router) read(ctx context.Context, key string, q *shardv1.Query) (*shard
 	return out, err
 }
 
-// readShard runs a linearizable read of a shard on its leader, stamped
+// ReadShard runs a linearizable read of a shard on its leader, stamped
 // with the leader's clock.
-func (r *Router) readShard(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+func (r *Router) ReadShard(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
 	var out *shardv1.QueryResult
 	err := r.retryDropped(ctx, func() error {
 		n, t, err := r.leader(ctx, shardID)
@@ -667,7 +667,7 @@ func (r *Router) runTimers(n *LocalNode) {
 			}
 			// A disk below its reserve was logged once by its node.
 			if err := r.leaderTick(n, t); err != nil && !errors.As(err, new(*placement.DiskLowError)) {
-				r.cfg.Logger.Warn("leader timer", "node", n.id, "shard", t.shardID, "term", t.term, "err", err)
+				r.cfg.Logger.Warn("leader timer", "node", n.ID, "shard", t.shardID, "term", t.term, "err", err)
 			}
 		}
 	}
@@ -850,7 +850,7 @@ var leaderTasks = []leaderTask{
 // being refused for want of revisions. An epoch drawn but not applied
 // (the proposal failed) is never used again: the allocator only moves on.
 func (r *Router) renewEpoch(ctx context.Context, n *LocalNode, t leaderTerm, meta *shardv1.ShardMeta) error {
-	if meta.GetInactive() || meta.GetRevision() < shard.MaxRevision-min(r.cfg.Knobs.RevisionHeadroom, shard.MaxRevision) || r.ops == nil || !r.applies(t.shardID, shard.VersionNewEpoch) {
+	if meta.GetInactive() || meta.GetRevision() < shard.MaxRevision-min(r.cfg.Knobs.RevisionHeadroom, shard.MaxRevision) || r.ops == nil || !r.Applies(t.shardID, shard.VersionNewEpoch) {
 		return nil
 	}
 	epoch, err := r.ops.Alloc.Next(ctx)
@@ -878,4 +878,19 @@ func (r *Router) localRead(n *LocalNode, shardID uint64, q *shardv1.Query) (*sha
 func (r *Router) leads(n *LocalNode, shardID uint64, t leaderTerm) bool {
 	cur, ok := n.Leadership.term(shardID)
 	return ok && cur.term == t.term
+}
+
+// StaleRead reads key's pool from a local replica without a quorum round
+// (possibly behind: the answer says as of when).
+func (r *Router) StaleRead(key string, q *shardv1.Query) (*shardv1.QueryResult, bool) {
+	rg, err := r.Map().ShardFor(keyspace.Pool(key))
+	if err != nil {
+		return nil, false
+	}
+	for i := range r.nodes {
+		if out, err := r.nodes[i].raft.staleRead(rg.GetShardId(), q); err == nil {
+			return out, true
+		}
+	}
+	return nil, false
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -110,7 +109,7 @@ func newRoutingFixture() *routingFixture {
 	for id := uint64(1); id <= 2; id++ {
 		h := &fakeHost{replica: id}
 		f.hosts[id] = h
-		nodes = append(nodes, LocalNode{Leadership: NewLeadership(0), id: id, raft: h})
+		nodes = append(nodes, LocalNode{Leadership: NewLeadership(0), ID: id, raft: h})
 	}
 	f.r = New(nodes, f.meta, placement.NewMap(st), NewWaitRegistry(), Config{Logger: slog.New(slog.DiscardHandler)}, NewPeers("", nil))
 	f.ctx, f.stop = context.WithCancel(context.Background())
@@ -123,7 +122,7 @@ func (f *routingFixture) node(t *testing.T, d *datadriven.TestData) (*LocalNode,
 	var id uint64
 	d.ScanArgs(t, "node", &id)
 	for i := range f.r.nodes {
-		if f.r.nodes[i].id == id {
+		if f.r.nodes[i].ID == id {
 			return &f.r.nodes[i], f.hosts[id]
 		}
 	}
@@ -181,7 +180,7 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 			h.mu.Lock()
 			before := h.snapshots
 			h.mu.Unlock()
-			rs := f.r.snapshotLocal(f.ctx, 10, n.id)
+			rs := f.r.SnapshotLocal(f.ctx, 10, n.ID)
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			if rs.GetError() != "" {
@@ -242,12 +241,12 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		ctx, cancel := context.WithCancel(f.ctx)
 		f.cancels[name] = cancel
-		sub := f.r.waits.subscribe(resource, request)
+		sub := f.r.waits.Subscribe(resource, request)
 		deadline, placeDeadline := time.Now().Add(dd).UnixNano(), time.Now().Add(place).UnixNano()
 		return f.call(t, d, func() string {
-			defer f.r.waits.unsubscribe(sub)
+			defer f.r.waits.Unsubscribe(sub)
 			cancels, drops := f.cancelWaits()
-			lease, err := f.r.awaitGrant(ctx, sub, resource, request, []byte(attempt), seq, deadline, placeDeadline)
+			lease, err := f.r.AwaitGrant(ctx, sub, resource, request, []byte(attempt), seq, deadline, placeDeadline)
 			c, dr := f.cancelWaits()
 			out := fmt.Sprintf("%d cancels, %d drops: ", c-cancels, dr-drops)
 			if err != nil {
@@ -333,77 +332,54 @@ func expand(t *testing.T, d *datadriven.TestData, vals []string) []string {
 	return out
 }
 
-// forward runs the router's forward of a Release of key as a request
+// forward runs the router's Forward of a call about key, as a request
 // that came with hops hops, node 3 answering the script's answers in turn
-// (ok once they run out).
+// (ok once they run out). The API layer's part (the request's hop header,
+// what a client is told when no node answered, a Release's settling) is
+// rpc's to test.
 func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
-	req := connect.NewRequest(&wardenv1.ReleaseRequest{})
-	if hops > 0 {
-		req.Header().Set(forwardedHeader, strconv.Itoa(hops))
-	}
 	calls := 0
-	call := func(*peer) releaseCall {
-		return func(ctx context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
-			calls++
-			if got, want := fr.Header().Get(forwardedHeader), strconv.Itoa(hops+1); got != want {
-				t.Errorf("forwarded with %s %q, want %q", forwardedHeader, got, want)
-			}
-			a := "ok"
-			if len(f.answers) > 0 {
-				a, f.answers = f.answers[0], f.answers[1:]
-			}
-			switch a {
-			case "ok":
-				return connect.NewResponse(&wardenv1.ReleaseResponse{}), nil
-			case "released":
-				return connect.NewResponse(&wardenv1.ReleaseResponse{Released: true}), nil
-			case "already": // a Release of the lease id ended it earlier
-				return connect.NewResponse(&wardenv1.ReleaseResponse{AlreadyReleased: true}), nil
-			case "broken":
-				return nil, connect.NewError(connect.CodeUnavailable, errors.New("connection reset by peer"))
-			case "slow": // answers ok after 3 s (a waiting Acquire, say), longer than LeaderWait
-				select {
-				case <-time.After(3 * time.Second):
-					return connect.NewResponse(&wardenv1.ReleaseResponse{}), nil
-				case <-ctx.Done():
-					return nil, connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
-				}
-			case "garbled": // not Connect's answer: an HTTP 400 from something else on the address
-				return nil, connect.NewError(connect.CodeInternal, errors.New("protocol error: HTTP status 400 Bad Request"))
-			}
-			var code connect.Code
-			if err := code.UnmarshalText([]byte(a)); err != nil {
-				t.Fatalf("answer %q: %v", a, err)
-			}
-			return nil, connect.NewWireError(code, errors.New("node 3 says "+a))
+	last := ""
+	_, ok, err := f.r.Forward(f.ctx, key, hops, func(ctx context.Context, node *placementv1.Node) error {
+		calls++
+		if node.GetId() != 3 {
+			t.Errorf("forwarded to node %d, want node 3", node.GetId())
 		}
-	}
-	req.Msg.Resource = key
-	unknown := false
-	resp, ok, err := forwardRelease(f.ctx, f.r, req, &unknown, call)
+		a := "ok"
+		if len(f.answers) > 0 {
+			a, f.answers = f.answers[0], f.answers[1:]
+		}
+		last = a
+		switch a {
+		case "ok", "released", "already":
+			return nil
+		case "broken":
+			return connect.NewError(connect.CodeUnavailable, errors.New("connection reset by peer"))
+		case "slow": // answers ok after 3 s (a waiting Acquire, say), longer than LeaderWait
+			select {
+			case <-time.After(3 * time.Second):
+				return nil
+			case <-ctx.Done():
+				return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+			}
+		case "garbled": // not Connect's answer: an HTTP 400 from something else on the address
+			return connect.NewError(connect.CodeInternal, errors.New("protocol error: HTTP status 400 Bad Request"))
+		}
+		var code connect.Code
+		if err := code.UnmarshalText([]byte(a)); err != nil {
+			t.Fatalf("answer %q: %v", a, err)
+		}
+		return connect.NewWireError(code, errors.New("node 3 says "+a))
+	})
 	if !ok {
 		return fmt.Sprintf("served here (%d calls)", calls)
 	}
 	out := fmt.Sprintf("%d calls to node 3: ", calls)
 	var ce *connect.Error
 	if !errors.As(err, &ce) {
-		switch {
-		case resp.Msg.GetReleased():
-			return out + "ok released"
-		case resp.Msg.GetAlreadyReleased():
-			return out + "ok already_released"
-		}
-		return out + "ok"
+		return out + "answered " + last
 	}
-	out += fmt.Sprintf("%v (wire %v): %s", ce.Code(), connect.IsWireError(ce), ce.Message())
-	for _, det := range ce.Details() {
-		if m, err := det.Value(); err == nil {
-			if nl, ok := m.(*wardenv1.NotLeader); ok {
-				out += fmt.Sprintf("; not leader: shard %d, node %d in term %d", nl.GetShardId(), nl.GetLeaderNodeId(), nl.GetTerm())
-			}
-		}
-	}
-	return out
+	return out + fmt.Sprintf("%v (wire %v): %s", ce.Code(), connect.IsWireError(ce), ce.Message())
 }
 
 // cancelWaits counts the CancelWait and DropWaiters commands the local
@@ -420,12 +396,12 @@ func (f *routingFixture) cancelWaits() (cancels, drops int) {
 
 func (f *routingFixture) lookup() string {
 	n, term, err := f.r.leader(f.ctx, 10)
-	var rl *remoteLeader
+	var rl *RemoteLeader
 	switch {
 	case err == nil:
-		return fmt.Sprintf("local: node %d leads in term %d", n.id, term.term)
+		return fmt.Sprintf("local: node %d leads in term %d", n.ID, term.term)
 	case errors.As(err, &rl):
-		return fmt.Sprintf("remote: node %d", rl.node.GetId())
+		return fmt.Sprintf("remote: node %d", rl.Node.GetId())
 	case errors.Is(err, ErrNoLeader):
 		return "no leader"
 	}
@@ -438,15 +414,15 @@ func (f *routingFixture) propose(key string) string {
 	for _, h := range f.hosts {
 		tries -= h.proposals()
 	}
-	res, err := f.r.propose(f.ctx, key, &shardv1.Envelope{Command: &shardv1.Envelope_Release{Release: &shardv1.ReleaseCmd{Resource: key}}})
+	res, err := f.r.Propose(f.ctx, key, &shardv1.Envelope{Command: &shardv1.Envelope_Release{Release: &shardv1.ReleaseCmd{Resource: key}}})
 	for _, h := range f.hosts {
 		tries += h.proposals()
 	}
 	out := fmt.Sprintf("%d proposals, %d map reads: ", tries, f.meta.reads.Load()-reads)
-	var rl *remoteLeader
+	var rl *RemoteLeader
 	switch {
 	case errors.As(err, &rl):
-		return out + fmt.Sprintf("forward to node %d", rl.node.GetId())
+		return out + fmt.Sprintf("forward to node %d", rl.Node.GetId())
 	case err != nil && res != nil:
 		return out + fmt.Sprintf("refused %v", res.GetCode())
 	case err != nil:
@@ -457,11 +433,11 @@ func (f *routingFixture) propose(key string) string {
 
 // read runs the router's linearizable read of key's shard.
 func (f *routingFixture) read(key string) string {
-	_, err := f.r.read(f.ctx, key, &shardv1.Query{})
-	var rl *remoteLeader
+	_, err := f.r.Read(f.ctx, key, &shardv1.Query{})
+	var rl *RemoteLeader
 	switch {
 	case errors.As(err, &rl):
-		return fmt.Sprintf("forward to node %d", rl.node.GetId())
+		return fmt.Sprintf("forward to node %d", rl.Node.GetId())
 	case err != nil:
 		return "error: " + err.Error()
 	}
@@ -571,7 +547,7 @@ func (h *fakeHost) snapshot(context.Context, uint64) (uint64, error) {
 	switch {
 	case h.snapshotBusy > 0:
 		h.snapshotBusy--
-		return 0, errSnapshotBusy
+		return 0, ErrSnapshotBusy
 	case h.snapshotIndex == 0:
 		return 0, errNothingToSnapshot
 	}

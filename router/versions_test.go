@@ -27,11 +27,11 @@ func TestAppliesNeedsEveryReplicasVersion(t *testing.T) {
 		{map[uint64]uint32{1: 2, 2: 2, 3: 2}, 3, false},
 	} {
 		r.clock.versions = c.versions
-		if got := r.applies(5, c.v); got != c.want {
+		if got := r.Applies(5, c.v); got != c.want {
 			t.Errorf("versions %v, command version %d: applies %v, want %v", c.versions, c.v, got, c.want)
 		}
 	}
-	if r.applies(6, 2) {
+	if r.Applies(6, 2) {
 		t.Error("applies to a shard the map does not know")
 	}
 }

@@ -11,27 +11,27 @@ import (
 )
 
 // errWaitTimedOut: wait_timeout passed without a grant.
-var errWaitTimedOut = errors.New("router: waited wait_timeout without a grant")
+var ErrWaitTimedOut = errors.New("router: waited wait_timeout without a grant")
 
 // waitPoll is how often a waiting RPC checks that its node still hosts
 // a replica of the resource's shard and that the replica knows a leader.
 const waitPoll = 100 * time.Millisecond
 
-// waitRideThrough is how long a waiting RPC keeps waiting while no local
+// WaitRideThrough is how long a waiting RPC keeps waiting while no local
 // replica of the shard knows a leader (CheckQuorum makes a leader cut off
 // from a quorum step down, and a follower cut off from the leader forgets
 // it at its election timeout) before it answers unavailable. Elections
 // and leadership transfers are shorter.
-const waitRideThrough = time.Second
+const WaitRideThrough = time.Second
 
 // errWaitElsewhere: this node no longer hosts a replica of the waiting
 // resource's shard (a move took it, or a split put the resource in a
 // shard placed elsewhere), so it would never see the grant applied. The
 // Acquire is handed on, with the time it has left, to a node that hosts
 // one.
-var errWaitElsewhere = errors.New("router: this node no longer hosts the resource's shard")
+var ErrWaitElsewhere = errors.New("router: this node no longer hosts the resource's shard")
 
-// awaitGrant waits for the hand-off of queue entry seq of the request. The
+// AwaitGrant waits for the hand-off of queue entry seq of the request. The
 // wait is replicated state and every replica applies its grant, so it
 // rides through leader changes: the grant is taken from a local replica's
 // applied log, whichever replica leads. deadline (shard time, Unix ns)
@@ -59,15 +59,15 @@ var errWaitElsewhere = errors.New("router: this node no longer hosts the resourc
 //
 // attempt is this attempt's lease id: a cancel counts only while no later
 // attempt of the request has arrived.
-func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, requestID string, attempt []byte, seq uint64, deadline, placeDeadline int64) (*shardv1.LeaseInfo, error) {
+func (r *Router) AwaitGrant(ctx context.Context, sub *Subscription, resource, requestID string, attempt []byte, seq uint64, deadline, placeDeadline int64) (*shardv1.LeaseInfo, error) {
 	// On this node's clock, as the leader's clock decides the shard's time.
-	timer := time.NewTimer(time.Unix(0, deadline).Sub(r.now()))
+	timer := time.NewTimer(time.Unix(0, deadline).Sub(r.Now()))
 	defer timer.Stop()
 	poll := time.NewTicker(waitPoll)
 	defer poll.Stop()
 	outcome := func(ev *shardv1.WaiterEvent) (*shardv1.LeaseInfo, error) {
 		if ev.GetLease() == nil {
-			return nil, errWaitTimedOut
+			return nil, ErrWaitTimedOut
 		}
 		if a := ev.GetAttemptId(); len(a) > 0 && !bytes.Equal(a, attempt) {
 			// A retry of the request took its place before the grant: the
@@ -76,7 +76,7 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 			return nil, fmt.Errorf("%w: a later attempt of this request_id took its place in the queue; retry with it to learn the outcome", ErrOutcomeUnknown)
 		}
 		if ctx.Err() != nil { // granted as the caller left: nobody will get it
-			r.cancelWait(resource, requestID, attempt)
+			r.CancelWait(resource, requestID, attempt)
 			return nil, ctx.Err()
 		}
 		return ev.GetLease(), nil
@@ -93,7 +93,7 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 				return outcome(ev)
 			}
 			if deadline < placeDeadline {
-				return nil, r.endWait(resource, requestID, attempt)
+				return nil, r.EndWait(resource, requestID, attempt)
 			}
 			// Cancelling here raced a grant applied between the look at the
 			// subscription and the cancel: the caller was told that its
@@ -105,7 +105,7 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 			r.dropWaiter(ctx, resource, seq, placeDeadline)
 			timer.Reset(waitPoll)
 		case <-ctx.Done():
-			r.cancelWait(resource, requestID, attempt)
+			r.CancelWait(resource, requestID, attempt)
 			return nil, ctx.Err()
 		case <-poll.C:
 			rg, err := r.Map().ShardFor(resource)
@@ -115,13 +115,13 @@ func (r *Router) awaitGrant(ctx context.Context, sub *subscription, resource, re
 			hosted, led := r.replicaView(rg.GetShardId())
 			switch {
 			case !hosted:
-				return nil, errWaitElsewhere
+				return nil, ErrWaitElsewhere
 			case led:
 				leaderless = time.Time{}
 			case leaderless.IsZero():
 				leaderless = time.Now()
-			case time.Since(leaderless) > waitRideThrough:
-				return nil, fmt.Errorf("%w: no replica of shard %d here has known a leader for %v; retry with the same request_id", ErrNoLeader, rg.GetShardId(), waitRideThrough)
+			case time.Since(leaderless) > WaitRideThrough:
+				return nil, fmt.Errorf("%w: no replica of shard %d here has known a leader for %v; retry with the same request_id", ErrNoLeader, rg.GetShardId(), WaitRideThrough)
 			}
 		}
 	}
@@ -143,14 +143,14 @@ func (r *Router) replicaView(shardID uint64) (hosted, led bool) {
 	return hosted, led
 }
 
-// cancelWait proposes the removal of an abandoned attempt's waiter (or the
+// CancelWait proposes the removal of an abandoned attempt's waiter (or the
 // release of a grant nobody received) and reports whether it applied. If
 // it fails, the leader's timer drops the waiter at its deadline, and a
 // lease granted to nobody ends with its TTL.
-func (r *Router) cancelWait(resource, requestID string, attempt []byte) error {
+func (r *Router) CancelWait(resource, requestID string, attempt []byte) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ProposeTimeout)
 	defer cancel()
-	_, err := r.propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{
+	_, err := r.Propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_CancelWait{CancelWait: &shardv1.CancelWaitCmd{
 		Resource: resource, RequestId: requestID, AttemptId: attempt}}})
 	if err != nil {
 		r.cfg.Logger.Warn("cancelling an abandoned wait", "resource", resource, "request_id", requestID, "err", err)
@@ -158,16 +158,16 @@ func (r *Router) cancelWait(resource, requestID string, attempt []byte) error {
 	return err
 }
 
-// endWait cancels an attempt whose time to wait is over while its caller
+// EndWait cancels an attempt whose time to wait is over while its caller
 // still listens, and says what to answer: the wait timed out once the
 // cancel applied (the place is gone, and a grant that raced the cancel
 // was released by it, so no lease is left to the request), or, when the
 // cancel's outcome is unknown, that the request's is too.
-func (r *Router) endWait(resource, requestID string, attempt []byte) error {
-	if err := r.cancelWait(resource, requestID, attempt); err != nil {
+func (r *Router) EndWait(resource, requestID string, attempt []byte) error {
+	if err := r.CancelWait(resource, requestID, attempt); err != nil {
 		return fmt.Errorf("%w: the wait timed out, and the cancel of its place did not complete (%v): retry with the same request_id to learn the outcome", ErrOutcomeUnknown, err)
 	}
-	return errWaitTimedOut
+	return ErrWaitTimedOut
 }
 
 // dropWaiter asks the shard to drop waiter seq of resource if it still
@@ -177,7 +177,7 @@ func (r *Router) endWait(resource, requestID string, attempt []byte) error {
 func (r *Router) dropWaiter(ctx context.Context, resource string, seq uint64, deadline int64) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
 	defer cancel()
-	_, err := r.propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_DropWaiters{DropWaiters: &shardv1.DropWaitersCmd{
+	_, err := r.Propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_DropWaiters{DropWaiters: &shardv1.DropWaitersCmd{
 		Items: []*shardv1.WaiterRef{{Resource: resource, Seq: seq, DeadlineUnixNano: deadline}}}}})
 	if err != nil && ctx.Err() == nil {
 		r.cfg.Logger.Debug("dropping a waiter past its deadline", "resource", resource, "seq", seq, "err", err)

@@ -13,7 +13,7 @@ import (
 type WaitRegistry struct {
 	mu struct {
 		sync.Mutex
-		subs map[waitKey]map[*subscription]struct{}
+		subs map[waitKey]map[*Subscription]struct{}
 	}
 }
 
@@ -23,12 +23,12 @@ type waitKey struct {
 	resource, requestID string
 }
 
-// subscription collects the events of its request: every local replica
+// Subscription collects the events of its request: every local replica
 // reports each hand-off, and events of an earlier queue entry of the same
 // request id (an earlier attempt's timeout) may still arrive, so the
 // waiting RPC filters by the entry's seq. notify is signalled whenever an
 // event is added.
-type subscription struct {
+type Subscription struct {
 	key    waitKey
 	notify chan struct{}
 	mu     sync.Mutex
@@ -36,7 +36,7 @@ type subscription struct {
 }
 
 // take returns and clears the events received so far.
-func (s *subscription) take() []*shardv1.WaiterEvent {
+func (s *Subscription) take() []*shardv1.WaiterEvent {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	evs := s.events
@@ -45,7 +45,7 @@ func (s *subscription) take() []*shardv1.WaiterEvent {
 }
 
 // find returns the first received event of queue entry seq, or nil.
-func (s *subscription) find(seq uint64) *shardv1.WaiterEvent {
+func (s *Subscription) find(seq uint64) *shardv1.WaiterEvent {
 	for _, ev := range s.take() {
 		if ev.GetSeq() == seq {
 			return ev
@@ -61,24 +61,24 @@ const maxPendingEvents = 64
 // NewWaitRegistry returns an empty registry.
 func NewWaitRegistry() *WaitRegistry {
 	w := &WaitRegistry{}
-	w.mu.subs = map[waitKey]map[*subscription]struct{}{}
+	w.mu.subs = map[waitKey]map[*Subscription]struct{}{}
 	return w
 }
 
-// subscribe registers interest in a request's hand-off. Subscribe before
+// Subscribe registers interest in a request's hand-off. Subscribe before
 // proposing, so that a grant applied at once is not missed.
-func (w *WaitRegistry) subscribe(resource, requestID string) *subscription {
-	s := &subscription{key: waitKey{resource, requestID}, notify: make(chan struct{}, 1)}
+func (w *WaitRegistry) Subscribe(resource, requestID string) *Subscription {
+	s := &Subscription{key: waitKey{resource, requestID}, notify: make(chan struct{}, 1)}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.mu.subs[s.key] == nil {
-		w.mu.subs[s.key] = map[*subscription]struct{}{}
+		w.mu.subs[s.key] = map[*Subscription]struct{}{}
 	}
 	w.mu.subs[s.key][s] = struct{}{}
 	return s
 }
 
-func (w *WaitRegistry) unsubscribe(s *subscription) {
+func (w *WaitRegistry) Unsubscribe(s *Subscription) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.mu.subs[s.key], s)

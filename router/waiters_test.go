@@ -11,8 +11,8 @@ import (
 // wait of the current entry.
 func TestSubscriptionIgnoresOtherEntries(t *testing.T) {
 	w := NewWaitRegistry()
-	sub := w.subscribe("r", "q")
-	defer w.unsubscribe(sub)
+	sub := w.Subscribe("r", "q")
+	defer w.Unsubscribe(sub)
 	stale := &shardv1.Result{Dropped: []*shardv1.WaiterEvent{{Resource: "r", RequestId: "q", Seq: 1}}}
 	w.Observe(1, stale)
 	w.Observe(1, &shardv1.Result{Granted: []*shardv1.WaiterEvent{{Resource: "q", RequestId: "q", Seq: 2}}}) // other resource

@@ -12,6 +12,7 @@ import (
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/rpc"
 )
 
 // A node whose directory is new in this start (a new cluster's member, a
@@ -84,7 +85,7 @@ func TestStartingStatusRunningOnceRaftStarts(t *testing.T) {
 	// Member 2 answers that it starts a new cluster too, and never runs
 	// Raft; member 3 is down. With this node, a quorum of 3 says new, so
 	// this node starts Raft, and Bootstrap waits in vain.
-	peer := httptest.NewUnstartedServer(router.NewStartingHandler(router.Config{ClusterSecret: secret}, func() string { return "new-cluster" }))
+	peer := httptest.NewUnstartedServer(rpc.NewStartingHandler(router.Config{ClusterSecret: secret}, func() string { return "new-cluster" }))
 	peer.Config.Protocols = new(http.Protocols)
 	peer.Config.Protocols.SetHTTP1(true)
 	peer.Config.Protocols.SetUnencryptedHTTP2(true)

@@ -11,8 +11,7 @@ import (
 	connectcors "connectrpc.com/cors"
 	"connectrpc.com/grpchealth"
 	"github.com/rs/cors"
-
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/rpc"
 )
 
 // DevCORSOrigins are the origins a dev cluster (wardend --dev) allows
@@ -130,7 +129,7 @@ func withCORS(h http.Handler, origins []string) http.Handler {
 		MaxAge: 3600,
 	}).Handler(h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if router.ClientPath(r.URL.Path) || strings.HasPrefix(r.URL.Path, "/"+grpchealth.HealthV1ServiceName+"/") {
+		if rpc.ClientPath(r.URL.Path) || strings.HasPrefix(r.URL.Path, "/"+grpchealth.HealthV1ServiceName+"/") {
 			c.ServeHTTP(w, r)
 			return
 		}

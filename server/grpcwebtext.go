@@ -10,16 +10,15 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
-
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/rpc"
 )
 
 // maxTextRequestBytes bounds a gRPC-Web-text request body, in bytes:
 // one and a half times the API's bound on a request message
-// (router.MaxRequestBytes, 96 KiB in all), room for that message and its
+// (rpc.MaxRequestBytes, 96 KiB in all), room for that message and its
 // frame header as base64 (4 characters for 3 bytes) and for the padding
 // of many small chunks.
-const maxTextRequestBytes = router.MaxRequestBytes * 3 / 2
+const maxTextRequestBytes = rpc.MaxRequestBytes * 3 / 2
 
 // grpcWebText serves the gRPC-Web-text protocol (application/grpc-web-text,
 // the encoding browsers without binary streaming use, and grpcwebtext
@@ -32,7 +31,7 @@ const maxTextRequestBytes = router.MaxRequestBytes * 3 / 2
 // A request body may be several base64 chunks, each padded, as the
 // protocol allows; it is read whole, within maxBody bytes (the decoded
 // request bound of the API, with base64's overhead), but only once the
-// call's credentials authenticate: refusal (router.Router.Refusal) says
+// call's credentials authenticate: refusal (rpc.Refusal) says
 // what h's authentication would answer, and a refused call is answered
 // so, in gRPC-Web-text, unread. The answer is one base64 stream, padded
 // only where the handler flushes mid-stream (a streaming call) and at

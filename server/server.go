@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/rpc"
 	"github.com/warden-dev/warden/tlsconfig"
 )
 
@@ -111,15 +112,15 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{ln: ln, failed: make(chan error, 1)}
 	// The listener answers while the cluster starts: another starting
-	// node asks how this one starts (router.NewStartingHandler), which
+	// node asks how this one starts (rpc.NewStartingHandler), which
 	// its identity check waits for (confirmIdentity).
 	var current atomic.Pointer[http.Handler]
-	starting := router.NewStartingHandler(router.Config{}, func() string { return "" }) // a dev cluster serves no node API
+	starting := rpc.NewStartingHandler(router.Config{}, func() string { return "" }) // a dev cluster serves no node API
 	if cfg.Dev == nil {
 		rc := cfg.Cluster.Router
 		rc.PeerTLS = cfg.TLS != nil // with peer material, checked above
 		cfg.Cluster.Status = NewStatus(cfg.Cluster)
-		starting = router.NewStartingHandler(rc, cfg.Cluster.Status.String)
+		starting = rpc.NewStartingHandler(rc, cfg.Cluster.Status.String)
 	}
 	// No client call is served before the router exists: a gRPC-Web-text
 	// one is refused unread, as one that fails authentication is after.
@@ -174,16 +175,16 @@ func Start(cfg Config) (*Server, error) {
 // refuseWhileStarting answers a client call that reaches a node whose
 // cluster is still starting: unavailable, so that the client retries.
 func refuseWhileStarting(req *http.Request) error {
-	if !router.ClientPath(req.URL.Path) {
+	if !rpc.ClientPath(req.URL.Path) {
 		return nil
 	}
 	return connect.NewError(connect.CodeUnavailable, errors.New("the node is starting"))
 }
 
-// handler is the HTTP surface of r: router.NewHandler, with the
+// handler is the HTTP surface of r: rpc.NewHandler, with the
 // gRPC-Web-text translation and CORS (for corsOrigins) in front.
 func handler(r *router.Router, corsOrigins []string) http.Handler {
-	return withCORS(grpcWebText(router.NewHandler(r), maxTextRequestBytes, r.Refusal), corsOrigins)
+	return withCORS(grpcWebText(rpc.NewHandler(r), maxTextRequestBytes, func(req *http.Request) error { return rpc.Refusal(r, req) }), corsOrigins)
 }
 
 // tlsHandshakeFailures counts the connections whose TLS handshake

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/warden-dev/warden/placement"
-	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/rpc"
 	"github.com/warden-dev/warden/server"
 )
 
@@ -33,7 +33,7 @@ func devCLI(t *testing.T) func(args ...string) (string, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(router.NewHandler(dev.Router))
+	srv := httptest.NewServer(rpc.NewHandler(dev.Router))
 	t.Cleanup(func() { srv.Close(); dev.Close() })
 	t.Setenv("WARDEN_ADDR", srv.URL) // in place of --addr
 	return func(args ...string) (string, error) {

@@ -26,6 +26,7 @@ import (
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/rpc"
 	"github.com/warden-dev/warden/server"
 )
 
@@ -117,7 +118,7 @@ func TestZombieWriteRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dev.Close()
-	srv := httptest.NewServer(router.NewHandler(dev.Router))
+	srv := httptest.NewServer(rpc.NewHandler(dev.Router))
 	defer srv.Close()
 
 	a := exec.Command(os.Args[0], "-test.run=^$")

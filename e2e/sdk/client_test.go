@@ -20,6 +20,7 @@ import (
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/rpc"
 	"github.com/warden-dev/warden/server"
 )
 
@@ -46,7 +47,7 @@ func startCluster(t *testing.T, opts ...connect.HandlerOption) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{t: t, dev: dev, srv: httptest.NewServer(router.NewHandler(dev.Router, opts...))}
+	c := &cluster{t: t, dev: dev, srv: httptest.NewServer(rpc.NewHandler(dev.Router, opts...))}
 	c.locks = wardenv1connect.NewLockServiceClient(c.srv.Client(), c.srv.URL)
 	t.Cleanup(func() { c.srv.Close(); dev.Close() })
 	return c

@@ -71,7 +71,7 @@ func (f *fakeLocks) RenewBatch(_ context.Context, req *connect.Request[wardenv1.
 
 func startFake(t *testing.T, f *fakeLocks, linger time.Duration) *client.Renewer {
 	mux := http.NewServeMux()
-	// The server's request limit (router.NewHandler).
+	// The server's request limit (rpc.NewHandler).
 	mux.Handle(wardenv1connect.NewLockServiceHandler(f, connect.WithReadMaxBytes(64<<10)))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)

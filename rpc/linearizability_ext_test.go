@@ -1,0 +1,310 @@
+package rpc_test
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/anishathalye/porcupine"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
+	"github.com/warden-dev/warden/server"
+)
+
+// The lock as porcupine sees one resource: who holds it and the last
+// token. Leases are long enough never to expire during the test.
+type linState struct {
+	holder string // lease id, "" when free
+	token  uint64
+}
+
+type linInput struct {
+	op       string // acquire, release, describe
+	resource string
+	leaseID  string // release
+}
+
+type linOutput struct {
+	granted  bool   // acquire: granted (else held by another)
+	leaseID  string // acquire
+	token    uint64 // acquire: the grant's; conflict: the holder's; describe: the lock's
+	released *bool  // release: nil when the outcome was learned only through retries
+	held     bool   // describe
+}
+
+// byResource partitions a history by the resource each input names:
+// locks on different resources are independent.
+func byResource(resource func(in any) string) func([]porcupine.Operation) [][]porcupine.Operation {
+	return func(h []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		for _, op := range h {
+			r := resource(op.Input)
+			by[r] = append(by[r], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(by))
+		for _, ops := range by {
+			out = append(out, ops)
+		}
+		return out
+	}
+}
+
+var lockModel = porcupine.Model{
+	Partition: byResource(func(in any) string { return in.(linInput).resource }),
+	Init:      func() any { return linState{} },
+	Step: func(s, in, out any) (bool, any) {
+		st, i, o := s.(linState), in.(linInput), out.(linOutput)
+		switch i.op {
+		case "acquire":
+			if o.granted {
+				// Rules 1 and 2: only when free, with a strictly higher token.
+				return st.holder == "" && o.token > st.token, linState{o.leaseID, o.token}
+			}
+			return st.holder != "" && o.token == st.token, st
+		case "release":
+			isHolder := st.holder == i.leaseID
+			if o.released != nil && *o.released != isHolder {
+				return false, st
+			}
+			if isHolder {
+				return true, linState{"", st.token}
+			}
+			return true, st
+		case "describe":
+			return o.held == (st.holder != "") && o.token == st.token, st
+		}
+		return false, st
+	},
+	DescribeOperation: func(in, out any) string {
+		return fmt.Sprintf("%+v -> %+v", in, out)
+	},
+}
+
+// TestLinearizableUnderLeaderChanges records a concurrent history of
+// Acquire, Release and Describe on a few resources while leadership moves
+// every half second, and checks it with porcupine. A request whose outcome
+// is unknown (unavailable) is retried with the same id until it is known,
+// and recorded as one operation from its first call to its last return.
+func TestLinearizableUnderLeaderChanges(t *testing.T) {
+	c := startCluster(t, server.DevConfig{})
+	h := runLinClients(t, c, []string{"lin/a", "lin/b", "lin/c"}, 6, 0)
+	var leaderChanges int
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+		time.Sleep(500 * time.Millisecond)
+		if c.moveLeader() {
+			leaderChanges++
+		}
+	}
+	n := h.stop()
+	if leaderChanges < 2 {
+		t.Fatalf("the leader changed %d times: the history does not span leader changes", leaderChanges)
+	}
+	t.Logf("%d operations linearizable across %d leader changes", n, leaderChanges)
+	checkReplicasAgree(t, c)
+}
+
+// linHistory is a porcupine history that clients record until stop.
+type linHistory struct {
+	t       *testing.T
+	mu      sync.Mutex
+	ops     []porcupine.Operation
+	done    chan struct{}
+	wg      sync.WaitGroup
+	dropped atomic.Int64
+}
+
+// runLinClients starts clients that run Acquire (alone or as a one-op
+// Batch), Release (some of them stale) and Describe on resources, and
+// record what they saw. A fraction drop of the answers is thrown away, as
+// if lost on the way back: the client retries with the same id, and the
+// operation spans both calls.
+func runLinClients(t *testing.T, c *cluster, resources []string, clients int, drop float64) *linHistory {
+	h := &linHistory{t: t, done: make(chan struct{})}
+	start := time.Now()
+	since := func() int64 { return int64(time.Since(start)) }
+	record := func(client int, in linInput, out linOutput, call int64) {
+		h.mu.Lock()
+		h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: since()})
+		h.mu.Unlock()
+	}
+	for cl := range clients {
+		h.wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(cl), 7))
+			lost := func() bool {
+				if rng.Float64() < drop {
+					h.dropped.Add(1)
+					return true
+				}
+				return false
+			}
+			mine := map[string]string{} // resource → lease id held
+			var old []string            // leases this client released
+			for n := 0; ; n++ {
+				select {
+				case <-h.done:
+					return
+				default:
+				}
+				r := resources[rng.IntN(len(resources))]
+				call := since()
+				switch k := rng.IntN(10); {
+				case k < 4 && mine[r] == "":
+					in := linInput{op: "acquire", resource: r}
+					id := fmt.Sprintf("c%d-%d", cl, n)
+					if lost() {
+						tryAcquire(c, r, id, time.Minute, rng.IntN(2) == 0) // its answer never arrives
+					}
+					out, ok := linAcquire(c, r, id, time.Minute, rng.IntN(2) == 0)
+					if !ok {
+						t.Errorf("acquire %s: outcome never learned", r)
+						return
+					}
+					if out.granted {
+						mine[r] = out.leaseID
+					}
+					record(cl, in, out, call)
+				case k < 7 && mine[r] != "" || k == 7 && len(old) > 0:
+					lease := mine[r]
+					if k == 7 {
+						lease = old[rng.IntN(len(old))] // a stale release
+					}
+					in := linInput{op: "release", resource: r, leaseID: lease}
+					answerLost := lost()
+					if answerLost {
+						tryRelease(c, r, lease, rng.IntN(2) == 0)
+					}
+					out, ok := linRelease(c, r, lease, rng.IntN(2) == 0)
+					if !ok {
+						t.Errorf("release %s: outcome never learned", r)
+						return
+					}
+					if answerLost {
+						out.released = nil // the first try's answer was lost
+					}
+					if lease == mine[r] {
+						delete(mine, r)
+						old = append(old, lease)
+					}
+					record(cl, in, out, call)
+				default:
+					resp, err := c.locks.Describe(ctx(t), connect.NewRequest(&wardenv1.DescribeRequest{Resource: r}))
+					if err != nil || lost() {
+						continue // a read with no answer changed nothing
+					}
+					record(cl, linInput{op: "describe", resource: r}, linOutput{held: resp.Msg.GetHeld(), token: resp.Msg.GetFencingToken()}, call)
+				}
+			}
+		})
+	}
+	return h
+}
+
+// stop ends the clients, checks the history with porcupine (failing the
+// test, with a visualisation kept for a person to read, if it is not
+// linearizable) and returns its length.
+func (h *linHistory) stop() int {
+	h.t.Helper()
+	close(h.done)
+	h.wg.Wait()
+	res, info := porcupine.CheckOperationsVerbose(lockModel, h.ops, time.Minute)
+	if res != porcupine.Ok {
+		f, _ := os.CreateTemp("", "warden-history-*.html")
+		_ = porcupine.Visualize(lockModel, info, f)
+		f.Close()
+		h.t.Fatalf("history of %d operations is not linearizable (%v); see %s", len(h.ops), res, f.Name())
+	}
+	return len(h.ops)
+}
+
+// linAcquire acquires, retrying the same request id while the outcome is
+// unknown, through Acquire or, with viaBatch, a one-op Batch (a BatchCmd
+// on the shard). ok is false if the outcome never became known.
+func linAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (linOutput, bool) {
+	for range 100 {
+		if out, known := tryAcquire(c, resource, requestID, ttl, viaBatch); known {
+			return out, true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return linOutput{}, false
+}
+
+// tryAcquire sends one Acquire, alone or as a one-op Batch; known is false
+// when its outcome is unknown (or it was refused for another reason than
+// a held lock).
+func tryAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (out linOutput, known bool) {
+	if viaBatch {
+		outcomes, err := c.batch(&wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: &wardenv1.AcquireRequest{
+			Resource: resource, RequestId: requestID, LeaseTtl: durationpb.New(ttl)}}})
+		if err != nil {
+			return linOutput{}, false
+		}
+		return acquireOutcome(c.t.(*testing.T), outcomes[0])
+	}
+	resp, err := c.acquire(resource, requestID, ttl)
+	if err == nil {
+		return linOutput{granted: true, leaseID: resp.GetLeaseId(), token: resp.GetFencingToken()}, true
+	}
+	var ce *connect.Error
+	if connect.CodeOf(err) == connect.CodeAborted && errors.As(err, &ce) {
+		return linOutput{token: detail[*wardenv1.LockHeld](c.t.(*testing.T), ce).GetFencingToken()}, true
+	}
+	return linOutput{}, false
+}
+
+// acquireOutcome reads a Batch's acquire outcome as tryAcquire does an
+// Acquire's answer.
+func acquireOutcome(t *testing.T, o *wardenv1.BatchOutcome) (linOutput, bool) {
+	switch o.GetCode() {
+	case "":
+		a := o.GetAcquire()
+		return linOutput{granted: true, leaseID: a.GetLeaseId(), token: a.GetFencingToken()}, true
+	case "aborted":
+		for _, d := range o.GetDetails() {
+			var h wardenv1.LockHeld
+			if d.UnmarshalTo(&h) == nil {
+				return linOutput{token: h.GetFencingToken()}, true
+			}
+		}
+		t.Errorf("aborted outcome without a LockHeld detail: %v", o)
+	}
+	return linOutput{}, false
+}
+
+// linRelease releases through Release or, with viaBatch, a one-op Batch,
+// retrying until an answer comes; out.released is set only when the first
+// try answered.
+func linRelease(c *cluster, resource, leaseID string, viaBatch bool) (linOutput, bool) {
+	for attempt := range 100 {
+		if released, ok := tryRelease(c, resource, leaseID, viaBatch); ok {
+			out := linOutput{}
+			if attempt == 0 {
+				out.released = &released
+			}
+			return out, true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return linOutput{}, false
+}
+
+// tryRelease sends one Release, alone or as a one-op Batch; ok is false
+// when it did not answer.
+func tryRelease(c *cluster, resource, leaseID string, viaBatch bool) (released, ok bool) {
+	if !viaBatch {
+		released, err := c.release(resource, leaseID)
+		return released, err == nil
+	}
+	outcomes, err := c.batch(releaseOp(resource, leaseID))
+	if err != nil || outcomes[0].GetCode() != "" {
+		return false, false
+	}
+	return outcomes[0].GetRelease().GetReleased(), true
+}
