@@ -117,6 +117,10 @@ func (r *Router) Forward(ctx context.Context, key string, hops int, call func(ct
 			tctx, cancel = context.WithDeadline(ctx, failing.Add(r.FailingPatience(key)))
 		}
 		rl, lerr := r.RemoteFor(tctx, key)
+		// Read before cancel: cancel sets tctx's error too, and a look
+		// that found the leader here must not read as a run of failures
+		// that ran out.
+		runOver := tctx.Err() != nil
 		if rl == nil {
 			cancel()
 			switch {
@@ -125,7 +129,7 @@ func (r *Router) Forward(ctx context.Context, key string, hops int, call func(ct
 				// No leader here, and no live node to ask, for LeaderWait:
 				// no quorum. Serving here would wait for one again.
 				return asked, true, lerr
-			case !failing.IsZero() && (errors.Is(lerr, ErrNoLeader) || tctx.Err() != nil):
+			case !failing.IsZero() && (errors.Is(lerr, ErrNoLeader) || runOver):
 				return asked, true, err // the same, after the asked node failed
 			}
 			return asked, false, nil

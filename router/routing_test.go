@@ -58,7 +58,8 @@ import (
 //	                                   id), broken (the
 //	                                   connection broke: no wire error), garbled
 //	                                   (an answer not Connect's), or a Connect
-//	                                   code node 3 sent (unavailable, ...)
+//	                                   code node 3 sent (unavailable, ...), or
+//	                                   lead-here (broken, and node 1 is elected)
 //	forward key=K [hops=H]             forward of a Release for key K, as a
 //	                                   request that came with H hops (forwardRelease)
 //
@@ -353,6 +354,9 @@ func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 		switch a {
 		case "ok", "released", "already":
 			return nil
+		case "lead-here": // the connection breaks, and meanwhile node 1 is elected (term 5) and confirms its clock
+			f.leadHere(5)
+			return connect.NewError(connect.CodeUnavailable, errors.New("connection reset by peer"))
 		case "broken":
 			return connect.NewError(connect.CodeUnavailable, errors.New("connection reset by peer"))
 		case "slow": // answers ok after 3 s (a waiting Acquire, say), longer than LeaderWait
@@ -380,6 +384,17 @@ func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 		return out + "answered " + last
 	}
 	return out + fmt.Sprintf("%v (wire %v): %s", ce.Code(), connect.IsWireError(ce), ce.Message())
+}
+
+// leadHere makes node 1 lead shard 10 in term: its replica and its
+// Leadership report it, and its leader clock is confirmed.
+func (f *routingFixture) leadHere(term uint64) {
+	n, h := &f.r.nodes[0], f.hosts[1]
+	h.mu.Lock()
+	h.leader, h.term, h.valid = 1, term, true
+	h.mu.Unlock()
+	n.Leadership.leaderUpdated(10, h.replica, 1, term)
+	n.Leadership.clockConfirmed(10, term)
 }
 
 // cancelWaits counts the CancelWait and DropWaiters commands the local
