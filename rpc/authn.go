@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/grpcreflect"
 
 	"github.com/warden-dev/warden/auth"
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/tlsconfig"
@@ -111,17 +112,32 @@ func authorize(ctx context.Context, r *router.Router, perm, alt auth.Permission,
 }
 
 // Refusal returns the error guard answers req with, unread, when req is
-// a client's call of a client service (or of reflection) whose
-// credentials do not authenticate; else nil. It is for a layer in front
-// of NewHandler's that reads the body before guard sees the call
-// (server's gRPC-Web-text translation), so that it reads none of a
-// refused call.
+// a call of the node API by anyone but a node, or a client's call of a
+// client service (or of reflection) whose credentials do not
+// authenticate; else nil. It is for a layer in front of NewHandler's
+// that reads the body before guard sees the call (server's
+// gRPC-Web-text translation), so that it reads none of a refused call.
 func Refusal(r *router.Router, req *http.Request) error {
-	if fromNode(r.Config(), req) || !authenticated(req.URL.Path) {
+	switch {
+	case fromNode(r.Config(), req):
+		return nil
+	case strings.HasPrefix(req.URL.Path, nodeServicePrefix):
+		return errNodeAPI()
+	case !authenticated(req.URL.Path):
 		return nil
 	}
 	_, err := authenticate(r.Auth(), req)
 	return err
+}
+
+// nodeServicePrefix is the node API's path prefix.
+var nodeServicePrefix = "/" + placementv1connect.NodeServiceName + "/"
+
+// errNodeAPI is what anyone but a node calling the node API is answered
+// (a new error each time: a Connect error's metadata is filled in as it
+// is written).
+func errNodeAPI() error {
+	return connect.NewError(connect.CodeUnauthenticated, errors.New("the node API answers only the cluster's nodes"))
 }
 
 // authenticate returns the principal of a client's request req (not
@@ -182,7 +198,7 @@ func guard(cfg *router.Config, a *router.AuthState, known func(id uint64) bool, 
 			return
 		}
 		if strings.HasPrefix(req.URL.Path, nodePrefix) {
-			_ = refuse.Write(w, req, connect.NewError(connect.CodeUnauthenticated, errors.New("the node API answers only the cluster's nodes")))
+			_ = refuse.Write(w, req, errNodeAPI())
 			return
 		}
 		req.Header.Del(router.ForwardedHeader)

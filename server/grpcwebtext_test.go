@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router"
@@ -70,5 +71,21 @@ func TestGRPCWebTextAuthenticatesFirst(t *testing.T) {
 	if ct := rec.Header().Get("Content-Type"); ct != "application/grpc-web-text+proto" || err != nil ||
 		(rec.Header().Get("Grpc-Status") != "16" && !strings.Contains(string(raw), "grpc-status: 16")) {
 		t.Fatalf("answer %d %q %q (%q, %v), want gRPC-Web-text with grpc-status 16 (unauthenticated)", rec.Code, ct, rec.Header(), raw, err)
+	}
+
+	// The node API, called by anyone but a node, is refused unread too:
+	// before, the body was read and decoded (up to 96 KiB) and only then
+	// refused.
+	body = &countingBody{r: strings.NewReader(strings.Repeat("A", 96<<10))}
+	req = httptest.NewRequest(http.MethodPost, "/"+placementv1connect.NodeServiceName+"/ReadMeta", body)
+	req.Header.Set("Content-Type", "application/grpc-web-text")
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if n := body.read.Load(); n != 0 {
+		t.Errorf("%d bytes of a non-node's call of the node API were read", n)
+	}
+	raw, _ = base64.StdEncoding.DecodeString(rec.Body.String())
+	if rec.Header().Get("Grpc-Status") != "16" && !strings.Contains(string(raw), "grpc-status: 16") {
+		t.Fatalf("node API: answer %d %q (%q), want grpc-status 16 (unauthenticated)", rec.Code, rec.Header(), raw)
 	}
 }
