@@ -167,7 +167,7 @@ func fromNode(cfg *router.Config, req *http.Request) bool {
 }
 
 // guard is the HTTP layer's check of who calls, before any body is read:
-// the node API (nodePrefix) answers only other nodes; the headers that
+// the node API (nodeServicePrefix) answers only other nodes; the headers that
 // mean something inside the cluster (forwardedHeader, principalHeader,
 // the cluster secret) are stripped from every other caller's request;
 // and a client's call to a client service or reflection is
@@ -177,14 +177,14 @@ func fromNode(cfg *router.Config, req *http.Request) bool {
 // Under TLS a node must also be one the map knows (known, when set,
 // says): a peer certificate for any other id (a node about to join) may
 // read the placement state and register itself, nothing else.
-func guard(cfg *router.Config, a *router.AuthState, known func(id uint64) bool, nodePrefix string, next http.Handler) http.Handler {
+func guard(cfg *router.Config, a *router.AuthState, known func(id uint64) bool, next http.Handler) http.Handler {
 	refuse := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if fromNode(cfg, req) {
 			if id, ok := tlsconfig.PeerNodeID(req.TLS); ok && known != nil && !known(id) {
 				switch req.URL.Path {
-				case nodePrefix + "ReadMeta", nodePrefix + "Clock":
-				case nodePrefix + "ProposeMeta":
+				case nodeServicePrefix + "ReadMeta", nodeServicePrefix + "Clock":
+				case nodeServicePrefix + "ProposeMeta":
 					req = req.WithContext(context.WithValue(req.Context(), joiningKey{}, id))
 				default:
 					_ = refuse.Write(w, req, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %d is not in the cluster's map: it may only register", id)))
@@ -197,7 +197,7 @@ func guard(cfg *router.Config, a *router.AuthState, known func(id uint64) bool, 
 			next.ServeHTTP(w, req)
 			return
 		}
-		if strings.HasPrefix(req.URL.Path, nodePrefix) {
+		if strings.HasPrefix(req.URL.Path, nodeServicePrefix) {
 			_ = refuse.Write(w, req, errNodeAPI())
 			return
 		}

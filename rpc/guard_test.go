@@ -57,7 +57,7 @@ func TestGuard(t *testing.T) {
 		}
 		req.TLS = tc.tls
 		w := httptest.NewRecorder()
-		guard(&tc.cfg, &router.AuthState{}, nil, nodePath, next).ServeHTTP(w, req)
+		guard(&tc.cfg, &router.AuthState{}, nil, next).ServeHTTP(w, req)
 		switch {
 		case tc.served && seen == nil:
 			t.Errorf("%s: not served (%d %s)", tc.name, w.Code, w.Body)
@@ -77,7 +77,7 @@ func TestGuard(t *testing.T) {
 	req := httptest.NewRequest(http.MethodPost, nodePath+"Propose", nil)
 	req.Header.Set("Content-Type", "application/proto")
 	w := httptest.NewRecorder()
-	guard(&router.Config{ClusterSecret: secret}, &router.AuthState{}, nil, nodePath, next).ServeHTTP(w, req)
+	guard(&router.Config{ClusterSecret: secret}, &router.AuthState{}, nil, next).ServeHTTP(w, req)
 	if !strings.Contains(w.Body.String(), `"code":"unauthenticated"`) {
 		t.Errorf("the refusal: %d %q, want a Connect unauthenticated error", w.Code, w.Body)
 	}
@@ -146,7 +146,7 @@ func TestGuardAuthenticates(t *testing.T) {
 		}
 		req.TLS = tc.tls
 		w := httptest.NewRecorder()
-		guard(&router.Config{ClusterSecret: secret}, tc.a, nil, "/"+placementv1connect.NodeServiceName+"/", next).ServeHTTP(w, req)
+		guard(&router.Config{ClusterSecret: secret}, tc.a, nil, next).ServeHTTP(w, req)
 		switch {
 		case tc.code == 0 && principal != tc.want+"|":
 			t.Errorf("%s: next saw principal %q (served: %v; %d %s), want %q", tc.name, principal, principal != "", w.Code, w.Body, tc.want)

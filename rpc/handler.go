@@ -77,7 +77,7 @@ func NewHandler(r *router.Router, opts ...connect.HandlerOption) http.Handler {
 		defer cancel()
 		return r.RefreshMap(ctx) == nil && r.Map().Node(id) != nil
 	}
-	return guard(r.Config(), r.Auth(), known, nodePath, mux)
+	return guard(r.Config(), r.Auth(), known, mux)
 }
 
 // MaxRequestBytes bounds a client's request message, in bytes (a larger
