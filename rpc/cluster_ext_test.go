@@ -98,6 +98,24 @@ func (c *cluster) leader() int {
 	return -1
 }
 
+// settled waits until every node knows the data shard's same leader: a
+// test whose bounds are shorter than an election starts from there, for a
+// node that has not yet heard from a new leader answers unavailable.
+func (c *cluster) settled() {
+	c.t.Helper()
+	waitFor(c.t, func() bool {
+		var lead uint64
+		for _, n := range c.dev.Nodes {
+			id, _, valid, err := n.Node.NodeHost().GetLeaderID(shardID)
+			if err != nil || !valid || (lead != 0 && id != lead) {
+				return false
+			}
+			lead = id
+		}
+		return true
+	})
+}
+
 func (c *cluster) stopReplica(i int) {
 	c.t.Helper()
 	n := c.dev.Nodes[i].Node

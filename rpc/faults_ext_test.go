@@ -300,6 +300,7 @@ func (c *cluster) transferLeader(to int) {
 func TestMinorityAnswersUnavailable(t *testing.T) {
 	// Each refused call waits out one of these bounds (12 calls).
 	c := startCluster(t, server.DevConfig{Router: router.Config{ProposeTimeout: 500 * time.Millisecond, LeaderWait: 500 * time.Millisecond}})
+	c.settled()
 	before := c.mustAcquire("r0", "q0", 0)
 	lead := c.leader()
 	a, b := (lead+1)%server.DevNodes, (lead+2)%server.DevNodes

@@ -99,13 +99,13 @@ func TestWaiterGrantedAtExpiry(t *testing.T) {
 }
 
 // waitFor waits up to 10 s for cond.
-func waitFor(t *testing.T, cond func() bool) {
+func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
 	waitUntil(t, 10*time.Second, cond)
 }
 
 // waitUntil waits up to within for cond, looking every 10 ms.
-func waitUntil(t *testing.T, within time.Duration, cond func() bool) {
+func waitUntil(t testing.TB, within time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for !cond() {
@@ -494,6 +494,7 @@ func TestRetryWaitsForItsOwnTimeout(t *testing.T) {
 // id, once the quorum is back, keeps its place ahead of a later waiter.
 func TestWaiterWithoutQuorumAnswersUnavailable(t *testing.T) {
 	c := startCluster(t, server.DevConfig{Router: router.Config{ProposeTimeout: time.Second, LeaderWait: time.Second}})
+	c.settled()
 	h := c.mustAcquire("r", "holder", 30*time.Second)
 	answers := make(chan error, 2)
 	for _, id := range []string{"w1", "w2"} {
