@@ -118,6 +118,9 @@ type Cluster struct {
 	// peers are the addresses rememberPeers wrote last (the loop's alone).
 	peers   []string
 	driving atomic.Bool
+	// bootstrapWarned is set once the loop said that the auth bootstrap
+	// does not apply (bootstrapIgnored).
+	bootstrapWarned atomic.Bool
 	// ctx ends when the cluster closes.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -387,6 +390,44 @@ func (c *Cluster) reconcile() error {
 	return errors.Join(errs...)
 }
 
+// authBootstrap proposes the node's auth bootstrap while the cluster
+// has no auth state, and says once, as an error, when the cluster runs
+// without authentication that the bootstrap would have turned on
+// (bootstrapIgnored).
+func (c *Cluster) authBootstrap(ctx context.Context, a *placementv1.AuthState) {
+	st := c.Router.Map().State().GetAuth()
+	if st.GetRevision() == 0 {
+		// Until every initial member has registered a binary that knows
+		// auth, the placement group refuses it (ErrMetaVersion); the next
+		// tick tries again.
+		if err := c.Router.BootstrapAuth(ctx, a); err != nil {
+			c.Router.Logger().Debug("auth bootstrap", "err", err)
+		}
+		return
+	}
+	if msg := bootstrapIgnored(st, a); msg != "" && c.bootstrapWarned.CompareAndSwap(false, true) {
+		c.Router.Logger().Error(msg, "auth_revision", st.GetRevision())
+	}
+}
+
+// bootstrapIgnored is what a node given the auth bootstrap boot says when
+// the cluster's auth state st, set already, leaves authentication off
+// although boot turns it on: a bootstrap applies only to a cluster
+// without auth state, so this node serves unauthenticated calls. Either
+// an operator turned authentication off on purpose, or the state was
+// written while authentication was off (before any bootstrap: then
+// anyone could have bound themselves a role, and enabling it as it is
+// would keep those bindings). It returns "" when there is nothing to say.
+func bootstrapIgnored(st, boot *placementv1.AuthState) string {
+	if st.GetRevision() == 0 || st.GetEnabled() || !boot.GetEnabled() {
+		return ""
+	}
+	return "authentication is OFF although this node was given --auth-bootstrap: the cluster's auth state was set " +
+		"already, so the bootstrap does not apply; review it (warden auth show: any client could change it while " +
+		"authentication was off), then turn it on (warden auth enable), or start without --auth-bootstrap if it was " +
+		"turned off on purpose"
+}
+
 // loop refreshes the map, runs the node agents and, while a local node
 // leads the placement group, drives the operators in progress.
 func (c *Cluster) loop() {
@@ -408,13 +449,8 @@ func (c *Cluster) loop() {
 		if err := c.reconcile(); err != nil {
 			log.Warn("node agent", "err", err)
 		}
-		if a := c.cfg.AuthBootstrap; a != nil && c.Router.Map().State().GetAuth().GetRevision() == 0 {
-			// Until every initial member has registered a binary that
-			// knows auth, the placement group refuses it (ErrMetaVersion);
-			// the next tick tries again.
-			if err := c.Router.BootstrapAuth(ctx, a); err != nil {
-				log.Debug("auth bootstrap", "err", err)
-			}
+		if a := c.cfg.AuthBootstrap; a != nil {
+			c.authBootstrap(ctx, a)
 		}
 		cancel()
 		if len(c.Router.Map().State().GetOperators()) > 0 && c.Router.LeadsPlacement() && c.driving.CompareAndSwap(false, true) {
