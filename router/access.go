@@ -21,9 +21,6 @@ func (r *Router) Peers() *Peers { return r.peers }
 // Operators returns the driver of splits, moves and jobs.
 func (r *Router) Operators() *placement.Operators { return r.ops }
 
-// Auth returns the node's view of the cluster's auth state.
-func (r *Router) Auth() *AuthState { return &r.auth }
-
 // Waits returns the registry of waiting Acquires.
 func (r *Router) Waits() *WaitRegistry { return r.waits }
 

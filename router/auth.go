@@ -3,22 +3,77 @@ package router
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/http"
-	"strings"
+	"sync"
 	"time"
 
-	"connectrpc.com/connect"
-	"github.com/warden-dev/warden/auth"
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/shard"
 )
 
-// watchAuth keeps the auth view fresh while authentication is on (or
+// With authentication on (or required), watchAuth reads the auth state
+// every AuthRefresh, each read bounded by authReadTimeout: a read sent to
+// a placement leader that just died gives up, and the next one reaches
+// the new leader (an election takes about 200 ms), well within the age
+// past which the API layer refuses to decide by its view (1.5 s,
+// rpc.AuthMaxStale). (The map's own reads wait up to 5 s and were the
+// only ones at first: a leader's SIGKILL under load left a node refusing
+// for seconds.)
+const (
+	AuthRefresh     = 250 * time.Millisecond
+	authReadTimeout = 750 * time.Millisecond
+)
+
+// authFeed hands every auth state the router reads (with the map, and
+// from watchAuth) to the API layer, which authenticates and authorizes
+// by it (OnAuth).
+type authFeed struct {
+	mu     sync.Mutex
+	st     *placementv1.AuthState // the newest revision read
+	readAt time.Time              // when the read that returned st began
+	sinks  []func(*placementv1.AuthState, time.Time)
+}
+
+// publish records st, read by a read that began at readAt, and hands it
+// to every sink.
+func (f *authFeed) publish(st *placementv1.AuthState, readAt time.Time) {
+	f.mu.Lock()
+	if f.st == nil || st.GetRevision() >= f.st.GetRevision() {
+		f.st, f.readAt = st, readAt
+	}
+	sinks := f.sinks
+	f.mu.Unlock()
+	for _, sink := range sinks {
+		sink(st, readAt)
+	}
+}
+
+// enabled reports whether the newest auth state read turns
+// authentication on.
+func (f *authFeed) enabled() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st.GetEnabled()
+}
+
+// OnAuth calls sink with the newest auth state the router has read and
+// when the read began, and then with every one it reads: after each map
+// refresh, and every AuthRefresh while authentication is on or required.
+// Calls may overlap, and an older revision may come after a newer one:
+// the sink keeps the newest.
+func (r *Router) OnAuth(sink func(st *placementv1.AuthState, readAt time.Time)) {
+	f := &r.auth
+	f.mu.Lock()
+	f.sinks = append(f.sinks[:len(f.sinks):len(f.sinks)], sink)
+	st, readAt := f.st, f.readAt
+	f.mu.Unlock()
+	sink(st, readAt)
+}
+
+// watchAuth keeps the auth state fresh while authentication is on (or
 // required), until Stop.
 func (r *Router) watchAuth() {
-	tick := time.NewTicker(authRefresh)
+	tick := time.NewTicker(AuthRefresh)
 	defer tick.Stop()
 	for {
 		select {
@@ -26,7 +81,7 @@ func (r *Router) watchAuth() {
 			return
 		case <-tick.C:
 		}
-		if v := r.auth.p.Load(); !r.auth.required && (v == nil || !v.policy.Enabled()) {
+		if !r.cfg.AuthRequired && !r.auth.enabled() {
 			continue // the map's reads bring a change that turns it on
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), authReadTimeout)
@@ -34,7 +89,7 @@ func (r *Router) watchAuth() {
 		st, err := r.meta.Read(ctx)
 		cancel()
 		if err == nil {
-			r.auth.set(st.GetAuth(), begun)
+			r.auth.publish(st.GetAuth(), begun)
 		}
 	}
 }
@@ -49,103 +104,6 @@ func (r *Router) BootstrapAuth(ctx context.Context, st *placementv1.AuthState) e
 		return err
 	}
 	return r.RefreshMap(ctx)
-}
-
-// ReplayPrincipal is the principal an Acquire's dedup record keeps, so
-// that only it may replay the request (shard.VersionPrincipal): ctx's
-// authenticated principal with authentication on, else none (everyone
-// may do everything then, replays included).
-func (r *Router) ReplayPrincipal(ctx context.Context) string {
-	if pol, err := r.auth.Policy(); err == nil && pol.Enabled() {
-		return PrincipalOf(ctx)
-	}
-	return ""
-}
-
-// WatchCall returns a context of ctx, the call of a client (or a
-// forwarded one) that needs perm on resource, that ends when a newer
-// auth state no longer authenticates the call's credentials (its cause
-// then an Unauthenticated error) or no longer allows its principal perm
-// on resource (PermissionDenied): so a revoked token's or an unbound
-// principal's waiting Acquire ends within the time a revocation takes
-// (AuthMaxStale). The caller calls stop when the call ends. A forwarded
-// call's credentials are checked again by the node that authenticated
-// it, whose own watch ends the forwarded call.
-func (r *Router) WatchCall(ctx context.Context, perm auth.Permission, resource string) (_ context.Context, stop func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	principal := PrincipalOf(ctx)
-	cred, _ := ctx.Value(CredentialKey{}).(*http.Request)
-	w := &AuthWatch{cancel: cancel, check: func(pol *auth.Policy) error {
-		if cred != nil {
-			p, err := AuthenticateWith(pol, cred)
-			if err != nil {
-				return err
-			}
-			if p != principal {
-				return connect.NewError(connect.CodeUnauthenticated, errors.New("the call's credentials now name another principal"))
-			}
-		}
-		return AuthorizeWith(pol, principal, perm, "", resource)
-	}}
-	a := r.Auth()
-	a.mu.Lock()
-	if a.watches == nil {
-		a.watches = map[*AuthWatch]struct{}{}
-	}
-	a.watches[w] = struct{}{}
-	a.mu.Unlock()
-	// A change read between the call's checks and now.
-	if v := a.p.Load(); v != nil {
-		if err := w.check(v.policy); err != nil {
-			cancel(err)
-		}
-	}
-	return ctx, func() {
-		a.mu.Lock()
-		delete(a.watches, w)
-		a.mu.Unlock()
-		cancel(nil)
-	}
-}
-
-// AuthenticateWith is authenticate by policy pol.
-func AuthenticateWith(pol *auth.Policy, req *http.Request) (string, error) {
-	if h := req.Header.Get("Authorization"); h != "" {
-		if pol.Enabled() && req.TLS == nil {
-			// A token sent in clear is as good as published.
-			return "", connect.NewError(connect.CodeUnauthenticated, errors.New("authentication is on and needs TLS; call over https"))
-		}
-		token, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok && pol.Enabled() {
-			return "", connect.NewError(connect.CodeUnauthenticated, errors.New(`the Authorization header must be "Bearer <token>"`))
-		}
-		principal, err := pol.Authenticate(strings.TrimSpace(token))
-		if err != nil && pol.Enabled() {
-			return "", connect.NewError(connect.CodeUnauthenticated, err)
-		}
-		return principal, nil
-	}
-	if req.TLS != nil && len(req.TLS.VerifiedChains) > 0 {
-		if principal := auth.PrincipalOf(req.TLS.VerifiedChains[0][0]); principal != "" {
-			return principal, nil
-		}
-	}
-	if pol.Enabled() {
-		return "", connect.NewError(connect.CodeUnauthenticated, errors.New("authentication is on: present a client certificate or a bearer token"))
-	}
-	return "", nil
-}
-
-// AuthorizeWith is authorize by policy pol, for principal.
-func AuthorizeWith(pol *auth.Policy, principal string, perm, alt auth.Permission, resource string) error {
-	if pol.Allows(principal, perm, resource) || alt != "" && pol.Allows(principal, alt, resource) {
-		return nil
-	}
-	what := fmt.Sprintf("%s on %s", perm, LogQuote(resource))
-	if perm == auth.Admin {
-		what = string(auth.Admin)
-	}
-	return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("principal %s lacks %s", LogQuote(principal), what))
 }
 
 // MaxLogField bounds, in bytes, a caller's text (a resource, key,

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
-	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 )
 
 // callLive gives up a call in flight to a node only once the node has
@@ -77,11 +77,11 @@ func TestNotAnsweredByAWardenNode(t *testing.T) {
 	warden := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusPreconditionFailed)
-		_, _ = w.Write([]byte(`{"code":"failed_precondition","message":"the lease is not current"}`))
+		_, _ = w.Write([]byte(`{"code":"failed_precondition","message":"the node is not ready"}`))
 	}))
 	defer warden.Close()
 	call := func(ctx context.Context, url string) error {
-		_, err := wardenv1connect.NewLockServiceClient(http.DefaultClient, url).Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{}))
+		_, err := placementv1connect.NewNodeServiceClient(http.DefaultClient, url).Clock(ctx, connect.NewRequest(&placementv1.ClockRequest{}))
 		return err
 	}
 	ctx := context.Background()

@@ -4,7 +4,6 @@ import (
 	"errors"
 
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
 // Errors of the routing layer. All of them mean "safe to retry with the
@@ -35,7 +34,23 @@ type ResultError struct {
 	Res *shardv1.Result
 	// Moved, for a range that left the shard or is moving, is where the
 	// map placed the key when the router stopped retrying.
-	Moved *wardenv1.RangeMoved
+	Moved *RangeMoved
+}
+
+// RangeMoved is where the current map puts a key's range, and where that
+// shard is led from as far as this node knows: what a client needs to
+// route again after its key's range left a shard (the API layer sends it
+// as the RangeMoved detail).
+type RangeMoved struct {
+	ShardID uint64
+	// Start and End bound the range [Start, End) in the key hash space.
+	Start, End uint64
+	// Generation is the map's generation the answer was read from.
+	Generation uint64
+	// LeaderNodeID and LeaderAddress are the shard's leader's node id and
+	// client address (0 and "" when unknown).
+	LeaderNodeID  uint64
+	LeaderAddress string
 }
 
 func (e *ResultError) Error() string {

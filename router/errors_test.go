@@ -8,12 +8,10 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
 // What Dragonboat's errors tell the caller: not proposed for lack of time
@@ -59,7 +57,7 @@ func TestRetryMovedSaysWhereTheRangeWent(t *testing.T) {
 	if !errors.As(err, &re) || re.Res.GetCode() != shardv1.Code_CODE_WRONG_SHARD {
 		t.Fatalf("%v: want the shard's refusal", err)
 	}
-	if want := (&wardenv1.RangeMoved{ShardId: 1}); !proto.Equal(re.Moved, want) {
+	if want := (RangeMoved{ShardID: 1}); re.Moved == nil || *re.Moved != want {
 		t.Fatalf("moved %v, want %v", re.Moved, want)
 	}
 }

@@ -17,17 +17,19 @@ func ForwardedReq[T any](m *T) *connect.Request[T] {
 // caller; guard honours it only from another node.
 const PrincipalHeader = "Warden-Principal"
 
-type PrincipalKey struct{}
+type principalKey struct{}
 
-// CredentialKey holds, in a client call's context, the request whose
-// credentials (a token, a certificate, or none) guard authenticated, so
-// that a newer auth state can check them again (watchCall).
-type CredentialKey struct{}
+// WithPrincipal returns ctx, of a call whose caller authenticated as
+// principal: calls forwarded for it to other nodes carry the principal
+// (PrincipalHeader), and the commands proposed for it may record it.
+func WithPrincipal(ctx context.Context, principal string) context.Context {
+	return context.WithValue(ctx, principalKey{}, principal)
+}
 
 // PrincipalOf is the authenticated principal of the call ctx serves (""
 // when none was given).
 func PrincipalOf(ctx context.Context) string {
-	p, _ := ctx.Value(PrincipalKey{}).(string)
+	p, _ := ctx.Value(principalKey{}).(string)
 	return p
 }
 

@@ -5,7 +5,6 @@ import (
 
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
 // jobCluster is the router as the placement jobs reach it
@@ -41,6 +40,6 @@ func (c jobCluster) HandOffPlacement(ctx context.Context, id uint64) (bool, erro
 func (c jobCluster) Leaders(ctx context.Context) map[uint64]uint64 { return c.r.Leaders(ctx) }
 
 func (c jobCluster) TransferLeader(ctx context.Context, shard, node uint64) error {
-	_, err := c.r.TransferLeader(ctx, &wardenv1.TransferLeaderRequest{ShardId: shard, NodeId: node}, false)
+	_, err := c.r.TransferLeader(ctx, shard, node, false)
 	return err
 }

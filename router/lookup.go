@@ -3,8 +3,6 @@ package router
 import (
 	"context"
 	"errors"
-
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
 // LeaderNode returns the node hosting shardID's leader as a local replica
@@ -47,32 +45,27 @@ func (r *Router) LeaderOf(ctx context.Context, shardID uint64) uint64 {
 	if id := r.LeaderNode(shardID); id != 0 {
 		return id
 	}
-	p := r.replicaPeer(shardID)
-	if p == nil {
+	addr := r.replicaHost(shardID)
+	if addr == "" || r.cfg.Remote == nil {
 		return 0
 	}
-	resp, err := p.Admin.ListShards(ctx, ForwardedReq(&wardenv1.ListShardsRequest{}))
+	id, err := r.cfg.Remote.LeaderOf(ctx, addr, shardID)
 	if err != nil {
 		return 0
 	}
-	for _, s := range resp.Msg.GetShards() {
-		if s.GetId() == shardID {
-			return s.GetLeaderNodeId()
-		}
-	}
-	return 0
+	return id
 }
 
-// replicaPeer returns the clients of a remote node hosting a replica of
-// shardID, or nil.
-func (r *Router) replicaPeer(shardID uint64) *Peer {
+// replicaHost returns the address of a remote node hosting a replica of
+// shardID, or "".
+func (r *Router) replicaHost(shardID uint64) string {
 	m := r.Map()
 	for _, rep := range m.Shard(shardID).GetReplicas() {
 		if n := m.Node(rep.GetNodeId()); n != nil && !r.IsLocal(n.GetId()) {
-			return r.peers.Get(n.GetListenAddr())
+			return n.GetListenAddr()
 		}
 	}
-	return nil
+	return ""
 }
 
 // HostOf returns the local node that runs a replica of shardID, or nil.

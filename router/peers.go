@@ -15,15 +15,11 @@ import (
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
-	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
 
-// Peer is another Warden node's Connect API.
+// Peer is another Warden node's node API.
 type Peer struct {
-	Locks wardenv1connect.LockServiceClient
-	Quota wardenv1connect.QuotaServiceClient
-	Admin wardenv1connect.AdminServiceClient
-	Node  placementv1connect.NodeServiceClient
+	Node placementv1connect.NodeServiceClient
 }
 
 // Peers keeps one client per node address, over one HTTP/2 transport
@@ -124,18 +120,18 @@ func (p *Peers) Get(addr string) *Peer {
 	if c := p.byAddr[addr]; c != nil {
 		return c
 	}
-	base := p.scheme + addr
-	// The secret goes with forwarded client calls too: it is what tells
-	// the other node that their forwarding header is a node's.
-	auth := nodeCall(p.secret)
-	c := &Peer{
-		Locks: wardenv1connect.NewLockServiceClient(p.client, base, auth),
-		Quota: wardenv1connect.NewQuotaServiceClient(p.client, base, auth),
-		Admin: wardenv1connect.NewAdminServiceClient(p.client, base, auth),
-		Node:  placementv1connect.NewNodeServiceClient(p.client, base, auth),
-	}
+	c := &Peer{Node: placementv1connect.NewNodeServiceClient(p.Conn(addr))}
 	p.byAddr[addr] = c
 	return c
+}
+
+// Conn returns what a client of any service of the node at addr is made
+// of (connect's NewXClient arguments): the peer transport, the node's
+// base URL, and the option that makes each call a node's. The secret
+// goes with forwarded client calls too: it is what tells the other node
+// that their forwarding header is a node's.
+func (p *Peers) Conn(addr string) (connect.HTTPClient, string, connect.ClientOption) {
+	return p.client, p.scheme + addr, nodeCall(p.secret)
 }
 
 // ProbeStart asks the node at addr for the placement state: it returns

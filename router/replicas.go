@@ -7,55 +7,51 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 )
 
-// TransferLeader moves shard m.ShardId's leadership to node m.NodeId's
-// replica, through a node that hosts one (forwarded: the call came from
-// another node, which found none here), and waits up to 5 s for it.
-func (r *Router) TransferLeader(ctx context.Context, m *wardenv1.TransferLeaderRequest, forwarded bool) (*wardenv1.TransferLeaderResponse, error) {
+// TransferLeader moves shardID's leadership to node's replica, through
+// a node that hosts one (forwarded: the call came from another node,
+// which found none here), waits up to 5 s for it, and returns the node
+// that leads then.
+func (r *Router) TransferLeader(ctx context.Context, shardID, node uint64, forwarded bool) (uint64, error) {
 	if err := r.RefreshMap(ctx); err != nil { // a move may have just placed the replica
-		return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+		return 0, fmt.Errorf("%w: %v", ErrNoLeader, err)
 	}
-	sh := r.Map().Shard(m.GetShardId())
+	sh := r.Map().Shard(shardID)
 	if sh == nil {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("shard_id: shard %d does not exist", m.GetShardId()))
+		return 0, connect.NewError(connect.CodeNotFound, fmt.Errorf("shard_id: shard %d does not exist", shardID))
 	}
 	var target uint64
 	for _, rep := range sh.GetReplicas() {
-		if rep.GetNodeId() == m.GetNodeId() {
+		if rep.GetNodeId() == node {
 			target = rep.GetReplicaId()
 		}
 	}
 	if target == 0 {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d has no replica of shard %d", m.GetNodeId(), m.GetShardId()))
+		return 0, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d has no replica of shard %d", node, shardID))
 	}
 	n, _ := r.localReplica(sh.GetId())
 	if n == nil {
-		p := r.replicaPeer(sh.GetId())
-		if p == nil || forwarded {
-			return nil, fmt.Errorf("%w: no node hosting shard %d answers", ErrNoLeader, sh.GetId())
+		addr := r.replicaHost(sh.GetId())
+		if addr == "" || forwarded || r.cfg.Remote == nil {
+			return 0, fmt.Errorf("%w: no node hosting shard %d answers", ErrNoLeader, sh.GetId())
 		}
-		resp, err := p.Admin.TransferLeader(ctx, ForwardedReq(m))
-		if err != nil {
-			return nil, err
-		}
-		return resp.Msg, nil
+		return r.cfg.Remote.TransferLeader(ctx, addr, shardID, node)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if r.LeaderNode(sh.GetId()) == m.GetNodeId() {
-			return &wardenv1.TransferLeaderResponse{LeaderNodeId: m.GetNodeId()}, nil
+		if r.LeaderNode(sh.GetId()) == node {
+			return node, nil
 		}
 		if err := n.raft.transferLeader(sh.GetId(), target); err != nil && !errors.Is(err, errDropped) {
-			return nil, fmt.Errorf("%w: %v", ErrNoLeader, err)
+			return 0, fmt.Errorf("%w: %v", ErrNoLeader, err)
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: shard %d is still led from node %d", ErrNoLeader, sh.GetId(), r.LeaderNode(sh.GetId()))
+			return 0, fmt.Errorf("%w: shard %d is still led from node %d", ErrNoLeader, sh.GetId(), r.LeaderNode(sh.GetId()))
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return 0, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -66,9 +62,9 @@ func (r *Router) TransferLeader(ctx context.Context, m *wardenv1.TransferLeaderR
 // snapshot (errSnapshotBusy: the node's idle compaction, or a second
 // admin call) is asked again every snapshotBusyWait for snapshotBusyFor;
 // it then reports a snapshot, or nothing to snapshot when the other took
-// everything applied, or, still busy, errSnapshotBusy.
-func (r *Router) SnapshotLocal(ctx context.Context, shardID, nodeID uint64) *wardenv1.ReplicaSnapshot {
-	out := &wardenv1.ReplicaSnapshot{ShardId: shardID, NodeId: nodeID}
+// everything applied, or, still busy, errSnapshotBusy. It returns the
+// snapshot's log index (0 and nil when nodeID is not a local node).
+func (r *Router) SnapshotLocal(ctx context.Context, shardID, nodeID uint64) (uint64, error) {
 	for i := range r.Nodes() {
 		if r.Nodes()[i].ID != nodeID {
 			continue
@@ -87,12 +83,9 @@ func (r *Router) SnapshotLocal(ctx context.Context, shardID, nodeID uint64) *war
 			}
 		}
 		cancel()
-		if err != nil {
-			out.Error = err.Error()
-		}
-		out.Index = idx
+		return idx, err
 	}
-	return out
+	return 0, nil
 }
 
 // snapshotTimeout bounds the snapshot of one replica, its waits for

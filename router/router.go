@@ -18,7 +18,6 @@ import (
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
-	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -111,6 +110,10 @@ type Config struct {
 	// are in docs/perf/README.md, "Figures behind the code"); shedding a
 	// long overload well is future work.
 	MaxProposing int
+	// Remote asks other nodes' admin API what only their replicas know
+	// (Remote); the composition root passes the API layer's
+	// (rpc.NewRemote). Without it, such questions go unanswered.
+	Remote Remote
 	// Knobs are for tests; a production node leaves them zero.
 	Knobs TestingKnobs
 }
@@ -186,7 +189,7 @@ type Router struct {
 	// rest wait (newest first) without spinning.
 	proposing *admission
 	// auth is the newest auth view the node read with the map.
-	auth AuthState
+	auth authFeed
 	// ready caches the last readiness answer (health.go).
 	ready readiness
 	stop  chan struct{}
@@ -209,8 +212,7 @@ func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *
 	}
 	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: p, waits: waits, clock: clockWatch{kick: make(chan struct{}, 1)}, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
 	r.maps.Store(m)
-	r.auth.required = cfg.AuthRequired
-	r.auth.set(m.State().GetAuth(), time.Now())
+	r.auth.publish(m.State().GetAuth(), time.Now())
 	r.ops = &placement.Operators{Meta: meta, Shards: r.Shards(), Alloc: placement.NewAllocator(meta),
 		Logger: cfg.Logger, Live: r.Live, Leads: r.LeadsPlacement, Cluster: jobCluster{r},
 		OnFenced: func(d time.Duration) { metrics.splitFence.Observe(d.Seconds()) }}
@@ -240,7 +242,7 @@ func (r *Router) RefreshMap(ctx context.Context) error {
 		return err
 	}
 	r.SetMap(placement.NewMap(st))
-	r.auth.set(st.GetAuth(), begun)
+	r.auth.publish(st.GetAuth(), begun)
 	return nil
 }
 
@@ -311,16 +313,6 @@ type RemoteLeader struct {
 
 func (e *RemoteLeader) Error() string {
 	return fmt.Sprintf("router: shard %d is led from node %d (%s)", e.ShardID, e.Node.GetId(), e.Node.GetListenAddr())
-}
-
-// NotLeader is the recovery detail of an answer that could not reach
-// e's shard's leader: where it is led from, when that is known.
-func (e *RemoteLeader) NotLeader() *wardenv1.NotLeader {
-	d := &wardenv1.NotLeader{ShardId: e.ShardID}
-	if e.Term != 0 {
-		d.LeaderNodeId, d.LeaderAddress, d.Term = e.Node.GetId(), e.Node.GetListenAddr(), e.Term
-	}
-	return d
 }
 
 // NoLeaderError says that no replica the router knows of has a leader
@@ -501,15 +493,15 @@ func (r *Router) retryMoved(ctx context.Context, key string, f func() (*shardv1.
 // rangeMoved says where the current map puts key's range and where that
 // shard is led from, as far as this node knows (nil: the map has no range
 // for key).
-func (r *Router) rangeMoved(key string) *wardenv1.RangeMoved {
+func (r *Router) rangeMoved(key string) *RangeMoved {
 	m := r.Map()
 	rg, err := m.ShardFor(key)
 	if err != nil {
 		return nil
 	}
-	d := &wardenv1.RangeMoved{ShardId: rg.GetShardId(), RangeStart: rg.GetStart(), RangeEnd: rg.GetEnd(), Generation: m.Generation()}
+	d := &RangeMoved{ShardID: rg.GetShardId(), Start: rg.GetStart(), End: rg.GetEnd(), Generation: m.Generation()}
 	if id := r.LeaderNode(rg.GetShardId()); id != 0 {
-		d.LeaderNodeId, d.LeaderAddress = id, m.Node(id).GetListenAddr()
+		d.LeaderNodeID, d.LeaderAddress = id, m.Node(id).GetListenAddr()
 	}
 	return d
 }

@@ -181,13 +181,13 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 			h.mu.Lock()
 			before := h.snapshots
 			h.mu.Unlock()
-			rs := f.r.SnapshotLocal(f.ctx, 10, n.ID)
+			idx, err := f.r.SnapshotLocal(f.ctx, 10, n.ID)
 			h.mu.Lock()
 			defer h.mu.Unlock()
-			if rs.GetError() != "" {
-				return fmt.Sprintf("%d calls: error: %s", h.snapshots-before, rs.GetError())
+			if err != nil {
+				return fmt.Sprintf("%d calls: error: %s", h.snapshots-before, err)
 			}
-			return fmt.Sprintf("%d calls: index %d", h.snapshots-before, rs.GetIndex())
+			return fmt.Sprintf("%d calls: index %d", h.snapshots-before, idx)
 		})
 	case "dropped":
 		_, h := f.node(t, d)

@@ -23,13 +23,13 @@ import (
 
 // AdminServer implements wardenv1connect.AdminServiceHandler on a Router.
 type AdminServer struct {
-	r *router.Router
+	r *node
 }
 
 var _ wardenv1connect.AdminServiceHandler = (*AdminServer)(nil)
 
-// NewAdminServer returns the AdminService handler of r.
-func NewAdminServer(r *router.Router) *AdminServer { return &AdminServer{r: r} }
+// newAdminServer returns the AdminService handler of r.
+func newAdminServer(r *node) *AdminServer { return &AdminServer{r: r} }
 
 // Bounds of HotResources' limit.
 const (
@@ -443,7 +443,7 @@ func (s *AdminServer) removeNodeMoves(ctx context.Context, remove *placementv1.C
 // operatorPeer returns the placement leader's clients when it runs on
 // another node and the request was not forwarded already: operators are
 // driven there.
-func operatorPeer(r *router.Router, h http.Header) *router.Peer {
+func operatorPeer(r *node, h http.Header) *peer {
 	if hopsOf(h) >= router.MaxHops {
 		return nil
 	}
@@ -451,13 +451,13 @@ func operatorPeer(r *router.Router, h http.Header) *router.Peer {
 		if r.IsLocal(leader.GetId()) {
 			return nil
 		}
-		return r.Peers().Get(leader.GetListenAddr())
+		return r.peer(leader.GetListenAddr())
 	}
 	// No placement replica here to know the leader: ask another node.
 	nodes := r.Map().State().GetNodes()
 	for k := range nodes {
 		if n := nodes[(k+rand.IntN(len(nodes)))%len(nodes)]; !r.IsLocal(n.GetId()) {
-			return r.Peers().Get(n.GetListenAddr())
+			return r.peer(n.GetListenAddr())
 		}
 	}
 	return nil

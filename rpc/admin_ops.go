@@ -34,11 +34,12 @@ func sameHopReq[T any](m *T, h http.Header) *connect.Request[T] {
 
 // TransferLeader implements AdminService.TransferLeader.
 func (s *AdminServer) TransferLeader(ctx context.Context, req *connect.Request[wardenv1.TransferLeaderRequest]) (*connect.Response[wardenv1.TransferLeaderResponse], error) {
-	resp, err := s.r.TransferLeader(ctx, req.Msg, req.Header().Get(router.ForwardedHeader) != "")
+	m := req.Msg
+	lead, err := s.r.TransferLeader(ctx, m.GetShardId(), m.GetNodeId(), req.Header().Get(router.ForwardedHeader) != "")
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(resp), nil
+	return connect.NewResponse(&wardenv1.TransferLeaderResponse{LeaderNodeId: lead}), nil
 }
 
 // Snapshot implements AdminService.Snapshot. A forwarded request
@@ -58,14 +59,19 @@ func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv
 		for _, rep := range m.Shard(id).GetReplicas() {
 			node := m.Node(rep.GetNodeId())
 			if s.r.IsLocal(rep.GetNodeId()) {
-				out.Snapshots = append(out.Snapshots, s.r.SnapshotLocal(ctx, id, rep.GetNodeId()))
+				rs := &wardenv1.ReplicaSnapshot{ShardId: id, NodeId: rep.GetNodeId()}
+				var err error
+				if rs.Index, err = s.r.SnapshotLocal(ctx, id, rep.GetNodeId()); err != nil {
+					rs.Error = err.Error()
+				}
+				out.Snapshots = append(out.Snapshots, rs)
 			} else if req.Header().Get(router.ForwardedHeader) == "" && node != nil {
 				remote[node.GetListenAddr()] = append(remote[node.GetListenAddr()], &wardenv1.ReplicaSnapshot{ShardId: id, NodeId: rep.GetNodeId()})
 			}
 		}
 	}
 	for addr, reps := range remote {
-		resp, err := s.r.Peers().Get(addr).Admin.Snapshot(ctx, router.ForwardedReq(req.Msg))
+		resp, err := s.r.peer(addr).Admin.Snapshot(ctx, router.ForwardedReq(req.Msg))
 		if err != nil {
 			// Each replica the node hosts gets the error, so a caller can
 			// tell which were not snapshotted.

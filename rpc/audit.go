@@ -87,7 +87,7 @@ type deniedOps struct {
 
 // add counts op of method on resource, denied with err (its latency
 // observed from start, unless zero).
-func (d *deniedOps) add(ctx context.Context, r *router.Router, peer connect.Peer, method, resource string, start time.Time, err error) {
+func (d *deniedOps) add(ctx context.Context, r *node, peer connect.Peer, method, resource string, start time.Time, err error) {
 	record(ctx, r, peer, method, start, nil, err)
 	if d.n == 0 {
 		d.resource, d.err = resource, err
@@ -97,7 +97,7 @@ func (d *deniedOps) add(ctx context.Context, r *router.Router, peer connect.Peer
 
 // audit writes the one audit line of the denied ops of a call of method,
 // if any were.
-func (d *deniedOps) audit(ctx context.Context, r *router.Router, peer connect.Peer, method string) {
+func (d *deniedOps) audit(ctx context.Context, r *node, peer connect.Peer, method string) {
 	if d.n > 0 {
 		audit(ctx, r, peer, auditEntry{method: method, resource: d.resource, denied: d.n}, d.err)
 	}
@@ -105,7 +105,7 @@ func (d *deniedOps) audit(ctx context.Context, r *router.Router, peer connect.Pe
 
 // audit writes e with the RPC's caller and outcome; it does nothing
 // without an audit logger.
-func audit(ctx context.Context, r *router.Router, peer connect.Peer, e auditEntry, err error) {
+func audit(ctx context.Context, r *node, peer connect.Peer, e auditEntry, err error) {
 	if r.Config().Audit == nil {
 		return
 	}

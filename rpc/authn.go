@@ -70,7 +70,7 @@ func requirement(msg any) (perm, alt auth.Permission, resource string, whole boo
 
 // authorizer is the interceptor that checks each client call's
 // permission (requirement) before its handler runs.
-type authorizer struct{ r *router.Router }
+type authorizer struct{ r *node }
 
 var _ connect.Interceptor = authorizer{}
 
@@ -103,12 +103,12 @@ func (a authorizer) WrapStreamingHandler(next connect.StreamingHandlerFunc) conn
 // authorize returns nil if the call ctx serves may use perm on resource
 // (alt, if set, is a permission that allows it too), else a
 // PermissionDenied error naming the permission and the resource.
-func authorize(ctx context.Context, r *router.Router, perm, alt auth.Permission, resource string) error {
-	pol, err := r.Auth().Policy()
+func authorize(ctx context.Context, r *node, perm, alt auth.Permission, resource string) error {
+	pol, err := r.auth.Policy()
 	if err != nil {
 		return err
 	}
-	return router.AuthorizeWith(pol, router.PrincipalOf(ctx), perm, alt, resource)
+	return authorizeWith(pol, router.PrincipalOf(ctx), perm, alt, resource)
 }
 
 // Refusal returns the error guard answers req with, unread, when req is
@@ -117,7 +117,8 @@ func authorize(ctx context.Context, r *router.Router, perm, alt auth.Permission,
 // authenticate; else nil. It is for a layer in front of NewHandler's
 // that reads the body before guard sees the call (server's
 // gRPC-Web-text translation), so that it reads none of a refused call.
-func Refusal(r *router.Router, req *http.Request) error {
+func (h *Handler) Refusal(req *http.Request) error {
+	r := h.n
 	switch {
 	case fromNode(r.Config(), req):
 		return nil
@@ -126,7 +127,7 @@ func Refusal(r *router.Router, req *http.Request) error {
 	case !authenticated(req.URL.Path):
 		return nil
 	}
-	_, err := authenticate(r.Auth(), req)
+	_, err := authenticate(r.auth, req)
 	return err
 }
 
@@ -146,12 +147,12 @@ func errNodeAPI() error {
 // over cleartext, or with a bad token. A token, the call's own
 // credential, wins over the connection's certificate (a service holding
 // a certificate may act with an operator's token).
-func authenticate(a *router.AuthState, req *http.Request) (string, error) {
+func authenticate(a *authState, req *http.Request) (string, error) {
 	pol, err := a.Policy()
 	if err != nil {
 		return "", err
 	}
-	return router.AuthenticateWith(pol, req)
+	return authenticateWith(pol, req)
 }
 
 // fromNode reports whether req came from another node of the cluster:
@@ -177,7 +178,7 @@ func fromNode(cfg *router.Config, req *http.Request) bool {
 // Under TLS a node must also be one the map knows (known, when set,
 // says): a peer certificate for any other id (a node about to join) may
 // read the placement state and register itself, nothing else.
-func guard(cfg *router.Config, a *router.AuthState, known func(id uint64) bool, next http.Handler) http.Handler {
+func guard(cfg *router.Config, a *authState, known func(id uint64) bool, next http.Handler) http.Handler {
 	refuse := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if fromNode(cfg, req) {
@@ -192,7 +193,7 @@ func guard(cfg *router.Config, a *router.AuthState, known func(id uint64) bool, 
 				}
 			}
 			if p := req.Header.Get(router.PrincipalHeader); p != "" {
-				req = req.WithContext(context.WithValue(req.Context(), router.PrincipalKey{}, p))
+				req = req.WithContext(router.WithPrincipal(req.Context(), p))
 			}
 			next.ServeHTTP(w, req)
 			return
@@ -210,9 +211,9 @@ func guard(cfg *router.Config, a *router.AuthState, known func(id uint64) bool, 
 				_ = refuse.Write(w, req, err)
 				return
 			}
-			rctx := context.WithValue(req.Context(), router.CredentialKey{}, req)
+			rctx := context.WithValue(req.Context(), credentialKey{}, req)
 			if p != "" {
-				rctx = context.WithValue(rctx, router.PrincipalKey{}, p)
+				rctx = router.WithPrincipal(rctx, p)
 			}
 			req = req.WithContext(rctx)
 		}

@@ -19,7 +19,7 @@ import (
 // AuthServer implements AuthService over the placement group, where the
 // auth state lives. The authorizer interceptor has checked admin before
 // any method runs.
-type AuthServer struct{ r *router.Router }
+type AuthServer struct{ r *node }
 
 var _ wardenv1connect.AuthServiceHandler = (*AuthServer)(nil)
 
@@ -100,7 +100,7 @@ func (s *AuthServer) RevokeToken(ctx context.Context, req *connect.Request[warde
 
 // change commits an auth change and answers out; this node decides by
 // the new state at once, the others within their next map read.
-func change[Resp any](ctx context.Context, r *router.Router, op *placementv1.AuthCmd, out *Resp) (*connect.Response[Resp], error) {
+func change[Resp any](ctx context.Context, r *node, op *placementv1.AuthCmd, out *Resp) (*connect.Response[Resp], error) {
 	_, err := r.Meta().Propose(ctx, &placementv1.Command{Command: &placementv1.Command_Auth{Auth: op}})
 	var refused *placement.RefusedError
 	switch {

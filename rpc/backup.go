@@ -103,7 +103,7 @@ func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.Ba
 // its replicas, trying each in turn (a local one first) until one
 // answers, and returns its manifest entry. A replica that fails after it
 // began sending fails the backup: the file is half written.
-func backupShard(ctx context.Context, r *router.Router, st *placementv1.State, shardID uint64, out *connect.ServerStream[wardenv1.BackupResponse]) (*wardenv1.BackupShard, error) {
+func backupShard(ctx context.Context, r *node, st *placementv1.State, shardID uint64, out *connect.ServerStream[wardenv1.BackupResponse]) (*wardenv1.BackupShard, error) {
 	m := placement.NewMap(st)
 	s := m.Shard(shardID)
 	if s == nil {

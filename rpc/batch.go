@@ -90,7 +90,7 @@ func (s *LockServer) batchGroup(ctx context.Context, req *connect.Request[warden
 		sub.Ops[j] = ops[i]
 	}
 	fctx, _ := withCallState(ctx) // a group served elsewhere is that node's to record, not the Batch
-	resp, ok, err := forward(fctx, s.r, sameHopReq(sub, req.Header()), opResource(sub.Ops[0]), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
+	resp, ok, err := forward(fctx, s.r, sameHopReq(sub, req.Header()), opResource(sub.Ops[0]), func(p *peer) func(context.Context, *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
 		return p.Locks.Batch
 	})
 	if ok && connect.CodeOf(err) == connect.CodeUnimplemented {
@@ -156,7 +156,7 @@ func (s *LockServer) batchGroup(ctx context.Context, req *connect.Request[warden
 // indexes into out) and waits: in this goroutine when there is one group,
 // the usual case, else each in its own through goServe, where a panic
 // fills the group's outcomes with failed(err).
-func serveGroups[O any](r *router.Router, groups map[uint64][]int, out []O, failed func(error) O, serve func(shardID uint64, idx []int)) {
+func serveGroups[O any](r *node, groups map[uint64][]int, out []O, failed func(error) O, serve func(shardID uint64, idx []int)) {
 	var wg sync.WaitGroup
 	for shardID, idx := range groups {
 		if len(groups) == 1 {
@@ -232,7 +232,7 @@ func (s *LockServer) opDone(ctx context.Context, from connect.Peer, op *wardenv1
 // acquireOutcome returns the outcome of acquire op m of a Batch from the
 // caller from, begun at start and answered msg or err, and, with served
 // set (this node served it), records it as its own Acquire call would be.
-func acquireOutcome(r *router.Router, ctx context.Context, from connect.Peer, m *wardenv1.AcquireRequest, start time.Time, msg *wardenv1.AcquireResponse, err error, served bool) *wardenv1.BatchOutcome {
+func acquireOutcome(r *node, ctx context.Context, from connect.Peer, m *wardenv1.AcquireRequest, start time.Time, msg *wardenv1.AcquireResponse, err error, served bool) *wardenv1.BatchOutcome {
 	if served {
 		record(ctx, r, from, "Acquire", start, acquireEntry(m, msg), err)
 	}
@@ -243,7 +243,7 @@ func acquireOutcome(r *router.Router, ctx context.Context, from connect.Peer, m 
 }
 
 // releaseOutcome is acquireOutcome for release op m.
-func releaseOutcome(r *router.Router, ctx context.Context, from connect.Peer, m *wardenv1.ReleaseRequest, start time.Time, msg *wardenv1.ReleaseResponse, err error, served bool) *wardenv1.BatchOutcome {
+func releaseOutcome(r *node, ctx context.Context, from connect.Peer, m *wardenv1.ReleaseRequest, start time.Time, msg *wardenv1.ReleaseResponse, err error, served bool) *wardenv1.BatchOutcome {
 	if served {
 		record(ctx, r, from, "Release", start, releaseEntry(m, msg), err)
 	}

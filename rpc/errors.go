@@ -130,7 +130,7 @@ func toConnect(err error) error {
 		return withDetail(connect.NewError(c.code, fe),
 			&wardenv1.FieldViolation{Field: fe.Field, Description: fe.Reason})
 	case errors.As(err, &rl):
-		return withDetail(connect.NewError(c.code, err), rl.NotLeader())
+		return withDetail(connect.NewError(c.code, err), notLeader(rl))
 	case errors.As(err, &nl):
 		return withDetail(connect.NewError(c.code, err), &wardenv1.NotLeader{ShardId: nl.ShardID})
 	}
@@ -160,10 +160,21 @@ func resultToConnect(err *router.ResultError, code connect.Code) error {
 			return withDetail(e, &wardenv1.PoolFrozen{Pool: q.GetLevel(), Reason: q.GetReason()})
 		}
 	}
-	if err.Moved != nil {
-		return withDetail(e, err.Moved)
+	if m := err.Moved; m != nil {
+		return withDetail(e, &wardenv1.RangeMoved{ShardId: m.ShardID, RangeStart: m.Start, RangeEnd: m.End,
+			Generation: m.Generation, LeaderNodeId: m.LeaderNodeID, LeaderAddress: m.LeaderAddress})
 	}
 	return e
+}
+
+// notLeader is the recovery detail of an answer that could not reach
+// rl's shard's leader: where it is led from, when that is known.
+func notLeader(rl *router.RemoteLeader) *wardenv1.NotLeader {
+	d := &wardenv1.NotLeader{ShardId: rl.ShardID}
+	if rl.Term != 0 {
+		d.LeaderNodeId, d.LeaderAddress, d.Term = rl.Node.GetId(), rl.Node.GetListenAddr(), rl.Term
+	}
+	return d
 }
 
 // internalError logs err, which no client can act on and whose text may

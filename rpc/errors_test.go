@@ -83,7 +83,8 @@ func TestUnavailableCarriesRecoveryDetails(t *testing.T) {
 		{&router.RemoteLeader{ShardID: 3, Node: node, Term: 7}, &wardenv1.NotLeader{ShardId: 3, LeaderNodeId: 2, LeaderAddress: "10.0.0.2:7070", Term: 7}},
 		{&router.RemoteLeader{ShardID: 3, Node: node}, &wardenv1.NotLeader{ShardId: 3}},
 		{fmt.Errorf("leader: %w", &router.NoLeaderError{ShardID: 4}), &wardenv1.NotLeader{ShardId: 4}},
-		{&router.ResultError{Res: &shardv1.Result{Code: shardv1.Code_CODE_WRONG_SHARD}, Moved: moved}, moved},
+		{&router.ResultError{Res: &shardv1.Result{Code: shardv1.Code_CODE_WRONG_SHARD},
+			Moved: &router.RangeMoved{ShardID: 5, Start: 1 << 63, Generation: 9, LeaderNodeID: 2, LeaderAddress: "10.0.0.2:7070"}}, moved},
 	} {
 		ce := new(connect.Error)
 		if !errors.As(toConnect(tc.err), &ce) || ce.Code() != connect.CodeUnavailable {
@@ -137,7 +138,7 @@ func TestForwardRetriesWhatNoNodeAnswered(t *testing.T) {
 	plain := plain400(t, &calls)
 	r := ledFrom(plain.URL, router.Config{LeaderWait: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	req := connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "x"})
-	_, ok, err := forward(context.Background(), r, req, "orders/42", func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
+	_, ok, err := forward(context.Background(), newNode(r), req, "orders/42", func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
 		return p.Locks.Renew
 	})
 	if !ok || connect.CodeOf(err) != connect.CodeUnavailable {
@@ -269,7 +270,7 @@ func TestInternalErrorLoggedOnce(t *testing.T) {
 	next := connect.UnaryFunc(func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) {
 		return nil, errors.New("pebble: disk on fire")
 	})
-	_, err := observer{r}.WrapUnary(next)(context.Background(), connect.NewRequest(&wardenv1.AcquireRequest{Resource: "r"}))
+	_, err := observer{newNode(r)}.WrapUnary(next)(context.Background(), connect.NewRequest(&wardenv1.AcquireRequest{Resource: "r"}))
 	if connect.CodeOf(err) != connect.CodeInternal || strings.Contains(err.Error(), "disk") {
 		t.Fatalf("client got %v: want internal with an id only", err)
 	}
@@ -309,7 +310,7 @@ func TestForwardedReleaseSettles(t *testing.T) {
 		answers := tc.answers
 		unknown := false
 		req := connect.NewRequest(&wardenv1.ReleaseRequest{Resource: "orders/42"})
-		resp, ok, err := forwardRelease(context.Background(), r, req, &unknown, func(*router.Peer) releaseCall {
+		resp, ok, err := forwardRelease(context.Background(), newNode(r), req, &unknown, func(*peer) releaseCall {
 			return func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 				a := answers[0]
 				answers = answers[1:]

@@ -13,7 +13,7 @@ import (
 // outside the package (which start clusters through package server, which
 // the package's own tests cannot import).
 func ProposeAcquire(ctx context.Context, r *router.Router, req *wardenv1.AcquireRequest) (*shardv1.Result, error) {
-	cmd, err := NewLockServer(r).acquireCmd(ctx, req)
+	cmd, err := newLockServer(newNode(r)).acquireCmd(ctx, req)
 	if err != nil {
 		return nil, err
 	}

@@ -21,15 +21,15 @@ import (
 // transport's details (addresses, another server's text), which the log
 // keeps, with the node asked named when it is known to lead: a client
 // that reaches it directly may get through.
-func forward[Req, Resp any](ctx context.Context, r *router.Router, req *connect.Request[Req], key string,
-	call func(*router.Peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
+func forward[Req, Resp any](ctx context.Context, r *node, req *connect.Request[Req], key string,
+	call func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) (resp *connect.Response[Resp], ok bool, err error) {
 	hops := hopsOf(req.Header())
 	asked, ok, err := r.Forward(ctx, key, hops, func(ctx context.Context, node *placementv1.Node) error {
 		fr := connect.NewRequest(req.Msg)
 		fr.Header().Set(router.ForwardedHeader, strconv.Itoa(hops+1))
 		metrics.forwards.Inc()
 		var cerr error
-		resp, cerr = call(r.Peers().Get(node.GetListenAddr()))(ctx, fr)
+		resp, cerr = call(r.peer(node.GetListenAddr()))(ctx, fr)
 		return cerr
 	})
 	var ce *connect.Error
@@ -40,7 +40,7 @@ func forward[Req, Resp any](ctx context.Context, r *router.Router, req *connect.
 		markForwarded(ctx) // a node served it and recorded it
 	case ctx.Err() == nil:
 		r.Config().Logger.Warn("a forwarded call got no answer", "key", key, "addr", asked.Node.GetListenAddr(), "err", err)
-		err = withDetail(connect.NewError(connect.CodeUnavailable, errors.New("the node that leads the key's shard did not answer; retry with the same ids")), asked.NotLeader())
+		err = withDetail(connect.NewError(connect.CodeUnavailable, errors.New("the node that leads the key's shard did not answer; retry with the same ids")), notLeader(asked))
 	}
 	if err != nil {
 		return nil, true, err

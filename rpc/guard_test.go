@@ -57,7 +57,7 @@ func TestGuard(t *testing.T) {
 		}
 		req.TLS = tc.tls
 		w := httptest.NewRecorder()
-		guard(&tc.cfg, &router.AuthState{}, nil, next).ServeHTTP(w, req)
+		guard(&tc.cfg, &authState{}, nil, next).ServeHTTP(w, req)
 		switch {
 		case tc.served && seen == nil:
 			t.Errorf("%s: not served (%d %s)", tc.name, w.Code, w.Body)
@@ -77,7 +77,7 @@ func TestGuard(t *testing.T) {
 	req := httptest.NewRequest(http.MethodPost, nodePath+"Propose", nil)
 	req.Header.Set("Content-Type", "application/proto")
 	w := httptest.NewRecorder()
-	guard(&router.Config{ClusterSecret: secret}, &router.AuthState{}, nil, next).ServeHTTP(w, req)
+	guard(&router.Config{ClusterSecret: secret}, &authState{}, nil, next).ServeHTTP(w, req)
 	if !strings.Contains(w.Body.String(), `"code":"unauthenticated"`) {
 		t.Errorf("the refusal: %d %q, want a Connect unauthenticated error", w.Code, w.Body)
 	}
@@ -109,16 +109,16 @@ func TestGuardAuthenticates(t *testing.T) {
 	st := &placementv1.AuthState{Enabled: true, Revision: 1, Tokens: []*placementv1.Token{rec},
 		Roles:    []*placementv1.Role{{Name: "op", Grants: []*placementv1.Grant{{Permission: "admin"}}}},
 		Bindings: []*placementv1.Binding{{Principal: "admin", Role: "op"}}}
-	fresh := router.NewAuthState(st, time.Now(), false)
-	stale := router.NewAuthState(st, time.Now().Add(-2*router.AuthMaxStale), false)
-	unset := router.NewAuthState(nil, time.Now(), true)
+	fresh := newAuthState(st, time.Now(), false)
+	stale := newAuthState(st, time.Now().Add(-2*AuthMaxStale), false)
+	unset := newAuthState(nil, time.Now(), true)
 	overTLS := &tls.ConnectionState{}
 	const acquire = "/warden.v1.LockService/Acquire"
 	var principal string
 	next := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { principal = router.PrincipalOf(req.Context()) + "|" })
 	for _, tc := range []struct {
 		name    string
-		a       *router.AuthState
+		a       *authState
 		path    string
 		headers map[string]string
 		tls     *tls.ConnectionState
@@ -135,7 +135,7 @@ func TestGuardAuthenticates(t *testing.T) {
 		{"probes need nothing", fresh, "/metrics", nil, nil, "", 0},
 		{"a stale view", stale, acquire, map[string]string{"Authorization": "Bearer " + token}, overTLS, "", http.StatusServiceUnavailable},
 		{"auth not bootstrapped yet", unset, acquire, nil, overTLS, "", http.StatusServiceUnavailable},
-		{"auth off, anonymous", &router.AuthState{}, acquire, nil, nil, "", 0},
+		{"auth off, anonymous", &authState{}, acquire, nil, nil, "", 0},
 	} {
 		principal = ""
 		body := &readTracker{}

@@ -26,7 +26,8 @@ import (
 // options (interceptors) apply to the Warden services, outside the
 // observer that counts, audits and maps the errors of the client
 // services.
-func NewHandler(r *router.Router, opts ...connect.HandlerOption) http.Handler {
+func NewHandler(core *router.Router, opts ...connect.HandlerOption) *Handler {
+	r := newNode(core)
 	opts = append([]connect.HandlerOption{
 		// Compressing Warden's small messages costs more CPU than their
 		// bytes cost a datacenter network: at 1 KiB, gzipping Batch
@@ -44,9 +45,9 @@ func NewHandler(r *router.Router, opts ...connect.HandlerOption) http.Handler {
 	// innermost, so the callers' interceptors see the Connect errors
 	// clients get.
 	client := append(slices.Clone(opts), connect.WithInterceptors(observer{r}, authorizer{r}))
-	mux.Handle(wardenv1connect.NewLockServiceHandler(NewLockServer(r), client...))
-	mux.Handle(wardenv1connect.NewQuotaServiceHandler(NewQuotaServer(r), client...))
-	mux.Handle(wardenv1connect.NewAdminServiceHandler(NewAdminServer(r), client...))
+	mux.Handle(wardenv1connect.NewLockServiceHandler(newLockServer(r), client...))
+	mux.Handle(wardenv1connect.NewQuotaServiceHandler(newQuotaServer(r), client...))
+	mux.Handle(wardenv1connect.NewAdminServiceHandler(newAdminServer(r), client...))
 	mux.Handle(wardenv1connect.NewAuthServiceHandler(&AuthServer{r}, client...))
 	// Nodes forward whole pages of records when a range moves. The node
 	// API is served only where the nodes authenticate each other (guard);
@@ -77,7 +78,13 @@ func NewHandler(r *router.Router, opts ...connect.HandlerOption) http.Handler {
 		defer cancel()
 		return r.RefreshMap(ctx) == nil && r.Map().Node(id) != nil
 	}
-	return guard(r.Config(), r.Auth(), known, mux)
+	return &Handler{Handler: guard(r.Config(), r.auth, known, mux), n: r}
+}
+
+// Handler is a node's HTTP surface (NewHandler).
+type Handler struct {
+	http.Handler
+	n *node
 }
 
 // MaxRequestBytes bounds a client's request message, in bytes (a larger
@@ -98,7 +105,7 @@ var tenantLabels = []string{"pool"}
 // (tenantLabels), or, with Config.MetricsAuth, unauthenticated or
 // permission_denied. So an anonymous scrape of a node with
 // authentication on shows no tenant's name.
-func metricsHandler(r *router.Router) http.Handler {
+func metricsHandler(r *node) http.Handler {
 	full := promhttp.Handler()
 	redacted := promhttp.HandlerFor(prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
 		mfs, err := prometheus.DefaultGatherer.Gather()
@@ -115,17 +122,17 @@ func metricsHandler(r *router.Router) http.Handler {
 	}), promhttp.HandlerOpts{})
 	refuse := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		pol, err := r.Auth().Policy()
+		pol, err := r.auth.Policy()
 		if err == nil && !pol.Enabled() {
 			full.ServeHTTP(w, req)
 			return
 		}
 		var principal string
 		if err == nil {
-			principal, err = router.AuthenticateWith(pol, req)
+			principal, err = authenticateWith(pol, req)
 		}
 		if err == nil {
-			if err = router.AuthorizeWith(pol, principal, auth.Read, "", ""); err == nil {
+			if err = authorizeWith(pol, principal, auth.Read, "", ""); err == nil {
 				full.ServeHTTP(w, req)
 				return
 			}

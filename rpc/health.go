@@ -34,7 +34,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // healthChecker is grpc.health.v1 over Ready: every Warden service, and
 // the server as a whole (""), is SERVING while the process is ready.
 type healthChecker struct {
-	r        *router.Router
+	r        *node
 	services []string
 }
 
@@ -49,7 +49,7 @@ func (h healthChecker) Check(ctx context.Context, req *grpchealth.CheckRequest) 
 }
 
 // readyz answers 200 when Ready has no reason, else 503 with them.
-func readyz(r *router.Router, w http.ResponseWriter, req *http.Request) {
+func readyz(r *node, w http.ResponseWriter, req *http.Request) {
 	if reasons := r.Ready(req.Context()); len(reasons) > 0 {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": reasons})
 		return

@@ -12,7 +12,6 @@ import (
 
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
-	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -54,7 +53,7 @@ func markForwarded(ctx context.Context) {
 }
 
 // observer is the interceptor of the client services.
-type observer struct{ r *router.Router }
+type observer struct{ r *node }
 
 var _ connect.Interceptor = observer{}
 
@@ -170,7 +169,7 @@ func requestText(m proto.Message) string {
 // record counts a call (or a batch's part) of method begun at start (its
 // latency is not observed when start is zero) that ended with err, and
 // writes its audit entry e, if any, as from peer.
-func record(ctx context.Context, r *router.Router, peer connect.Peer, method string, start time.Time, e *auditEntry, err error) {
+func record(ctx context.Context, r *node, peer connect.Peer, method string, start time.Time, e *auditEntry, err error) {
 	if !start.IsZero() {
 		metrics.rpcDuration.WithLabelValues(method, outcome(err)).Observe(time.Since(start).Seconds())
 	}

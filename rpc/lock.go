@@ -22,13 +22,13 @@ import (
 
 // LockServer implements wardenv1connect.LockServiceHandler on a Router.
 type LockServer struct {
-	r *router.Router
+	r *node
 }
 
 var _ wardenv1connect.LockServiceHandler = (*LockServer)(nil)
 
-// NewLockServer returns the LockService handler of r.
-func NewLockServer(r *router.Router) *LockServer { return &LockServer{r: r} }
+// newLockServer returns the LockService handler of r.
+func newLockServer(r *node) *LockServer { return &LockServer{r: r} }
 
 // Acquire implements LockService.Acquire.
 //
@@ -44,7 +44,7 @@ func NewLockServer(r *router.Router) *LockServer { return &LockServer{r: r} }
 func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (_ *connect.Response[wardenv1.AcquireResponse], err error) {
 	if req.Msg.GetWaitTimeout().AsDuration() > 0 {
 		var stop func()
-		ctx, stop = s.r.WatchCall(ctx, auth.Lock, req.Msg.GetResource())
+		ctx, stop = s.r.watchCall(ctx, auth.Lock, req.Msg.GetResource())
 		defer stop()
 		defer func() {
 			// The auth state ended the wait: answer why, not "canceled".
@@ -55,7 +55,7 @@ func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.
 	}
 	start := time.Now()
 	for {
-		if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+		if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
 			return func(ctx context.Context, fr *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
 				fr.Msg = waitLeft(fr.Msg, start)
 				return p.Locks.Acquire(ctx, fr)
@@ -170,7 +170,7 @@ func (s *LockServer) acquireCmd(ctx context.Context, m *wardenv1.AcquireRequest)
 		Tenant:           m.GetTenant(),
 		LeaseId:          leaseID,
 		WaitTimeoutNanos: int64(m.GetWaitTimeout().AsDuration()),
-		Principal:        s.r.ReplayPrincipal(ctx),
+		Principal:        s.r.replayPrincipal(ctx),
 	}, nil
 }
 
@@ -186,7 +186,7 @@ func acquireResponse(l *shardv1.LeaseInfo) *connect.Response[wardenv1.AcquireRes
 
 // Renew implements LockService.Renew.
 func (s *LockServer) Renew(ctx context.Context, req *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
-	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
+	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
 		return p.Locks.Renew
 	}); ok {
 		return resp, err
@@ -210,7 +210,7 @@ func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*conn
 // Release implements LockService.Release.
 func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 	unknown := false // a forwarded attempt's outcome is unknown
-	if resp, ok, err := forwardRelease(ctx, s.r, req, &unknown, func(p *router.Peer) releaseCall { return p.Locks.Release }); ok {
+	if resp, ok, err := forwardRelease(ctx, s.r, req, &unknown, func(p *peer) releaseCall { return p.Locks.Release }); ok {
 		return resp, err
 	}
 	// Leadership came here after such an attempt: the same rule.
@@ -242,8 +242,8 @@ type releaseCall = func(context.Context, *connect.Request[wardenv1.ReleaseReques
 // lease id, the attempt before it did that, and the call answers what that
 // attempt would have, released (DESIGN.md §1 rule 3), rather than that
 // nothing changed. Any other answer is the last attempt's own.
-func forwardRelease(ctx context.Context, r *router.Router, req *connect.Request[wardenv1.ReleaseRequest], unknown *bool, call func(*router.Peer) releaseCall) (*connect.Response[wardenv1.ReleaseResponse], bool, error) {
-	return forward(ctx, r, req, req.Msg.GetResource(), func(p *router.Peer) releaseCall {
+func forwardRelease(ctx context.Context, r *node, req *connect.Request[wardenv1.ReleaseRequest], unknown *bool, call func(*peer) releaseCall) (*connect.Response[wardenv1.ReleaseResponse], bool, error) {
+	return forward(ctx, r, req, req.Msg.GetResource(), func(p *peer) releaseCall {
 		return func(ctx context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 			resp, err := call(p)(ctx, fr)
 			switch {
@@ -285,7 +285,7 @@ func releaseCmd(m *wardenv1.ReleaseRequest) (*shardv1.ReleaseCmd, error) {
 
 // Describe implements LockService.Describe with a linearizable read.
 func (s *LockServer) Describe(ctx context.Context, req *connect.Request[wardenv1.DescribeRequest]) (*connect.Response[wardenv1.DescribeResponse], error) {
-	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.DescribeRequest]) (*connect.Response[wardenv1.DescribeResponse], error) {
+	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.DescribeRequest]) (*connect.Response[wardenv1.DescribeResponse], error) {
 		return p.Locks.Describe
 	}); ok {
 		return resp, err

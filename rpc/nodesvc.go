@@ -19,7 +19,7 @@ import (
 // NodeServer implements placementv1connect.NodeServiceHandler, the
 // node-to-node API: it only ever serves from this node's own replicas.
 type NodeServer struct {
-	r *router.Router
+	r *node
 }
 
 var _ placementv1connect.NodeServiceHandler = (*NodeServer)(nil)

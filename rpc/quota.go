@@ -22,18 +22,18 @@ import (
 // Quota keys route by their pool (the first segment), so a whole tree
 // lives in one shard and a Reserve checks every level in one entry.
 type QuotaServer struct {
-	r *router.Router
+	r *node
 }
 
 var _ wardenv1connect.QuotaServiceHandler = (*QuotaServer)(nil)
 
-// NewQuotaServer returns the QuotaService handler of r.
-func NewQuotaServer(r *router.Router) *QuotaServer { return &QuotaServer{r: r} }
+// newQuotaServer returns the QuotaService handler of r.
+func newQuotaServer(r *node) *QuotaServer { return &QuotaServer{r: r} }
 
 // quotaCall runs a quota RPC here, or on the node that leads the pool's
 // shard.
 func quotaCall[Req, Resp any](ctx context.Context, s *QuotaServer, req *connect.Request[Req], key string,
-	remote func(*router.Peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
+	remote func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
 	local func(context.Context, *Req) (*Resp, error)) (*connect.Response[Resp], error) {
 	if err := shard.CheckQuotaKey("key", key); err != nil {
 		return nil, err
@@ -60,7 +60,7 @@ func level(q *shardv1.QuotaRecord, reserved, expired, remaining int64) *wardenv1
 
 // SetLimit implements QuotaService.SetLimit.
 func (s *QuotaServer) SetLimit(ctx context.Context, req *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
 		return p.Quota.SetLimit
 	}, func(ctx context.Context, m *wardenv1.SetLimitRequest) (*wardenv1.SetLimitResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{
@@ -75,7 +75,7 @@ func (s *QuotaServer) SetLimit(ctx context.Context, req *connect.Request[wardenv
 
 // Reserve implements QuotaService.Reserve.
 func (s *QuotaServer) Reserve(ctx context.Context, req *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
 		return p.Quota.Reserve
 	}, func(ctx context.Context, m *wardenv1.ReserveRequest) (*wardenv1.ReserveResponse, error) {
 		if err := shard.CheckName("reservation_id", m.GetReservationId(), shard.MaxRequestIDBytes); err != nil {
@@ -97,7 +97,7 @@ func (s *QuotaServer) Reserve(ctx context.Context, req *connect.Request[wardenv1
 
 // Commit implements QuotaService.Commit.
 func (s *QuotaServer) Commit(ctx context.Context, req *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
 		return p.Quota.Commit
 	}, func(ctx context.Context, m *wardenv1.CommitRequest) (*wardenv1.CommitResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_Commit{Commit: &shardv1.CommitCmd{
@@ -111,7 +111,7 @@ func (s *QuotaServer) Commit(ctx context.Context, req *connect.Request[wardenv1.
 
 // Release implements QuotaService.Release.
 func (s *QuotaServer) Release(ctx context.Context, req *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
 		return p.Quota.Release
 	}, func(ctx context.Context, m *wardenv1.QuotaServiceReleaseRequest) (*wardenv1.QuotaServiceReleaseResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_ReleaseReservation{ReleaseReservation: &shardv1.ReleaseReservationCmd{
@@ -152,7 +152,7 @@ func (s *QuotaServer) query(ctx context.Context, req *connect.Request[wardenv1.Q
 		}
 		// No local replica: a linearizable read is at least as fresh.
 	}
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
 		return p.Quota.Query
 	}, func(ctx context.Context, m *wardenv1.QueryRequest) (*wardenv1.QueryResponse, error) {
 		q, err := s.r.Read(ctx, keyspace.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: m.GetKey()}}})
@@ -189,7 +189,7 @@ func pageSize(field string, n uint32) (uint32, error) {
 
 // ListReservations implements QuotaService.ListReservations.
 func (s *QuotaServer) ListReservations(ctx context.Context, req *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
 		return p.Quota.ListReservations
 	}, func(ctx context.Context, m *wardenv1.ListReservationsRequest) (*wardenv1.ListReservationsResponse, error) {
 		size, err := pageSize("page_size", m.GetPageSize())
@@ -233,7 +233,7 @@ func cutNUL(b []byte) (string, string, bool) {
 
 // ListLedger implements QuotaService.ListLedger.
 func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
 		return p.Quota.ListLedger
 	}, func(ctx context.Context, m *wardenv1.ListLedgerRequest) (*wardenv1.ListLedgerResponse, error) {
 		size, err := pageSize("limit", m.GetLimit())
@@ -273,7 +273,7 @@ func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[ward
 				router.ErrNoLeader, shard.VersionObservedSeq, rg.GetShardId())
 		}
 	}
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
+	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
 		return p.Quota.ReportUsage
 	}, func(ctx context.Context, m *wardenv1.ReportUsageRequest) (*wardenv1.ReportUsageResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: &shardv1.ReportUsageCmd{
@@ -301,7 +301,7 @@ func (s *QuotaServer) Unfreeze(ctx context.Context, req *connect.Request[wardenv
 	if rg, err := s.r.Map().ShardFor(pool); err == nil && !s.r.Applies(rg.GetShardId(), shard.VersionRestoredPools) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("a replica of shard %d runs a binary older than Unfreeze (envelope version %d): finish the rolling upgrade first", rg.GetShardId(), shard.VersionRestoredPools))
 	}
-	return quotaCall(ctx, s, req, pool, func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.UnfreezeRequest]) (*connect.Response[wardenv1.UnfreezeResponse], error) {
+	return quotaCall(ctx, s, req, pool, func(p *peer) func(context.Context, *connect.Request[wardenv1.UnfreezeRequest]) (*connect.Response[wardenv1.UnfreezeResponse], error) {
 		return p.Quota.Unfreeze
 	}, func(ctx context.Context, m *wardenv1.UnfreezeRequest) (*wardenv1.UnfreezeResponse, error) {
 		res, err := s.propose(ctx, pool, &shardv1.Envelope{Command: &shardv1.Envelope_UnfreezePool{UnfreezePool: &shardv1.UnfreezePoolCmd{Pool: pool}}})
@@ -327,8 +327,8 @@ func quotaExhausted(q *shardv1.QuotaOutcome) *wardenv1.QuotaExhausted {
 // which bounds the caller's own reservations (a Reserve refused would
 // tell as much). It fails, as authorization does, when the node's auth
 // view is too old to decide by.
-func redactLevels(ctx context.Context, r *router.Router, q *wardenv1.QueryResponse) error {
-	pol, err := r.Auth().Policy()
+func redactLevels(ctx context.Context, r *node, q *wardenv1.QueryResponse) error {
+	pol, err := r.auth.Policy()
 	if err != nil || !pol.Enabled() {
 		return err
 	}

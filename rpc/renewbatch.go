@@ -72,7 +72,7 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 	}
 	fr := sameHopReq(sub, req.Header())
 	fctx, _ := withCallState(ctx) // a group served elsewhere is that node's to record, not the RenewBatch
-	resp, ok, err := forward(fctx, s.r, fr, sub.Renewals[0].GetResource(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
+	resp, ok, err := forward(fctx, s.r, fr, sub.Renewals[0].GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
 		return p.Locks.RenewBatch
 	})
 	if ok && connect.CodeOf(err) == connect.CodeUnimplemented {

@@ -8,7 +8,6 @@ import (
 
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
-	"github.com/warden-dev/warden/router"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -32,7 +31,7 @@ func (s *AdminServer) RevokeLease(ctx context.Context, req *connect.Request[ward
 	if !s.r.Applies(rg.GetShardId(), shard.VersionRevoke) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("a replica of shard %d runs a binary older than RevokeLease (envelope version %d): finish the rolling upgrade first", rg.GetShardId(), shard.VersionRevoke))
 	}
-	if resp, ok, err := forward(ctx, s.r, req, m.GetResource(), func(p *router.Peer) func(context.Context, *connect.Request[wardenv1.RevokeLeaseRequest]) (*connect.Response[wardenv1.RevokeLeaseResponse], error) {
+	if resp, ok, err := forward(ctx, s.r, req, m.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RevokeLeaseRequest]) (*connect.Response[wardenv1.RevokeLeaseResponse], error) {
 		return p.Admin.RevokeLease
 	}); ok {
 		return resp, err

@@ -13,6 +13,7 @@ import (
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/rpc"
 	"github.com/warden-dev/warden/shard"
 	"github.com/warden-dev/warden/tlsconfig"
 )
@@ -167,7 +168,9 @@ func StartCluster(cfg ClusterConfig) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c.Router = router.New(c.Nodes, meta, placement.NewMap(st), c.waits, cfg.Router, p)
+	rc := cfg.Router
+	rc.Remote = rpc.NewRemote(p)
+	c.Router = router.New(c.Nodes, meta, placement.NewMap(st), c.waits, rc, p)
 	if err := c.reconcile(); err != nil {
 		return nil, err
 	}

@@ -31,7 +31,7 @@ const maxTextRequestBytes = rpc.MaxRequestBytes * 3 / 2
 // A request body may be several base64 chunks, each padded, as the
 // protocol allows; it is read whole, within maxBody bytes (the decoded
 // request bound of the API, with base64's overhead), but only once the
-// call's credentials authenticate: refusal (rpc.Refusal) says
+// call's credentials authenticate: refusal (rpc.Handler.Refusal) says
 // what h's authentication would answer, and a refused call is answered
 // so, in gRPC-Web-text, unread. The answer is one base64 stream, padded
 // only where the handler flushes mid-stream (a streaming call) and at

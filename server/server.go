@@ -184,7 +184,8 @@ func refuseWhileStarting(req *http.Request) error {
 // handler is the HTTP surface of r: rpc.NewHandler, with the
 // gRPC-Web-text translation and CORS (for corsOrigins) in front.
 func handler(r *router.Router, corsOrigins []string) http.Handler {
-	return withCORS(grpcWebText(rpc.NewHandler(r), maxTextRequestBytes, func(req *http.Request) error { return rpc.Refusal(r, req) }), corsOrigins)
+	h := rpc.NewHandler(r)
+	return withCORS(grpcWebText(h, maxTextRequestBytes, h.Refusal), corsOrigins)
 }
 
 // tlsHandshakeFailures counts the connections whose TLS handshake
