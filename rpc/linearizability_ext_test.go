@@ -14,78 +14,10 @@ import (
 	"github.com/anishathalye/porcupine"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/internal/lockmodel"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/server"
 )
-
-// The lock as porcupine sees one resource: who holds it and the last
-// token. Leases are long enough never to expire during the test.
-type linState struct {
-	holder string // lease id, "" when free
-	token  uint64
-}
-
-type linInput struct {
-	op       string // acquire, release, describe
-	resource string
-	leaseID  string // release
-}
-
-type linOutput struct {
-	granted  bool   // acquire: granted (else held by another)
-	leaseID  string // acquire
-	token    uint64 // acquire: the grant's; conflict: the holder's; describe: the lock's
-	released *bool  // release: nil when the outcome was learned only through retries
-	held     bool   // describe
-}
-
-// byResource partitions a history by the resource each input names:
-// locks on different resources are independent.
-func byResource(resource func(in any) string) func([]porcupine.Operation) [][]porcupine.Operation {
-	return func(h []porcupine.Operation) [][]porcupine.Operation {
-		by := map[string][]porcupine.Operation{}
-		for _, op := range h {
-			r := resource(op.Input)
-			by[r] = append(by[r], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(by))
-		for _, ops := range by {
-			out = append(out, ops)
-		}
-		return out
-	}
-}
-
-var lockModel = porcupine.Model{
-	Partition: byResource(func(in any) string { return in.(linInput).resource }),
-	Init:      func() any { return linState{} },
-	Step: func(s, in, out any) (bool, any) {
-		st, i, o := s.(linState), in.(linInput), out.(linOutput)
-		switch i.op {
-		case "acquire":
-			if o.granted {
-				// Rules 1 and 2: only when free, with a strictly higher token.
-				return st.holder == "" && o.token > st.token, linState{o.leaseID, o.token}
-			}
-			return st.holder != "" && o.token == st.token, st
-		case "release":
-			isHolder := st.holder == i.leaseID
-			if o.released != nil && *o.released != isHolder {
-				return false, st
-			}
-			if isHolder {
-				return true, linState{"", st.token}
-			}
-			return true, st
-		case "describe":
-			return o.held == (st.holder != "") && o.token == st.token, st
-		}
-		return false, st
-	},
-	DescribeOperation: func(in, out any) string {
-		return fmt.Sprintf("%+v -> %+v", in, out)
-	},
-}
 
 // TestLinearizableUnderLeaderChanges records a concurrent history of
 // Acquire, Release and Describe on a few resources while leadership moves
@@ -129,7 +61,7 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 	h := &linHistory{t: t, done: make(chan struct{})}
 	start := time.Now()
 	since := func() int64 { return int64(time.Since(start)) }
-	record := func(client int, in linInput, out linOutput, call int64) {
+	record := func(client int, in lockmodel.Input, out lockmodel.Output, call int64) {
 		h.mu.Lock()
 		h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: since()})
 		h.mu.Unlock()
@@ -156,7 +88,7 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 				call := since()
 				switch k := rng.IntN(10); {
 				case k < 4 && mine[r] == "":
-					in := linInput{op: "acquire", resource: r}
+					in := lockmodel.Input{Op: "acquire", Resource: r}
 					id := fmt.Sprintf("c%d-%d", cl, n)
 					if lost() {
 						tryAcquire(c, r, id, time.Minute, rng.IntN(2) == 0) // its answer never arrives
@@ -166,8 +98,8 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 						t.Errorf("acquire %s: outcome never learned", r)
 						return
 					}
-					if out.granted {
-						mine[r] = out.leaseID
+					if out.Granted {
+						mine[r] = out.LeaseID
 					}
 					record(cl, in, out, call)
 				case k < 7 && mine[r] != "" || k == 7 && len(old) > 0:
@@ -175,7 +107,7 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 					if k == 7 {
 						lease = old[rng.IntN(len(old))] // a stale release
 					}
-					in := linInput{op: "release", resource: r, leaseID: lease}
+					in := lockmodel.Input{Op: "release", Resource: r, LeaseID: lease}
 					answerLost := lost()
 					if answerLost {
 						tryRelease(c, r, lease, rng.IntN(2) == 0)
@@ -186,7 +118,7 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 						return
 					}
 					if answerLost {
-						out.released = nil // the first try's answer was lost
+						out.Released = nil // the first try's answer was lost
 					}
 					if lease == mine[r] {
 						delete(mine, r)
@@ -198,7 +130,7 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 					if err != nil || lost() {
 						continue // a read with no answer changed nothing
 					}
-					record(cl, linInput{op: "describe", resource: r}, linOutput{held: resp.Msg.GetHeld(), token: resp.Msg.GetFencingToken()}, call)
+					record(cl, lockmodel.Input{Op: "describe", Resource: r}, lockmodel.Output{Held: resp.Msg.GetHeld(), Token: resp.Msg.GetFencingToken()}, call)
 				}
 			}
 		})
@@ -213,10 +145,10 @@ func (h *linHistory) stop() int {
 	h.t.Helper()
 	close(h.done)
 	h.wg.Wait()
-	res, info := porcupine.CheckOperationsVerbose(lockModel, h.ops, time.Minute)
+	res, info := porcupine.CheckOperationsVerbose(lockmodel.Model, h.ops, time.Minute)
 	if res != porcupine.Ok {
 		f, _ := os.CreateTemp("", "warden-history-*.html")
-		_ = porcupine.Visualize(lockModel, info, f)
+		_ = porcupine.Visualize(lockmodel.Model, info, f)
 		f.Close()
 		h.t.Fatalf("history of %d operations is not linearizable (%v); see %s", len(h.ops), res, f.Name())
 	}
@@ -226,73 +158,73 @@ func (h *linHistory) stop() int {
 // linAcquire acquires, retrying the same request id while the outcome is
 // unknown, through Acquire or, with viaBatch, a one-op Batch (a BatchCmd
 // on the shard). ok is false if the outcome never became known.
-func linAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (linOutput, bool) {
+func linAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (lockmodel.Output, bool) {
 	for range 100 {
 		if out, known := tryAcquire(c, resource, requestID, ttl, viaBatch); known {
 			return out, true
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return linOutput{}, false
+	return lockmodel.Output{}, false
 }
 
 // tryAcquire sends one Acquire, alone or as a one-op Batch; known is false
 // when its outcome is unknown (or it was refused for another reason than
 // a held lock).
-func tryAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (out linOutput, known bool) {
+func tryAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (out lockmodel.Output, known bool) {
 	if viaBatch {
 		outcomes, err := c.batch(&wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: &wardenv1.AcquireRequest{
 			Resource: resource, RequestId: requestID, LeaseTtl: durationpb.New(ttl)}}})
 		if err != nil {
-			return linOutput{}, false
+			return lockmodel.Output{}, false
 		}
 		return acquireOutcome(c.t.(*testing.T), outcomes[0])
 	}
 	resp, err := c.acquire(resource, requestID, ttl)
 	if err == nil {
-		return linOutput{granted: true, leaseID: resp.GetLeaseId(), token: resp.GetFencingToken()}, true
+		return lockmodel.Output{Granted: true, LeaseID: resp.GetLeaseId(), Token: resp.GetFencingToken()}, true
 	}
 	var ce *connect.Error
 	if connect.CodeOf(err) == connect.CodeAborted && errors.As(err, &ce) {
-		return linOutput{token: detail[*wardenv1.LockHeld](c.t.(*testing.T), ce).GetFencingToken()}, true
+		return lockmodel.Output{Token: detail[*wardenv1.LockHeld](c.t.(*testing.T), ce).GetFencingToken()}, true
 	}
-	return linOutput{}, false
+	return lockmodel.Output{}, false
 }
 
 // acquireOutcome reads a Batch's acquire outcome as tryAcquire does an
 // Acquire's answer.
-func acquireOutcome(t *testing.T, o *wardenv1.BatchOutcome) (linOutput, bool) {
+func acquireOutcome(t *testing.T, o *wardenv1.BatchOutcome) (lockmodel.Output, bool) {
 	switch o.GetCode() {
 	case "":
 		a := o.GetAcquire()
-		return linOutput{granted: true, leaseID: a.GetLeaseId(), token: a.GetFencingToken()}, true
+		return lockmodel.Output{Granted: true, LeaseID: a.GetLeaseId(), Token: a.GetFencingToken()}, true
 	case "aborted":
 		for _, d := range o.GetDetails() {
 			var h wardenv1.LockHeld
 			if d.UnmarshalTo(&h) == nil {
-				return linOutput{token: h.GetFencingToken()}, true
+				return lockmodel.Output{Token: h.GetFencingToken()}, true
 			}
 		}
 		t.Errorf("aborted outcome without a LockHeld detail: %v", o)
 	}
-	return linOutput{}, false
+	return lockmodel.Output{}, false
 }
 
 // linRelease releases through Release or, with viaBatch, a one-op Batch,
 // retrying until an answer comes; out.released is set only when the first
 // try answered.
-func linRelease(c *cluster, resource, leaseID string, viaBatch bool) (linOutput, bool) {
+func linRelease(c *cluster, resource, leaseID string, viaBatch bool) (lockmodel.Output, bool) {
 	for attempt := range 100 {
 		if released, ok := tryRelease(c, resource, leaseID, viaBatch); ok {
-			out := linOutput{}
+			out := lockmodel.Output{}
 			if attempt == 0 {
-				out.released = &released
+				out.Released = &released
 			}
 			return out, true
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return linOutput{}, false
+	return lockmodel.Output{}, false
 }
 
 // tryRelease sends one Release, alone or as a one-op Batch; ok is false

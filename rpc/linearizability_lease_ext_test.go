@@ -14,6 +14,7 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/warden-dev/warden/internal/lockmodel"
 	"github.com/warden-dev/warden/placement"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
@@ -73,7 +74,7 @@ func (s leaseState) mayHold(t int64) bool {
 }
 
 var leaseModel = porcupine.NondeterministicModel{
-	Partition: byResource(func(in any) string { return in.(leaseIn).resource }),
+	Partition: lockmodel.ByResource(func(in any) string { return in.(leaseIn).resource }),
 	Init:      func() []any { return []any{leaseState{}} },
 	Step: func(s, in, out any) []any {
 		st, i, o := s.(leaseState), in.(leaseIn), out.(leaseOut)
@@ -191,10 +192,10 @@ func TestLinearizableLeasesThroughSplitAndLeaderKill(t *testing.T) {
 						t.Errorf("acquire %s: outcome never learned", r)
 						return
 					}
-					if o.granted {
-						mine[r] = o.leaseID
+					if o.Granted {
+						mine[r] = o.LeaseID
 					}
-					record(cl, in, leaseOut{ok: o.granted, leaseID: o.leaseID, token: o.token})
+					record(cl, in, leaseOut{ok: o.Granted, leaseID: o.LeaseID, token: o.Token})
 				case k < 6 && mine[r] != "":
 					in.op, in.leaseID = "renew", mine[r]
 					ok, known := renewUntilKnown(c, r, mine[r])
@@ -220,13 +221,13 @@ func TestLinearizableLeasesThroughSplitAndLeaderKill(t *testing.T) {
 						return
 					}
 					delete(mine, r)
-					if acq.granted {
-						mine[r2] = acq.leaseID
+					if acq.Granted {
+						mine[r2] = acq.LeaseID
 					}
-					record(cl, leaseIn{op: "release", resource: r, leaseID: rel.leaseID, call: in.call},
-						leaseOut{ok: rel.released != nil && *rel.released, known: rel.released != nil})
+					record(cl, leaseIn{op: "release", resource: r, leaseID: rel.LeaseID, call: in.call},
+						leaseOut{ok: rel.Released != nil && *rel.Released, known: rel.Released != nil})
 					record(cl, leaseIn{op: "acquire", resource: r2, call: in.call},
-						leaseOut{ok: acq.granted, leaseID: acq.leaseID, token: acq.token})
+						leaseOut{ok: acq.Granted, leaseID: acq.LeaseID, token: acq.Token})
 				case k < 8 && mine[r] != "":
 					in.op, in.leaseID = "release", mine[r]
 					o, ok := linRelease(c, r, mine[r], rng.IntN(2) == 0)
@@ -235,7 +236,7 @@ func TestLinearizableLeasesThroughSplitAndLeaderKill(t *testing.T) {
 						return
 					}
 					delete(mine, r)
-					record(cl, in, leaseOut{ok: o.released != nil && *o.released, known: o.released != nil})
+					record(cl, in, leaseOut{ok: o.Released != nil && *o.Released, known: o.Released != nil})
 				case k == 8 && mine[r] != "":
 					delete(mine, r) // abandon it: the lease expires
 				default:
@@ -334,15 +335,15 @@ func replicaOn(c *cluster, shardID, node uint64) uint64 {
 // request id id in one Batch (release first), each retried alone while
 // its outcome is unknown. rel.leaseID is the released lease; rel.released
 // is set only when the batch answered it.
-func releaseAndAcquire(c *cluster, r, leaseID, r2, id string) (rel, acq linOutput, ok bool) {
-	rel.leaseID = leaseID
+func releaseAndAcquire(c *cluster, r, leaseID, r2, id string) (rel, acq lockmodel.Output, ok bool) {
+	rel.LeaseID = leaseID
 	outcomes, err := c.batch(releaseOp(r, leaseID), &wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: &wardenv1.AcquireRequest{
 		Resource: r2, RequestId: id, LeaseTtl: durationpb.New(leaseTTL)}}})
 	relKnown, acqKnown := false, false
 	if err == nil {
 		if o := outcomes[0]; o.GetCode() == "" {
 			released := o.GetRelease().GetReleased()
-			rel.released, relKnown = &released, true
+			rel.Released, relKnown = &released, true
 		}
 		acq, acqKnown = acquireOutcome(c.t.(*testing.T), outcomes[1])
 	}
