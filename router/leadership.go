@@ -117,10 +117,13 @@ func (l *Leadership) leaderUpdated(shardID, replicaID, leader, term uint64) {
 	// Dragonboat reports every change of leader or term, in order, a
 	// leader stepping down within its term (CheckQuorum) included, so
 	// the last report is the newest. One of an older term is ignored
-	// (none comes: a replica's term never goes down).
-	if h, ok := l.mu.heard[shardID]; !ok || term >= h.term {
-		l.mu.heard[shardID] = heardLeader{leader: leader, term: term}
+	// whole: it must not end the newer term a later report began (the
+	// routing simulation delivers reports late and out of order, and
+	// found a leader that never served again when it did).
+	if h, ok := l.mu.heard[shardID]; ok && term < h.term {
+		return
 	}
+	l.mu.heard[shardID] = heardLeader{leader: leader, term: term}
 	close(l.mu.changed)
 	l.mu.changed = make(chan struct{})
 	cur := l.mu.terms[shardID]

@@ -1,0 +1,662 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/anishathalye/porcupine"
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/warden-dev/warden/internal/lockmodel"
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/shard"
+)
+
+// A seeded simulation of one shard's Raft group under the routing core,
+// in a synctest bubble (virtual time), checked by porcupine with the same
+// lock model as the API's histories of real clusters (lockmodel). The
+// three replicas are real state machines (shard.StateMachine on Pebble,
+// each applying the one committed log); the consensus between them is
+// modelled (simGroup), with faults drawn from the seed:
+//
+//   - the leader changes again and again, with an election of 20-300 ms
+//     in between when no replica leads, and the clock confirmed only then;
+//     each node hears of a change up to 200 ms late, the deposed leader
+//     0.2-1 s late (its leader reports and its host's answer alike: it
+//     believes it leads until then, while the new leader commits);
+//   - a follower applies the log late (the leader applies each entry as
+//     it commits, a new leader everything before it leads);
+//   - a proposal is dropped before it is proposed (errDropped);
+//   - a proposal commits and its answer is lost (ErrOutcomeUnknown);
+//   - a proposal hangs until its caller gives up, and the next leader
+//     commits it, or not, as Raft may an entry of an ended term;
+//   - a read on the leader is dropped.
+//
+// Each node has a router of its own, as each process does. Clients
+// Acquire, Release (some with a lease that is not theirs) and Describe
+// through a node drawn for each call, which serves it or forwards it to
+// the node it believes leads (Router.Forward, then Propose or Read there,
+// as the API layer does), each retrying with the same ids until the
+// answer is known, as the API's clients do. Each
+// run prints its seed; -sim.seed replays one. The interleaving of
+// goroutines is the Go scheduler's, so a seed replays the same faults at
+// the same virtual times, not always the same history.
+var (
+	simSeed  = flag.Uint64("sim.seed", 0, "TestSimulatedShard: run this seed only (0: -sim.seeds seeds drawn at random)")
+	simSeeds = flag.Int("sim.seeds", 8, "TestSimulatedShard: how many random seeds to run")
+)
+
+func TestSimulatedShard(t *testing.T) {
+	seeds := []uint64{*simSeed}
+	if *simSeed == 0 {
+		seeds = seeds[:0]
+		for range *simSeeds {
+			seeds = append(seeds, rand.Uint64())
+		}
+	}
+	total := map[string]int{}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			var ops []porcupine.Operation
+			var faults map[string]int
+			synctest.Test(t, func(t *testing.T) { ops, faults = runSimulation(t, seed) })
+			t.Logf("seed %d: %d operations; %v", seed, len(ops), faults)
+			for k, v := range faults {
+				total[k] += v
+			}
+			res, info := porcupine.CheckOperationsVerbose(lockmodel.Model, ops, time.Minute)
+			if res != porcupine.Ok {
+				path := filepath.Join(os.TempDir(), fmt.Sprintf("warden-sim-%d.html", seed))
+				_ = porcupine.VisualizePath(lockmodel.Model, info, path)
+				for _, part := range info.PartialLinearizationsOperations() {
+					longest := part[0]
+					for _, l := range part {
+						if len(l) > len(longest) {
+							longest = l
+						}
+					}
+					if len(longest) > 15 {
+						longest = longest[len(longest)-15:]
+					}
+					show := func(op porcupine.Operation) {
+						o := op.Output.(lockmodel.Output)
+						rel := "?"
+						if o.Released != nil {
+							rel = fmt.Sprint(*o.Released)
+						}
+						t.Logf("c%d %8.3f-%8.3f %+v -> granted %v lease %s token %d released %s held %v", op.ClientId, float64(op.Call)/1e9, float64(op.Return)/1e9,
+							op.Input, o.Granted, o.LeaseID, o.Token%(1<<40), rel, o.Held)
+					}
+					t.Logf("the longest linearization's end:")
+					for _, op := range longest {
+						show(op)
+					}
+					last := longest[len(longest)-1]
+					t.Logf("the calls under way then or soon after:")
+					sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
+					for _, op := range ops {
+						if op.Input.(lockmodel.Input).Resource == last.Input.(lockmodel.Input).Resource && op.Return >= last.Call && op.Call <= last.Return+int64(200*time.Millisecond) {
+							show(op)
+						}
+					}
+				}
+				t.Fatalf("seed %d: the history is %v (porcupine's view: %s); replay with -sim.seed=%d", seed, res, path, seed)
+			}
+		})
+	}
+	// The premises: every fault happened in the runs.
+	for _, k := range []string{"leader change", "dropped", "answer lost", "hung", "hung and committed", "read dropped", "granted"} {
+		if total[k] == 0 && !t.Failed() && len(seeds) >= 4 {
+			t.Errorf("no %q in %d runs: the simulation did not exercise it (%v)", k, len(seeds), total)
+		}
+	}
+}
+
+const (
+	simShard    = shard.FirstShard
+	simReplicas = 3
+	// simFaultsFor is how long leaders change and faults happen; clients
+	// start no new call after it, and the calls under way then finish.
+	simFaultsFor = 6 * time.Second
+)
+
+// runSimulation runs one seed's simulation and returns its history and
+// how often each fault happened.
+func runSimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[string]int) {
+	g := newSimGroup(t, seed)
+	defer g.close()
+	st := &placementv1.State{
+		Generation: 1,
+		Ranges:     []*shardv1.RangeDescriptor{{ShardId: simShard, Generation: 1}},
+		Shards:     []*placementv1.Shard{{Id: simShard, Epoch: 1}},
+	}
+	for id := uint64(1); id <= simReplicas; id++ {
+		st.Nodes = append(st.Nodes, &placementv1.Node{Id: id, ListenAddr: fmt.Sprintf("node-%d.invalid:1", id), CommandVersion: shard.CommandVersion})
+		st.Shards[0].Replicas = append(st.Shards[0].Replicas, &placementv1.Replica{ReplicaId: id, NodeId: id})
+	}
+	c := simCluster{}
+	// The node API between the routers, in memory: a router whose node
+	// does not lead proposes and reads through the one that it believes
+	// does (shardClient), as over NodeService.
+	peers := NewPeers("", nil)
+	peers.client = &http.Client{Transport: c}
+	for id := uint64(1); id <= simReplicas; id++ {
+		l := NewLeadership(0)
+		g.leaderships[id] = l
+		c[id] = New([]LocalNode{{Leadership: l, ID: id, raft: simHost{g, id}}}, &fakeMeta{st: st}, placement.NewMap(st),
+			NewWaitRegistry(), Config{Logger: slog.New(slog.DiscardHandler)}, peers)
+	}
+	g.elect()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for end := time.Now().Add(simFaultsFor); time.Now().Before(end); {
+			time.Sleep(g.between(200*time.Millisecond, 900*time.Millisecond))
+			g.depose()
+			time.Sleep(g.between(20*time.Millisecond, 300*time.Millisecond))
+			g.elect()
+		}
+	}()
+	h := &simHistory{start: time.Now()}
+	var wg sync.WaitGroup
+	for client := range 4 {
+		rng := rand.New(rand.NewPCG(seed, uint64(client)))
+		wg.Go(func() { simClient(t, c, h, client, rng, h.start.Add(simFaultsFor)) })
+	}
+	wg.Wait()
+	<-done
+	faults := g.counts()
+	for _, op := range h.ops {
+		if op.Output.(lockmodel.Output).Granted {
+			faults["granted"]++
+		}
+	}
+	return h.ops, faults
+}
+
+// simCluster is each node's router, by node id.
+type simCluster map[uint64]*Router
+
+// RoundTrip serves a node API call to node-N.invalid with node N's
+// router (simNodeAPI).
+func (c simCluster) RoundTrip(req *http.Request) (*http.Response, error) {
+	var id uint64
+	if _, err := fmt.Sscanf(req.URL.Host, "node-%d.invalid:1", &id); err != nil || c[id] == nil {
+		return nil, fmt.Errorf("no node at %s", req.URL.Host)
+	}
+	_, h := placementv1connect.NewNodeServiceHandler(simNodeAPI{r: c[id]})
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w.Result(), nil
+}
+
+// simNodeAPI is the node API's Propose and Read, served by one node's
+// router from its own replica (rpc.NodeServer goes one hop further).
+type simNodeAPI struct {
+	placementv1connect.UnimplementedNodeServiceHandler
+	r *Router
+}
+
+func (s simNodeAPI) Propose(ctx context.Context, req *connect.Request[placementv1.ProposeRequest]) (*connect.Response[placementv1.ProposeResponse], error) {
+	res, err := s.r.ProposeShard(ctx, req.Msg.GetShardId(), req.Msg.GetEnvelope())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(&placementv1.ProposeResponse{Result: res}), nil
+}
+
+func (s simNodeAPI) Read(ctx context.Context, req *connect.Request[placementv1.ReadRequest]) (*connect.Response[placementv1.ReadResponse], error) {
+	out, err := s.r.ReadShard(ctx, req.Msg.GetShardId(), req.Msg.GetQuery())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(&placementv1.ReadResponse{Result: out}), nil
+}
+
+// via returns a node drawn from rng to call through.
+func (c simCluster) via(rng *rand.Rand) simNode {
+	return simNode{c, c[1+rng.Uint64N(simReplicas)]}
+}
+
+// simNode is a call's way into the cluster: a node's router, which
+// forwards to the router of the node it believes leads, as the API layer
+// does, or serves the call itself.
+type simNode struct {
+	c simCluster
+	r *Router
+}
+
+// propose proposes env through n; *unknown is set when an attempt that
+// Forward retried may have committed (the API layer's forwardRelease
+// keeps the same account).
+func (n simNode) propose(ctx context.Context, key string, env *shardv1.Envelope, unknown *bool) (*shardv1.Result, error) {
+	var res *shardv1.Result
+	_, ok, err := n.r.Forward(ctx, key, 0, func(ctx context.Context, to *placementv1.Node) error {
+		var err error
+		res, err = n.c[to.GetId()].Propose(ctx, key, proto.CloneOf(env))
+		if err != nil {
+			*unknown = true
+		}
+		return err
+	})
+	if ok {
+		return res, err
+	}
+	return n.r.Propose(ctx, key, env)
+}
+
+func (n simNode) read(ctx context.Context, key string, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	var out *shardv1.QueryResult
+	_, ok, err := n.r.Forward(ctx, key, 0, func(ctx context.Context, to *placementv1.Node) error {
+		var err error
+		out, err = n.c[to.GetId()].Read(ctx, key, proto.CloneOf(q))
+		return err
+	})
+	if ok {
+		return out, err
+	}
+	return n.r.Read(ctx, key, q)
+}
+
+// simHistory is the porcupine history the clients record.
+type simHistory struct {
+	start time.Time
+	mu    sync.Mutex
+	ops   []porcupine.Operation
+}
+
+func (h *simHistory) record(client int, in lockmodel.Input, out lockmodel.Output, call time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Output: out,
+		Call: int64(call.Sub(h.start)), Return: int64(time.Since(h.start))})
+}
+
+// simClient calls until end: Acquire while it holds nothing, else
+// Release, a Describe now and then, and a Release of another's or an old
+// lease now and then.
+func simClient(t *testing.T, c simCluster, h *simHistory, client int, rng *rand.Rand, end time.Time) {
+	resources := []string{"sim/a", "sim/b"}
+	held := map[string]string{} // resource → lease id
+	var old []string            // lease ids released or never held here
+	for n := 0; time.Now().Before(end); n++ {
+		res := resources[rng.IntN(len(resources))]
+		r := c.via(rng)
+		call := time.Now()
+		switch p := rng.Float64(); {
+		case p < 0.25:
+			token, isHeld := simDescribe(t, r, res)
+			h.record(client, lockmodel.Input{Op: "describe", Resource: res}, lockmodel.Output{Held: isHeld, Token: token}, call)
+		case p < 0.35 && len(old) > 0:
+			lease := old[rng.IntN(len(old))]
+			released := simRelease(t, r, res, lease)
+			h.record(client, lockmodel.Input{Op: "release", Resource: res, LeaseID: lease}, lockmodel.Output{Released: released}, call)
+		case held[res] != "":
+			lease := held[res]
+			released := simRelease(t, r, res, lease)
+			h.record(client, lockmodel.Input{Op: "release", Resource: res, LeaseID: lease}, lockmodel.Output{Released: released}, call)
+			delete(held, res)
+			old = append(old, lease)
+		default:
+			// A lease id the client draws from its seeded source: the
+			// API layer draws it from the OS, which a seed cannot replay.
+			lease := fmt.Sprintf("%016x", rng.Uint64())
+			out := simAcquire(t, r, res, fmt.Sprintf("c%d-%d", client, n), lease)
+			h.record(client, lockmodel.Input{Op: "acquire", Resource: res}, out, call)
+			if out.Granted {
+				held[res] = lease
+			}
+		}
+		time.Sleep(time.Duration(rng.IntN(30)) * time.Millisecond)
+	}
+}
+
+// simRetry runs f until its answer is known: not an error of the kind a
+// client retries with the same ids (no leader, outcome unknown, a
+// deadline). It reports whether any try's outcome was unknown.
+func simRetry(t *testing.T, what string, f func(ctx context.Context) error) (unknown bool) {
+	giveUp := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		err := f(ctx)
+		cancel()
+		var re *ResultError
+		var rl *RemoteLeader
+		switch {
+		case err == nil || errors.As(err, &re):
+			return unknown
+		case errors.Is(err, ErrNoLeader) && !errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrClockUnconfirmed), errors.As(err, &rl):
+		case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, context.DeadlineExceeded), connect.CodeOf(err) == connect.CodeUnavailable:
+			unknown = true
+		default:
+			t.Errorf("%s: %v, which a client cannot retry", what, err)
+			return unknown
+		}
+		if time.Now().After(giveUp) {
+			t.Errorf("%s: still no answer after a minute with no faults for most of it: %v", what, err)
+			return unknown
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func simAcquire(t *testing.T, r simNode, resource, requestID, lease string) lockmodel.Output {
+	var res *shardv1.Result
+	simRetry(t, "acquire "+requestID, func(ctx context.Context) error {
+		var err error
+		var retried bool // the request id's dedup answers a retry the same
+		res, err = r.propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: &shardv1.AcquireCmd{
+			Resource: resource, RequestId: requestID, Holder: requestID, LeaseTtlNanos: int64(10 * time.Minute), LeaseId: []byte(lease)}}}, &retried)
+		var re *ResultError
+		if errors.As(err, &re) {
+			res = re.Res
+		}
+		return err
+	})
+	l := res.GetLease()
+	if res.GetCode() == shardv1.Code_CODE_OK {
+		if !bytes.Equal(l.GetLeaseId(), []byte(lease)) {
+			t.Errorf("acquire %s: granted lease %q, not the request's own %q", requestID, l.GetLeaseId(), lease)
+		}
+		return lockmodel.Output{Granted: true, LeaseID: lease, Token: l.GetFencingToken()}
+	}
+	if res.GetCode() != shardv1.Code_CODE_CONFLICT {
+		t.Errorf("acquire %s: %v %s", requestID, res.GetCode(), res.GetReason())
+	}
+	return lockmodel.Output{Token: l.GetFencingToken()}
+}
+
+// simRelease returns whether the Release ended the lease, or nil when a
+// try's outcome was unknown (then a later try finds it released already,
+// and the model accepts either).
+func simRelease(t *testing.T, r simNode, resource, lease string) *bool {
+	var res *shardv1.Result
+	var forwarded bool // an attempt Forward retried may have committed
+	unknown := simRetry(t, "release "+lease, func(ctx context.Context) error {
+		var err error
+		res, err = r.propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_Release{Release: &shardv1.ReleaseCmd{Resource: resource, LeaseId: []byte(lease)}}}, &forwarded)
+		var re *ResultError
+		if errors.As(err, &re) {
+			res = re.Res
+		}
+		return err
+	})
+	if unknown || forwarded {
+		return nil
+	}
+	released := res.GetReleased()
+	return &released
+}
+
+func simDescribe(t *testing.T, r simNode, resource string) (token uint64, held bool) {
+	var q *shardv1.QueryResult
+	simRetry(t, "describe "+resource, func(ctx context.Context) error {
+		var err error
+		q, err = r.read(ctx, resource, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: resource}}})
+		return err
+	})
+	return q.GetLock().GetFencingToken(), shard.DescribeHolds(q)
+}
+
+// simGroup models one shard's Raft group: a term and its leader (0
+// between an election's start and its end), one committed log that every
+// replica's real state machine applies in order, and proposals of an
+// ended term not yet known to commit. Faults are drawn from rng.
+type simGroup struct {
+	t           *testing.T
+	leaderships map[uint64]*Leadership // by replica id (replica i runs on node i)
+
+	mu       sync.Mutex
+	rng      *rand.Rand
+	term     uint64
+	leader   uint64
+	deposed  uint64   // the leader of the term before
+	log      [][]byte // committed commands; entry i+1 is log[i]
+	results  [][]byte // the first replica's result of each entry
+	applied  map[uint64]uint64
+	replicas map[uint64]sm.IOnDiskStateMachine
+	pending  [][]byte // proposed, not known to commit
+	faults   map[string]int
+	// views are what each node's host believes of the leader: its term
+	// and replica (0: none), as reported to it last.
+	views map[uint64][2]uint64
+}
+
+func newSimGroup(t *testing.T, seed uint64) *simGroup {
+	g := &simGroup{t: t, leaderships: map[uint64]*Leadership{}, rng: rand.New(rand.NewPCG(seed, 0)),
+		replicas: map[uint64]sm.IOnDiskStateMachine{}, applied: map[uint64]uint64{}, faults: map[string]int{}, views: map[uint64][2]uint64{}}
+	newSM := shard.NewStateMachine(t.TempDir(), shard.Hooks{})
+	for id := uint64(1); id <= simReplicas; id++ {
+		s := newSM(simShard, id)
+		if _, err := s.Open(make(chan struct{})); err != nil {
+			t.Fatal(err)
+		}
+		g.replicas[id] = s
+	}
+	return g
+}
+
+func (g *simGroup) close() {
+	for _, s := range g.replicas {
+		_ = s.Close()
+	}
+}
+
+func (g *simGroup) counts() map[string]int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.faults
+}
+
+// isDeposed reports whether id led the term before the current one.
+func (g *simGroup) isDeposed(id uint64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.deposed == id
+}
+
+// between draws a duration in [lo, hi).
+func (g *simGroup) between(lo, hi time.Duration) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return lo + time.Duration(g.rng.Int64N(int64(hi-lo)))
+}
+
+// depose ends the term: no replica leads until the next elect.
+func (g *simGroup) depose() {
+	g.mu.Lock()
+	g.term++
+	g.deposed, g.leader = g.leader, 0
+	term := g.term
+	g.faults["leader change"]++
+	g.mu.Unlock()
+	g.report(0, term)
+}
+
+// report tells each node of the term's leader, each up to 200 ms late,
+// and the deposed leader 0.2-1 s late: cut off from the others, it goes
+// on believing it leads while a new leader commits.
+func (g *simGroup) report(lead, term uint64) {
+	for id, l := range g.leaderships {
+		late := g.between(0, 200*time.Millisecond)
+		if g.isDeposed(id) {
+			late = g.between(200*time.Millisecond, time.Second)
+		}
+		time.AfterFunc(late, func() {
+			g.mu.Lock()
+			if g.views[id][0] < term {
+				g.views[id] = [2]uint64{term, lead}
+			}
+			g.mu.Unlock()
+			l.leaderUpdated(simShard, id, lead, term)
+			if id == lead {
+				l.clockConfirmed(simShard, term)
+			}
+		})
+	}
+}
+
+// elect settles the ended term's pending proposals (the new leader
+// commits a prefix of them, as Raft may), makes a replica leader in a new
+// term, tells every node, and confirms the leader's clock.
+func (g *simGroup) elect() {
+	g.mu.Lock()
+	g.term++
+	g.leader = 1 + g.rng.Uint64N(simReplicas)
+	if k := g.rng.IntN(len(g.pending) + 1); k > 0 {
+		for _, cmd := range g.pending[:k] {
+			g.apply(cmd)
+			g.faults["hung and committed"]++
+		}
+	}
+	g.pending = nil
+	g.catchUp(g.leader)
+	term, lead := g.term, g.leader
+	g.mu.Unlock()
+	g.report(lead, term)
+}
+
+// apply commits cmd as the next entry, which the leader applies at once
+// and each follower now or later, and returns the leader's result. g.mu
+// is held.
+func (g *simGroup) apply(cmd []byte) []byte {
+	g.log = append(g.log, cmd)
+	g.catchUp(g.leader)
+	for id := uint64(1); id <= simReplicas; id++ {
+		if g.rng.IntN(4) == 0 {
+			g.catchUp(id)
+		}
+	}
+	return g.results[len(g.log)-1]
+}
+
+// catchUp makes replica id apply the entries it has not, and checks its
+// results against the first replica's to apply them: replicas never
+// diverge. g.mu is held.
+func (g *simGroup) catchUp(id uint64) {
+	for i := g.applied[id]; i < uint64(len(g.log)); i++ {
+		res, err := g.replicas[id].Update([]sm.Entry{{Index: i + 1, Cmd: g.log[i]}})
+		if err != nil {
+			g.t.Fatalf("replica %d: entry %d: %v", id, i+1, err)
+		}
+		switch out := res[0].Result.Data; {
+		case i == uint64(len(g.results)):
+			g.results = append(g.results, out)
+		case !bytes.Equal(g.results[i], out):
+			g.t.Fatalf("entry %d: replica %d's result differs from the first replica's", i+1, id)
+		}
+		g.applied[id] = i + 1
+	}
+}
+
+// simHost is one node's Raft host over the group: the raftHost seam.
+type simHost struct {
+	g       *simGroup
+	replica uint64
+}
+
+func (h simHost) propose(ctx context.Context, _ uint64, cmd []byte) ([]byte, error) {
+	g := h.g
+	g.mu.Lock()
+	if g.leader != h.replica {
+		g.mu.Unlock()
+		return nil, fmt.Errorf("%w (%w): replica %d does not lead", ErrNoLeader, errDropped, h.replica)
+	}
+	switch p := g.rng.Float64(); {
+	case p < 0.04:
+		g.faults["dropped"]++
+		g.mu.Unlock()
+		return nil, fmt.Errorf("%w (%w): the simulation dropped it", ErrNoLeader, errDropped)
+	case p < 0.08:
+		g.faults["answer lost"]++
+		g.commitPending()
+		g.apply(cmd)
+		g.mu.Unlock()
+		return nil, fmt.Errorf("%w: the simulation lost the answer", ErrOutcomeUnknown)
+	case p < 0.11:
+		g.faults["hung"]++
+		g.pending = append(g.pending, cmd)
+		g.mu.Unlock()
+		<-ctx.Done()
+		return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, ctx.Err())
+	}
+	g.commitPending()
+	out := g.apply(cmd)
+	g.mu.Unlock()
+	return out, nil
+}
+
+// commitPending commits the term's hung proposals before a later one of
+// the same leader: its log holds them first. g.mu is held.
+func (g *simGroup) commitPending() {
+	for _, cmd := range g.pending {
+		g.apply(cmd)
+		g.faults["hung and committed"]++
+	}
+	g.pending = nil
+}
+
+func (h simHost) read(_ context.Context, _ uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	g := h.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.leader != h.replica {
+		return nil, fmt.Errorf("%w (%w): replica %d does not lead", ErrNoLeader, errDropped, h.replica)
+	}
+	if g.rng.Float64() < 0.04 {
+		g.faults["read dropped"]++
+		return nil, fmt.Errorf("%w (%w): the simulation dropped the read", ErrNoLeader, errDropped)
+	}
+	out, err := g.replicas[h.replica].Lookup(q)
+	if err != nil {
+		return nil, err
+	}
+	return out.(*shardv1.QueryResult), nil
+}
+
+func (h simHost) staleRead(_ uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	h.g.mu.Lock()
+	defer h.g.mu.Unlock()
+	out, err := h.g.replicas[h.replica].Lookup(q)
+	if err != nil {
+		return nil, err
+	}
+	return out.(*shardv1.QueryResult), nil
+}
+
+func (h simHost) leaderOf(uint64) (uint64, uint64, bool, error) {
+	h.g.mu.Lock()
+	defer h.g.mu.Unlock()
+	v := h.g.views[h.replica]
+	return v[1], v[0], v[1] != 0, nil
+}
+
+var errNotSimulated = errors.New("not simulated")
+
+func (simHost) transferLeader(uint64, uint64) error { return errNotSimulated }
+func (simHost) export(context.Context, uint64) (*shard.ExportedSnapshot, string, error) {
+	return nil, "", errNotSimulated
+}
+func (simHost) snapshot(context.Context, uint64) (uint64, error) { return 0, errNotSimulated }
+func (simHost) changeMembership(context.Context, *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
+	return nil, errNotSimulated
+}
