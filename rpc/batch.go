@@ -89,10 +89,10 @@ func (s *LockServer) batchGroup(ctx context.Context, req *connect.Request[warden
 	for j, i := range idx {
 		sub.Ops[j] = ops[i]
 	}
-	fctx, _ := withCallState(ctx) // a group served elsewhere is that node's to record, not the Batch
-	resp, ok, err := forward(fctx, s.r, sameHopReq(sub, req.Header()), opResource(sub.Ops[0]), func(p *peer) func(context.Context, *connect.Request[wardenv1.BatchRequest]) (*connect.Response[wardenv1.BatchResponse], error) {
+	resp, where, err := forward(ctx, s.r, sameHopReq(sub, req.Header()), opResource(sub.Ops[0]), func(p *peer) peerCall[wardenv1.BatchRequest, wardenv1.BatchResponse] {
 		return p.Locks.Batch
 	})
+	ok := where != servedHere
 	if ok && connect.CodeOf(err) == connect.CodeUnimplemented {
 		s.runEach(ctx, req, idx, out) // the leader's node predates Batch
 		return
@@ -279,18 +279,18 @@ func validateOp(i int, op *wardenv1.BatchOp) error {
 	return &shard.FieldError{Field: fmt.Sprintf("ops[%d]", i), Reason: "must hold an acquire or a release"}
 }
 
-// runOp runs one op of req through its own call's path, as req's caller
-// and on req's forwarding hop count, and records it as that call, unless
+// runOp runs one op of req through its own call's path (its route, as
+// the routing interceptor would, then its handler), as req's caller and
+// on req's forwarding hop count, and records it as that call, unless
 // another node served it.
 func (s *LockServer) runOp(ctx context.Context, req *connect.Request[wardenv1.BatchRequest], op *wardenv1.BatchOp) *wardenv1.BatchOutcome {
-	octx, st := withCallState(ctx)
 	start := time.Now()
 	if m := op.GetAcquire(); m != nil {
-		resp, err := s.Acquire(octx, sameHopReq(m, req.Header()))
-		return acquireOutcome(s.r, ctx, req.Peer(), m, start, msgOf(resp, err), err, !st.forwarded.Load())
+		resp, where, err := acquireRoute.run(ctx, s.r, sameHopReq(m, req.Header()), s.Acquire)
+		return acquireOutcome(s.r, ctx, req.Peer(), m, start, msgOf(resp, err), err, where != servedThere)
 	}
-	resp, err := s.Release(octx, sameHopReq(op.GetRelease(), req.Header()))
-	return releaseOutcome(s.r, ctx, req.Peer(), op.GetRelease(), start, msgOf(resp, err), err, !st.forwarded.Load())
+	resp, where, err := releaseRoute.run(ctx, s.r, sameHopReq(op.GetRelease(), req.Header()), s.Release)
+	return releaseOutcome(s.r, ctx, req.Peer(), op.GetRelease(), start, msgOf(resp, err), err, where != servedThere)
 }
 
 // msgOf is resp's message, or nil when the call failed.

@@ -138,11 +138,11 @@ func TestForwardRetriesWhatNoNodeAnswered(t *testing.T) {
 	plain := plain400(t, &calls)
 	r := ledFrom(plain.URL, router.Config{LeaderWait: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	req := connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "x"})
-	_, ok, err := forward(context.Background(), newNode(r), req, "orders/42", func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
+	_, where, err := forward(context.Background(), newNode(r), req, "orders/42", func(p *peer) peerCall[wardenv1.RenewRequest, wardenv1.RenewResponse] {
 		return p.Locks.Renew
 	})
-	if !ok || connect.CodeOf(err) != connect.CodeUnavailable {
-		t.Fatalf("forwarded: ok %v, err %v; want the answer Unavailable", ok, err)
+	if where != servedNowhere || connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("forwarded: served %v, err %v; want no node's answer, Unavailable", where, err)
 	}
 	if n := calls.Load(); n < 2 {
 		t.Fatalf("the plain server saw %d calls, want retries", n)
@@ -310,8 +310,8 @@ func TestForwardedReleaseSettles(t *testing.T) {
 		answers := tc.answers
 		unknown := false
 		req := connect.NewRequest(&wardenv1.ReleaseRequest{Resource: "orders/42"})
-		resp, ok, err := forwardRelease(context.Background(), newNode(r), req, &unknown, func(*peer) releaseCall {
-			return func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+		resp, where, err := forward(context.Background(), newNode(r), req, "orders/42", func(*peer) releaseCall {
+			return settling(&unknown)(func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 				a := answers[0]
 				answers = answers[1:]
 				switch a {
@@ -323,10 +323,10 @@ func TestForwardedReleaseSettles(t *testing.T) {
 					return connect.NewResponse(&wardenv1.ReleaseResponse{Released: true}), nil
 				}
 				return connect.NewResponse(&wardenv1.ReleaseResponse{AlreadyReleased: true}), nil
-			}
+			})
 		})
-		if !ok || err != nil || resp.Msg.GetReleased() != tc.released || resp.Msg.GetAlreadyReleased() != tc.already {
-			t.Errorf("answers %v: ok %v, %v %v; want released %v, already_released %v", tc.answers, ok, resp, err, tc.released, tc.already)
+		if where != servedThere || err != nil || resp.Msg.GetReleased() != tc.released || resp.Msg.GetAlreadyReleased() != tc.already {
+			t.Errorf("answers %v: served %v, %v %v; want released %v, already_released %v", tc.answers, where, resp, err, tc.released, tc.already)
 		}
 	}
 }

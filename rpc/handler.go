@@ -41,10 +41,12 @@ func NewHandler(core *router.Router, opts ...connect.HandlerOption) *Handler {
 		connect.WithCodec(jsonCodec{"json; charset=utf-8"}),
 	}, opts...)
 	mux := http.NewServeMux()
-	// The client services' chain ends in the observer (interceptors.go),
-	// innermost, so the callers' interceptors see the Connect errors
-	// clients get.
-	client := append(slices.Clone(opts), connect.WithInterceptors(observer{r}, authorizer{r}))
+	// The client services' chain: the callers' interceptors, then the
+	// observer (interceptors.go), so that they see the Connect errors
+	// clients get, then the authorizer (authn.go), then the routing
+	// interceptor (route.go), innermost, so that a call is authorized
+	// here before it is forwarded.
+	client := append(slices.Clone(opts), connect.WithInterceptors(observer{r}, authorizer{r}, routing{r}))
 	mux.Handle(wardenv1connect.NewLockServiceHandler(newLockServer(r), client...))
 	mux.Handle(wardenv1connect.NewQuotaServiceHandler(newQuotaServer(r), client...))
 	mux.Handle(wardenv1connect.NewAdminServiceHandler(newAdminServer(r), client...))

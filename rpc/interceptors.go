@@ -27,10 +27,13 @@ import (
 // Two kinds of call are recorded by the handlers instead, through the
 // same record: a Batch's ops and a RenewBatch's renewals, each counted
 // and audited as its own call would be. A call that another node served
-// (forward) is recorded there, not here.
+// (forwarded by the routing interceptor, route.go) is recorded there, not
+// here: the routing interceptor says so in the call's state.
 
-// callState is what the handlers tell the interceptor about one call (or
-// about one part of a batch, which gets a state of its own).
+// callState is what the routing interceptor, the innermost, tells the
+// observer about one call: the authorizer sits between them (a denial is
+// recorded here), so the observer cannot tell from its place in the chain
+// alone whether the call went to another node.
 type callState struct {
 	// forwarded: another node served the call and recorded it.
 	forwarded atomic.Bool
@@ -44,9 +47,9 @@ func withCallState(ctx context.Context) (context.Context, *callState) {
 	return context.WithValue(ctx, callStateKey{}, st), st
 }
 
-// markForwarded records, in ctx's call state, that another node serves
-// the call.
-func markForwarded(ctx context.Context) {
+// servedElsewhere records, in ctx's call state, that another node served
+// the call (routing.WrapUnary).
+func servedElsewhere(ctx context.Context) {
 	if st, ok := ctx.Value(callStateKey{}).(*callState); ok {
 		st.forwarded.Store(true)
 	}
@@ -87,7 +90,6 @@ func (observer) WrapStreamingClient(next connect.StreamingClientFunc) connect.St
 // audit line (it takes no request worth recording).
 func (o observer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		ctx, _ = withCallState(ctx)
 		start := time.Now()
 		err := next(ctx, conn)
 		method := methodOf(conn.Spec().Procedure)

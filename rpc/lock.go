@@ -30,21 +30,29 @@ var _ wardenv1connect.LockServiceHandler = (*LockServer)(nil)
 // newLockServer returns the LockService handler of r.
 func newLockServer(r *node) *LockServer { return &LockServer{r: r} }
 
-// Acquire implements LockService.Acquire.
+// Acquire implements LockService.Acquire here; the routing interceptor
+// sends it where it is served (serveAcquire).
+func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+	return s.acquire(ctx, req.Msg)
+}
+
+// serveAcquire is Acquire's route (route.go).
 //
 // A waiting Acquire is served where the shard's leader was when it came,
 // and goes on waiting there through leader changes; when that node stops
-// hosting the shard, or a forwarded call's node stops answering, it is
-// sent on (with the time it has left) to a node that hosts the shard.
+// hosting the shard (router.ErrWaitElsewhere), or a forwarded call's
+// node stops answering, it is sent on (with the time it has left:
+// waitLeft) to a node that hosts the shard.
 //
 // A waiting Acquire ends, and leaves the queue as a caller that gives up
 // does, when a newer auth state no longer authenticates its credentials
 // (Unauthenticated) or allows its principal the lock (PermissionDenied):
 // see watchCall.
-func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (_ *connect.Response[wardenv1.AcquireResponse], err error) {
+func serveAcquire(ctx context.Context, n *node, req *connect.Request[wardenv1.AcquireRequest], send sender[wardenv1.AcquireRequest, wardenv1.AcquireResponse],
+	local localCall[wardenv1.AcquireRequest, wardenv1.AcquireResponse]) (_ *connect.Response[wardenv1.AcquireResponse], _ served, err error) {
 	if req.Msg.GetWaitTimeout().AsDuration() > 0 {
 		var stop func()
-		ctx, stop = s.r.watchCall(ctx, auth.Lock, req.Msg.GetResource())
+		ctx, stop = n.watchCall(ctx, auth.Lock, req.Msg.GetResource())
 		defer stop()
 		defer func() {
 			// The auth state ended the wait: answer why, not "canceled".
@@ -55,22 +63,25 @@ func (s *LockServer) Acquire(ctx context.Context, req *connect.Request[wardenv1.
 	}
 	start := time.Now()
 	for {
-		if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
+		resp, where, err := send(ctx, req, func(call peerCall[wardenv1.AcquireRequest, wardenv1.AcquireResponse]) peerCall[wardenv1.AcquireRequest, wardenv1.AcquireResponse] {
 			return func(ctx context.Context, fr *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {
 				fr.Msg = waitLeft(fr.Msg, start)
-				return p.Locks.Acquire(ctx, fr)
+				return call(ctx, fr)
 			}
-		}); ok {
-			return resp, err
+		})
+		if where != servedHere {
+			return resp, where, err
 		}
-		resp, err := s.acquire(ctx, waitLeft(req.Msg, start))
+		here := *req // the same call, with the time it has left
+		here.Msg = waitLeft(req.Msg, start)
+		resp, err = local(ctx, &here)
 		if errors.Is(err, router.ErrWaitElsewhere) && hopsOf(req.Header()) < router.MaxHops && ctx.Err() == nil {
 			continue // forward finds the node that hosts the shard now
 		}
 		if errors.Is(err, router.ErrWaitElsewhere) {
 			err = fmt.Errorf("%w: %w", router.ErrNoLeader, err)
 		}
-		return resp, err
+		return resp, servedHere, err
 	}
 }
 
@@ -184,13 +195,9 @@ func acquireResponse(l *shardv1.LeaseInfo) *connect.Response[wardenv1.AcquireRes
 	})
 }
 
-// Renew implements LockService.Renew.
+// Renew implements LockService.Renew here; the routing interceptor
+// sends it where it is served.
 func (s *LockServer) Renew(ctx context.Context, req *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
-	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewRequest]) (*connect.Response[wardenv1.RenewResponse], error) {
-		return p.Locks.Renew
-	}); ok {
-		return resp, err
-	}
 	return s.renew(ctx, req.Msg)
 }
 
@@ -207,18 +214,30 @@ func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*conn
 	return connect.NewResponse(&wardenv1.RenewResponse{ExpiresAt: timestamp(res.GetLease().GetExpiresAtUnixNano())}), nil
 }
 
-// Release implements LockService.Release.
+// Release implements LockService.Release here; the routing interceptor
+// sends it where it is served (serveRelease).
 func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+	return s.release(ctx, req.Msg)
+}
+
+// serveRelease is Release's route (route.go). A Release is sent again
+// only after an attempt whose outcome forward cannot tell (an error):
+// when a later attempt, forwarded (settling) or served here after
+// leadership came here, finds the lease already released by a Release
+// of its lease id, the attempt before it did that, and the call answers
+// what that attempt would have, released (DESIGN.md §1 rule 3), rather
+// than that nothing changed. Any other answer is the last attempt's own.
+func serveRelease(ctx context.Context, _ *node, req *connect.Request[wardenv1.ReleaseRequest], send sender[wardenv1.ReleaseRequest, wardenv1.ReleaseResponse],
+	local localCall[wardenv1.ReleaseRequest, wardenv1.ReleaseResponse]) (*connect.Response[wardenv1.ReleaseResponse], served, error) {
 	unknown := false // a forwarded attempt's outcome is unknown
-	if resp, ok, err := forwardRelease(ctx, s.r, req, &unknown, func(p *peer) releaseCall { return p.Locks.Release }); ok {
-		return resp, err
+	if resp, where, err := send(ctx, req, settling(&unknown)); where != servedHere {
+		return resp, where, err
 	}
-	// Leadership came here after such an attempt: the same rule.
-	resp, err := s.release(ctx, req.Msg)
+	resp, err := local(ctx, req)
 	if err == nil && unknown {
 		settleRelease(resp.Msg)
 	}
-	return resp, err
+	return resp, servedHere, err
 }
 
 // settleRelease answers a Release that was sent again after an attempt
@@ -233,19 +252,15 @@ func settleRelease(m *wardenv1.ReleaseResponse) {
 }
 
 // releaseCall is LockService.Release on one node.
-type releaseCall = func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error)
+type releaseCall = peerCall[wardenv1.ReleaseRequest, wardenv1.ReleaseResponse]
 
-// forwardRelease is forward for a Release; *unknown is set once an
-// attempt's outcome is unknown. forward sends a Release again
-// only after an attempt whose outcome it cannot tell (an error): when a
-// later attempt finds the lease already released by a Release of its
-// lease id, the attempt before it did that, and the call answers what that
-// attempt would have, released (DESIGN.md §1 rule 3), rather than that
-// nothing changed. Any other answer is the last attempt's own.
-func forwardRelease(ctx context.Context, r *node, req *connect.Request[wardenv1.ReleaseRequest], unknown *bool, call func(*peer) releaseCall) (*connect.Response[wardenv1.ReleaseResponse], bool, error) {
-	return forward(ctx, r, req, req.Msg.GetResource(), func(p *peer) releaseCall {
+// settling wraps call, a forwarded Release's attempts: *unknown is set
+// once an attempt's outcome is unknown, and an attempt after it that
+// finds the lease already released answers released (settleRelease).
+func settling(unknown *bool) func(call releaseCall) releaseCall {
+	return func(call releaseCall) releaseCall {
 		return func(ctx context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
-			resp, err := call(p)(ctx, fr)
+			resp, err := call(ctx, fr)
 			switch {
 			case err != nil:
 				*unknown = true
@@ -254,7 +269,7 @@ func forwardRelease(ctx context.Context, r *node, req *connect.Request[wardenv1.
 			}
 			return resp, err
 		}
-	})
+	}
 }
 
 func (s *LockServer) release(ctx context.Context, m *wardenv1.ReleaseRequest) (*connect.Response[wardenv1.ReleaseResponse], error) {
@@ -283,13 +298,9 @@ func releaseCmd(m *wardenv1.ReleaseRequest) (*shardv1.ReleaseCmd, error) {
 	return &shardv1.ReleaseCmd{Resource: m.GetResource(), LeaseId: id}, nil
 }
 
-// Describe implements LockService.Describe with a linearizable read.
+// Describe implements LockService.Describe here, with a linearizable
+// read; the routing interceptor sends it where it is served.
 func (s *LockServer) Describe(ctx context.Context, req *connect.Request[wardenv1.DescribeRequest]) (*connect.Response[wardenv1.DescribeResponse], error) {
-	if resp, ok, err := forward(ctx, s.r, req, req.Msg.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.DescribeRequest]) (*connect.Response[wardenv1.DescribeResponse], error) {
-		return p.Locks.Describe
-	}); ok {
-		return resp, err
-	}
 	return s.describe(ctx, req.Msg)
 }
 

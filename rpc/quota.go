@@ -30,17 +30,9 @@ var _ wardenv1connect.QuotaServiceHandler = (*QuotaServer)(nil)
 // newQuotaServer returns the QuotaService handler of r.
 func newQuotaServer(r *node) *QuotaServer { return &QuotaServer{r: r} }
 
-// quotaCall runs a quota RPC here, or on the node that leads the pool's
-// shard.
-func quotaCall[Req, Resp any](ctx context.Context, s *QuotaServer, req *connect.Request[Req], key string,
-	remote func(*peer) func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
-	local func(context.Context, *Req) (*Resp, error)) (*connect.Response[Resp], error) {
-	if err := shard.CheckQuotaKey("key", key); err != nil {
-		return nil, err
-	}
-	if resp, ok, err := forward(ctx, s.r, req, keyspace.Pool(key), remote); ok {
-		return resp, err
-	}
+// quotaCall runs a quota RPC here (the routing interceptor has routed
+// it to the node that leads the pool's shard).
+func quotaCall[Req, Resp any](ctx context.Context, req *connect.Request[Req], local func(context.Context, *Req) (*Resp, error)) (*connect.Response[Resp], error) {
 	out, err := local(ctx, req.Msg)
 	if err != nil {
 		return nil, err
@@ -60,9 +52,7 @@ func level(q *shardv1.QuotaRecord, reserved, expired, remaining int64) *wardenv1
 
 // SetLimit implements QuotaService.SetLimit.
 func (s *QuotaServer) SetLimit(ctx context.Context, req *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
-		return p.Quota.SetLimit
-	}, func(ctx context.Context, m *wardenv1.SetLimitRequest) (*wardenv1.SetLimitResponse, error) {
+	return quotaCall(ctx, req, func(ctx context.Context, m *wardenv1.SetLimitRequest) (*wardenv1.SetLimitResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{
 			Key: m.GetKey(), Limit: m.GetLimit(), Weight: m.GetWeight()}}})
 		if err != nil {
@@ -75,9 +65,7 @@ func (s *QuotaServer) SetLimit(ctx context.Context, req *connect.Request[wardenv
 
 // Reserve implements QuotaService.Reserve.
 func (s *QuotaServer) Reserve(ctx context.Context, req *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
-		return p.Quota.Reserve
-	}, func(ctx context.Context, m *wardenv1.ReserveRequest) (*wardenv1.ReserveResponse, error) {
+	return quotaCall(ctx, req, func(ctx context.Context, m *wardenv1.ReserveRequest) (*wardenv1.ReserveResponse, error) {
 		if err := shard.CheckName("reservation_id", m.GetReservationId(), shard.MaxRequestIDBytes); err != nil {
 			return nil, err
 		}
@@ -97,9 +85,7 @@ func (s *QuotaServer) Reserve(ctx context.Context, req *connect.Request[wardenv1
 
 // Commit implements QuotaService.Commit.
 func (s *QuotaServer) Commit(ctx context.Context, req *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
-		return p.Quota.Commit
-	}, func(ctx context.Context, m *wardenv1.CommitRequest) (*wardenv1.CommitResponse, error) {
+	return quotaCall(ctx, req, func(ctx context.Context, m *wardenv1.CommitRequest) (*wardenv1.CommitResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_Commit{Commit: &shardv1.CommitCmd{
 			Key: m.GetKey(), ReservationId: m.GetReservationId(), Amount: m.GetAmount()}}})
 		if err != nil {
@@ -111,9 +97,7 @@ func (s *QuotaServer) Commit(ctx context.Context, req *connect.Request[wardenv1.
 
 // Release implements QuotaService.Release.
 func (s *QuotaServer) Release(ctx context.Context, req *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
-		return p.Quota.Release
-	}, func(ctx context.Context, m *wardenv1.QuotaServiceReleaseRequest) (*wardenv1.QuotaServiceReleaseResponse, error) {
+	return quotaCall(ctx, req, func(ctx context.Context, m *wardenv1.QuotaServiceReleaseRequest) (*wardenv1.QuotaServiceReleaseResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_ReleaseReservation{ReleaseReservation: &shardv1.ReleaseReservationCmd{
 			Key: m.GetKey(), ReservationId: m.GetReservationId()}}})
 		if err != nil {
@@ -123,44 +107,62 @@ func (s *QuotaServer) Release(ctx context.Context, req *connect.Request[wardenv1
 	})
 }
 
-// Query implements QuotaService.Query.
+// Query implements QuotaService.Query here, with a linearizable read;
+// the routing interceptor sends it where it is served (serveQuery).
 //
 // With authentication on, a level whose key the caller may neither use
 // nor read (a level above its grant's prefix, shared with other
 // tenants) shows only its key and remaining (redactLevels).
 func (s *QuotaServer) Query(ctx context.Context, req *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
-	resp, err := s.query(ctx, req)
-	if err == nil {
-		err = redactLevels(ctx, s.r, resp.Msg)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
-}
-
-func (s *QuotaServer) query(ctx context.Context, req *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
-	if _, known := wardenv1.Consistency_name[int32(req.Msg.GetConsistency())]; !known {
-		return nil, &shard.FieldError{Field: "consistency", Reason: "must be CONSISTENCY_LINEARIZABLE or CONSISTENCY_STALE"}
-	}
-	if req.Msg.GetConsistency() == wardenv1.Consistency_CONSISTENCY_STALE {
-		if err := shard.CheckQuotaKey("key", req.Msg.GetKey()); err != nil {
-			return nil, err
-		}
-		if q, ok := s.r.StaleRead(req.Msg.GetKey(), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: req.Msg.GetKey()}}}); ok {
-			return connect.NewResponse(queryResponse(q)), nil
-		}
-		// No local replica: a linearizable read is at least as fresh.
-	}
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
-		return p.Quota.Query
-	}, func(ctx context.Context, m *wardenv1.QueryRequest) (*wardenv1.QueryResponse, error) {
+	return redacted(ctx, s.r)(quotaCall(ctx, req, func(ctx context.Context, m *wardenv1.QueryRequest) (*wardenv1.QueryResponse, error) {
 		q, err := s.r.Read(ctx, keyspace.Pool(m.GetKey()), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: m.GetKey()}}})
 		if err != nil {
 			return nil, err
 		}
 		return queryResponse(q), nil
-	})
+	}))
+}
+
+// checkQuery refuses Query m before it is routed.
+func checkQuery(_ *node, m *wardenv1.QueryRequest) error {
+	if _, known := wardenv1.Consistency_name[int32(m.GetConsistency())]; !known {
+		return &shard.FieldError{Field: "consistency", Reason: "must be CONSISTENCY_LINEARIZABLE or CONSISTENCY_STALE"}
+	}
+	return nil
+}
+
+// serveQuery is Query's route (route.go): a stale Query is answered from
+// a local replica of the pool's shard, whichever node leads it; without
+// one, a linearizable read is at least as fresh. An answer another node
+// gave is redacted here too, by the policy of the node that authorized
+// the call.
+func serveQuery(ctx context.Context, n *node, req *connect.Request[wardenv1.QueryRequest], send sender[wardenv1.QueryRequest, wardenv1.QueryResponse],
+	local localCall[wardenv1.QueryRequest, wardenv1.QueryResponse]) (*connect.Response[wardenv1.QueryResponse], served, error) {
+	if req.Msg.GetConsistency() == wardenv1.Consistency_CONSISTENCY_STALE {
+		if q, ok := n.StaleRead(req.Msg.GetKey(), &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: req.Msg.GetKey()}}}); ok {
+			resp, err := redacted(ctx, n)(connect.NewResponse(queryResponse(q)), nil)
+			return resp, servedHere, err
+		}
+	}
+	resp, where, err := plain(ctx, req, send, local)
+	if where == servedThere {
+		resp, err = redacted(ctx, n)(resp, err)
+	}
+	return resp, where, err
+}
+
+// redacted returns a function that redacts (redactLevels) a Query's
+// answer resp, unless the call failed (err).
+func redacted(ctx context.Context, n *node) func(*connect.Response[wardenv1.QueryResponse], error) (*connect.Response[wardenv1.QueryResponse], error) {
+	return func(resp *connect.Response[wardenv1.QueryResponse], err error) (*connect.Response[wardenv1.QueryResponse], error) {
+		if err == nil {
+			err = redactLevels(ctx, n, resp.Msg)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return resp, nil
+	}
 }
 
 func queryResponse(q *shardv1.QueryResult) *wardenv1.QueryResponse {
@@ -189,9 +191,7 @@ func pageSize(field string, n uint32) (uint32, error) {
 
 // ListReservations implements QuotaService.ListReservations.
 func (s *QuotaServer) ListReservations(ctx context.Context, req *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListReservationsRequest]) (*connect.Response[wardenv1.ListReservationsResponse], error) {
-		return p.Quota.ListReservations
-	}, func(ctx context.Context, m *wardenv1.ListReservationsRequest) (*wardenv1.ListReservationsResponse, error) {
+	return quotaCall(ctx, req, func(ctx context.Context, m *wardenv1.ListReservationsRequest) (*wardenv1.ListReservationsResponse, error) {
 		size, err := pageSize("page_size", m.GetPageSize())
 		if err != nil {
 			return nil, err
@@ -233,9 +233,7 @@ func cutNUL(b []byte) (string, string, bool) {
 
 // ListLedger implements QuotaService.ListLedger.
 func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
-		return p.Quota.ListLedger
-	}, func(ctx context.Context, m *wardenv1.ListLedgerRequest) (*wardenv1.ListLedgerResponse, error) {
+	return quotaCall(ctx, req, func(ctx context.Context, m *wardenv1.ListLedgerRequest) (*wardenv1.ListLedgerResponse, error) {
 		size, err := pageSize("limit", m.GetLimit())
 		if err != nil {
 			return nil, err
@@ -259,23 +257,27 @@ func (s *QuotaServer) ListLedger(ctx context.Context, req *connect.Request[warde
 	})
 }
 
-// ReportUsage implements QuotaService.ReportUsage.
-func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
-	if req.Msg.GetCorrect() && req.Msg.ObservedSeq == nil { // before routing, as below
-		return nil, &shard.FieldError{Field: "observed_seq", Reason: "is required with correct: pass the ledger_seq of the Query the observation corresponds to"}
+// checkReportUsage refuses ReportUsage m before it is routed.
+func checkReportUsage(n *node, m *wardenv1.ReportUsageRequest) error {
+	if m.GetCorrect() && m.ObservedSeq == nil { // before routing, as below
+		return &shard.FieldError{Field: "observed_seq", Reason: "is required with correct: pass the ledger_seq of the Query the observation corresponds to"}
 	}
-	if req.Msg.ObservedSeq != nil {
+	if m.ObservedSeq != nil {
 		// Before routing: a node of an older binary, leading or forwarded
 		// to, would drop the field it does not know and correct against
 		// now. Only once every replica's node applies version 5.
-		if rg, err := s.r.Map().ShardFor(keyspace.Pool(req.Msg.GetKey())); err == nil && !s.r.Applies(rg.GetShardId(), shard.VersionObservedSeq) {
-			return nil, fmt.Errorf("%w: observed_seq needs envelope version %d, and not every replica of shard %d applies it yet (a rolling upgrade is under way)",
+		if rg, err := n.Map().ShardFor(keyspace.Pool(m.GetKey())); err == nil && !n.Applies(rg.GetShardId(), shard.VersionObservedSeq) {
+			return fmt.Errorf("%w: observed_seq needs envelope version %d, and not every replica of shard %d applies it yet (a rolling upgrade is under way)",
 				router.ErrNoLeader, shard.VersionObservedSeq, rg.GetShardId())
 		}
 	}
-	return quotaCall(ctx, s, req, req.Msg.GetKey(), func(p *peer) func(context.Context, *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
-		return p.Quota.ReportUsage
-	}, func(ctx context.Context, m *wardenv1.ReportUsageRequest) (*wardenv1.ReportUsageResponse, error) {
+	return nil
+}
+
+// ReportUsage implements QuotaService.ReportUsage here (checkReportUsage
+// has refused what must be refused before routing).
+func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[wardenv1.ReportUsageRequest]) (*connect.Response[wardenv1.ReportUsageResponse], error) {
+	return quotaCall(ctx, req, func(ctx context.Context, m *wardenv1.ReportUsageRequest) (*wardenv1.ReportUsageResponse, error) {
 		res, err := s.propose(ctx, m.GetKey(), &shardv1.Envelope{Command: &shardv1.Envelope_ReportUsage{ReportUsage: &shardv1.ReportUsageCmd{
 			Key: m.GetKey(), Observed: m.GetObserved(), ReportId: m.GetReportId(), Correct: m.GetCorrect(), ObservedSeq: m.ObservedSeq}}})
 		if err != nil {
@@ -287,23 +289,28 @@ func (s *QuotaServer) ReportUsage(ctx context.Context, req *connect.Request[ward
 	})
 }
 
-// Unfreeze implements QuotaService.Unfreeze.
-func (s *QuotaServer) Unfreeze(ctx context.Context, req *connect.Request[wardenv1.UnfreezeRequest]) (*connect.Response[wardenv1.UnfreezeResponse], error) {
-	pool := req.Msg.GetPool()
+// checkUnfreeze refuses Unfreeze m before it is routed.
+func checkUnfreeze(n *node, m *wardenv1.UnfreezeRequest) error {
+	pool := m.GetPool()
 	if err := shard.CheckQuotaKey("pool", pool); err != nil {
-		return nil, err
+		return err
 	}
 	if keyspace.Pool(pool) != pool {
-		return nil, &shard.FieldError{Field: "pool", Reason: "must be a pool: a key of one segment"}
+		return &shard.FieldError{Field: "pool", Reason: "must be a pool: a key of one segment"}
 	}
 	// Checked before forwarding: the leader may be the older binary,
 	// which does not know the call.
-	if rg, err := s.r.Map().ShardFor(pool); err == nil && !s.r.Applies(rg.GetShardId(), shard.VersionRestoredPools) {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("a replica of shard %d runs a binary older than Unfreeze (envelope version %d): finish the rolling upgrade first", rg.GetShardId(), shard.VersionRestoredPools))
+	if rg, err := n.Map().ShardFor(pool); err == nil && !n.Applies(rg.GetShardId(), shard.VersionRestoredPools) {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("a replica of shard %d runs a binary older than Unfreeze (envelope version %d): finish the rolling upgrade first", rg.GetShardId(), shard.VersionRestoredPools))
 	}
-	return quotaCall(ctx, s, req, pool, func(p *peer) func(context.Context, *connect.Request[wardenv1.UnfreezeRequest]) (*connect.Response[wardenv1.UnfreezeResponse], error) {
-		return p.Quota.Unfreeze
-	}, func(ctx context.Context, m *wardenv1.UnfreezeRequest) (*wardenv1.UnfreezeResponse, error) {
+	return nil
+}
+
+// Unfreeze implements QuotaService.Unfreeze here (checkUnfreeze has
+// refused what must be refused before routing).
+func (s *QuotaServer) Unfreeze(ctx context.Context, req *connect.Request[wardenv1.UnfreezeRequest]) (*connect.Response[wardenv1.UnfreezeResponse], error) {
+	pool := req.Msg.GetPool()
+	return quotaCall(ctx, req, func(ctx context.Context, m *wardenv1.UnfreezeRequest) (*wardenv1.UnfreezeResponse, error) {
 		res, err := s.propose(ctx, pool, &shardv1.Envelope{Command: &shardv1.Envelope_UnfreezePool{UnfreezePool: &shardv1.UnfreezePoolCmd{Pool: pool}}})
 		if err != nil {
 			return nil, err

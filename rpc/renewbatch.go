@@ -71,10 +71,10 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 		sub.Renewals[j] = renewals[i]
 	}
 	fr := sameHopReq(sub, req.Header())
-	fctx, _ := withCallState(ctx) // a group served elsewhere is that node's to record, not the RenewBatch
-	resp, ok, err := forward(fctx, s.r, fr, sub.Renewals[0].GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RenewBatchRequest]) (*connect.Response[wardenv1.RenewBatchResponse], error) {
+	resp, where, err := forward(ctx, s.r, fr, sub.Renewals[0].GetResource(), func(p *peer) peerCall[wardenv1.RenewBatchRequest, wardenv1.RenewBatchResponse] {
 		return p.Locks.RenewBatch
 	})
+	ok := where != servedHere
 	if ok && connect.CodeOf(err) == connect.CodeUnimplemented {
 		s.renewEach(ctx, req, idx, out) // the leader's node predates RenewBatch
 		return
@@ -115,13 +115,13 @@ func (s *LockServer) renewGroup(ctx context.Context, req *connect.Request[warden
 	}
 }
 
-// renewOne renews one of req's renewals through Renew's path, which
-// finds its shard and leader and audits and counts it.
+// renewOne renews one of req's renewals through Renew's path (its route,
+// then its handler), which finds its shard and leader, and audits and
+// counts it unless another node served it.
 func (s *LockServer) renewOne(ctx context.Context, req *connect.Request[wardenv1.RenewBatchRequest], rn *wardenv1.RenewRequest) *wardenv1.RenewOutcome {
-	octx, st := withCallState(ctx)
 	start := time.Now()
-	r, err := s.Renew(octx, sameHopReq(rn, req.Header()))
-	if !st.forwarded.Load() {
+	r, where, err := renewRoute.run(ctx, s.r, sameHopReq(rn, req.Header()), s.Renew)
+	if where != servedThere {
 		record(ctx, s.r, req.Peer(), "Renew", start, renewEntry("Renew", rn), err)
 	}
 	return renewOutcome(r, err)

@@ -11,34 +11,35 @@ import (
 	"github.com/warden-dev/warden/shard"
 )
 
-// RevokeLease implements AdminService.RevokeLease: once every replica of
-// the resource's shard applies envelope version 9, the node that leads
-// the shard proposes a RevokeCmd.
+// RevokeLease implements AdminService.RevokeLease here: once every
+// replica of the resource's shard applies envelope version 9 (checkRevoke,
+// which the routing interceptor runs first), the node that leads the
+// shard proposes a RevokeCmd.
 func (s *AdminServer) RevokeLease(ctx context.Context, req *connect.Request[wardenv1.RevokeLeaseRequest]) (*connect.Response[wardenv1.RevokeLeaseResponse], error) {
 	m := req.Msg
-	if err := validateResource(m.GetResource()); err != nil {
-		return nil, err
-	}
-	if m.GetFencingToken() == 0 {
-		return nil, &shard.FieldError{Field: "fencing_token", Reason: "is required (the token Describe shows)"}
-	}
-	// Checked before forwarding: the leader may be the older binary,
-	// which does not know the call.
-	rg, err := s.r.Map().ShardFor(m.GetResource())
-	if err != nil {
-		return nil, err
-	}
-	if !s.r.Applies(rg.GetShardId(), shard.VersionRevoke) {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("a replica of shard %d runs a binary older than RevokeLease (envelope version %d): finish the rolling upgrade first", rg.GetShardId(), shard.VersionRevoke))
-	}
-	if resp, ok, err := forward(ctx, s.r, req, m.GetResource(), func(p *peer) func(context.Context, *connect.Request[wardenv1.RevokeLeaseRequest]) (*connect.Response[wardenv1.RevokeLeaseResponse], error) {
-		return p.Admin.RevokeLease
-	}); ok {
-		return resp, err
-	}
 	res, err := s.r.Propose(ctx, m.GetResource(), &shardv1.Envelope{Command: &shardv1.Envelope_Revoke{Revoke: &shardv1.RevokeCmd{Resource: m.GetResource(), FencingToken: m.GetFencingToken()}}})
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&wardenv1.RevokeLeaseResponse{Revoked: res.GetReleased()}), nil
+}
+
+// checkRevoke refuses RevokeLease m before it is routed: checked before
+// forwarding, as the leader may be the older binary, which does not know
+// the call.
+func checkRevoke(n *node, m *wardenv1.RevokeLeaseRequest) error {
+	if err := validateResource(m.GetResource()); err != nil {
+		return err
+	}
+	if m.GetFencingToken() == 0 {
+		return &shard.FieldError{Field: "fencing_token", Reason: "is required (the token Describe shows)"}
+	}
+	rg, err := n.Map().ShardFor(m.GetResource())
+	if err != nil {
+		return err
+	}
+	if !n.Applies(rg.GetShardId(), shard.VersionRevoke) {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("a replica of shard %d runs a binary older than RevokeLease (envelope version %d): finish the rolling upgrade first", rg.GetShardId(), shard.VersionRevoke))
+	}
+	return nil
 }
