@@ -33,6 +33,7 @@ import (
 // served.
 type route interface {
 	serve(ctx context.Context, n *node, req connect.AnyRequest, local connect.UnaryFunc) (connect.AnyResponse, served, error)
+	messages() (req, resp any)
 }
 
 // keyRoute is the route of a procedure with request Req and response
@@ -51,6 +52,10 @@ type keyRoute[Req, Resp any] struct {
 	// Query).
 	hook func(ctx context.Context, n *node, req *connect.Request[Req], send sender[Req, Resp], local localCall[Req, Resp]) (*connect.Response[Resp], served, error)
 }
+
+// messages returns a new request and response message of rt's procedure
+// (the tests check the table's names against them).
+func (rt *keyRoute[Req, Resp]) messages() (req, resp any) { return new(Req), new(Resp) }
 
 // localCall is a procedure's handler.
 type localCall[Req, Resp any] = func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)
