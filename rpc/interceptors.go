@@ -21,8 +21,9 @@ import (
 // audit line of a state-changing lock call, and maps the handler's error
 // to the Connect error the client gets (classify). Handlers return their
 // errors as they are. Authorization is the next interceptor in the chain
-// (authorizer, authn.go), so a denial is counted and audited too;
-// authentication comes before, in the HTTP layer (guard).
+// (authorizer, authn.go), so a denial is counted and audited too, and
+// routing the innermost (routing, route.go); authentication comes
+// before, in the HTTP layer (guard).
 //
 // Two kinds of call are recorded by the handlers instead, through the
 // same record: a Batch's ops and a RenewBatch's renewals, each counted
