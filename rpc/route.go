@@ -21,12 +21,12 @@ import (
 //
 // It is the innermost interceptor of the client services, after the
 // authorizer: the node that authenticated the caller authorizes the call
-// before it goes anywhere. The observer, outermost, must still learn that
-// another node answered (that node counted and audited the call), and a
-// denial, which the authorizer answers between the two, must stay counted
-// and audited here; so the routing interceptor reports it in the call's
-// state that the observer puts in the context (servedElsewhere). Nothing
-// else writes that state.
+// before it goes anywhere. The observer, outside both, must still learn
+// that another node answered (that node counted and audited the call),
+// and a denial, which the authorizer answers between the two, must stay
+// counted and audited here; so the routing interceptor reports it in the
+// call's state that the observer puts in the context (servedElsewhere).
+// Nothing else writes that state.
 
 // route is how the routing interceptor serves one procedure's call req:
 // forwarded, or by local (the handler) here. It says where the call was
@@ -44,10 +44,10 @@ type keyRoute[Req, Resp any] struct {
 	key func(*Req) string
 	// call is the same procedure on another node.
 	call func(*peer) peerCall[Req, Resp]
-	// check, if set, refuses a request before it is routed: what this
+	// checks refuse a request before it is routed, in order: what this
 	// node must answer itself (a bad quota key, an RPC a replica's older
 	// binary does not know yet).
-	check func(*node, *Req) error
+	checks []func(*node, *Req) error
 	// hook, if set, serves the call in place of plain (Acquire, Release,
 	// Query).
 	hook func(ctx context.Context, n *node, req *connect.Request[Req], send sender[Req, Resp], local localCall[Req, Resp]) (*connect.Response[Resp], served, error)
@@ -81,22 +81,12 @@ func routeOf[C, Req, Resp any](key func(*Req) string, client func(*peer) C,
 // (shard.CheckQuotaKey) and routed by its pool.
 func quotaRoute[Req, Resp any](key func(*Req) string, call func(wardenv1connect.QuotaServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error)) *keyRoute[Req, Resp] {
 	rt := routeOf(func(m *Req) string { return keyspace.Pool(key(m)) }, quotaClient, call)
-	rt.check = func(_ *node, m *Req) error { return shard.CheckQuotaKey("key", key(m)) }
-	return rt
+	return rt.checked(func(_ *node, m *Req) error { return shard.CheckQuotaKey("key", key(m)) })
 }
 
-// checked returns rt with check run before rt's own.
+// checked returns rt with check run before rt's own checks.
 func (rt *keyRoute[Req, Resp]) checked(check func(*node, *Req) error) *keyRoute[Req, Resp] {
-	if then := rt.check; then != nil {
-		rt.check = func(n *node, m *Req) error {
-			if err := check(n, m); err != nil {
-				return err
-			}
-			return then(n, m)
-		}
-	} else {
-		rt.check = check
-	}
+	rt.checks = append([]func(*node, *Req) error{check}, rt.checks...)
 	return rt
 }
 
@@ -138,10 +128,10 @@ var routes = map[string]route{
 	wardenv1connect.QuotaServiceUnfreezeProcedure:         quotaRoute((*wardenv1.UnfreezeRequest).GetPool, wardenv1connect.QuotaServiceClient.Unfreeze).checked(checkUnfreeze),
 }
 
-// run serves req: refused by check, else by hook, else plain.
+// run serves req: refused by a check, else by hook, else plain.
 func (rt *keyRoute[Req, Resp]) run(ctx context.Context, n *node, req *connect.Request[Req], local localCall[Req, Resp]) (*connect.Response[Resp], served, error) {
-	if rt.check != nil {
-		if err := rt.check(n, req.Msg); err != nil {
+	for _, check := range rt.checks {
+		if err := check(n, req.Msg); err != nil {
 			return nil, servedHere, err
 		}
 	}
