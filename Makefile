@@ -91,9 +91,11 @@ test-js: build
 	cd clients/typescript && $(NPM_CI) && npm run typecheck && npm test && \
 	cd ../../ui && $(NPM_CI) && npm run typecheck && npm test
 
-## soak: the long cases of shared/cases at full scale (make test runs them reduced), and the long nemesis; bounded by -timeout
+## soak: the long cases of shared/cases at full scale (make test runs them reduced), the long nemesis and 2,000 seeds of the
+## routing simulation (router/sim_test.go); bounded by -timeout
 soak: nemesis
-	WARDEN_SOAK=1 $(GO) test ./router -run '^(TestMassExpiry|TestCaseS2LinearizableAcrossSplits)$$' -count=1 -v -timeout 30m
+	WARDEN_SOAK=1 $(GO) test ./rpc -run '^(TestMassExpiry|TestCaseS2LinearizableAcrossSplits)$$' -count=1 -v -timeout 30m
+	$(GO) test ./router -run '^TestSimulatedShard$$' -count=1 -timeout 30m -args -sim.seeds=2000
 	WARDEN_SOAK=1 $(GO) test ./cmd/wardend -run '^(TestClusterCaseL17ChurningWaiters|TestClusterCaseS1TokensThroughChurn|TestClusterCaseQ14CountersEqualTheLedger)$$' -count=1 -v -timeout 45m
 
 ## nemesis: the fault suite's long run (as root): every fault three times against three wardend processes in network
@@ -107,7 +109,7 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test ./shard -run '^$$' -fuzz '^FuzzDecodeAndApply$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./shard -run '^$$' -fuzz '^FuzzLoadSnapshot$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./router -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./placement -run '^$$' -fuzz '^FuzzMetaUpdate$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./placement -run '^$$' -fuzz '^FuzzJobCommands$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./auth -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME)
@@ -120,7 +122,7 @@ fuzz:
 ## then, on a three-process cluster, acquire+release before and after a split and reserve+commit, in cleartext
 ## and again with TLS and authentication on, and a restarted node's time to serve every shard with 1, 16 and 64 shards
 bench:
-	$(GO) test ./router -run '^$$' -bench 'AcquireRelease|HandOff' -benchtime 5s -count 3 -timeout 30m
+	$(GO) test ./rpc -run '^$$' -bench 'AcquireRelease|HandOff' -benchtime 5s -count 3 -timeout 30m
 	WARDEN_BENCH=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
 	WARDEN_BENCH=1 WARDEN_BENCH_SECURE=1 $(GO) test ./cmd/wardend -run '^TestClusterThroughput$$' -count 1 -v -timeout 10m
 	for n in 1 16 64; do WARDEN_RESTART_SHARDS=$$n WARDEN_RESTART_ROUNDS=3 $(GO) test ./cmd/wardend -run '^TestClusterRestartServingShards$$' -count 1 -v -timeout 30m || exit 1; done
