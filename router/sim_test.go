@@ -51,12 +51,16 @@ import (
 //     commits it, or not, as Raft may an entry of an ended term;
 //   - a read on the leader is dropped.
 //
-// Each node has a router of its own, as each process does. Clients
+// Each node has a router of its own, as each process does. Lock clients
 // Acquire, Release (some with a lease that is not theirs) and Describe
 // through a node drawn for each call, which serves it or forwards it to
 // the node it believes leads (Router.Forward, then Propose or Read there,
 // as the API layer does), each retrying with the same ids until the
-// answer is known, as the API's clients do. Each
+// answer is known, as the API's clients do. Quota clients Reserve 1-4
+// units of a pool's key, and Commit or Release each reservation, while
+// the pool's admin raises its limit now and then; after every entry the
+// pool must not be oversold, and at the end its committed total must be
+// what the commits answered and nothing be left reserved. Each
 // run prints its seed; -sim.seed replays one. The interleaving of
 // goroutines is the Go scheduler's, so a seed replays the same faults at
 // the same virtual times, not always the same history.
@@ -124,7 +128,7 @@ func TestSimulatedShard(t *testing.T) {
 		})
 	}
 	// The premises: every fault happened in the runs.
-	for _, k := range []string{"leader change", "dropped", "answer lost", "hung", "hung and committed", "read dropped", "granted"} {
+	for _, k := range []string{"leader change", "dropped", "answer lost", "hung", "hung and committed", "read dropped", "granted", "reserved", "pool full", "committed"} {
 		if total[k] == 0 && !t.Failed() && len(seeds) >= 4 {
 			t.Errorf("no %q in %d runs: the simulation did not exercise it (%v)", k, len(seeds), total)
 		}
@@ -182,9 +186,25 @@ func runSimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[string
 		rng := rand.New(rand.NewPCG(seed, uint64(client)))
 		wg.Go(func() { simClient(t, c, h, client, rng, h.start.Add(simFaultsFor)) })
 	}
+	acct := &simQuota{limit: simLimit, counts: map[string]int{}}
+	rng := rand.New(rand.NewPCG(seed, 100))
+	simQuotaCall(t, c.via(rng), "set_limit", &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{Key: simPool, Limit: simLimit}}})
+	for client := range 3 {
+		rng := rand.New(rand.NewPCG(seed, uint64(200+client)))
+		wg.Go(func() { simQuotaClient(t, c, acct, client, rng, h.start.Add(simFaultsFor)) })
+	}
 	wg.Wait()
 	<-done
+	// Nothing acknowledged is lost or counted twice: every reservation
+	// ended, and the pool's committed total is what the commits answered.
+	q := simQuotaLevel(t, c.via(rng))
+	if q.GetReserved() != 0 || q.GetCommitted() != acct.committed {
+		t.Errorf("pool %s at the end: reserved %d, committed %d; the clients were told of %d committed and hold nothing", simPool, q.GetReserved(), q.GetCommitted(), acct.committed)
+	}
 	faults := g.counts()
+	for k, v := range acct.counts {
+		faults[k] = v
+	}
 	for _, op := range h.ops {
 		if op.Output.(lockmodel.Output).Granted {
 			faults["granted"]++
@@ -275,6 +295,104 @@ func (n simNode) read(ctx context.Context, key string, q *shardv1.Query) (*shard
 		return out, err
 	}
 	return n.r.Read(ctx, key, q)
+}
+
+// The quota clients' pool: its limit is far below what they ask for.
+const (
+	simPool  = "simq"
+	simKey   = "simq/a"
+	simLimit = 10
+)
+
+// simQuota is what the quota clients were told.
+type simQuota struct {
+	mu        sync.Mutex
+	limit     int64          // the pool's, as last set
+	committed int64          // the amounts of the commits answered OK
+	counts    map[string]int // answers by kind
+}
+
+func (a *simQuota) count(kind string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.counts[kind]++
+}
+
+// simQuotaClient reserves 1-4 units of simKey until end, and commits or
+// releases each reservation it got, all of them before it returns.
+func simQuotaClient(t *testing.T, c simCluster, acct *simQuota, client int, rng *rand.Rand, end time.Time) {
+	type open struct {
+		id     string
+		amount int64
+	}
+	var held []open
+	for n := 0; time.Now().Before(end) || len(held) > 0; n++ {
+		r := c.via(rng)
+		if len(held) > 0 && (rng.IntN(2) == 0 || !time.Now().Before(end)) {
+			o := held[0]
+			held = held[1:]
+			if rng.IntN(6) == 0 {
+				res := simQuotaCall(t, r, "commit "+o.id, &shardv1.Envelope{Command: &shardv1.Envelope_Commit{Commit: &shardv1.CommitCmd{Key: simKey, ReservationId: o.id, Amount: o.amount}}})
+				if res.GetCode() == shardv1.Code_CODE_OK {
+					acct.mu.Lock()
+					acct.committed += o.amount
+					acct.counts["committed"]++
+					acct.mu.Unlock()
+				}
+			} else {
+				simQuotaCall(t, r, "release "+o.id, &shardv1.Envelope{Command: &shardv1.Envelope_ReleaseReservation{ReleaseReservation: &shardv1.ReleaseReservationCmd{Key: simKey, ReservationId: o.id}}})
+			}
+		} else if client == 0 && n%20 == 19 {
+			// Commits fill the pool for good: its admin raises the limit.
+			acct.mu.Lock()
+			acct.limit += simLimit
+			limit := acct.limit
+			acct.mu.Unlock()
+			simQuotaCall(t, r, "set_limit", &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{Key: simPool, Limit: limit}}})
+		} else {
+			o := open{fmt.Sprintf("q%d-%d", client, n), 1 + rng.Int64N(4)}
+			res := simQuotaCall(t, r, "reserve "+o.id, &shardv1.Envelope{Command: &shardv1.Envelope_Reserve{Reserve: &shardv1.ReserveCmd{
+				Key: simKey, Amount: o.amount, ReservationId: o.id, TtlNanos: int64(10 * time.Minute)}}})
+			if res.GetCode() == shardv1.Code_CODE_OK {
+				held = append(held, o)
+				acct.count("reserved")
+			} else {
+				acct.count("pool full")
+			}
+		}
+		time.Sleep(time.Duration(rng.IntN(30)) * time.Millisecond)
+	}
+}
+
+// simQuotaCall proposes env through r until its answer is known, and
+// returns it: OK, or a pool too full for a reservation.
+func simQuotaCall(t *testing.T, r simNode, what string, env *shardv1.Envelope) *shardv1.Result {
+	var res *shardv1.Result
+	simRetry(t, what, func(ctx context.Context) error {
+		var retried bool // each command is idempotent under its ids
+		var err error
+		res, err = r.propose(ctx, simKey, proto.CloneOf(env), &retried)
+		var re *ResultError
+		if errors.As(err, &re) {
+			res = re.Res
+		}
+		return err
+	})
+	if c := res.GetCode(); c != shardv1.Code_CODE_OK && (c != shardv1.Code_CODE_RESOURCE_EXHAUSTED || env.GetReserve() == nil) {
+		t.Errorf("%s: %v %s", what, c, res.GetReason())
+	}
+	return res
+}
+
+// simQuotaLevel reads the pool's quota record (linearizable).
+func simQuotaLevel(t *testing.T, r simNode) *shardv1.QuotaRecord {
+	var q *shardv1.QueryResult
+	simRetry(t, "query "+simPool, func(ctx context.Context) error {
+		var err error
+		q, err = r.read(ctx, simPool, &shardv1.Query{Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: simPool}}})
+		return err
+	})
+	return q.GetLevels()[0].GetRecord()
 }
 
 // simHistory is the porcupine history the clients record.
@@ -556,15 +674,31 @@ func (g *simGroup) catchUp(id uint64) {
 	for i := g.applied[id]; i < uint64(len(g.log)); i++ {
 		res, err := g.replicas[id].Update([]sm.Entry{{Index: i + 1, Cmd: g.log[i]}})
 		if err != nil {
-			g.t.Fatalf("replica %d: entry %d: %v", id, i+1, err)
+			g.t.Errorf("replica %d: entry %d: %v", id, i+1, err)
+			return
 		}
 		switch out := res[0].Result.Data; {
 		case i == uint64(len(g.results)):
 			g.results = append(g.results, out)
+			g.checkPool(id, i+1)
 		case !bytes.Equal(g.results[i], out):
-			g.t.Fatalf("entry %d: replica %d's result differs from the first replica's", i+1, id)
+			g.t.Errorf("entry %d: replica %d's result differs from the first replica's", i+1, id)
 		}
 		g.applied[id] = i + 1
+	}
+}
+
+// checkPool checks the pool on replica id, which has just applied entry
+// index first: never oversold, at every log position (rule 7). g.mu is
+// held.
+func (g *simGroup) checkPool(id, index uint64) {
+	out, err := g.replicas[id].Lookup(&shardv1.Query{NowUnixNano: time.Now().UnixNano(), Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: simPool}}})
+	if err != nil {
+		g.t.Errorf("entry %d: query %s: %v", index, simPool, err)
+		return
+	}
+	if q := out.(*shardv1.QueryResult).GetLevels()[0].GetRecord(); q.GetHasLimit() && q.GetCommitted()+q.GetReserved() > q.GetLimit() {
+		g.t.Errorf("entry %d: pool %s oversold: committed %d + reserved %d > limit %d", index, simPool, q.GetCommitted(), q.GetReserved(), q.GetLimit())
 	}
 }
 
