@@ -218,7 +218,7 @@ func TestForwardedCallIsRecordedWhereServed(t *testing.T) {
 	}
 	before := counted()
 	if _, err := wardenv1connect.NewLockServiceClient(http.DefaultClient, here.URL).Renew(context.Background(),
-		connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "00"})); err != nil {
+		connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: strings.Repeat("00", 16)})); err != nil {
 		t.Fatal(err)
 	}
 	if leader.calls.Load() != 1 {
@@ -243,7 +243,7 @@ func TestUnansweredForwardIsRecordedHere(t *testing.T) {
 	counted := func() float64 { return testutil.ToFloat64(metrics.rpcOutcomes.WithLabelValues("Renew", "unavailable")) }
 	before := counted()
 	_, err := wardenv1connect.NewLockServiceClient(http.DefaultClient, here.URL).Renew(context.Background(),
-		connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "00"}))
+		connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: strings.Repeat("00", 16)}))
 	if connect.CodeOf(err) != connect.CodeUnavailable || strings.Contains(err.Error(), addr) || strings.Contains(err.Error(), "400") {
 		t.Fatalf("client got %v: want unavailable, naming neither %s nor the other server's answer", err, addr)
 	}
@@ -328,5 +328,38 @@ func TestForwardedReleaseSettles(t *testing.T) {
 		if where != servedThere || err != nil || resp.Msg.GetReleased() != tc.released || resp.Msg.GetAlreadyReleased() != tc.already {
 			t.Errorf("answers %v: served %v, %v %v; want released %v, already_released %v", tc.answers, where, resp, err, tc.released, tc.already)
 		}
+	}
+}
+
+// A lock call that fails a check needing nothing of the shard is refused
+// where it came in, with the field named, and never forwarded to the
+// node that leads its key (security review: invalid input reached the
+// leader's node first).
+func TestInvalidLockCallsAreNotForwarded(t *testing.T) {
+	var calls atomic.Int32
+	plain := plain400(t, &calls)
+	n := newNode(ledFrom(plain.URL, router.Config{LeaderWait: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}))
+	local := connect.UnaryFunc(func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) {
+		t.Fatal("an invalid call was served")
+		return nil, nil
+	})
+	for _, tc := range []struct {
+		procedure string
+		req       connect.AnyRequest
+		field     string
+	}{
+		{wardenv1connect.LockServiceAcquireProcedure, connect.NewRequest(&wardenv1.AcquireRequest{Resource: "orders/42", RequestId: ""}), "request_id"},
+		{wardenv1connect.LockServiceRenewProcedure, connect.NewRequest(&wardenv1.RenewRequest{Resource: "orders/42", LeaseId: "not hex"}), "lease_id"},
+		{wardenv1connect.LockServiceReleaseProcedure, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: "", LeaseId: "00"}), "resource"},
+		{wardenv1connect.LockServiceDescribeProcedure, connect.NewRequest(&wardenv1.DescribeRequest{Resource: ""}), "resource"},
+	} {
+		_, where, err := routes[tc.procedure].serve(context.Background(), n, tc.req, local)
+		var fe *shard.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field || where != servedHere {
+			t.Errorf("%s: %v (served %v), want a refusal naming %s here", tc.procedure, err, where, tc.field)
+		}
+	}
+	if c := calls.Load(); c != 0 {
+		t.Fatalf("the node that leads the key was called %d times", c)
 	}
 }

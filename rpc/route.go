@@ -103,17 +103,36 @@ func adminClient(p *peer) wardenv1connect.AdminServiceClient { return p.Admin }
 // The routes of the procedures about one key whose handler Batch and
 // RenewBatch call too.
 var (
-	acquireRoute = routeOf((*wardenv1.AcquireRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Acquire).hooked(serveAcquire)
-	renewRoute   = routeOf((*wardenv1.RenewRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Renew)
-	releaseRoute = routeOf((*wardenv1.ReleaseRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Release).hooked(serveRelease)
+	acquireRoute = routeOf((*wardenv1.AcquireRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Acquire).checked(checkAcquire).hooked(serveAcquire)
+	renewRoute   = routeOf((*wardenv1.RenewRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Renew).checked(checkRenew)
+	releaseRoute = routeOf((*wardenv1.ReleaseRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Release).checked(checkRelease).hooked(serveRelease)
 )
+
+// The checks of a lock call that need nothing of the shard: a call that
+// fails one is refused where it came in, never forwarded (the security
+// review found invalid input carried to the leader's node first).
+func checkAcquire(_ *node, m *wardenv1.AcquireRequest) error { return validateAcquire(m) }
+
+func checkRenew(_ *node, m *wardenv1.RenewRequest) error {
+	_, err := leaseRef(m.GetResource(), m.GetLeaseId())
+	return err
+}
+
+func checkRelease(_ *node, m *wardenv1.ReleaseRequest) error {
+	_, err := leaseRef(m.GetResource(), m.GetLeaseId())
+	return err
+}
+
+func checkDescribe(_ *node, m *wardenv1.DescribeRequest) error {
+	return validateResource(m.GetResource())
+}
 
 // routes are the routed procedures, by name.
 var routes = map[string]route{
 	wardenv1connect.LockServiceAcquireProcedure:  acquireRoute,
 	wardenv1connect.LockServiceRenewProcedure:    renewRoute,
 	wardenv1connect.LockServiceReleaseProcedure:  releaseRoute,
-	wardenv1connect.LockServiceDescribeProcedure: routeOf((*wardenv1.DescribeRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Describe),
+	wardenv1connect.LockServiceDescribeProcedure: routeOf((*wardenv1.DescribeRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Describe).checked(checkDescribe),
 
 	wardenv1connect.AdminServiceRevokeLeaseProcedure: routeOf((*wardenv1.RevokeLeaseRequest).GetResource, adminClient, wardenv1connect.AdminServiceClient.RevokeLease).checked(checkRevoke),
 
