@@ -104,6 +104,9 @@ func (a authorizer) WrapStreamingHandler(next connect.StreamingHandlerFunc) conn
 // (alt, if set, is a permission that allows it too), else a
 // PermissionDenied error naming the permission and the resource.
 func authorize(ctx context.Context, r *node, perm, alt auth.Permission, resource string) error {
+	if ctx.Value(clusterCallKey{}) != nil {
+		return nil
+	}
 	pol, err := r.auth.Policy()
 	if err != nil {
 		return err
@@ -173,7 +176,8 @@ func fromNode(cfg *router.Config, req *http.Request) bool {
 // the cluster secret) are stripped from every other caller's request;
 // and a client's call to a client service or reflection is
 // authenticated by a (see authenticated, authState.authenticate), its
-// principal put in the request's context. A node's call carries its original caller's principal.
+// principal put in the request's context. A node's call carries its original caller's principal,
+// or none: then it is the cluster's own call (clusterCallKey).
 //
 // Under TLS a node must also be one the map knows (known, when set,
 // says): a peer certificate for any other id (a node about to join) may
@@ -194,6 +198,8 @@ func guard(cfg *router.Config, a *authState, known func(id uint64) bool, next ht
 			}
 			if p := req.Header.Get(router.PrincipalHeader); p != "" {
 				req = req.WithContext(router.WithPrincipal(req.Context(), p))
+			} else {
+				req = req.WithContext(context.WithValue(req.Context(), clusterCallKey{}, true))
 			}
 			next.ServeHTTP(w, req)
 			return
@@ -233,6 +239,18 @@ func authenticated(path string) bool {
 // joiningKey marks, in a call's context, the id of a node the map does
 // not know yet (see guard).
 type joiningKey struct{}
+
+// clusterCallKey marks, in a call's context, a node's call made for no
+// client (no principal header): the routing core's own questions to
+// another node (router.Remote: a shard's leader, a leader transfer, which
+// operators ask). authorize allows it whatever it asks: a node may
+// propose anything through the node API already. A client call a node
+// forwards carries its caller's principal, and is authorized as theirs:
+// with authentication on every client has one. Before, the core's calls
+// were authorized as principal "" and refused, so with authentication on
+// a node that hosts no replica of a shard could neither learn its leader
+// nor hand its leadership on (the attack review).
+type clusterCallKey struct{}
 
 // ClientPath reports whether an HTTP request path names a method of the
 // client services (warden.v1): those authentication covers, and those

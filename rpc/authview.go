@@ -119,12 +119,16 @@ type credentialKey struct{}
 // replayPrincipal is the principal an Acquire's dedup record keeps, so
 // that only it may replay the request (shard.VersionPrincipal): ctx's
 // authenticated principal with authentication on, else none (everyone
-// may do everything then, replays included).
-func (n *node) replayPrincipal(ctx context.Context) string {
-	if pol, err := n.auth.Policy(); err == nil && pol.Enabled() {
-		return router.PrincipalOf(ctx)
+// may do everything then, replays included). It fails, as authorization
+// does, when the node's auth view is too old to decide by: recording
+// none then would let any principal replay the request and be handed
+// its lease (the attack review did it with a view 3 s old).
+func (n *node) replayPrincipal(ctx context.Context) (string, error) {
+	pol, err := n.auth.Policy()
+	if err != nil || !pol.Enabled() {
+		return "", err
 	}
-	return ""
+	return router.PrincipalOf(ctx), nil
 }
 
 // watchCall returns a context of ctx, the call of a client (or a

@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"context"
 	"crypto/tls"
 	"io"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/warden-dev/warden/auth"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
 	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
@@ -153,5 +155,69 @@ func TestGuardAuthenticates(t *testing.T) {
 		case tc.code != 0 && (principal != "" || w.Code != tc.code || body.read):
 			t.Errorf("%s: served %v, answered %d (body read %v), want %d unread", tc.name, principal != "", w.Code, body.read, tc.code)
 		}
+	}
+}
+
+// A node's call with no principal header is the cluster's own (the
+// core's question to another node's admin API, router.Remote): it is
+// authorized whatever it asks, and a node's call with a principal is
+// authorized as that principal; a client cannot pass for either.
+func TestClusterCallsAreAuthorized(t *testing.T) {
+	const secret = "test-secret-0123456789"
+	st := &placementv1.AuthState{Enabled: true, Revision: 1,
+		Roles:    []*placementv1.Role{{Name: "op", Grants: []*placementv1.Grant{{Permission: "admin"}}}},
+		Bindings: []*placementv1.Binding{{Principal: "admin", Role: "op"}}}
+	n := &node{auth: newAuthState(st, time.Now(), false)}
+	const transfer = "/warden.v1.AdminService/TransferLeader"
+	for _, tc := range []struct {
+		name    string
+		headers map[string]string
+		want    connect.Code // of authorize for admin; 0: allowed
+	}{
+		{"a node's own call", map[string]string{router.SecretHeader: secret}, 0},
+		{"a node's call for a principal without admin", map[string]string{router.SecretHeader: secret, router.PrincipalHeader: "orders"}, connect.CodePermissionDenied},
+		{"a node's call for an admin", map[string]string{router.SecretHeader: secret, router.PrincipalHeader: "admin"}, 0},
+	} {
+		var got error
+		served := false
+		next := http.HandlerFunc(func(_ http.ResponseWriter, req *http.Request) {
+			served = true
+			got = authorize(req.Context(), n, auth.Admin, "", "")
+		})
+		req := httptest.NewRequest(http.MethodPost, transfer, nil)
+		for k, v := range tc.headers {
+			req.Header.Set(k, v)
+		}
+		guard(&router.Config{ClusterSecret: secret}, n.auth, nil, next).ServeHTTP(httptest.NewRecorder(), req)
+		if !served || connect.CodeOf(got) != tc.want && (tc.want != 0 || got != nil) {
+			t.Errorf("%s: served %v, authorize %v, want code %v", tc.name, served, got, tc.want)
+		}
+	}
+	// A client's call without credentials never reaches authorization.
+	served := false
+	req := httptest.NewRequest(http.MethodPost, transfer, nil)
+	guard(&router.Config{ClusterSecret: secret}, n.auth, nil, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served = true })).ServeHTTP(httptest.NewRecorder(), req)
+	if served {
+		t.Error("a client's call without credentials was served")
+	}
+}
+
+// With the node's auth view too old to decide by, an Acquire records no
+// replay principal: it fails, as authorization does (else any principal
+// could replay the request id and be handed the lease).
+func TestReplayPrincipalFailsClosedWhenStale(t *testing.T) {
+	st := &placementv1.AuthState{Enabled: true, Revision: 1}
+	ctx := router.WithPrincipal(context.Background(), "victim")
+	fresh := &node{auth: newAuthState(st, time.Now(), false)}
+	if p, err := fresh.replayPrincipal(ctx); err != nil || p != "victim" {
+		t.Fatalf("fresh view: %q, %v; want the caller's principal", p, err)
+	}
+	stale := &node{auth: newAuthState(st, time.Now().Add(-2*AuthMaxStale), false)}
+	if p, err := stale.replayPrincipal(ctx); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("stale view: %q, %v; want unavailable", p, err)
+	}
+	off := &node{auth: newAuthState(&placementv1.AuthState{Revision: 2}, time.Now().Add(-time.Hour), false)}
+	if p, err := off.replayPrincipal(ctx); err != nil || p != "" {
+		t.Fatalf("authentication off: %q, %v; want none", p, err)
 	}
 }

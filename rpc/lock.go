@@ -166,6 +166,10 @@ func (s *LockServer) acquireCmd(ctx context.Context, m *wardenv1.AcquireRequest)
 	if err := validateAcquire(m); err != nil {
 		return nil, err
 	}
+	principal, err := s.r.replayPrincipal(ctx)
+	if err != nil {
+		return nil, err
+	}
 	s.r.Acquires().Add(m.GetResource())
 	// The lease id is a bearer secret: 128 bits from the OS's CSPRNG,
 	// drawn here and carried in the command so every replica stores it.
@@ -181,7 +185,7 @@ func (s *LockServer) acquireCmd(ctx context.Context, m *wardenv1.AcquireRequest)
 		Tenant:           m.GetTenant(),
 		LeaseId:          leaseID,
 		WaitTimeoutNanos: int64(m.GetWaitTimeout().AsDuration()),
-		Principal:        s.r.replayPrincipal(ctx),
+		Principal:        principal,
 	}, nil
 }
 
