@@ -1,13 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
+	"flag"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,39 +29,228 @@ import (
 	"github.com/warden-dev/warden/shard"
 )
 
-// buildBefore builds wardend as it was just before the commit that added
-// marker to path, from this repository's history, and returns the binary.
-// It skips the test when the history is not there (a shallow clone).
+// buildBefore returns wardend as it was just before the commit that
+// added marker to path, built from this repository's history. It skips
+// the test when the history is not there (a shallow clone).
+//
+// Each such binary is built once per test process (a -count=N run
+// reuses it), and ahead of time: the first call starts a background
+// worker that builds, one at a time under nice 19, the binaries of
+// the later tests in oldBuilds that -run selects, so that they compile
+// while the tests before them run their clusters (a build takes about
+// 20 s of CPU, a mixed-version test's cluster about 15 s, mostly
+// waiting). A test whose binary the worker is still building waits for
+// it and raises the build's priority back to normal (as root; CI runs
+// as root); one whose build has not begun builds it itself, as before.
 func buildBefore(t *testing.T, path, marker string) string {
 	t.Helper()
+	b := oldBuildOf(path, marker)
+	b.run(false)
+	if b.skip != "" {
+		t.Skip(b.skip)
+	}
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.bin
+}
+
+// oldBuilds are the binaries the mixed-version tests build, with the
+// test that needs each, in the order the tests run (file order), which
+// is the order the worker builds them in.
+var oldBuilds = []struct{ test, path, marker string }{
+	{"TestClusterMixedBinariesAgree", "shard/apply.go", "const CommandVersion = 4"},
+	{"TestClusterMixedPlacementAgree", "placement/meta.go", "MetaCommandVersion uint32 = 2"},
+	{"TestClusterMixedReplayPrincipal", "shard/apply.go", "VersionPrincipal = 8"},
+	{"TestClusterMixedAuthPlacement", "placement/meta.go", "MetaCommandVersion uint32 = 3"},
+	{"TestClusterMixedRemoveNode", "placement/meta.go", "MetaCommandVersion uint32 = 5"},
+	{"TestClusterMixedRevokeLease", "shard/apply.go", "VersionRevoke = 9"},
+	{"TestClusterMixedReleaseReplay", "shard/apply.go", "VersionReleaseReplay = 10"},
+	{"TestClusterMixedRestoredPools", "shard/apply.go", "VersionRestoredPools = 11"},
+	{"TestClusterMixedOperations", "placement/meta.go", "MetaCommandVersion uint32 = 6"},
+}
+
+// oldBuild is one binary of buildBefore: built by the first of the
+// worker and the tests to claim it, done when done is closed.
+type oldBuild struct {
+	path, marker string
+	claimed      atomic.Bool
+	urgent       atomic.Bool  // a test waits: build at normal priority
+	pgid         atomic.Int64 // the running build's process group, 0 when none
+	done         chan struct{}
+	bin, skip    string
+	err          error
+}
+
+var oldBuildState struct {
+	mu     sync.Mutex
+	builds map[string]*oldBuild
+	dir    string // holds the sources and binaries; removed by stopOldBuilds
+	dirErr error
+	start  sync.Once
+	ctx    context.Context
+	cancel context.CancelFunc
+	worker sync.WaitGroup
+}
+
+func oldBuildOf(path, marker string) *oldBuild {
+	s := &oldBuildState
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.builds == nil {
+		s.builds = map[string]*oldBuild{}
+	}
+	key := path + "\x00" + marker
+	if s.builds[key] == nil {
+		s.builds[key] = &oldBuild{path: path, marker: marker, done: make(chan struct{})}
+	}
+	return s.builds[key]
+}
+
+// startOldBuilds starts the worker (once): it builds, in oldBuilds'
+// order, the binaries of the tests that -run and -skip select and no
+// test has begun building.
+func startOldBuilds() {
+	s := &oldBuildState
+	s.start.Do(func() {
+		s.ctx, s.cancel = context.WithCancel(context.Background())
+		s.dir, s.dirErr = os.MkdirTemp("", "wardend-old-")
+		s.worker.Go(func() {
+			for _, o := range oldBuilds {
+				if s.ctx.Err() != nil {
+					return
+				}
+				if selected(o.test) {
+					oldBuildOf(o.path, o.marker).run(true)
+				}
+			}
+		})
+	})
+}
+
+// stopOldBuilds (TestMain, after the tests) kills a background build
+// still running, waits for the worker and removes what it built.
+func stopOldBuilds() {
+	s := &oldBuildState
+	if s.cancel == nil {
+		return
+	}
+	s.cancel()
+	s.worker.Wait()
+	os.RemoveAll(s.dir)
+}
+
+// selected reports whether -test.run and -test.skip let the top-level
+// test name run (their first /-separated element; a wrong guess only
+// costs a build ahead of time, or a build not ahead of time).
+func selected(name string) bool {
+	matches := func(flagName string) (match, set bool) {
+		f := flag.Lookup(flagName)
+		if f == nil || f.Value.String() == "" {
+			return false, false
+		}
+		elems := strings.Split(f.Value.String(), "/")
+		if flagName == "test.skip" && len(elems) > 1 {
+			return false, false // skips subtests only
+		}
+		re, err := regexp.Compile(elems[0])
+		return err == nil && re.MatchString(name), true
+	}
+	if m, set := matches("test.run"); set && !m {
+		return false
+	}
+	m, _ := matches("test.skip")
+	return !m
+}
+
+// run builds b unless the worker or a test has claimed it. A test
+// (background unset) waits for the build, raising the worker's to
+// normal priority; the worker (background) builds under nice 19, and
+// goes on at once past a build a test claimed.
+func (b *oldBuild) run(background bool) {
+	if !background {
+		b.urgent.Store(true)
+	}
+	mine := b.claimed.CompareAndSwap(false, true)
+	if !background {
+		startOldBuilds() // after claiming b: the worker passes it
+	}
+	if mine {
+		b.bin, b.skip, b.err = b.build(background)
+		close(b.done)
+		return
+	}
+	if background {
+		return
+	}
+	for {
+		if pgid := b.pgid.Load(); pgid != 0 {
+			_ = syscall.Setpriority(syscall.PRIO_PGRP, int(pgid), 0) // root only
+		}
+		select {
+		case <-b.done:
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (b *oldBuild) build(background bool) (bin, skip string, err error) {
+	s := &oldBuildState
+	if s.dirErr != nil {
+		return "", "", s.dirErr
+	}
 	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
 	if err != nil {
-		t.Skipf("no git repository: %v", err)
+		return "", fmt.Sprintf("no git repository: %v", err), nil
 	}
 	root := strings.TrimSpace(string(top))
 	// -S lists the commits that changed how often marker occurs: the
 	// oldest of them added it (later ones may have removed it).
-	changed, err := exec.Command("git", "-C", root, "log", "--reverse", "--format=%H", "-S", marker, "--", path).Output()
+	changed, err := exec.Command("git", "-C", root, "log", "--reverse", "--format=%H", "-S", b.marker, "--", b.path).Output()
 	intro, _, _ := strings.Cut(strings.TrimSpace(string(changed)), "\n")
 	if err != nil || intro == "" {
-		t.Skipf("the commit that added %q to %s is not in the history (shallow clone?): %v", marker, path, err)
+		return "", fmt.Sprintf("the commit that added %q to %s is not in the history (shallow clone?): %v", b.marker, b.path, err), nil
 	}
 	old := intro + "^"
-	src := t.TempDir()
-	tarball := filepath.Join(t.TempDir(), "old.tar")
+	work, err := os.MkdirTemp(s.dir, "build-")
+	if err != nil {
+		return "", "", err
+	}
+	src, tarball := filepath.Join(work, "src"), filepath.Join(work, "old.tar")
+	defer os.RemoveAll(src)
+	defer os.Remove(tarball)
 	if out, err := exec.Command("git", "-C", root, "archive", "-o", tarball, old).CombinedOutput(); err != nil {
-		t.Skipf("git archive %s: %v %s", old, err, out)
+		return "", fmt.Sprintf("git archive %s: %v %s", old, err, out), nil
+	}
+	if err := os.Mkdir(src, 0o755); err != nil {
+		return "", "", err
 	}
 	if out, err := exec.Command("tar", "-xf", tarball, "-C", src).CombinedOutput(); err != nil {
-		t.Fatalf("untar: %v %s", err, out)
+		return "", "", fmt.Errorf("untar: %v %s", err, out)
 	}
-	bin := filepath.Join(t.TempDir(), "wardend-old")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/wardend")
+	bin = filepath.Join(work, "wardend-old")
+	args := []string{"go", "build", "-o", bin, "./cmd/wardend"}
+	if nice, err := exec.LookPath("nice"); background && !b.urgent.Load() && err == nil {
+		args = append([]string{nice, "-n", "19"}, args...)
+	}
+	build := exec.CommandContext(s.ctx, args[0], args[1:]...)
 	build.Dir = src
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building wardend at %s: %v\n%s", old, err, out)
+	// Its own process group: raised in priority, or killed, whole.
+	build.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	build.Cancel = func() error { return syscall.Kill(-build.Process.Pid, syscall.SIGKILL) }
+	var out bytes.Buffer
+	build.Stdout, build.Stderr = &out, &out
+	if err := build.Start(); err != nil {
+		return "", "", fmt.Errorf("building wardend at %s: %v", old, err)
 	}
-	return bin
+	b.pgid.Store(int64(build.Process.Pid))
+	err = build.Wait()
+	b.pgid.Store(0)
+	if err != nil {
+		return "", "", fmt.Errorf("building wardend at %s: %v\n%s", old, err, out.String())
+	}
+	return bin, "", nil
 }
 
 // replicasAgree stops every node (digests) and fails the test unless

@@ -43,6 +43,7 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	stopOldBuilds()
 	os.RemoveAll(dir)
 	http.DefaultClient.CloseIdleConnections()
 	if code == 0 {
