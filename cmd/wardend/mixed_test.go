@@ -311,13 +311,18 @@ func (c *procCluster) digests(ids ...uint64) (indexes map[uint64][]uint64, diges
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	for i, n := range c.nodes {
+	// All at once: stopped one by one, a node took seconds more to stop
+	// once another was gone (5.4 s of 6.6, measured).
+	for _, n := range c.nodes {
 		_ = n.cmd.Process.Signal(syscall.SIGTERM)
-		if err := <-n.exited; err != nil {
-			c.t.Fatalf("node %d stopping: %v", i+1, err)
-		}
+	}
+	for i, n := range c.nodes {
+		err := <-n.exited
 		n.cmd = nil
 		n.up.Store(false)
+		if err != nil {
+			c.t.Fatalf("node %d stopping: %v", i+1, err)
+		}
 	}
 	indexes, digests = map[uint64][]uint64{}, map[uint64][]string{}
 	for _, id := range ids {
