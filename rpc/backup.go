@@ -45,12 +45,24 @@ const backupWait = 10 * time.Minute
 // between, the shards may not match one map, and the backup fails
 // (ABORTED) rather than record a mix. Moves (a node removal's steps) only
 // change replicas, and a job in progress is left out of the restore.
-func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.BackupRequest], stream *connect.ServerStream[wardenv1.BackupResponse]) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
+func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.BackupRequest], stream *connect.ServerStream[wardenv1.BackupResponse]) (err error) {
+	var cancel context.CancelFunc
+	if d, ok := ctx.Deadline(); ok {
+		// Give up a tenth earlier than the caller (at most 10 s), so that
+		// it hears what the backup waited on rather than its own
+		// deadline_exceeded: a CI run saw the CLI's 90 s pass with
+		// nothing left on any node to tell why.
+		ctx, cancel = context.WithDeadline(ctx, d.Add(-min(time.Until(d)/10, 10*time.Second)))
+	} else {
 		ctx, cancel = context.WithTimeout(ctx, backupWait)
-		defer cancel()
 	}
+	defer cancel()
+	phase := "waiting for a quiet placement map"
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			err = connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("backup: gave up %s: %w", phase, err))
+		}
+	}()
 	before, err := s.r.QuiescentPlacement(ctx)
 	if err != nil {
 		return err
@@ -66,6 +78,7 @@ func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.Ba
 		}
 	}
 	for _, rg := range before.GetRanges() {
+		phase = fmt.Sprintf("reading shard %d", rg.GetShardId())
 		bs, err := backupShard(ctx, s.r, before, rg.GetShardId(), stream)
 		if err != nil {
 			return err
@@ -73,6 +86,7 @@ func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.Ba
 		bs.Start, bs.End = rg.GetStart(), rg.GetEnd()
 		man.Shards = append(man.Shards, bs)
 	}
+	phase = "reading the placement map again"
 	after, err := s.r.QuiescentPlacement(ctx)
 	if err != nil {
 		return err
