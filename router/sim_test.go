@@ -265,23 +265,27 @@ type simNode struct {
 	r *Router
 }
 
-// propose proposes env through n; *unknown is set when an attempt that
-// Forward retried may have committed (the API layer's forwardRelease
-// keeps the same account).
+// propose proposes env through n and returns the shard's result, a
+// refusal's too (with its *ResultError); *unknown is set when an attempt
+// that Forward retried may have committed (the API layer's
+// forwardRelease keeps the same account).
 func (n simNode) propose(ctx context.Context, key string, env *shardv1.Envelope, unknown *bool) (*shardv1.Result, error) {
 	var res *shardv1.Result
 	_, ok, err := n.r.Forward(ctx, key, 0, func(ctx context.Context, to *placementv1.Node) error {
 		var err error
 		res, err = n.c[to.GetId()].Propose(ctx, key, proto.CloneOf(env))
-		if err != nil {
+		if err != nil && !errors.As(err, new(*ResultError)) {
 			*unknown = true
 		}
 		return err
 	})
-	if ok {
-		return res, err
+	if !ok {
+		res, err = n.r.Propose(ctx, key, env)
 	}
-	return n.r.Propose(ctx, key, env)
+	if re := (*ResultError)(nil); errors.As(err, &re) {
+		res = re.Res
+	}
+	return res, err
 }
 
 func (n simNode) read(ctx context.Context, key string, q *shardv1.Query) (*shardv1.QueryResult, error) {
@@ -372,10 +376,6 @@ func simQuotaCall(t *testing.T, r simNode, what string, env *shardv1.Envelope) *
 		var retried bool // each command is idempotent under its ids
 		var err error
 		res, err = r.propose(ctx, simKey, proto.CloneOf(env), &retried)
-		var re *ResultError
-		if errors.As(err, &re) {
-			res = re.Res
-		}
 		return err
 	})
 	if c := res.GetCode(); c != shardv1.Code_CODE_OK && (c != shardv1.Code_CODE_RESOURCE_EXHAUSTED || env.GetReserve() == nil) {
@@ -484,10 +484,6 @@ func simAcquire(t *testing.T, r simNode, resource, requestID, lease string) lock
 		var retried bool // the request id's dedup answers a retry the same
 		res, err = r.propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_Acquire{Acquire: &shardv1.AcquireCmd{
 			Resource: resource, RequestId: requestID, Holder: requestID, LeaseTtlNanos: int64(10 * time.Minute), LeaseId: []byte(lease)}}}, &retried)
-		var re *ResultError
-		if errors.As(err, &re) {
-			res = re.Res
-		}
 		return err
 	})
 	l := res.GetLease()
@@ -512,10 +508,6 @@ func simRelease(t *testing.T, r simNode, resource, lease string) *bool {
 	unknown := simRetry(t, "release "+lease, func(ctx context.Context) error {
 		var err error
 		res, err = r.propose(ctx, resource, &shardv1.Envelope{Command: &shardv1.Envelope_Release{Release: &shardv1.ReleaseCmd{Resource: resource, LeaseId: []byte(lease)}}}, &forwarded)
-		var re *ResultError
-		if errors.As(err, &re) {
-			res = re.Res
-		}
 		return err
 	})
 	if unknown || forwarded {
