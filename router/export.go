@@ -14,6 +14,7 @@ import (
 
 	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/shard"
 )
 
 // QuiescentPlacement reads the placement state, linearizably, until no
@@ -81,7 +82,7 @@ func (r *Router) ExportFrom(ctx context.Context, node *placementv1.Node, shardID
 // ExportLocal exports local node n's replica of shard id to a file and
 // sends it, chunk by chunk, then its end.
 func ExportLocal(ctx context.Context, n *LocalNode, id uint64, send func(*placementv1.ExportShardResponse) error) error {
-	exp, path, err := n.raft.export(ctx, id)
+	exp, path, err := exportRetrying(ctx, n, id)
 	if err != nil {
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("shard %d: export: %w", id, err))
 	}
@@ -108,6 +109,39 @@ func ExportLocal(ctx context.Context, n *LocalNode, id uint64, send func(*placem
 	}
 	return send(&placementv1.ExportShardResponse{Part: &placementv1.ExportShardResponse_End{End: &placementv1.ExportShardEnd{
 		AppliedIndex: exp.AppliedIndex, Meta: exp.Meta, Pairs: exp.Pairs, Size: exp.Size, Sha256: exp.SHA256}}})
+}
+
+// exportTry bounds the wait for one export's read index, and exportTries
+// the tries on one replica. A leader drops a follower's ReadIndex while
+// it has committed nothing in its own term (just after an election or a
+// leader transfer) and does not tell the follower: Dragonboat reports the
+// drop only to the leader's own reads. The follower's read would then
+// wait out its whole deadline, as a CI backup did for 81 s right after
+// the cluster started. Each try asks again; after the last, the caller
+// may read another replica (a partitioned one drops every try at once).
+// The export that follows a read index is not bounded by the try.
+const (
+	exportTry   = 5 * time.Second
+	exportTries = 3
+)
+
+// exportRetrying runs n's export of shard id in up to exportTries tries
+// of exportTry, again while its read index is dropped or unanswered (a
+// read changes nothing, so asking again is safe) and ctx lasts.
+func exportRetrying(ctx context.Context, n *LocalNode, id uint64) (*shard.ExportedSnapshot, string, error) {
+	for try := 1; ; try++ {
+		tctx, cancel := context.WithTimeout(ctx, exportTry)
+		exp, path, err := n.raft.export(tctx, id)
+		cancel()
+		if err == nil || try == exportTries || !errors.Is(err, errDropped) && !errors.Is(err, ErrOutcomeUnknown) {
+			return exp, path, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, "", fmt.Errorf("%w: %w", ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // backupChunk is the size of a backup stream's data messages: 1 MiB,

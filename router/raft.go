@@ -38,7 +38,8 @@ type raftHost interface {
 	transferLeader(shardID, target uint64) error
 	// export writes the local replica's whole state, as of a linearizable
 	// read, to a new file (shard.ExportQuery) and returns what it wrote
-	// and the file's path; the caller removes the file.
+	// and the file's path; the caller removes the file. ctx bounds the
+	// read index only, not the writing of the file after it.
 	export(ctx context.Context, shardID uint64) (*shard.ExportedSnapshot, string, error)
 	// snapshot snapshots the local replica and compacts its log behind
 	// it, returning the snapshot's index; errNothingToSnapshot when no

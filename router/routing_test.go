@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +50,9 @@ import (
 //	snapshots node=N busy=K [index=I]  node N's host meets another snapshot in its next K
 //	                                   snapshot calls, then takes one at index I (0: nothing to snapshot)
 //	snapshot node=N [name=X]           an admin snapshot of node N's replica (snapshotLocal)
+//	exports node=N unanswered=K        node N's host gets no answer to the read index of its
+//	                                   next K exports until their context ends
+//	export node=N [deadline=D]         ExportLocal of node N's replica, within D (1m)
 //
 // Forwarding to node 3, whose answers are scripted (no HTTP):
 //
@@ -188,6 +192,37 @@ func (f *routingFixture) run(t *testing.T, d *datadriven.TestData) string {
 				return fmt.Sprintf("%d calls: error: %s", h.snapshots-before, err)
 			}
 			return fmt.Sprintf("%d calls: index %d", h.snapshots-before, idx)
+		})
+	case "exports":
+		_, h := f.node(t, d)
+		h.mu.Lock()
+		d.ScanArgs(t, "unanswered", &h.exportsUnanswered)
+		h.mu.Unlock()
+		return "ok\n"
+	case "export":
+		n, h := f.node(t, d)
+		deadline := time.Minute
+		d.MaybeScanArgs(t, "deadline", &deadline)
+		return f.call(t, d, func() string {
+			h.mu.Lock()
+			before := h.exports
+			h.mu.Unlock()
+			ctx, cancel := context.WithTimeout(f.ctx, deadline)
+			defer cancel()
+			var data, ends int
+			err := ExportLocal(ctx, n, 10, func(m *placementv1.ExportShardResponse) error {
+				data += len(m.GetData())
+				if m.GetEnd() != nil {
+					ends++
+				}
+				return nil
+			})
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if err != nil {
+				return fmt.Sprintf("%d tries: error: %s", h.exports-before, err)
+			}
+			return fmt.Sprintf("%d tries: %d bytes, %d end", h.exports-before, data, ends)
 		})
 	case "dropped":
 		_, h := f.node(t, d)
@@ -482,6 +517,10 @@ type fakeHost struct {
 	// snapshot then takes (0: nothing to snapshot); snapshots: the calls.
 	snapshotBusy, snapshots int
 	snapshotIndex           uint64
+	// exportsUnanswered: the next exports whose read index gets no
+	// answer until their context ends (a leader dropped it without
+	// telling this follower); exports: the calls.
+	exportsUnanswered, exports int
 }
 
 func (h *fakeHost) proposals() int {
@@ -569,8 +608,27 @@ func (h *fakeHost) snapshot(context.Context, uint64) (uint64, error) {
 	return h.snapshotIndex, nil
 }
 
-func (h *fakeHost) export(context.Context, uint64) (*shard.ExportedSnapshot, string, error) {
-	return nil, "", errors.New("the fake host exports nothing")
+// export writes a five-byte file in place of the replica's state.
+func (h *fakeHost) export(ctx context.Context, _ uint64) (*shard.ExportedSnapshot, string, error) {
+	h.mu.Lock()
+	h.exports++
+	unanswered := h.exportsUnanswered > 0
+	if unanswered {
+		h.exportsUnanswered--
+	}
+	h.mu.Unlock()
+	if unanswered {
+		return nil, "", h.unanswered(ctx)
+	}
+	f, err := os.CreateTemp("", "fakehost-export-*")
+	if err != nil {
+		return nil, "", err
+	}
+	defer f.Close()
+	if _, err := f.WriteString("state"); err != nil {
+		return nil, "", err
+	}
+	return &shard.ExportedSnapshot{Size: 5}, f.Name(), nil
 }
 
 func (h *fakeHost) changeMembership(context.Context, *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
