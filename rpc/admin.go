@@ -54,7 +54,7 @@ func (s *AdminServer) hotResources(ctx context.Context, m *wardenv1.HotResources
 	out := &wardenv1.HotResourcesResponse{}
 	var locks []*shardv1.LockRecord
 	for _, id := range s.r.Map().DataShards() {
-		q, err := s.r.Shards().Read(ctx, id, &shardv1.Query{Query: &shardv1.Query_Hot{Hot: &shardv1.HotQuery{Limit: uint32(limit)}}})
+		q, err := s.r.ops.Shards().Read(ctx, id, &shardv1.Query{Query: &shardv1.Query_Hot{Hot: &shardv1.HotQuery{Limit: uint32(limit)}}})
 		if err != nil {
 			return nil, err
 		}
@@ -72,12 +72,12 @@ func (s *AdminServer) hotResources(ctx context.Context, m *wardenv1.HotResources
 
 // ListNodes implements AdminService.ListNodes.
 func (s *AdminServer) ListNodes(ctx context.Context, _ *connect.Request[wardenv1.ListNodesRequest]) (*connect.Response[wardenv1.ListNodesResponse], error) {
-	err := s.r.RefreshMap(ctx)
+	err := s.r.ops.RefreshMap(ctx)
 	out := &wardenv1.ListNodesResponse{}
-	mem, _ := s.r.PlacementMembership(ctx) // nil: this node hosts no placement replica
+	mem, _ := s.r.ops.PlacementMembership(ctx) // nil: this node hosts no placement replica
 	for _, n := range s.r.Map().State().GetNodes() {
 		info := &wardenv1.NodeInfo{Id: n.GetId(), Zone: n.GetZone(), RaftAddr: n.GetRaftAddr(), ListenAddr: n.GetListenAddr(), Version: n.GetBuildVersion()}
-		info.Up, info.LastHeard = s.r.HeardFrom(n.GetId())
+		info.Up, info.LastHeard = s.r.ops.HeardFrom(n.GetId())
 		if mem != nil {
 			info.Placement = wardenv1.PlacementRole_PLACEMENT_ROLE_NONE
 			if voting, member := placement.IsMember(mem, n.GetId()); voting { // meta replica id = node id
@@ -91,13 +91,13 @@ func (s *AdminServer) ListNodes(ctx context.Context, _ *connect.Request[wardenv1
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
-	out.PlacementLeaderId = s.r.MetaLeader().GetId()
+	out.PlacementLeaderId = s.r.ops.MetaLeader().GetId()
 	return connect.NewResponse(out), nil
 }
 
 // ListShards implements AdminService.ListShards.
 func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[wardenv1.ListShardsRequest]) (*connect.Response[wardenv1.ListShardsResponse], error) {
-	if err := s.r.RefreshMap(ctx); err != nil {
+	if err := s.r.ops.RefreshMap(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
 	m := s.r.Map()
@@ -117,21 +117,21 @@ func (s *AdminServer) ListShards(ctx context.Context, req *connect.Request[warde
 		}
 		if info.State == "active" {
 			rctx, cancel := context.WithTimeout(ctx, time.Second)
-			q, err := s.r.Shards().Read(rctx, sh.GetId(), &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
+			q, err := s.r.ops.Shards().Read(rctx, sh.GetId(), &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
 			cancel()
 			if err == nil {
 				info.HeldLocks, info.QueuedWaiters = q.GetMeta().GetHeldLocks(), q.GetMeta().GetQueuedWaiters()
 			}
 		}
-		info.LeaderNodeId = s.r.LeaderNode(sh.GetId())
+		info.LeaderNodeId = s.r.ops.LeaderNode(sh.GetId())
 		if info.LeaderNodeId == 0 && req.Header().Get(router.ForwardedHeader) == "" {
-			info.LeaderNodeId = s.r.LeaderOf(ctx, sh.GetId())
+			info.LeaderNodeId = s.r.ops.LeaderOf(ctx, sh.GetId())
 		}
 		for _, rep := range info.Replicas {
 			// A node that stopped answering is down even while this node's
 			// view of the leader still names it (an election takes a moment).
-			switch up, _ := s.r.HeardFrom(rep.NodeId); {
-			case s.r.ReplicaFailed(rep.NodeId, sh.GetId()):
+			switch up, _ := s.r.ops.HeardFrom(rep.NodeId); {
+			case s.r.ops.ReplicaFailed(rep.NodeId, sh.GetId()):
 				rep.State = "failed"
 			case !up:
 				rep.State = "down"
@@ -173,7 +173,7 @@ func (s *AdminServer) requestIDProposable(ctx context.Context, id string) error 
 	if err := shard.CheckName("request_id", id, placement.MaxRequestID); err != nil {
 		return err
 	}
-	if err := s.r.RefreshMap(ctx); err != nil {
+	if err := s.r.ops.RefreshMap(ctx); err != nil {
 		return fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
 	begin := &placementv1.Command{Command: &placementv1.Command_BeginMove{BeginMove: &placementv1.BeginMoveCmd{RequestId: id}}}
@@ -216,7 +216,7 @@ func (s *AdminServer) runOperator(ctx context.Context, noWait bool, begin func()
 	case noWait:
 		return op, op, nil
 	}
-	if last, err = s.r.Operators().Run(ctx, op.GetId()); err != nil {
+	if last, err = s.r.ops.Operators().Run(ctx, op.GetId()); err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", router.ErrOutcomeUnknown, err)
 	}
 	return op, last, nil
@@ -236,11 +236,11 @@ func (s *AdminServer) MoveReplica(ctx context.Context, req *connect.Request[ward
 }
 
 func (s *AdminServer) moveReplica(ctx context.Context, m *wardenv1.MoveReplicaRequest) (*connect.Response[wardenv1.MoveReplicaResponse], error) {
-	if !s.r.Live(m.GetToNodeId()) {
+	if !s.r.ops.Live(m.GetToNodeId()) {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("to_node_id: node %d does not answer", m.GetToNodeId()))
 	}
 	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) {
-		return s.r.Operators().BeginMove(ctx, m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId(), m.GetRequestId())
+		return s.r.ops.Operators().BeginMove(ctx, m.GetShardId(), m.GetFromNodeId(), m.GetToNodeId(), m.GetRequestId())
 	})
 	if err != nil {
 		return nil, err
@@ -256,7 +256,7 @@ func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequ
 		return nil, &shard.FieldError{Field: "shard_id", Reason: "is required"}
 	}
 	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) {
-		return s.r.Operators().BeginSplit(ctx, m.GetShardId(), m.GetSplitAt(), m.GetRequestId())
+		return s.r.ops.Operators().BeginSplit(ctx, m.GetShardId(), m.GetSplitAt(), m.GetRequestId())
 	})
 	if err != nil {
 		return nil, err
@@ -264,7 +264,7 @@ func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequ
 	if m.GetNoWait() {
 		return connect.NewResponse(&wardenv1.SplitShardResponse{OperationId: op.GetId()}), nil
 	}
-	if err := s.r.RefreshMap(ctx); err != nil { // route by the new map at once
+	if err := s.r.ops.RefreshMap(ctx); err != nil { // route by the new map at once
 		s.r.Config().Logger.Debug("placement map refresh", "err", err)
 	}
 	sp := last.GetSplit()
@@ -283,7 +283,7 @@ func (s *AdminServer) splitShard(ctx context.Context, m *wardenv1.SplitShardRequ
 // placement leader may run a binary that predates RemoveNode and would
 // answer unimplemented rather than name the version.
 func (s *AdminServer) RemoveNode(ctx context.Context, req *connect.Request[wardenv1.RemoveNodeRequest]) (*connect.Response[wardenv1.RemoveNodeResponse], error) {
-	if err := s.r.RefreshMap(ctx); err != nil {
+	if err := s.r.ops.RefreshMap(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
 	m := req.Msg
@@ -294,11 +294,11 @@ func (s *AdminServer) RemoveNode(ctx context.Context, req *connect.Request[warde
 	if err := placement.Proposable(s.r.Map().State(), remove); err != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node removal needs every node upgraded first: %w", err))
 	}
-	notJobs := s.r.JobsProposable()
+	notJobs := s.r.ops.JobsProposable()
 	if err := jobFlags(notJobs, m.GetRequestId(), m.GetForce(), m.GetNoWait()); err != nil {
 		return nil, err
 	}
-	if _, err := s.r.HandOffPlacement(ctx, m.GetNodeId()); err != nil {
+	if _, err := s.r.ops.HandOffPlacement(ctx, m.GetNodeId()); err != nil {
 		return nil, err
 	}
 	if p := operatorPeer(s.r, req.Header()); p != nil {
@@ -346,16 +346,16 @@ func (s *AdminServer) removeNodeJob(ctx context.Context, m *wardenv1.RemoveNodeR
 		case s.r.Map().Node(id) == nil:
 			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d is not in the map", id))
 		}
-		to, err := s.r.PlacementSuccessor(ctx, id, m.GetForce())
+		to, err := s.r.ops.PlacementSuccessor(ctx, id, m.GetForce())
 		if err != nil {
 			return nil, err
 		}
-		if _, err := placement.PlanRemoval(st, id, s.r.Live, m.GetForce()); err != nil {
+		if _, err := placement.PlanRemoval(st, id, s.r.ops.Live, m.GetForce()); err != nil {
 			return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 		}
 		removal.PlacementNodeId = to
 	}
-	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) { return s.r.Operators().BeginJob(ctx, begin) })
+	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) { return s.r.ops.Operators().BeginJob(ctx, begin) })
 	if err != nil {
 		return nil, err
 	}
@@ -363,7 +363,7 @@ func (s *AdminServer) removeNodeJob(ctx context.Context, m *wardenv1.RemoveNodeR
 	if m.GetNoWait() {
 		return connect.NewResponse(out), nil
 	}
-	if err := s.r.RefreshMap(ctx); err != nil {
+	if err := s.r.ops.RefreshMap(ctx); err != nil {
 		s.r.Config().Logger.Debug("placement map refresh", "err", err)
 	}
 	if last.GetError() != "" {
@@ -372,7 +372,7 @@ func (s *AdminServer) removeNodeJob(ctx context.Context, m *wardenv1.RemoveNodeR
 	for _, st := range last.GetSteps() {
 		switch st.GetKind() {
 		case placementv1.JobStepKind_JOB_STEP_KIND_MOVE:
-			out.Moves = append(out.Moves, &wardenv1.ReplicaMove{ShardId: st.GetShard(), FromNodeId: st.GetFromNode(), ToNodeId: st.GetToNode(), ReplicaId: s.r.MovedReplica(st.GetOperatorId())})
+			out.Moves = append(out.Moves, &wardenv1.ReplicaMove{ShardId: st.GetShard(), FromNodeId: st.GetFromNode(), ToNodeId: st.GetToNode(), ReplicaId: s.r.ops.MovedReplica(st.GetOperatorId())})
 		case placementv1.JobStepKind_JOB_STEP_KIND_DROP_REPLICA:
 			out.DroppedShardIds = append(out.DroppedShardIds, st.GetShard())
 		}
@@ -396,15 +396,15 @@ func (s *AdminServer) removeNodeMoves(ctx context.Context, remove *placementv1.C
 	if node == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d is not in the map", id))
 	}
-	membership, err := s.r.PlacementMembership(ctx)
+	membership, err := s.r.ops.PlacementMembership(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := &wardenv1.RemoveNodeResponse{}
-	if out.PlacementNodeId, err = s.r.PlacementSuccessor(ctx, id, false); err != nil {
+	if out.PlacementNodeId, err = s.r.ops.PlacementSuccessor(ctx, id, false); err != nil {
 		return nil, err
 	}
-	plan, err := placement.PlanRemoval(st, id, s.r.Live, false)
+	plan, err := placement.PlanRemoval(st, id, s.r.ops.Live, false)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	}
@@ -416,24 +416,24 @@ func (s *AdminServer) removeNodeMoves(ctx context.Context, remove *placementv1.C
 		out.Moves = append(out.Moves, &wardenv1.ReplicaMove{ShardId: a.Shard, FromNodeId: id, ToNodeId: a.To, ReplicaId: resp.Msg.GetReplicaId()})
 	}
 	if to := out.GetPlacementNodeId(); to != 0 {
-		if err := s.r.ReplacePlacementVoter(ctx, id, to); err != nil {
+		if err := s.r.ops.ReplacePlacementVoter(ctx, id, to); err != nil {
 			return nil, fmt.Errorf("replacing node %d in the placement group by node %d (after %d moves): %w", id, to, len(out.Moves), err)
 		}
 	} else if _, member := placement.IsMember(membership, id); member {
 		// A non-voting member (a replacement that never got to vote)
 		// leaves with the node.
-		if _, err := s.r.ChangePlacement(ctx, membership, placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, id); err != nil {
+		if _, err := s.r.ops.ChangePlacement(ctx, membership, placementv1.MembershipChange_MEMBERSHIP_CHANGE_REMOVE, id); err != nil {
 			return nil, err
 		}
 	}
-	if _, err := s.r.Meta().Propose(ctx, remove); err != nil {
+	if _, err := s.r.ops.Meta().Propose(ctx, remove); err != nil {
 		var refused *placement.RefusedError
 		if errors.As(err, &refused) {
 			return nil, refusedToConnect(refused, refused)
 		}
 		return nil, fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
-	if err := s.r.RefreshMap(ctx); err != nil {
+	if err := s.r.ops.RefreshMap(ctx); err != nil {
 		s.r.Config().Logger.Debug("placement map refresh", "err", err)
 	}
 	s.r.Config().Logger.Info("node removed", "node", id, "moves", len(out.Moves), "placement_replacement", out.GetPlacementNodeId())
@@ -447,7 +447,7 @@ func operatorPeer(r *node, h http.Header) *peer {
 	if hopsOf(h) >= router.MaxHops {
 		return nil
 	}
-	if leader := r.MetaLeader(); leader != nil {
+	if leader := r.ops.MetaLeader(); leader != nil {
 		if r.IsLocal(leader.GetId()) {
 			return nil
 		}

@@ -35,7 +35,7 @@ func sameHopReq[T any](m *T, h http.Header) *connect.Request[T] {
 // TransferLeader implements AdminService.TransferLeader.
 func (s *AdminServer) TransferLeader(ctx context.Context, req *connect.Request[wardenv1.TransferLeaderRequest]) (*connect.Response[wardenv1.TransferLeaderResponse], error) {
 	m := req.Msg
-	lead, err := s.r.TransferLeader(ctx, m.GetShardId(), m.GetNodeId(), req.Header().Get(router.ForwardedHeader) != "")
+	lead, err := s.r.ops.TransferLeader(ctx, m.GetShardId(), m.GetNodeId(), req.Header().Get(router.ForwardedHeader) != "")
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +61,7 @@ func (s *AdminServer) Snapshot(ctx context.Context, req *connect.Request[wardenv
 			if s.r.IsLocal(rep.GetNodeId()) {
 				rs := &wardenv1.ReplicaSnapshot{ShardId: id, NodeId: rep.GetNodeId()}
 				var err error
-				if rs.Index, err = s.r.SnapshotLocal(ctx, id, rep.GetNodeId()); err != nil {
+				if rs.Index, err = s.r.ops.SnapshotLocal(ctx, id, rep.GetNodeId()); err != nil {
 					rs.Error = err.Error()
 				}
 				out.Snapshots = append(out.Snapshots, rs)
@@ -96,7 +96,7 @@ func (s *AdminServer) setShardConfig(ctx context.Context, m *wardenv1.SetShardCo
 	if err := validateShardConfig(m); err != nil {
 		return nil, err
 	}
-	if err := s.r.RefreshMap(ctx); err != nil {
+	if err := s.r.ops.RefreshMap(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
 	ids := s.r.Map().DataShards()
@@ -123,7 +123,7 @@ func (s *AdminServer) setShardConfig(ctx context.Context, m *wardenv1.SetShardCo
 	}
 	out := &wardenv1.SetShardConfigResponse{}
 	for _, id := range ids {
-		res, err := s.r.Shards().Propose(ctx, id, &shardv1.Envelope{Generation: s.r.Map().Generation(), Command: &shardv1.Envelope_SetConfig{SetConfig: cmd}})
+		res, err := s.r.ops.Shards().Propose(ctx, id, &shardv1.Envelope{Generation: s.r.Map().Generation(), Command: &shardv1.Envelope_SetConfig{SetConfig: cmd}})
 		if err != nil {
 			return nil, err
 		}
@@ -166,10 +166,10 @@ func nanos(d *durationpb.Duration) *int64 {
 // plan this call makes, step by step.
 func (s *AdminServer) Rebalance(ctx context.Context, req *connect.Request[wardenv1.RebalanceRequest]) (*connect.Response[wardenv1.RebalanceResponse], error) {
 	m := req.Msg
-	if err := s.r.RefreshMap(ctx); err != nil {
+	if err := s.r.ops.RefreshMap(ctx); err != nil {
 		return nil, fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
-	notJobs := s.r.JobsProposable()
+	notJobs := s.r.ops.JobsProposable()
 	if err := jobFlags(notJobs, m.GetRequestId(), false, m.GetNoWait()); err != nil {
 		return nil, err
 	}
@@ -179,12 +179,12 @@ func (s *AdminServer) Rebalance(ctx context.Context, req *connect.Request[warden
 	}
 	st := s.r.Map().State()
 	var plan []placement.Action
-	if m, err := s.r.PlacementMembership(ctx); err == nil {
-		if to := placement.PlanPlacementVoter(st, m, s.r.Live); to != 0 {
+	if m, err := s.r.ops.PlacementMembership(ctx); err == nil {
+		if to := placement.PlanPlacementVoter(st, m, s.r.ops.Live); to != 0 {
 			plan = append(plan, placement.Action{Kind: "add_placement_voter", To: to})
 		}
 	}
-	plan = append(plan, placement.PlanRebalance(st, s.r.Leaders(ctx), s.r.Live)...)
+	plan = append(plan, placement.PlanRebalance(st, s.r.ops.Leaders(ctx), s.r.ops.Live)...)
 	out := &wardenv1.RebalanceResponse{}
 	switch {
 	case m.GetDryRun(), len(plan) == 0 && m.GetRequestId() == "":
@@ -197,7 +197,7 @@ func (s *AdminServer) Rebalance(ctx context.Context, req *connect.Request[warden
 		return connect.NewResponse(out), nil
 	}
 	begin := &placementv1.BeginJobCmd{Job: &placementv1.BeginJobCmd_Rebalance{Rebalance: &placementv1.RebalanceOp{Planned: uint32(len(plan))}}, RequestId: m.GetRequestId()}
-	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) { return s.r.Operators().BeginJob(ctx, begin) })
+	op, last, err := s.runOperator(ctx, m.GetNoWait(), func() (*placementv1.Operator, error) { return s.r.ops.Operators().BeginJob(ctx, begin) })
 	if err != nil {
 		return nil, err
 	}
@@ -229,7 +229,7 @@ func (s *AdminServer) rebalanceSteps(ctx context.Context, plan []placement.Actio
 		case "transfer_leader":
 			_, err = s.TransferLeader(ctx, connect.NewRequest(&wardenv1.TransferLeaderRequest{ShardId: a.Shard, NodeId: a.To}))
 		default:
-			err = fmt.Errorf("%s needs every node at placement command version 7: %w", a.Kind, s.r.JobsProposable())
+			err = fmt.Errorf("%s needs every node at placement command version 7: %w", a.Kind, s.r.ops.JobsProposable())
 		}
 		act.Done = err == nil
 		if err != nil {

@@ -25,7 +25,7 @@ var _ wardenv1connect.AuthServiceHandler = (*AuthServer)(nil)
 
 // GetAuth implements AuthService.GetAuth.
 func (s *AuthServer) GetAuth(ctx context.Context, _ *connect.Request[wardenv1.GetAuthRequest]) (*connect.Response[wardenv1.GetAuthResponse], error) {
-	st, err := s.r.Meta().Read(ctx)
+	st, err := s.r.ops.Meta().Read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
@@ -101,7 +101,7 @@ func (s *AuthServer) RevokeToken(ctx context.Context, req *connect.Request[warde
 // change commits an auth change and answers out; this node decides by
 // the new state at once, the others within their next map read.
 func change[Resp any](ctx context.Context, r *node, op *placementv1.AuthCmd, out *Resp) (*connect.Response[Resp], error) {
-	_, err := r.Meta().Propose(ctx, &placementv1.Command{Command: &placementv1.Command_Auth{Auth: op}})
+	_, err := r.ops.Meta().Propose(ctx, &placementv1.Command{Command: &placementv1.Command_Auth{Auth: op}})
 	var refused *placement.RefusedError
 	switch {
 	case errors.As(err, &refused):
@@ -113,7 +113,7 @@ func change[Resp any](ctx context.Context, r *node, op *placementv1.AuthCmd, out
 	case err != nil:
 		return nil, fmt.Errorf("%w: %v", router.ErrOutcomeUnknown, err)
 	}
-	if err := r.RefreshMap(ctx); err != nil {
+	if err := r.ops.RefreshMap(ctx); err != nil {
 		r.Config().Logger.Debug("placement map refresh", "err", err)
 	}
 	return connect.NewResponse(out), nil

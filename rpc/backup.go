@@ -26,7 +26,7 @@ import (
 // streams the file and removes it.
 func (s *NodeServer) ExportShard(ctx context.Context, req *connect.Request[placementv1.ExportShardRequest], stream *connect.ServerStream[placementv1.ExportShardResponse]) error {
 	id := req.Msg.GetShardId()
-	n := s.r.HostOf(id)
+	n := s.r.ops.HostOf(id)
 	if n == nil {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("shard_id: node hosts no replica of shard %d", id))
 	}
@@ -63,7 +63,7 @@ func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.Ba
 			err = connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("backup: gave up %s: %w", phase, err))
 		}
 	}()
-	before, err := s.r.QuiescentPlacement(ctx)
+	before, err := s.r.ops.QuiescentPlacement(ctx)
 	if err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func (s *AdminServer) Backup(ctx context.Context, _ *connect.Request[wardenv1.Ba
 		man.Shards = append(man.Shards, bs)
 	}
 	phase = "reading the placement map again"
-	after, err := s.r.QuiescentPlacement(ctx)
+	after, err := s.r.ops.QuiescentPlacement(ctx)
 	if err != nil {
 		return err
 	}
@@ -144,7 +144,7 @@ func backupShard(ctx context.Context, r *node, st *placementv1.State, shardID ui
 			continue
 		}
 		sent := false
-		end, err := r.ExportFrom(ctx, node, shardID, func(data []byte) error {
+		end, err := r.ops.ExportFrom(ctx, node, shardID, func(data []byte) error {
 			sent = true
 			return out.Send(&wardenv1.BackupResponse{Part: &wardenv1.BackupResponse_Data{Data: data}})
 		})

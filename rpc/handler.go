@@ -78,7 +78,7 @@ func NewHandler(core *router.Router, opts ...connect.HandlerOption) *Handler {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		return r.RefreshMap(ctx) == nil && r.Map().Node(id) != nil
+		return r.ops.RefreshMap(ctx) == nil && r.Map().Node(id) != nil
 	}
 	return &Handler{Handler: guard(r.Config(), r.auth, known, mux), n: r}
 }

@@ -42,7 +42,7 @@ func (h healthChecker) Check(ctx context.Context, req *grpchealth.CheckRequest) 
 	if req.Service != "" && !slices.Contains(h.services, req.Service) {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("unknown service %s", router.LogQuote(req.Service)))
 	}
-	if len(h.r.Ready(ctx)) > 0 {
+	if len(h.r.ops.Ready(ctx)) > 0 {
 		return &grpchealth.CheckResponse{Status: grpchealth.StatusNotServing}, nil
 	}
 	return &grpchealth.CheckResponse{Status: grpchealth.StatusServing}, nil
@@ -50,7 +50,7 @@ func (h healthChecker) Check(ctx context.Context, req *grpchealth.CheckRequest) 
 
 // readyz answers 200 when Ready has no reason, else 503 with them.
 func readyz(r *node, w http.ResponseWriter, req *http.Request) {
-	if reasons := r.Ready(req.Context()); len(reasons) > 0 {
+	if reasons := r.ops.Ready(req.Context()); len(reasons) > 0 {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "reasons": reasons})
 		return
 	}

@@ -10,7 +10,7 @@ import (
 
 // Membership implements NodeService.Membership.
 func (s *NodeServer) Membership(ctx context.Context, req *connect.Request[placementv1.MembershipRequest]) (*connect.Response[placementv1.MembershipResponse], error) {
-	out, err := s.r.Membership(ctx, hopsOf(req.Header()), req.Msg)
+	out, err := s.r.ops.Membership(ctx, hopsOf(req.Header()), req.Msg)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -19,7 +19,7 @@ func (s *NodeServer) Membership(ctx context.Context, req *connect.Request[placem
 
 // AppliedIndex implements NodeService.AppliedIndex.
 func (s *NodeServer) AppliedIndex(_ context.Context, req *connect.Request[placementv1.AppliedIndexRequest]) (*connect.Response[placementv1.AppliedIndexResponse], error) {
-	idx, err := s.r.AppliedIndexLocal(req.Msg.GetShardId(), 0)
+	idx, err := s.r.ops.AppliedIndexLocal(req.Msg.GetShardId(), 0)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeNotFound, err)
 	}

@@ -29,11 +29,11 @@ func (s *NodeServer) Propose(ctx context.Context, req *connect.Request[placement
 	if req.Msg.GetEnvelope() == nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("envelope: is required"))
 	}
-	res, err := s.r.ProposeShard(ctx, req.Msg.GetShardId(), req.Msg.GetEnvelope())
+	res, err := s.r.ops.ProposeShard(ctx, req.Msg.GetShardId(), req.Msg.GetEnvelope())
 	if p := nextHop(req.Header(), err); p != nil {
 		fr := connect.NewRequest(req.Msg)
 		fr.Header().Set(router.ForwardedHeader, strconv.Itoa(hopsOf(req.Header())+1))
-		return s.r.Peers().Get(p.Node.GetListenAddr()).Node.Propose(ctx, fr)
+		return s.r.ops.Peers().Get(p.Node.GetListenAddr()).Node.Propose(ctx, fr)
 	}
 	if err != nil {
 		return nil, toConnect(err)
@@ -46,11 +46,11 @@ func (s *NodeServer) Read(ctx context.Context, req *connect.Request[placementv1.
 	if req.Msg.GetQuery() == nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("query: is required"))
 	}
-	out, err := s.r.ReadShard(ctx, req.Msg.GetShardId(), req.Msg.GetQuery())
+	out, err := s.r.ops.ReadShard(ctx, req.Msg.GetShardId(), req.Msg.GetQuery())
 	if p := nextHop(req.Header(), err); p != nil {
 		fr := connect.NewRequest(req.Msg)
 		fr.Header().Set(router.ForwardedHeader, strconv.Itoa(hopsOf(req.Header())+1))
-		return s.r.Peers().Get(p.Node.GetListenAddr()).Node.Read(ctx, fr)
+		return s.r.ops.Peers().Get(p.Node.GetListenAddr()).Node.Read(ctx, fr)
 	}
 	if err != nil {
 		return nil, toConnect(err)
@@ -64,7 +64,7 @@ func (s *NodeServer) ProposeMeta(ctx context.Context, req *connect.Request[place
 	if id, joining := ctx.Value(joiningKey{}).(uint64); joining && req.Msg.GetCommand().GetRegisterNode().GetNode().GetId() != id {
 		return nil, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node %d is not in the cluster's map: it may only register itself", id))
 	}
-	res, err := s.r.Meta().Propose(ctx, req.Msg.GetCommand())
+	res, err := s.r.ops.Meta().Propose(ctx, req.Msg.GetCommand())
 	var refused *placement.RefusedError
 	if err != nil && !errors.As(err, &refused) {
 		return nil, connect.NewError(connect.CodeUnavailable, err)
@@ -74,7 +74,7 @@ func (s *NodeServer) ProposeMeta(ctx context.Context, req *connect.Request[place
 
 // ReadMeta implements NodeService.ReadMeta.
 func (s *NodeServer) ReadMeta(ctx context.Context, _ *connect.Request[placementv1.ReadMetaRequest]) (*connect.Response[placementv1.ReadMetaResponse], error) {
-	st, err := s.r.Meta().Read(ctx)
+	st, err := s.r.ops.Meta().Read(ctx)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
@@ -111,8 +111,8 @@ func nextHop(h http.Header, err error) *router.RemoteLeader {
 // and whether a local node's disk is below its reserve.
 func (s *NodeServer) Clock(context.Context, *connect.Request[placementv1.ClockRequest]) (*connect.Response[placementv1.ClockResponse], error) {
 	resp := &placementv1.ClockResponse{UnixNano: s.r.Now().UnixNano(), CommandVersion: shard.CommandVersion}
-	for i := range s.r.Nodes() {
-		resp.DiskLow = resp.DiskLow || s.r.DiskLow(s.r.Nodes()[i].ID)
+	for i := range s.r.ops.Nodes() {
+		resp.DiskLow = resp.DiskLow || s.r.ops.DiskLow(s.r.ops.Nodes()[i].ID)
 	}
 	return connect.NewResponse(resp), nil
 }

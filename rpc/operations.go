@@ -26,7 +26,7 @@ func (s *AdminServer) ListOperations(ctx context.Context, req *connect.Request[w
 			return resp, nil
 		}
 	}
-	st, err := s.r.Meta().Read(ctx)
+	st, err := s.r.ops.Meta().Read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
@@ -55,7 +55,7 @@ func (s *AdminServer) GetOperation(ctx context.Context, req *connect.Request[war
 			return resp, err
 		}
 	}
-	st, err := s.r.Meta().Read(ctx)
+	st, err := s.r.ops.Meta().Read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", router.ErrNoLeader, err)
 	}
@@ -82,7 +82,7 @@ func (s *AdminServer) operation(ctx context.Context, op *placementv1.Operator, r
 		out.StepsTotal = uint32(placementv1.SplitStep_SPLIT_STEP_COMMITTED)
 		rollingBack = sp.GetRollingBack()
 		if running {
-			c := s.r.Operators().Copied(op.GetId())
+			c := s.r.ops.Operators().Copied(op.GetId())
 			out.RecordsCopied, out.BytesCopied = c.Records, c.Bytes
 		}
 	}
@@ -107,7 +107,7 @@ func (s *AdminServer) operation(ctx context.Context, op *placementv1.Operator, r
 		out.StepsTotal = uint32(placementv1.MoveStep_MOVE_STEP_REMOVED)
 		rollingBack = m.GetRollingBack()
 		if running && !rollingBack && m.GetStep() == placementv1.MoveStep_MOVE_STEP_ADDED {
-			shards := s.r.Shards()
+			shards := s.r.ops.Shards()
 			if q, err := shards.Read(ctx, m.GetShard(), &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err == nil {
 				out.CatchUpTarget = q.GetAppliedIndex()
 			}

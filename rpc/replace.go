@@ -21,7 +21,7 @@ import (
 
 // JoinPlacement implements NodeService.JoinPlacement.
 func (s *NodeServer) JoinPlacement(ctx context.Context, req *connect.Request[placementv1.JoinPlacementRequest]) (*connect.Response[placementv1.JoinPlacementResponse], error) {
-	n := s.r.LocalNode(req.Msg.GetNodeId())
+	n := s.r.ops.LocalNode(req.Msg.GetNodeId())
 	if n == nil || n.Node == nil {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("node_id: node %d is not served here", req.Msg.GetNodeId()))
 	}
