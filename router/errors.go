@@ -17,10 +17,11 @@ var (
 	// committed; a retry with the same request id finds out.
 	ErrOutcomeUnknown = errors.New("router: proposal outcome unknown")
 
-	// errDropped marks a request that Dragonboat dropped before proposing
-	// it (shard not ready after a restart, system busy): the router retries
-	// it itself, as it cannot apply twice.
-	errDropped = errors.New("dropped before proposing")
+	// ErrDropped marks a request that the Raft host dropped before
+	// proposing it (a shard not ready after a restart, a busy node, a
+	// replica that does not lead): the router retries it itself, as it
+	// cannot apply twice. A RaftHost wraps it with ErrNoLeader.
+	ErrDropped = errors.New("dropped before proposing")
 )
 
 // ErrMembershipChanged: a membership change named a config change id

@@ -16,7 +16,7 @@ import (
 
 // What Dragonboat's errors tell the caller: not proposed for lack of time
 // is the deadline's error (deadline_exceeded to a client), dropped before
-// proposing is ErrNoLeader and worth a retry here (errDropped), and a
+// proposing is ErrNoLeader and worth a retry here (ErrDropped), and a
 // timeout after proposing is an unknown outcome.
 func TestProposeErrors(t *testing.T) {
 	for _, tc := range []struct {
@@ -34,7 +34,7 @@ func TestProposeErrors(t *testing.T) {
 		if !errors.Is(err, tc.want) {
 			t.Errorf("%v: %v, want %v", tc.err, err, tc.want)
 		}
-		if dropped := errors.Is(err, errDropped); dropped != (tc.err == dragonboat.ErrShardNotReady || tc.err == dragonboat.ErrSystemBusy) {
+		if dropped := errors.Is(err, ErrDropped); dropped != (tc.err == dragonboat.ErrShardNotReady || tc.err == dragonboat.ErrSystemBusy) {
 			t.Errorf("%v: dropped %v", tc.err, dropped)
 		}
 	}

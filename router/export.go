@@ -131,9 +131,9 @@ const (
 func exportRetrying(ctx context.Context, n *LocalNode, id uint64) (*shard.ExportedSnapshot, string, error) {
 	for try := 1; ; try++ {
 		tctx, cancel := context.WithTimeout(ctx, exportTry)
-		exp, path, err := n.raft.export(tctx, id)
+		exp, path, err := n.Raft.Export(tctx, id)
 		cancel()
-		if err == nil || try == exportTries || !errors.Is(err, errDropped) && !errors.Is(err, ErrOutcomeUnknown) {
+		if err == nil || try == exportTries || !errors.Is(err, ErrDropped) && !errors.Is(err, ErrOutcomeUnknown) {
 			return exp, path, err
 		}
 		select {

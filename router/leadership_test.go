@@ -97,7 +97,7 @@ func TestRetriesEndWithTheCallersDeadline(t *testing.T) {
 	r := &Router{cfg: Config{LeaderWait: time.Minute, MoveWait: time.Minute}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
-	err := r.retryDropped(ctx, func() error { return fmt.Errorf("%w (%w): busy", ErrNoLeader, errDropped) })
+	err := r.retryDropped(ctx, func() error { return fmt.Errorf("%w (%w): busy", ErrNoLeader, ErrDropped) })
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("dropped until the deadline: %v, want the deadline's error (deadline_exceeded to a client)", err)
 	}

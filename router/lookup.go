@@ -71,7 +71,7 @@ func (r *Router) replicaHost(shardID uint64) string {
 // HostOf returns the local node that runs a replica of shardID, or nil.
 func (r *Router) HostOf(shardID uint64) *LocalNode {
 	for i := range r.nodes {
-		if _, _, _, err := r.nodes[i].raft.leaderOf(shardID); err == nil {
+		if _, _, _, err := r.nodes[i].Raft.LeaderOf(shardID); err == nil {
 			return &r.nodes[i]
 		}
 	}

@@ -27,7 +27,7 @@ func (r *Router) Membership(ctx context.Context, hops int, m *placementv1.Member
 	if err == nil {
 		ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
 		defer cancel()
-		return n.raft.changeMembership(ctx, m)
+		return n.Raft.ChangeMembership(ctx, m)
 	}
 	var rl *RemoteLeader
 	if !errors.As(err, &rl) || hops >= MaxHops {
@@ -66,7 +66,7 @@ func (r *Router) AppliedIndexLocal(shardID, nodeID uint64) (uint64, error) {
 		if nodeID != 0 && n.ID != nodeID {
 			continue
 		}
-		out, err := n.raft.staleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
+		out, err := n.Raft.StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
 		if err != nil {
 			if nodeID == 0 {
 				continue

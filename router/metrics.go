@@ -131,7 +131,7 @@ func proposalOutcome(err error) string {
 		return "timeout"
 	case errors.Is(err, ErrOutcomeUnknown):
 		return "unknown"
-	case errors.Is(err, ErrNoLeader), errors.Is(err, errDropped), errors.Is(err, ErrClockUnconfirmed), errors.As(err, new(*placement.DiskLowError)):
+	case errors.Is(err, ErrNoLeader), errors.Is(err, ErrDropped), errors.Is(err, ErrClockUnconfirmed), errors.As(err, new(*placement.DiskLowError)):
 		return "unavailable"
 	}
 	return "error"

@@ -75,6 +75,12 @@ func NewPeers(secret string, tlsConfig *tls.Config) *Peers {
 	return &Peers{client: &http.Client{Transport: t}, scheme: scheme, secret: secret, byAddr: map[string]*Peer{}}
 }
 
+// NewPeersOver returns clients of the other nodes whose calls go to rt,
+// over cleartext and with no secret: routertest's in-memory node API.
+func NewPeersOver(rt http.RoundTripper) *Peers {
+	return &Peers{client: &http.Client{Transport: rt}, scheme: "http://", byAddr: map[string]*Peer{}}
+}
+
 // nodeCall adds to outgoing calls the cluster secret and the principal
 // of the client call being served (ctx's), which the other node honours
 // because the call comes from a node.

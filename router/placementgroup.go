@@ -54,7 +54,7 @@ func (r *Router) PlacementMembership(ctx context.Context) (*placementv1.Membersh
 	}
 	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
 	defer cancel()
-	m, err := n.raft.changeMembership(ctx, &placementv1.MembershipRequest{ShardId: placement.MetaShardID, Change: placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE})
+	m, err := n.Raft.ChangeMembership(ctx, &placementv1.MembershipRequest{ShardId: placement.MetaShardID, Change: placementv1.MembershipChange_MEMBERSHIP_CHANGE_NONE})
 	if err != nil {
 		return nil, fmt.Errorf("%w: the placement group's membership: %v", ErrNoLeader, err)
 	}
@@ -127,7 +127,7 @@ func (r *Router) ChangePlacement(ctx context.Context, m *placementv1.MembershipR
 	}
 	ctx, cancel := context.WithTimeout(ctx, membershipTimeout)
 	defer cancel()
-	m, err := host.raft.changeMembership(ctx, &placementv1.MembershipRequest{
+	m, err := host.Raft.ChangeMembership(ctx, &placementv1.MembershipRequest{
 		ShardId: placement.MetaShardID, Change: c, ReplicaId: replica, Address: r.Map().Node(replica).GetRaftAddr(), ConfigChangeId: m.GetConfigChangeId()})
 	if err != nil {
 		return nil, fmt.Errorf("%w: the placement group: %v", ErrNoLeader, err)
@@ -179,7 +179,7 @@ func (r *Router) HandOffPlacement(ctx context.Context, id uint64) (bool, error) 
 	if to == 0 {
 		return false, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %d leads the placement group and no other voter of it is live to take over", id))
 	}
-	if err := r.LocalNode(id).raft.transferLeader(placement.MetaShardID, to); err != nil {
+	if err := r.LocalNode(id).Raft.TransferLeader(placement.MetaShardID, to); err != nil {
 		return false, fmt.Errorf("%w: handing the placement leadership to node %d: %v", ErrNoLeader, to, err)
 	}
 	for deadline := time.Now().Add(membershipTimeout); ; {

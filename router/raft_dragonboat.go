@@ -17,7 +17,7 @@ import (
 	"github.com/warden-dev/warden/shard"
 )
 
-// dragonboatHost is the raftHost of a Dragonboat NodeHost.
+// dragonboatHost is the RaftHost of a Dragonboat NodeHost.
 type dragonboatHost struct {
 	nh *dragonboat.NodeHost
 	// exportDir is where export writes its files (placement.Node.ExportDir).
@@ -28,11 +28,11 @@ type dragonboatHost struct {
 }
 
 // HostOf is the router's seam to node n's Raft host.
-func HostOf(n *placement.Node) raftHost {
+func HostOf(n *placement.Node) RaftHost {
 	return dragonboatHost{n.NodeHost(), n.ExportDir(), n.WritesRefused}
 }
 
-func (h dragonboatHost) export(ctx context.Context, shardID uint64) (*shard.ExportedSnapshot, string, error) {
+func (h dragonboatHost) Export(ctx context.Context, shardID uint64) (*shard.ExportedSnapshot, string, error) {
 	if err := os.MkdirAll(h.exportDir, 0o700); err != nil {
 		return nil, "", err
 	}
@@ -47,7 +47,7 @@ func (h dragonboatHost) export(ctx context.Context, shardID uint64) (*shard.Expo
 	return out.(*shard.ExportedSnapshot), path, nil
 }
 
-func (h dragonboatHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]byte, error) {
+func (h dragonboatHost) Propose(ctx context.Context, shardID uint64, cmd []byte) ([]byte, error) {
 	if err := h.writesRefused(); err != nil {
 		// Not proposed, and not retried here: the disk frees up on an
 		// operator's time, not in a leader wait. Unavailable (classify).
@@ -60,7 +60,7 @@ func (h dragonboatHost) propose(ctx context.Context, shardID uint64, cmd []byte)
 	return out.Data, nil
 }
 
-func (h dragonboatHost) read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+func (h dragonboatHost) Read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
 	out, err := h.nh.SyncRead(ctx, shardID, q)
 	if err != nil {
 		return nil, proposeError(err)
@@ -68,7 +68,7 @@ func (h dragonboatHost) read(ctx context.Context, shardID uint64, q *shardv1.Que
 	return out.(*shardv1.QueryResult), nil
 }
 
-func (h dragonboatHost) staleRead(shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+func (h dragonboatHost) StaleRead(shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
 	out, err := h.nh.StaleRead(shardID, q)
 	if err != nil {
 		return nil, err
@@ -76,30 +76,30 @@ func (h dragonboatHost) staleRead(shardID uint64, q *shardv1.Query) (*shardv1.Qu
 	return out.(*shardv1.QueryResult), nil
 }
 
-func (h dragonboatHost) leaderOf(shardID uint64) (uint64, uint64, bool, error) {
+func (h dragonboatHost) LeaderOf(shardID uint64) (uint64, uint64, bool, error) {
 	return h.nh.GetLeaderID(shardID)
 }
 
-func (h dragonboatHost) transferLeader(shardID, target uint64) error {
+func (h dragonboatHost) TransferLeader(shardID, target uint64) error {
 	err := h.nh.RequestLeaderTransfer(shardID, target)
 	if errors.Is(err, dragonboat.ErrShardNotReady) {
-		return fmt.Errorf("%w: %v", errDropped, err)
+		return fmt.Errorf("%w: %v", ErrDropped, err)
 	}
 	return err
 }
 
-func (h dragonboatHost) snapshot(ctx context.Context, shardID uint64) (uint64, error) {
+func (h dragonboatHost) Snapshot(ctx context.Context, shardID uint64) (uint64, error) {
 	idx, err := h.nh.SyncRequestSnapshot(ctx, shardID, dragonboat.SnapshotOption{OverrideCompactionOverhead: true, CompactionOverhead: 0})
 	switch {
 	case errors.Is(err, dragonboat.ErrRejected):
-		return idx, errNothingToSnapshot
+		return idx, ErrNothingToSnapshot
 	case errors.Is(err, dragonboat.ErrSystemBusy):
 		return idx, fmt.Errorf("%w: %v", ErrSnapshotBusy, err)
 	}
 	return idx, err
 }
 
-func (h dragonboatHost) changeMembership(ctx context.Context, req *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
+func (h dragonboatHost) ChangeMembership(ctx context.Context, req *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
 	shardID, change, replica, addr, ccid := req.GetShardId(), req.GetChange(), req.GetReplicaId(), req.GetAddress(), req.GetConfigChangeId()
 	var err error
 	switch change {
@@ -152,7 +152,7 @@ func proposeError(err error) error {
 		errors.Is(err, dragonboat.ErrShardNotFound), errors.Is(err, dragonboat.ErrClosed),
 		errors.Is(err, dragonboat.ErrRejected):
 		// Not proposed, or refused before commit.
-		return fmt.Errorf("%w (%w): %v", ErrNoLeader, errDropped, err)
+		return fmt.Errorf("%w (%w): %v", ErrNoLeader, ErrDropped, err)
 	case errors.Is(err, context.Canceled):
 		return err
 	}

@@ -47,7 +47,7 @@ func (r *Router) Ready(ctx context.Context) []string {
 				add(err.Error())
 			}
 		}
-		if _, _, _, err := n.raft.leaderOf(placement.MetaShardID); err == nil && n.Node != nil {
+		if _, _, _, err := n.Raft.LeaderOf(placement.MetaShardID); err == nil && n.Node != nil {
 			check(fmt.Sprintf("node %d's placement replica", n.ID), func(ctx context.Context) error {
 				_, err := n.Node.Meta().Read(ctx)
 				return err
@@ -64,7 +64,7 @@ func (r *Router) Ready(ctx context.Context) []string {
 				}
 			}
 			check(fmt.Sprintf("node %d's replica of shard %d", n.ID, id), func(ctx context.Context) error {
-				_, err := n.raft.read(ctx, id, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
+				_, err := n.Raft.Read(ctx, id, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
 				return err
 			})
 		}

@@ -119,7 +119,7 @@ func (r *Router) collectReplicas(ch chan<- prometheus.Metric) {
 				continue
 			}
 			gauge(replicasDesc, float64(len(reps)), shard, node)
-			if out, err := n.raft.staleRead(id, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err == nil {
+			if out, err := n.Raft.StaleRead(id, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err == nil {
 				gauge(appliedDesc, float64(out.GetAppliedIndex()), shard, node)
 			}
 		}
@@ -129,7 +129,7 @@ func (r *Router) collectReplicas(ch chan<- prometheus.Metric) {
 // raftStateOf sends the leader and term gauges of node n's replica
 // replicaID of shardID, and reports whether it runs here.
 func raftStateOf(n *LocalNode, shardID, replicaID uint64, shard, node string, gauge func(*prometheus.Desc, float64, string, string)) bool {
-	leader, term, valid, err := n.raft.leaderOf(shardID)
+	leader, term, valid, err := n.Raft.LeaderOf(shardID)
 	if err != nil {
 		return false
 	}

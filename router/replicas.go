@@ -43,7 +43,7 @@ func (r *Router) TransferLeader(ctx context.Context, shardID, node uint64, forwa
 		if r.LeaderNode(sh.GetId()) == node {
 			return node, nil
 		}
-		if err := n.raft.transferLeader(sh.GetId(), target); err != nil && !errors.Is(err, errDropped) {
+		if err := n.Raft.TransferLeader(sh.GetId(), target); err != nil && !errors.Is(err, ErrDropped) {
 			return 0, fmt.Errorf("%w: %v", ErrNoLeader, err)
 		}
 		if time.Now().After(deadline) {
@@ -70,7 +70,7 @@ func (r *Router) SnapshotLocal(ctx context.Context, shardID, nodeID uint64) (uin
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, snapshotTimeout)
-		idx, err := r.Nodes()[i].raft.snapshot(sctx, shardID)
+		idx, err := r.Nodes()[i].Raft.Snapshot(sctx, shardID)
 		giveUp := time.Now().Add(snapshotBusyFor)
 		for errors.Is(err, ErrSnapshotBusy) && time.Now().Before(giveUp) && sctx.Err() == nil {
 			if f := r.Config().Knobs.OnSnapshotBusy; f != nil {
@@ -79,7 +79,7 @@ func (r *Router) SnapshotLocal(ctx context.Context, shardID, nodeID uint64) (uin
 			select {
 			case <-sctx.Done(): // the caller is gone: the busy answer stands
 			case <-time.After(snapshotBusyWait):
-				idx, err = r.Nodes()[i].raft.snapshot(sctx, shardID)
+				idx, err = r.Nodes()[i].Raft.Snapshot(sctx, shardID)
 			}
 		}
 		cancel()

@@ -26,11 +26,11 @@ import (
 type LocalNode struct {
 	Node       *placement.Node
 	Leadership *Leadership
-	// id and raft are the node's id and the router's seam to its Raft
-	// host, set by New from Node (the interaction tests set them to a
-	// fake and leave Node nil).
+	// ID and Raft are the node's id and the router's seam to its Raft
+	// host, set by New from Node (tests set them to a fake or to
+	// routertest's modelled group, and leave Node nil).
 	ID   uint64
-	raft raftHost
+	Raft RaftHost
 }
 
 // leaderOf is the node's view of shardID's leader (replica id, term,
@@ -41,7 +41,7 @@ type LocalNode struct {
 // be ahead of the other for a moment. err, from the host, means the node
 // hosts no running replica of the shard.
 func (n *LocalNode) leaderOf(shardID uint64) (id, term uint64, valid bool, err error) {
-	id, term, valid, err = n.raft.leaderOf(shardID)
+	id, term, valid, err = n.Raft.LeaderOf(shardID)
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -135,6 +135,11 @@ type TestingKnobs struct {
 	// OnSnapshotBusy, if set, is called each time an admin snapshot
 	// meets a replica taking another snapshot and waits for it.
 	OnSnapshotBusy func()
+	// OneClock counts every term's leader clock as confirmed without
+	// clock readings, as for a shard whose replicas all run in this
+	// process: routertest's routers, each with its own node of one
+	// modelled group, share one clock.
+	OneClock bool
 }
 
 func (c *Config) setDefaults() {
@@ -207,7 +212,7 @@ func New(nodes []LocalNode, meta placement.MetaClient, m *placement.Map, waits *
 	nodes = slices.Clone(nodes)
 	for i := range nodes {
 		if n := nodes[i].Node; n != nil {
-			nodes[i].ID, nodes[i].raft = n.ID(), HostOf(n)
+			nodes[i].ID, nodes[i].Raft = n.ID(), HostOf(n)
 		}
 	}
 	r := &Router{cfg: cfg, nodes: nodes, meta: meta, peers: p, waits: waits, clock: clockWatch{kick: make(chan struct{}, 1)}, acquires: newRateTracker(1024, 10*time.Second), proposing: newAdmission(cfg.MaxProposing), stop: make(chan struct{})}
@@ -546,14 +551,14 @@ func (r *Router) proposeOn(ctx context.Context, n *LocalNode, t leaderTerm, shar
 	if t.over() {
 		// It ended while the request waited for a slot or the clock: not
 		// proposed, so the caller may look for the next leader.
-		return nil, fmt.Errorf("%w (%w): shard %d's term %d here ended before the proposal was made", ErrNoLeader, errDropped, shardID, t.term)
+		return nil, fmt.Errorf("%w (%w): shard %d's term %d here ended before the proposal was made", ErrNoLeader, ErrDropped, shardID, t.term)
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
 	defer cancel()
 	ctx, release := t.bound(ctx)
 	defer release()
 	start := time.Now()
-	out, err := n.raft.propose(ctx, shardID, cmd)
+	out, err := n.Raft.Propose(ctx, shardID, cmd)
 	if err != nil {
 		if errors.Is(context.Cause(ctx), errTermEnded) {
 			// It may still commit under the next leader: the client
@@ -608,10 +613,10 @@ func (r *Router) ReadShard(ctx context.Context, shardID uint64, q *shardv1.Query
 		defer cancel()
 		rctx, release := t.bound(rctx)
 		defer release()
-		out, err = n.raft.read(rctx, shardID, q)
+		out, err = n.Raft.Read(rctx, shardID, q)
 		if err != nil && errors.Is(context.Cause(rctx), errTermEnded) {
 			// A read changes nothing: ask the next leader.
-			return fmt.Errorf("%w (%w): %w (shard %d, term %d)", ErrNoLeader, errDropped, errTermEnded, shardID, t.term)
+			return fmt.Errorf("%w (%w): %w (shard %d, term %d)", ErrNoLeader, ErrDropped, errTermEnded, shardID, t.term)
 		}
 		return err
 	})
@@ -631,7 +636,7 @@ func (r *Router) retryDropped(ctx context.Context, f func() error) error {
 			// The caller's own deadline or cancel decides what it is told.
 			return fmt.Errorf("%w: %w", ctx.Err(), err)
 		}
-		if !errors.Is(err, errDropped) || time.Now().After(deadline) {
+		if !errors.Is(err, ErrDropped) || time.Now().After(deadline) {
 			return err
 		}
 		select {
@@ -711,7 +716,7 @@ func (r *Router) leaderTick(n *LocalNode, t leaderTerm) error {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ProposeTimeout)
 	defer cancel()
 	if !t.confirmed {
-		if _, err := n.raft.read(ctx, t.shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err != nil {
+		if _, err := n.Raft.Read(ctx, t.shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}); err != nil {
 			return fmt.Errorf("confirming leadership: %w", err)
 		}
 		id, term, valid, err = n.leaderOf(t.shardID)
@@ -863,7 +868,7 @@ func (r *Router) renewEpoch(ctx context.Context, n *LocalNode, t leaderTerm, met
 // localRead reads the local replica without a quorum round; the leader
 // timers only use it to find candidates, which apply re-checks.
 func (r *Router) localRead(n *LocalNode, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
-	return n.raft.staleRead(shardID, q)
+	return n.Raft.StaleRead(shardID, q)
 }
 
 // leads reports whether node n still leads shardID in term t.
@@ -880,7 +885,7 @@ func (r *Router) StaleRead(key string, q *shardv1.Query) (*shardv1.QueryResult, 
 		return nil, false
 	}
 	for i := range r.nodes {
-		if out, err := r.nodes[i].raft.staleRead(rg.GetShardId(), q); err == nil {
+		if out, err := r.nodes[i].Raft.StaleRead(rg.GetShardId(), q); err == nil {
 			return out, true
 		}
 	}

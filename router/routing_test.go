@@ -26,7 +26,7 @@ import (
 )
 
 // Data-driven tests of the router's routing over a scripted Raft host
-// (fakeHost, behind the raftHost seam): leader lookup, its wait for
+// (fakeHost, behind the RaftHost seam): leader lookup, its wait for
 // leader reports, and the retries of proposals a shard refused because
 // the key's range moved. Each file under testdata/routing runs in a
 // synctest bubble, so time is virtual: a wait of LeaderWait or MoveWait
@@ -114,7 +114,7 @@ func newRoutingFixture() *routingFixture {
 	for id := uint64(1); id <= 2; id++ {
 		h := &fakeHost{replica: id}
 		f.hosts[id] = h
-		nodes = append(nodes, LocalNode{Leadership: NewLeadership(0), ID: id, raft: h})
+		nodes = append(nodes, LocalNode{Leadership: NewLeadership(0), ID: id, Raft: h})
 	}
 	f.r = New(nodes, f.meta, placement.NewMap(st), NewWaitRegistry(), Config{Logger: slog.New(slog.DiscardHandler)}, NewPeers("", nil))
 	f.ctx, f.stop = context.WithCancel(context.Background())
@@ -494,7 +494,7 @@ func (f *routingFixture) read(key string) string {
 	return "read"
 }
 
-// fakeHost is a scripted raftHost: its leader view is what the script
+// fakeHost is a scripted RaftHost: its leader view is what the script
 // set, and its proposals answer the scripted result codes in turn (OK
 // once they run out).
 type fakeHost struct {
@@ -529,7 +529,7 @@ func (h *fakeHost) proposals() int {
 	return h.n
 }
 
-func (h *fakeHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]byte, error) {
+func (h *fakeHost) Propose(ctx context.Context, shardID uint64, cmd []byte) ([]byte, error) {
 	env, err := shard.DecodeCommand(cmd)
 	if err != nil {
 		return nil, err
@@ -550,7 +550,7 @@ func (h *fakeHost) propose(ctx context.Context, shardID uint64, cmd []byte) ([]b
 	}
 	if h.drop > 0 {
 		h.drop--
-		return nil, fmt.Errorf("%w (%w): system busy", ErrNoLeader, errDropped)
+		return nil, fmt.Errorf("%w (%w): system busy", ErrNoLeader, ErrDropped)
 	}
 	code := shardv1.Code_CODE_OK
 	if len(h.results) > 0 {
@@ -569,7 +569,7 @@ func (h *fakeHost) unanswered(ctx context.Context) error {
 	return proposeError(dragonboat.ErrCanceled)
 }
 
-func (h *fakeHost) read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+func (h *fakeHost) Read(ctx context.Context, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
 	h.mu.Lock()
 	hang := h.hang
 	h.mu.Unlock()
@@ -579,11 +579,11 @@ func (h *fakeHost) read(ctx context.Context, shardID uint64, q *shardv1.Query) (
 	return &shardv1.QueryResult{Meta: &shardv1.ShardMeta{Range: &shardv1.RangeDescriptor{ShardId: shardID}}}, nil
 }
 
-func (h *fakeHost) staleRead(shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
-	return h.read(context.Background(), shardID, q)
+func (h *fakeHost) StaleRead(shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	return h.Read(context.Background(), shardID, q)
 }
 
-func (h *fakeHost) leaderOf(uint64) (uint64, uint64, bool, error) {
+func (h *fakeHost) LeaderOf(uint64) (uint64, uint64, bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.stopped {
@@ -592,9 +592,9 @@ func (h *fakeHost) leaderOf(uint64) (uint64, uint64, bool, error) {
 	return h.leader, h.term, h.valid, nil
 }
 
-func (h *fakeHost) transferLeader(uint64, uint64) error { return nil }
+func (h *fakeHost) TransferLeader(uint64, uint64) error { return nil }
 
-func (h *fakeHost) snapshot(context.Context, uint64) (uint64, error) {
+func (h *fakeHost) Snapshot(context.Context, uint64) (uint64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.snapshots++
@@ -603,13 +603,13 @@ func (h *fakeHost) snapshot(context.Context, uint64) (uint64, error) {
 		h.snapshotBusy--
 		return 0, ErrSnapshotBusy
 	case h.snapshotIndex == 0:
-		return 0, errNothingToSnapshot
+		return 0, ErrNothingToSnapshot
 	}
 	return h.snapshotIndex, nil
 }
 
-// export writes a five-byte file in place of the replica's state.
-func (h *fakeHost) export(ctx context.Context, _ uint64) (*shard.ExportedSnapshot, string, error) {
+// Export writes a five-byte file in place of the replica's state.
+func (h *fakeHost) Export(ctx context.Context, _ uint64) (*shard.ExportedSnapshot, string, error) {
 	h.mu.Lock()
 	h.exports++
 	unanswered := h.exportsUnanswered > 0
@@ -631,7 +631,7 @@ func (h *fakeHost) export(ctx context.Context, _ uint64) (*shard.ExportedSnapsho
 	return &shard.ExportedSnapshot{Size: 5}, f.Name(), nil
 }
 
-func (h *fakeHost) changeMembership(context.Context, *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
+func (h *fakeHost) ChangeMembership(context.Context, *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
 	return nil, errors.New("fakeHost: no membership")
 }
 

@@ -1,4 +1,4 @@
-package router
+package router_test
 
 import (
 	"bytes"
@@ -6,10 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
@@ -20,14 +17,13 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/anishathalye/porcupine"
-	sm "github.com/lni/dragonboat/v4/statemachine"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/warden-dev/warden/internal/lockmodel"
-	"github.com/warden-dev/warden/placement"
 	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
-	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
 	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/router/routertest"
 	"github.com/warden-dev/warden/shard"
 )
 
@@ -45,8 +41,8 @@ import (
 //     believes it leads until then, while the new leader commits);
 //   - a follower applies the log late (the leader applies each entry as
 //     it commits, a new leader everything before it leads);
-//   - a proposal is dropped before it is proposed (errDropped);
-//   - a proposal commits and its answer is lost (ErrOutcomeUnknown);
+//   - a proposal is dropped before it is proposed (ErrDropped);
+//   - a proposal commits and its answer is lost (router.ErrOutcomeUnknown);
 //   - a proposal hangs until its caller gives up, and the next leader
 //     commits it, or not, as Raft may an entry of an ended term;
 //   - a read on the leader is dropped.
@@ -146,38 +142,20 @@ const (
 // runSimulation runs one seed's simulation and returns its history and
 // how often each fault happened.
 func runSimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[string]int) {
-	g := newSimGroup(t, seed)
-	defer g.close()
-	st := &placementv1.State{
-		Generation: 1,
-		Ranges:     []*shardv1.RangeDescriptor{{ShardId: simShard, Generation: 1}},
-		Shards:     []*placementv1.Shard{{Id: simShard, Epoch: 1}},
-	}
-	for id := uint64(1); id <= simReplicas; id++ {
-		st.Nodes = append(st.Nodes, &placementv1.Node{Id: id, ListenAddr: fmt.Sprintf("node-%d.invalid:1", id), CommandVersion: shard.CommandVersion})
-		st.Shards[0].Replicas = append(st.Shards[0].Replicas, &placementv1.Replica{ReplicaId: id, NodeId: id})
-	}
-	c := simCluster{}
-	// The node API between the routers, in memory: a router whose node
-	// does not lead proposes and reads through the one that it believes
-	// does (shardClient), as over NodeService.
-	peers := NewPeers("", nil)
-	peers.client = &http.Client{Transport: c}
-	for id := uint64(1); id <= simReplicas; id++ {
-		l := NewLeadership(0)
-		g.leaderships[id] = l
-		c[id] = New([]LocalNode{{Leadership: l, ID: id, raft: simHost{g, id}}}, &fakeMeta{st: st}, placement.NewMap(st),
-			NewWaitRegistry(), Config{Logger: slog.New(slog.DiscardHandler)}, peers)
-	}
-	g.elect()
+	g := routertest.NewGroup(t, simShard, simReplicas, seed, routertest.Faults{Drop: 0.04, LoseAnswer: 0.04, Hang: 0.03, DropRead: 0.04})
+	g.AfterApply(func(index uint64, lookup func(*shardv1.Query) (*shardv1.QueryResult, error)) {
+		checkPool(t, index, lookup)
+	})
+	c := routertest.NewCluster(g)
+	g.Elect()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for end := time.Now().Add(simFaultsFor); time.Now().Before(end); {
-			time.Sleep(g.between(200*time.Millisecond, 900*time.Millisecond))
-			g.depose()
-			time.Sleep(g.between(20*time.Millisecond, 300*time.Millisecond))
-			g.elect()
+			time.Sleep(g.Between(200*time.Millisecond, 900*time.Millisecond))
+			g.Depose()
+			time.Sleep(g.Between(20*time.Millisecond, 300*time.Millisecond))
+			g.Elect()
 		}
 	}()
 	h := &simHistory{start: time.Now()}
@@ -188,7 +166,7 @@ func runSimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[string
 	}
 	acct := &simQuota{limit: simLimit, counts: map[string]int{}}
 	rng := rand.New(rand.NewPCG(seed, 100))
-	simQuotaCall(t, c.via(rng), "set_limit", &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{Key: simPool, Limit: simLimit}}})
+	simQuotaCall(t, via(c, rng), "set_limit", &shardv1.Envelope{Command: &shardv1.Envelope_SetLimit{SetLimit: &shardv1.SetLimitCmd{Key: simPool, Limit: simLimit}}})
 	for client := range 3 {
 		rng := rand.New(rand.NewPCG(seed, uint64(200+client)))
 		wg.Go(func() { simQuotaClient(t, c, acct, client, rng, h.start.Add(simFaultsFor)) })
@@ -197,11 +175,11 @@ func runSimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[string
 	<-done
 	// Nothing acknowledged is lost or counted twice: every reservation
 	// ended, and the pool's committed total is what the commits answered.
-	q := simQuotaLevel(t, c.via(rng))
+	q := simQuotaLevel(t, via(c, rng))
 	if q.GetReserved() != 0 || q.GetCommitted() != acct.committed {
 		t.Errorf("pool %s at the end: reserved %d, committed %d; the clients were told of %d committed and hold nothing", simPool, q.GetReserved(), q.GetCommitted(), acct.committed)
 	}
-	faults := g.counts()
+	faults := g.Counts()
 	for k, v := range acct.counts {
 		faults[k] = v
 	}
@@ -213,47 +191,8 @@ func runSimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[string
 	return h.ops, faults
 }
 
-// simCluster is each node's router, by node id.
-type simCluster map[uint64]*Router
-
-// RoundTrip serves a node API call to node-N.invalid with node N's
-// router (simNodeAPI).
-func (c simCluster) RoundTrip(req *http.Request) (*http.Response, error) {
-	var id uint64
-	if _, err := fmt.Sscanf(req.URL.Host, "node-%d.invalid:1", &id); err != nil || c[id] == nil {
-		return nil, fmt.Errorf("no node at %s", req.URL.Host)
-	}
-	_, h := placementv1connect.NewNodeServiceHandler(simNodeAPI{r: c[id]})
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, req)
-	return w.Result(), nil
-}
-
-// simNodeAPI is the node API's Propose and Read, served by one node's
-// router from its own replica (rpc.NodeServer goes one hop further).
-type simNodeAPI struct {
-	placementv1connect.UnimplementedNodeServiceHandler
-	r *Router
-}
-
-func (s simNodeAPI) Propose(ctx context.Context, req *connect.Request[placementv1.ProposeRequest]) (*connect.Response[placementv1.ProposeResponse], error) {
-	res, err := s.r.ProposeShard(ctx, req.Msg.GetShardId(), req.Msg.GetEnvelope())
-	if err != nil {
-		return nil, connect.NewError(connect.CodeUnavailable, err)
-	}
-	return connect.NewResponse(&placementv1.ProposeResponse{Result: res}), nil
-}
-
-func (s simNodeAPI) Read(ctx context.Context, req *connect.Request[placementv1.ReadRequest]) (*connect.Response[placementv1.ReadResponse], error) {
-	out, err := s.r.ReadShard(ctx, req.Msg.GetShardId(), req.Msg.GetQuery())
-	if err != nil {
-		return nil, connect.NewError(connect.CodeUnavailable, err)
-	}
-	return connect.NewResponse(&placementv1.ReadResponse{Result: out}), nil
-}
-
-// via returns a node drawn from rng to call through.
-func (c simCluster) via(rng *rand.Rand) simNode {
+// via returns a node of c drawn from rng to call through.
+func via(c routertest.Cluster, rng *rand.Rand) simNode {
 	return simNode{c, c[1+rng.Uint64N(simReplicas)]}
 }
 
@@ -261,12 +200,12 @@ func (c simCluster) via(rng *rand.Rand) simNode {
 // forwards to the router of the node it believes leads, as the API layer
 // does, or serves the call itself.
 type simNode struct {
-	c simCluster
-	r *Router
+	c routertest.Cluster
+	r *router.Router
 }
 
 // propose proposes env through n and returns the shard's result, a
-// refusal's too (with its *ResultError); *unknown is set when an attempt
+// refusal's too (with its *router.ResultError); *unknown is set when an attempt
 // that Forward retried may have committed (the API layer's
 // forwardRelease keeps the same account).
 func (n simNode) propose(ctx context.Context, key string, env *shardv1.Envelope, unknown *bool) (*shardv1.Result, error) {
@@ -274,7 +213,7 @@ func (n simNode) propose(ctx context.Context, key string, env *shardv1.Envelope,
 	_, ok, err := n.r.Forward(ctx, key, 0, func(ctx context.Context, to *placementv1.Node) error {
 		var err error
 		res, err = n.c[to.GetId()].Propose(ctx, key, proto.CloneOf(env))
-		if err != nil && !errors.As(err, new(*ResultError)) {
+		if err != nil && !errors.As(err, new(*router.ResultError)) {
 			*unknown = true
 		}
 		return err
@@ -282,7 +221,7 @@ func (n simNode) propose(ctx context.Context, key string, env *shardv1.Envelope,
 	if !ok {
 		res, err = n.r.Propose(ctx, key, env)
 	}
-	if re := (*ResultError)(nil); errors.As(err, &re) {
+	if re := (*router.ResultError)(nil); errors.As(err, &re) {
 		res = re.Res
 	}
 	return res, err
@@ -324,14 +263,14 @@ func (a *simQuota) count(kind string) {
 
 // simQuotaClient reserves 1-4 units of simKey until end, and commits or
 // releases each reservation it got, all of them before it returns.
-func simQuotaClient(t *testing.T, c simCluster, acct *simQuota, client int, rng *rand.Rand, end time.Time) {
+func simQuotaClient(t *testing.T, c routertest.Cluster, acct *simQuota, client int, rng *rand.Rand, end time.Time) {
 	type open struct {
 		id     string
 		amount int64
 	}
 	var held []open
 	for n := 0; time.Now().Before(end) || len(held) > 0; n++ {
-		r := c.via(rng)
+		r := via(c, rng)
 		if len(held) > 0 && (rng.IntN(2) == 0 || !time.Now().Before(end)) {
 			o := held[0]
 			held = held[1:]
@@ -412,13 +351,13 @@ func (h *simHistory) record(client int, in lockmodel.Input, out lockmodel.Output
 // simClient calls until end: Acquire while it holds nothing, else
 // Release, a Describe now and then, and a Release of another's or an old
 // lease now and then.
-func simClient(t *testing.T, c simCluster, h *simHistory, client int, rng *rand.Rand, end time.Time) {
+func simClient(t *testing.T, c routertest.Cluster, h *simHistory, client int, rng *rand.Rand, end time.Time) {
 	resources := []string{"sim/a", "sim/b"}
 	held := map[string]string{} // resource → lease id
 	var old []string            // lease ids released or never held here
 	for n := 0; time.Now().Before(end); n++ {
 		res := resources[rng.IntN(len(resources))]
-		r := c.via(rng)
+		r := via(c, rng)
 		call := time.Now()
 		switch p := rng.Float64(); {
 		case p < 0.25:
@@ -457,13 +396,13 @@ func simRetry(t *testing.T, what string, f func(ctx context.Context) error) (unk
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		err := f(ctx)
 		cancel()
-		var re *ResultError
-		var rl *RemoteLeader
+		var re *router.ResultError
+		var rl *router.RemoteLeader
 		switch {
 		case err == nil || errors.As(err, &re):
 			return unknown
-		case errors.Is(err, ErrNoLeader) && !errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrClockUnconfirmed), errors.As(err, &rl):
-		case errors.Is(err, ErrOutcomeUnknown), errors.Is(err, context.DeadlineExceeded), connect.CodeOf(err) == connect.CodeUnavailable:
+		case errors.Is(err, router.ErrNoLeader) && !errors.Is(err, router.ErrOutcomeUnknown), errors.Is(err, router.ErrClockUnconfirmed), errors.As(err, &rl):
+		case errors.Is(err, router.ErrOutcomeUnknown), errors.Is(err, context.DeadlineExceeded), connect.CodeOf(err) == connect.CodeUnavailable:
 			unknown = true
 		default:
 			t.Errorf("%s: %v, which a client cannot retry", what, err)
@@ -527,262 +466,15 @@ func simDescribe(t *testing.T, r simNode, resource string) (token uint64, held b
 	return q.GetLock().GetFencingToken(), shard.DescribeHolds(q)
 }
 
-// simGroup models one shard's Raft group: a term and its leader (0
-// between an election's start and its end), one committed log that every
-// replica's real state machine applies in order, and proposals of an
-// ended term not yet known to commit. Faults are drawn from rng.
-type simGroup struct {
-	t           *testing.T
-	leaderships map[uint64]*Leadership // by replica id (replica i runs on node i)
-
-	mu       sync.Mutex
-	rng      *rand.Rand
-	term     uint64
-	leader   uint64
-	deposed  uint64   // the leader of the term before
-	log      [][]byte // committed commands; entry i+1 is log[i]
-	results  [][]byte // the first replica's result of each entry
-	applied  map[uint64]uint64
-	replicas map[uint64]sm.IOnDiskStateMachine
-	pending  [][]byte // proposed, not known to commit
-	faults   map[string]int
-	// views are what each node's host believes of the leader: its term
-	// and replica (0: none), as reported to it last.
-	views map[uint64][2]uint64
-}
-
-func newSimGroup(t *testing.T, seed uint64) *simGroup {
-	g := &simGroup{t: t, leaderships: map[uint64]*Leadership{}, rng: rand.New(rand.NewPCG(seed, 0)),
-		replicas: map[uint64]sm.IOnDiskStateMachine{}, applied: map[uint64]uint64{}, faults: map[string]int{}, views: map[uint64][2]uint64{}}
-	newSM := shard.NewStateMachine(t.TempDir(), shard.Hooks{})
-	for id := uint64(1); id <= simReplicas; id++ {
-		s := newSM(simShard, id)
-		if _, err := s.Open(make(chan struct{})); err != nil {
-			t.Fatal(err)
-		}
-		g.replicas[id] = s
-	}
-	return g
-}
-
-func (g *simGroup) close() {
-	for _, s := range g.replicas {
-		_ = s.Close()
-	}
-}
-
-func (g *simGroup) counts() map[string]int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.faults
-}
-
-// isDeposed reports whether id led the term before the current one.
-func (g *simGroup) isDeposed(id uint64) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.deposed == id
-}
-
-// between draws a duration in [lo, hi).
-func (g *simGroup) between(lo, hi time.Duration) time.Duration {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return lo + time.Duration(g.rng.Int64N(int64(hi-lo)))
-}
-
-// depose ends the term: no replica leads until the next elect.
-func (g *simGroup) depose() {
-	g.mu.Lock()
-	g.term++
-	g.deposed, g.leader = g.leader, 0
-	term := g.term
-	g.faults["leader change"]++
-	g.mu.Unlock()
-	g.report(0, term)
-}
-
-// report tells each node of the term's leader, each up to 200 ms late,
-// and the deposed leader 0.2-1 s late: cut off from the others, it goes
-// on believing it leads while a new leader commits.
-func (g *simGroup) report(lead, term uint64) {
-	for id, l := range g.leaderships {
-		late := g.between(0, 200*time.Millisecond)
-		if g.isDeposed(id) {
-			late = g.between(200*time.Millisecond, time.Second)
-		}
-		time.AfterFunc(late, func() {
-			g.mu.Lock()
-			if g.views[id][0] < term {
-				g.views[id] = [2]uint64{term, lead}
-			}
-			g.mu.Unlock()
-			l.leaderUpdated(simShard, id, lead, term)
-			if id == lead {
-				l.clockConfirmed(simShard, term)
-			}
-		})
-	}
-}
-
-// elect settles the ended term's pending proposals (the new leader
-// commits a prefix of them, as Raft may), makes a replica leader in a new
-// term, tells every node, and confirms the leader's clock.
-func (g *simGroup) elect() {
-	g.mu.Lock()
-	g.term++
-	g.leader = 1 + g.rng.Uint64N(simReplicas)
-	if k := g.rng.IntN(len(g.pending) + 1); k > 0 {
-		for _, cmd := range g.pending[:k] {
-			g.apply(cmd)
-			g.faults["hung and committed"]++
-		}
-	}
-	g.pending = nil
-	g.catchUp(g.leader)
-	term, lead := g.term, g.leader
-	g.mu.Unlock()
-	g.report(lead, term)
-}
-
-// apply commits cmd as the next entry, which the leader applies at once
-// and each follower now or later, and returns the leader's result. g.mu
-// is held.
-func (g *simGroup) apply(cmd []byte) []byte {
-	g.log = append(g.log, cmd)
-	g.catchUp(g.leader)
-	for id := uint64(1); id <= simReplicas; id++ {
-		if g.rng.IntN(4) == 0 {
-			g.catchUp(id)
-		}
-	}
-	return g.results[len(g.log)-1]
-}
-
-// catchUp makes replica id apply the entries it has not, and checks its
-// results against the first replica's to apply them: replicas never
-// diverge. g.mu is held.
-func (g *simGroup) catchUp(id uint64) {
-	for i := g.applied[id]; i < uint64(len(g.log)); i++ {
-		res, err := g.replicas[id].Update([]sm.Entry{{Index: i + 1, Cmd: g.log[i]}})
-		if err != nil {
-			g.t.Errorf("replica %d: entry %d: %v", id, i+1, err)
-			return
-		}
-		switch out := res[0].Result.Data; {
-		case i == uint64(len(g.results)):
-			g.results = append(g.results, out)
-			g.checkPool(id, i+1)
-		case !bytes.Equal(g.results[i], out):
-			g.t.Errorf("entry %d: replica %d's result differs from the first replica's", i+1, id)
-		}
-		g.applied[id] = i + 1
-	}
-}
-
-// checkPool checks the pool on replica id, which has just applied entry
-// index first: never oversold, at every log position (rule 7). g.mu is
-// held.
-func (g *simGroup) checkPool(id, index uint64) {
-	out, err := g.replicas[id].Lookup(&shardv1.Query{NowUnixNano: time.Now().UnixNano(), Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: simPool}}})
+// checkPool checks the pool on the replica that has just applied entry
+// index first: never oversold, at every log position (rule 7).
+func checkPool(t *testing.T, index uint64, lookup func(*shardv1.Query) (*shardv1.QueryResult, error)) {
+	out, err := lookup(&shardv1.Query{NowUnixNano: time.Now().UnixNano(), Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: simPool}}})
 	if err != nil {
-		g.t.Errorf("entry %d: query %s: %v", index, simPool, err)
+		t.Errorf("entry %d: query %s: %v", index, simPool, err)
 		return
 	}
-	if q := out.(*shardv1.QueryResult).GetLevels()[0].GetRecord(); q.GetHasLimit() && q.GetCommitted()+q.GetReserved() > q.GetLimit() {
-		g.t.Errorf("entry %d: pool %s oversold: committed %d + reserved %d > limit %d", index, simPool, q.GetCommitted(), q.GetReserved(), q.GetLimit())
+	if q := out.GetLevels()[0].GetRecord(); q.GetHasLimit() && q.GetCommitted()+q.GetReserved() > q.GetLimit() {
+		t.Errorf("entry %d: pool %s oversold: committed %d + reserved %d > limit %d", index, simPool, q.GetCommitted(), q.GetReserved(), q.GetLimit())
 	}
-}
-
-// simHost is one node's Raft host over the group: the raftHost seam.
-type simHost struct {
-	g       *simGroup
-	replica uint64
-}
-
-func (h simHost) propose(ctx context.Context, _ uint64, cmd []byte) ([]byte, error) {
-	g := h.g
-	g.mu.Lock()
-	if g.leader != h.replica {
-		g.mu.Unlock()
-		return nil, fmt.Errorf("%w (%w): replica %d does not lead", ErrNoLeader, errDropped, h.replica)
-	}
-	switch p := g.rng.Float64(); {
-	case p < 0.04:
-		g.faults["dropped"]++
-		g.mu.Unlock()
-		return nil, fmt.Errorf("%w (%w): the simulation dropped it", ErrNoLeader, errDropped)
-	case p < 0.08:
-		g.faults["answer lost"]++
-		g.commitPending()
-		g.apply(cmd)
-		g.mu.Unlock()
-		return nil, fmt.Errorf("%w: the simulation lost the answer", ErrOutcomeUnknown)
-	case p < 0.11:
-		g.faults["hung"]++
-		g.pending = append(g.pending, cmd)
-		g.mu.Unlock()
-		<-ctx.Done()
-		return nil, fmt.Errorf("%w: %v", ErrOutcomeUnknown, ctx.Err())
-	}
-	g.commitPending()
-	out := g.apply(cmd)
-	g.mu.Unlock()
-	return out, nil
-}
-
-// commitPending commits the term's hung proposals before a later one of
-// the same leader: its log holds them first. g.mu is held.
-func (g *simGroup) commitPending() {
-	for _, cmd := range g.pending {
-		g.apply(cmd)
-		g.faults["hung and committed"]++
-	}
-	g.pending = nil
-}
-
-func (h simHost) read(_ context.Context, _ uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
-	g := h.g
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.leader != h.replica {
-		return nil, fmt.Errorf("%w (%w): replica %d does not lead", ErrNoLeader, errDropped, h.replica)
-	}
-	if g.rng.Float64() < 0.04 {
-		g.faults["read dropped"]++
-		return nil, fmt.Errorf("%w (%w): the simulation dropped the read", ErrNoLeader, errDropped)
-	}
-	out, err := g.replicas[h.replica].Lookup(q)
-	if err != nil {
-		return nil, err
-	}
-	return out.(*shardv1.QueryResult), nil
-}
-
-func (h simHost) staleRead(_ uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
-	h.g.mu.Lock()
-	defer h.g.mu.Unlock()
-	out, err := h.g.replicas[h.replica].Lookup(q)
-	if err != nil {
-		return nil, err
-	}
-	return out.(*shardv1.QueryResult), nil
-}
-
-func (h simHost) leaderOf(uint64) (uint64, uint64, bool, error) {
-	h.g.mu.Lock()
-	defer h.g.mu.Unlock()
-	v := h.g.views[h.replica]
-	return v[1], v[0], v[1] != 0, nil
-}
-
-var errNotSimulated = errors.New("not simulated")
-
-func (simHost) transferLeader(uint64, uint64) error { return errNotSimulated }
-func (simHost) export(context.Context, uint64) (*shard.ExportedSnapshot, string, error) {
-	return nil, "", errNotSimulated
-}
-func (simHost) snapshot(context.Context, uint64) (uint64, error) { return 0, errNotSimulated }
-func (simHost) changeMembership(context.Context, *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
-	return nil, errNotSimulated
 }

@@ -1,0 +1,103 @@
+package routertest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+
+	"connectrpc.com/connect"
+
+	"github.com/warden-dev/warden/placement"
+	placementv1 "github.com/warden-dev/warden/proto/warden/placement/v1"
+	"github.com/warden-dev/warden/proto/warden/placement/v1/placementv1connect"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
+	"github.com/warden-dev/warden/router"
+	"github.com/warden-dev/warden/shard"
+)
+
+// Cluster is one router per node over a Group, by node id, as each
+// process has its own. Node N listens at Addr(N); a router calls another
+// node's node API (Propose and Read) in memory, served by that node's
+// router from its own replica.
+type Cluster map[uint64]*router.Router
+
+// Addr is node id's listen address in a Cluster's placement map (no
+// network: Cluster routes it in memory).
+func Addr(id uint64) string { return fmt.Sprintf("node-%d.invalid:1", id) }
+
+// NewCluster returns a router for each of g's replicas, with a
+// placement map in which g's shard owns every key and replica i runs on
+// node i. Each node's Leadership listens to g; the routers count every
+// term's clock as confirmed (router.TestingKnobs.OneClock: they share
+// one).
+func NewCluster(g *Group) Cluster {
+	st := &placementv1.State{
+		Generation: 1,
+		Ranges:     []*shardv1.RangeDescriptor{{ShardId: g.shardID, Generation: 1}},
+		Shards:     []*placementv1.Shard{{Id: g.shardID, Epoch: 1}},
+	}
+	for id := uint64(1); id <= uint64(g.replicas); id++ {
+		st.Nodes = append(st.Nodes, &placementv1.Node{Id: id, ListenAddr: Addr(id), CommandVersion: shard.CommandVersion})
+		st.Shards[0].Replicas = append(st.Shards[0].Replicas, &placementv1.Replica{ReplicaId: id, NodeId: id})
+	}
+	c := Cluster{}
+	peers := router.NewPeersOver(c)
+	for id := uint64(1); id <= uint64(g.replicas); id++ {
+		l := router.NewLeadership(0)
+		g.Listen(id, l)
+		c[id] = router.New([]router.LocalNode{{Leadership: l, ID: id, Raft: g.Host(id)}}, Meta{State: st}, placement.NewMap(st),
+			router.NewWaitRegistry(), router.Config{Logger: slog.New(slog.DiscardHandler), Knobs: router.TestingKnobs{OneClock: true}}, peers)
+	}
+	return c
+}
+
+// RoundTrip serves a node API call to Addr(N) with node N's router.
+func (c Cluster) RoundTrip(req *http.Request) (*http.Response, error) {
+	var id uint64
+	if _, err := fmt.Sscanf(req.URL.Host, "node-%d.invalid:1", &id); err != nil || c[id] == nil {
+		return nil, fmt.Errorf("routertest: no node at %s", req.URL.Host)
+	}
+	_, h := placementv1connect.NewNodeServiceHandler(nodeAPI{r: c[id]})
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return w.Result(), nil
+}
+
+// nodeAPI is the node API's Propose and Read, served by one node's
+// router from its own replica (rpc.NodeServer goes one hop further).
+type nodeAPI struct {
+	placementv1connect.UnimplementedNodeServiceHandler
+	r *router.Router
+}
+
+func (s nodeAPI) Propose(ctx context.Context, req *connect.Request[placementv1.ProposeRequest]) (*connect.Response[placementv1.ProposeResponse], error) {
+	res, err := s.r.ProposeShard(ctx, req.Msg.GetShardId(), req.Msg.GetEnvelope())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(&placementv1.ProposeResponse{Result: res}), nil
+}
+
+func (s nodeAPI) Read(ctx context.Context, req *connect.Request[placementv1.ReadRequest]) (*connect.Response[placementv1.ReadResponse], error) {
+	out, err := s.r.ReadShard(ctx, req.Msg.GetShardId(), req.Msg.GetQuery())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(&placementv1.ReadResponse{Result: out}), nil
+}
+
+// Meta is a placement group that serves a fixed State and refuses
+// commands.
+type Meta struct{ State *placementv1.State }
+
+var _ placement.MetaClient = Meta{}
+
+// Propose refuses every command.
+func (Meta) Propose(context.Context, *placementv1.Command) (*placementv1.Result, error) {
+	return nil, &placement.RefusedError{Reason: "routertest: the placement map is fixed"}
+}
+
+// Read returns the fixed state.
+func (m Meta) Read(context.Context) (*placementv1.State, error) { return m.State, nil }
