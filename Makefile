@@ -96,6 +96,7 @@ test-js: build
 soak: nemesis
 	WARDEN_SOAK=1 $(GO) test ./rpc -run '^(TestMassExpiry|TestCaseS2LinearizableAcrossSplits)$$' -count=1 -v -timeout 30m
 	$(GO) test ./router -run '^TestSimulatedShard$$' -count=1 -timeout 30m -args -sim.seeds=2000
+	$(GO) test ./rpc -run '^TestSimulatedAPI$$' -count=1 -timeout 30m -args -api.seeds=500
 	WARDEN_SOAK=1 $(GO) test ./cmd/wardend -run '^(TestClusterCaseL17ChurningWaiters|TestClusterCaseS1TokensThroughChurn|TestClusterCaseQ14CountersEqualTheLedger)$$' -count=1 -v -timeout 45m
 
 ## nemesis: the fault suite's long run (as root): every fault three times against three wardend processes in network

@@ -75,10 +75,10 @@ func NewPeers(secret string, tlsConfig *tls.Config) *Peers {
 	return &Peers{client: &http.Client{Transport: t}, scheme: scheme, secret: secret, byAddr: map[string]*Peer{}}
 }
 
-// NewPeersOver returns clients of the other nodes whose calls go to rt,
-// over cleartext and with no secret: routertest's in-memory node API.
-func NewPeersOver(rt http.RoundTripper) *Peers {
-	return &Peers{client: &http.Client{Transport: rt}, scheme: "http://", byAddr: map[string]*Peer{}}
+// NewPeersOver returns clients of the other nodes whose calls go to rt
+// with secret, over cleartext: routertest's in-memory transport.
+func NewPeersOver(rt http.RoundTripper, secret string) *Peers {
+	return &Peers{client: &http.Client{Transport: rt}, scheme: "http://", secret: secret, byAddr: map[string]*Peer{}}
 }
 
 // nodeCall adds to outgoing calls the cluster secret and the principal

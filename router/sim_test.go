@@ -9,10 +9,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sort"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"connectrpc.com/connect"
@@ -66,69 +64,19 @@ var (
 )
 
 func TestSimulatedShard(t *testing.T) {
-	seeds := []uint64{*simSeed}
-	if *simSeed == 0 {
-		seeds = seeds[:0]
-		for range *simSeeds {
-			seeds = append(seeds, rand.Uint64())
+	seeds := routertest.Seeds(*simSeed, *simSeeds)
+	total := routertest.Run(t, seeds, runSimulation, func(t *testing.T, seed uint64, ops []porcupine.Operation) {
+		t.Logf("%d operations", len(ops))
+		res, info := porcupine.CheckOperationsVerbose(lockmodel.Model, ops, time.Minute)
+		if res != porcupine.Ok {
+			path := filepath.Join(os.TempDir(), fmt.Sprintf("warden-sim-%d.html", seed))
+			_ = porcupine.VisualizePath(lockmodel.Model, info, path)
+			lockmodel.Explain(ops, info, int64(200*time.Millisecond), t.Logf)
+			t.Fatalf("seed %d: the history is %v (porcupine's view: %s); replay with -sim.seed=%d", seed, res, path, seed)
 		}
-	}
-	total := map[string]int{}
-	for _, seed := range seeds {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			var ops []porcupine.Operation
-			var faults map[string]int
-			synctest.Test(t, func(t *testing.T) { ops, faults = runSimulation(t, seed) })
-			t.Logf("seed %d: %d operations; %v", seed, len(ops), faults)
-			for k, v := range faults {
-				total[k] += v
-			}
-			res, info := porcupine.CheckOperationsVerbose(lockmodel.Model, ops, time.Minute)
-			if res != porcupine.Ok {
-				path := filepath.Join(os.TempDir(), fmt.Sprintf("warden-sim-%d.html", seed))
-				_ = porcupine.VisualizePath(lockmodel.Model, info, path)
-				for _, part := range info.PartialLinearizationsOperations() {
-					longest := part[0]
-					for _, l := range part {
-						if len(l) > len(longest) {
-							longest = l
-						}
-					}
-					if len(longest) > 15 {
-						longest = longest[len(longest)-15:]
-					}
-					show := func(op porcupine.Operation) {
-						o := op.Output.(lockmodel.Output)
-						rel := "?"
-						if o.Released != nil {
-							rel = fmt.Sprint(*o.Released)
-						}
-						t.Logf("c%d %8.3f-%8.3f %+v -> granted %v lease %s token %d released %s held %v", op.ClientId, float64(op.Call)/1e9, float64(op.Return)/1e9,
-							op.Input, o.Granted, o.LeaseID, o.Token%(1<<40), rel, o.Held)
-					}
-					t.Logf("the longest linearization's end:")
-					for _, op := range longest {
-						show(op)
-					}
-					last := longest[len(longest)-1]
-					t.Logf("the calls under way then or soon after:")
-					sort.Slice(ops, func(i, j int) bool { return ops[i].Call < ops[j].Call })
-					for _, op := range ops {
-						if op.Input.(lockmodel.Input).Resource == last.Input.(lockmodel.Input).Resource && op.Return >= last.Call && op.Call <= last.Return+int64(200*time.Millisecond) {
-							show(op)
-						}
-					}
-				}
-				t.Fatalf("seed %d: the history is %v (porcupine's view: %s); replay with -sim.seed=%d", seed, res, path, seed)
-			}
-		})
-	}
+	})
 	// The premises: every fault happened in the runs.
-	for _, k := range []string{"leader change", "dropped", "answer lost", "hung", "hung and committed", "read dropped", "granted", "reserved", "pool full", "committed"} {
-		if total[k] == 0 && !t.Failed() && len(seeds) >= 4 {
-			t.Errorf("no %q in %d runs: the simulation did not exercise it (%v)", k, len(seeds), total)
-		}
-	}
+	routertest.Happened(t, total, len(seeds), 4, "leader change", "dropped", "answer lost", "hung", "hung and committed", "read dropped", "granted", "reserved", "pool full", "committed")
 }
 
 const (
@@ -151,12 +99,7 @@ func runSimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[string
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for end := time.Now().Add(simFaultsFor); time.Now().Before(end); {
-			time.Sleep(g.Between(200*time.Millisecond, 900*time.Millisecond))
-			g.Depose()
-			time.Sleep(g.Between(20*time.Millisecond, 300*time.Millisecond))
-			g.Elect()
-		}
+		g.ChangeLeaders(simFaultsFor)
 	}()
 	h := &simHistory{start: time.Now()}
 	var wg sync.WaitGroup
@@ -192,15 +135,15 @@ func runSimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[string
 }
 
 // via returns a node of c drawn from rng to call through.
-func via(c routertest.Cluster, rng *rand.Rand) simNode {
-	return simNode{c, c[1+rng.Uint64N(simReplicas)]}
+func via(c *routertest.Cluster, rng *rand.Rand) simNode {
+	return simNode{c, c.Routers[1+rng.Uint64N(simReplicas)]}
 }
 
 // simNode is a call's way into the cluster: a node's router, which
 // forwards to the router of the node it believes leads, as the API layer
 // does, or serves the call itself.
 type simNode struct {
-	c routertest.Cluster
+	c *routertest.Cluster
 	r *router.Router
 }
 
@@ -212,7 +155,7 @@ func (n simNode) propose(ctx context.Context, key string, env *shardv1.Envelope,
 	var res *shardv1.Result
 	_, ok, err := n.r.Forward(ctx, key, 0, func(ctx context.Context, to *placementv1.Node) error {
 		var err error
-		res, err = n.c[to.GetId()].Propose(ctx, key, proto.CloneOf(env))
+		res, err = n.c.Routers[to.GetId()].Propose(ctx, key, proto.CloneOf(env))
 		if err != nil && !errors.As(err, new(*router.ResultError)) {
 			*unknown = true
 		}
@@ -231,7 +174,7 @@ func (n simNode) read(ctx context.Context, key string, q *shardv1.Query) (*shard
 	var out *shardv1.QueryResult
 	_, ok, err := n.r.Forward(ctx, key, 0, func(ctx context.Context, to *placementv1.Node) error {
 		var err error
-		out, err = n.c[to.GetId()].Read(ctx, key, proto.CloneOf(q))
+		out, err = n.c.Routers[to.GetId()].Read(ctx, key, proto.CloneOf(q))
 		return err
 	})
 	if ok {
@@ -263,7 +206,7 @@ func (a *simQuota) count(kind string) {
 
 // simQuotaClient reserves 1-4 units of simKey until end, and commits or
 // releases each reservation it got, all of them before it returns.
-func simQuotaClient(t *testing.T, c routertest.Cluster, acct *simQuota, client int, rng *rand.Rand, end time.Time) {
+func simQuotaClient(t *testing.T, c *routertest.Cluster, acct *simQuota, client int, rng *rand.Rand, end time.Time) {
 	type open struct {
 		id     string
 		amount int64
@@ -351,7 +294,7 @@ func (h *simHistory) record(client int, in lockmodel.Input, out lockmodel.Output
 // simClient calls until end: Acquire while it holds nothing, else
 // Release, a Describe now and then, and a Release of another's or an old
 // lease now and then.
-func simClient(t *testing.T, c routertest.Cluster, h *simHistory, client int, rng *rand.Rand, end time.Time) {
+func simClient(t *testing.T, c *routertest.Cluster, h *simHistory, client int, rng *rand.Rand, end time.Time) {
 	resources := []string{"sim/a", "sim/b"}
 	held := map[string]string{} // resource → lease id
 	var old []string            // lease ids released or never held here

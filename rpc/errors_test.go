@@ -290,47 +290,6 @@ func peerServer(h http.Handler) *httptest.Server {
 	return srv
 }
 
-// A Release forwarded again after an attempt whose outcome is unknown
-// (the connection broke, or node 2 answered unavailable while its
-// leadership moved) that finds the lease released by a Release of its
-// lease id answers released, the first attempt's outcome, not "nothing
-// changed" (DESIGN.md §1 rule 3). Without a lost attempt the answer is
-// passed on as it came: a client's own repeat of its Release.
-func TestForwardedReleaseSettles(t *testing.T) {
-	r := ledFrom("http://10.0.0.2:7070", router.Config{Logger: slog.New(slog.DiscardHandler)})
-	for _, tc := range []struct {
-		answers           []string
-		released, already bool
-	}{
-		{[]string{"broken", "already"}, true, false},
-		{[]string{"unavailable", "already"}, true, false},
-		{[]string{"already"}, false, true},
-		{[]string{"broken", "released"}, true, false},
-	} {
-		answers := tc.answers
-		unknown := false
-		req := connect.NewRequest(&wardenv1.ReleaseRequest{Resource: "orders/42"})
-		resp, where, err := forward(context.Background(), newNode(r), req, "orders/42", func(*peer) releaseCall {
-			return settling(&unknown)(func(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
-				a := answers[0]
-				answers = answers[1:]
-				switch a {
-				case "broken":
-					return nil, connect.NewError(connect.CodeUnavailable, errors.New("connection reset by peer"))
-				case "unavailable":
-					return nil, connect.NewWireError(connect.CodeUnavailable, errors.New("node 2 no longer leads"))
-				case "released":
-					return connect.NewResponse(&wardenv1.ReleaseResponse{Released: true}), nil
-				}
-				return connect.NewResponse(&wardenv1.ReleaseResponse{AlreadyReleased: true}), nil
-			})
-		})
-		if where != servedThere || err != nil || resp.Msg.GetReleased() != tc.released || resp.Msg.GetAlreadyReleased() != tc.already {
-			t.Errorf("answers %v: served %v, %v %v; want released %v, already_released %v", tc.answers, where, resp, err, tc.released, tc.already)
-		}
-	}
-}
-
 // A lock call that fails a check needing nothing of the shard is refused
 // where it came in, with the field named, and never forwarded to the
 // node that leads its key (security review: invalid input reached the

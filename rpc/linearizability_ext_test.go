@@ -59,8 +59,11 @@ type linHistory struct {
 // operation spans both calls.
 func runLinClients(t *testing.T, c *cluster, resources []string, clients int, drop float64) *linHistory {
 	h := &linHistory{t: t, done: make(chan struct{})}
-	start := time.Now()
-	since := func() int64 { return int64(time.Since(start)) }
+	// Calls and returns are stamped in the order they happen, not by the
+	// clock: in a synctest bubble (TestSimulatedAPI) many happen at one
+	// virtual instant, and equal times would tell porcupine neither order.
+	var clock atomic.Int64
+	since := func() int64 { return clock.Add(1) }
 	record := func(client int, in lockmodel.Input, out lockmodel.Output, call int64) {
 		h.mu.Lock()
 		h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: since()})
@@ -138,21 +141,36 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 	return h
 }
 
-// stop ends the clients, checks the history with porcupine (failing the
-// test, with a visualisation kept for a person to read, if it is not
-// linearizable) and returns its length.
+// stop ends the clients, checks the history (check) and returns its
+// length.
 func (h *linHistory) stop() int {
 	h.t.Helper()
+	ops := h.end()
+	checkLinearizable(h.t, ops)
+	return len(ops)
+}
+
+// end ends the clients and returns their history.
+func (h *linHistory) end() []porcupine.Operation {
 	close(h.done)
 	h.wg.Wait()
-	res, info := porcupine.CheckOperationsVerbose(lockmodel.Model, h.ops, time.Minute)
+	return h.ops
+}
+
+// checkLinearizable checks a history with porcupine, failing the test,
+// with where it stops and a visualisation kept for a person to read, if
+// it is not linearizable. It runs outside any synctest bubble: the
+// check's own time limit is real time.
+func checkLinearizable(t *testing.T, ops []porcupine.Operation) {
+	t.Helper()
+	res, info := porcupine.CheckOperationsVerbose(lockmodel.Model, ops, time.Minute)
 	if res != porcupine.Ok {
 		f, _ := os.CreateTemp("", "warden-history-*.html")
 		_ = porcupine.Visualize(lockmodel.Model, info, f)
 		f.Close()
-		h.t.Fatalf("history of %d operations is not linearizable (%v); see %s", len(h.ops), res, f.Name())
+		lockmodel.Explain(ops, info, 40, t.Logf)
+		t.Fatalf("history of %d operations is not linearizable (%v); see %s", len(ops), res, f.Name())
 	}
-	return len(h.ops)
 }
 
 // linAcquire acquires, retrying the same request id while the outcome is
@@ -211,13 +229,16 @@ func acquireOutcome(t *testing.T, o *wardenv1.BatchOutcome) (lockmodel.Output, b
 }
 
 // linRelease releases through Release or, with viaBatch, a one-op Batch,
-// retrying until an answer comes; out.released is set only when the first
-// try answered.
+// retrying until an answer comes. out.Released is set only when the
+// first try answered, and not when it answered already_released: a
+// Release of the lease id ended it, this call's own attempt whose answer
+// the router never saw (and retried) or an earlier call, which the
+// answer does not tell apart (DESIGN.md §1 rule 3).
 func linRelease(c *cluster, resource, leaseID string, viaBatch bool) (lockmodel.Output, bool) {
 	for attempt := range 100 {
-		if released, ok := tryRelease(c, resource, leaseID, viaBatch); ok {
+		if resp, ok := tryRelease(c, resource, leaseID, viaBatch); ok {
 			out := lockmodel.Output{}
-			if attempt == 0 {
+			if released := resp.GetReleased(); attempt == 0 && !resp.GetAlreadyReleased() {
 				out.Released = &released
 			}
 			return out, true
@@ -229,14 +250,17 @@ func linRelease(c *cluster, resource, leaseID string, viaBatch bool) (lockmodel.
 
 // tryRelease sends one Release, alone or as a one-op Batch; ok is false
 // when it did not answer.
-func tryRelease(c *cluster, resource, leaseID string, viaBatch bool) (released, ok bool) {
+func tryRelease(c *cluster, resource, leaseID string, viaBatch bool) (resp *wardenv1.ReleaseResponse, ok bool) {
 	if !viaBatch {
-		released, err := c.release(resource, leaseID)
-		return released, err == nil
+		resp, err := c.locks.Release(ctx(c.t), connect.NewRequest(&wardenv1.ReleaseRequest{Resource: resource, LeaseId: leaseID}))
+		if err != nil {
+			return nil, false
+		}
+		return resp.Msg, true
 	}
 	outcomes, err := c.batch(releaseOp(resource, leaseID))
 	if err != nil || outcomes[0].GetCode() != "" {
-		return false, false
+		return nil, false
 	}
-	return outcomes[0].GetRelease().GetReleased(), true
+	return outcomes[0].GetRelease(), true
 }

@@ -224,58 +224,6 @@ func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.
 	return s.release(ctx, req.Msg)
 }
 
-// serveRelease is Release's route (route.go). A Release is sent again
-// only after an attempt whose outcome forward cannot tell (an error):
-// when a later attempt, forwarded (settling) or served here after
-// leadership came here, finds the lease already released by a Release
-// of its lease id, the attempt before it did that, and the call answers
-// what that attempt would have, released (DESIGN.md §1 rule 3), rather
-// than that nothing changed. Any other answer is the last attempt's own.
-func serveRelease(ctx context.Context, _ *node, req *connect.Request[wardenv1.ReleaseRequest], send sender[wardenv1.ReleaseRequest, wardenv1.ReleaseResponse],
-	local localCall[wardenv1.ReleaseRequest, wardenv1.ReleaseResponse]) (*connect.Response[wardenv1.ReleaseResponse], served, error) {
-	unknown := false // a forwarded attempt's outcome is unknown
-	if resp, where, err := send(ctx, req, settling(&unknown)); where != servedHere {
-		return resp, where, err
-	}
-	resp, err := local(ctx, req)
-	if err == nil && unknown {
-		settleRelease(resp.Msg)
-	}
-	return resp, servedHere, err
-}
-
-// settleRelease answers a Release that was sent again after an attempt
-// whose outcome is unknown: when the lease was found already released by
-// a Release of its lease id, that attempt (or, should the holder have
-// sent the same Release twice at once, the other copy) ended it, and the
-// call answers released.
-func settleRelease(m *wardenv1.ReleaseResponse) {
-	if m.GetAlreadyReleased() {
-		m.Released, m.AlreadyReleased = true, false
-	}
-}
-
-// releaseCall is LockService.Release on one node.
-type releaseCall = peerCall[wardenv1.ReleaseRequest, wardenv1.ReleaseResponse]
-
-// settling wraps call, a forwarded Release's attempts: *unknown is set
-// once an attempt's outcome is unknown, and an attempt after it that
-// finds the lease already released answers released (settleRelease).
-func settling(unknown *bool) func(call releaseCall) releaseCall {
-	return func(call releaseCall) releaseCall {
-		return func(ctx context.Context, fr *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
-			resp, err := call(ctx, fr)
-			switch {
-			case err != nil:
-				*unknown = true
-			case *unknown:
-				settleRelease(resp.Msg)
-			}
-			return resp, err
-		}
-	}
-}
-
 func (s *LockServer) release(ctx context.Context, m *wardenv1.ReleaseRequest) (*connect.Response[wardenv1.ReleaseResponse], error) {
 	cmd, err := releaseCmd(m)
 	if err != nil {

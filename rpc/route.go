@@ -105,7 +105,7 @@ func adminClient(p *peer) wardenv1connect.AdminServiceClient { return p.Admin }
 var (
 	acquireRoute = routeOf((*wardenv1.AcquireRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Acquire).checked(checkAcquire).hooked(serveAcquire)
 	renewRoute   = routeOf((*wardenv1.RenewRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Renew).checked(checkRenew)
-	releaseRoute = routeOf((*wardenv1.ReleaseRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Release).checked(checkRelease).hooked(serveRelease)
+	releaseRoute = routeOf((*wardenv1.ReleaseRequest).GetResource, lockClient, wardenv1connect.LockServiceClient.Release).checked(checkRelease)
 )
 
 // The checks of a lock call that need nothing of the shard: a call that

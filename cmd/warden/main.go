@@ -326,7 +326,7 @@ func (r *releaseCmd) Run(g *globals) error {
 		case resp.Msg.GetReleased():
 			fmt.Fprintf(w, "released %s\n", r.Resource)
 		case resp.Msg.GetAlreadyReleased():
-			fmt.Fprintf(w, "not released: a Release of that lease ended it earlier (%s)\n", r.Resource)
+			fmt.Fprintf(w, "released already: a Release of that lease ended it (%s)\n", r.Resource)
 		default:
 			fmt.Fprintf(w, "not released: %s is not held by that lease (expired, revoked or replaced)\n", r.Resource)
 		}

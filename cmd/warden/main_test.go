@@ -75,7 +75,7 @@ func TestCLI(t *testing.T) {
 	if out, err := cli("lock", "release", "orders/42", got.LeaseID, "--json"); err != nil || strings.TrimSpace(out) != `{"released":true,"already_released":false}` {
 		t.Fatalf("release printed %q (%v)", out, err)
 	}
-	if out, err := cli("lock", "release", "orders/42", got.LeaseID); err != nil || !strings.HasPrefix(out, "not released: a Release of that lease ended it earlier") {
+	if out, err := cli("lock", "release", "orders/42", got.LeaseID); err != nil || !strings.HasPrefix(out, "released already: a Release of that lease ended it") {
 		t.Fatalf("repeated release printed %q (%v)", out, err)
 	}
 	_, err = cli("lock", "renew", "orders/42", "nothex")

@@ -5,7 +5,9 @@
 package lockmodel
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/anishathalye/porcupine"
 )
@@ -80,4 +82,51 @@ var Model = porcupine.Model{
 	DescribeOperation: func(in, out any) string {
 		return fmt.Sprintf("%+v -> %+v", in, out)
 	},
+}
+
+// Explain logs, through logf, where a history that is not linearizable
+// stops: the end of each partition's longest linearization (at most 15
+// calls), then the calls on its last call's resource under way then or
+// within window after it (in the unit of the history's times). info is
+// CheckOperationsVerbose's.
+func Explain(ops []porcupine.Operation, info porcupine.LinearizationInfo, window int64, logf func(format string, args ...any)) {
+	show := func(op porcupine.Operation) {
+		o := op.Output.(Output)
+		rel := "?"
+		if o.Released != nil {
+			rel = fmt.Sprint(*o.Released)
+		}
+		logf("c%d %d-%d %+v -> granted %v lease %s token %d released %s held %v", op.ClientId, op.Call, op.Return,
+			op.Input, o.Granted, o.LeaseID, o.Token%(1<<40), rel, o.Held)
+	}
+	byCall := slices.Clone(ops)
+	slices.SortFunc(byCall, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+	for _, part := range info.PartialLinearizationsOperations() {
+		if len(part) == 0 {
+			continue
+		}
+		longest := part[0]
+		for _, l := range part {
+			if len(l) > len(longest) {
+				longest = l
+			}
+		}
+		if len(longest) == 0 {
+			continue
+		}
+		last := longest[len(longest)-1]
+		if len(longest) > 15 {
+			longest = longest[len(longest)-15:]
+		}
+		logf("the longest linearization's end:")
+		for _, op := range longest {
+			show(op)
+		}
+		logf("the calls under way then or soon after:")
+		for _, op := range byCall {
+			if op.Input.(Input).Resource == last.Input.(Input).Resource && op.Return >= last.Call && op.Call <= last.Return+window {
+				show(op)
+			}
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -17,11 +18,22 @@ import (
 	"github.com/warden-dev/warden/shard"
 )
 
-// Cluster is one router per node over a Group, by node id, as each
-// process has its own. Node N listens at Addr(N); a router calls another
-// node's node API (Propose and Read) in memory, served by that node's
-// router from its own replica.
-type Cluster map[uint64]*router.Router
+// Cluster is one router per node over a Group, as each process has its
+// own. Node N listens at Addr(N); calls to it go in memory, to the HTTP
+// surface Serve gave it, else to its router's node API (Propose and
+// Read, served from its own replica). The nodes share the cluster
+// secret Secret.
+type Cluster struct {
+	// Routers are the nodes' routers, by node id.
+	Routers map[uint64]*router.Router
+
+	mu       sync.Mutex
+	handlers map[uint64]http.Handler
+}
+
+// Secret is a Cluster's cluster secret (router.Config.ClusterSecret),
+// which its nodes send on node-to-node calls.
+const Secret = "routertest"
 
 // Addr is node id's listen address in a Cluster's placement map (no
 // network: Cluster routes it in memory).
@@ -32,7 +44,7 @@ func Addr(id uint64) string { return fmt.Sprintf("node-%d.invalid:1", id) }
 // node i. Each node's Leadership listens to g; the routers count every
 // term's clock as confirmed (router.TestingKnobs.OneClock: they share
 // one).
-func NewCluster(g *Group) Cluster {
+func NewCluster(g *Group) *Cluster {
 	st := &placementv1.State{
 		Generation: 1,
 		Ranges:     []*shardv1.RangeDescriptor{{ShardId: g.shardID, Generation: 1}},
@@ -42,24 +54,41 @@ func NewCluster(g *Group) Cluster {
 		st.Nodes = append(st.Nodes, &placementv1.Node{Id: id, ListenAddr: Addr(id), CommandVersion: shard.CommandVersion})
 		st.Shards[0].Replicas = append(st.Shards[0].Replicas, &placementv1.Replica{ReplicaId: id, NodeId: id})
 	}
-	c := Cluster{}
-	peers := router.NewPeersOver(c)
+	c := &Cluster{Routers: map[uint64]*router.Router{}, handlers: map[uint64]http.Handler{}}
+	peers := router.NewPeersOver(c, Secret)
 	for id := uint64(1); id <= uint64(g.replicas); id++ {
 		l := router.NewLeadership(0)
 		g.Listen(id, l)
-		c[id] = router.New([]router.LocalNode{{Leadership: l, ID: id, Raft: g.Host(id)}}, Meta{State: st}, placement.NewMap(st),
-			router.NewWaitRegistry(), router.Config{Logger: slog.New(slog.DiscardHandler), Knobs: router.TestingKnobs{OneClock: true}}, peers)
+		cfg := router.Config{Logger: slog.New(slog.DiscardHandler), ClusterSecret: Secret, Knobs: router.TestingKnobs{OneClock: true}}
+		c.Routers[id] = router.New([]router.LocalNode{{Leadership: l, ID: id, Raft: g.Host(id)}}, Meta{State: st}, placement.NewMap(st),
+			router.NewWaitRegistry(), cfg, peers)
 	}
 	return c
 }
 
-// RoundTrip serves a node API call to Addr(N) with node N's router.
-func (c Cluster) RoundTrip(req *http.Request) (*http.Response, error) {
+// Serve makes h node id's HTTP surface (an API layer over its router):
+// every call to Addr(id) goes to h from then on.
+func (c *Cluster) Serve(id uint64, h http.Handler) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.handlers[id] = h
+}
+
+// Client returns an HTTP client that reaches every node of c in memory.
+func (c *Cluster) Client() *http.Client { return &http.Client{Transport: c} }
+
+// RoundTrip serves a call to Addr(N) with node N's HTTP surface.
+func (c *Cluster) RoundTrip(req *http.Request) (*http.Response, error) {
 	var id uint64
-	if _, err := fmt.Sscanf(req.URL.Host, "node-%d.invalid:1", &id); err != nil || c[id] == nil {
+	if _, err := fmt.Sscanf(req.URL.Host, "node-%d.invalid:1", &id); err != nil || c.Routers[id] == nil {
 		return nil, fmt.Errorf("routertest: no node at %s", req.URL.Host)
 	}
-	_, h := placementv1connect.NewNodeServiceHandler(nodeAPI{r: c[id]})
+	c.mu.Lock()
+	h := c.handlers[id]
+	c.mu.Unlock()
+	if h == nil {
+		_, h = placementv1connect.NewNodeServiceHandler(nodeAPI{r: c.Routers[id]})
+	}
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, req)
 	return w.Result(), nil

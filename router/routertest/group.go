@@ -351,3 +351,28 @@ func (host) Snapshot(context.Context, uint64) (uint64, error) { return 0, ErrNot
 func (host) ChangeMembership(context.Context, *placementv1.MembershipRequest) (*placementv1.MembershipResponse, error) {
 	return nil, ErrNotModelled
 }
+
+// ChangeLeaders changes the group's leader again and again for d (of
+// virtual time, in a synctest bubble): each term lasts 200-900 ms, each
+// election 20-300 ms, drawn from the seed. It returns with a leader.
+func (g *Group) ChangeLeaders(d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		time.Sleep(g.Between(200*time.Millisecond, 900*time.Millisecond))
+		g.Depose()
+		time.Sleep(g.Between(20*time.Millisecond, 300*time.Millisecond))
+		g.Elect()
+	}
+}
+
+// Seeds returns the seeds a simulation runs: seed alone if it is set
+// (a replay), else n drawn at random.
+func Seeds(seed uint64, n int) []uint64 {
+	if seed != 0 {
+		return []uint64{seed}
+	}
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = rand.Uint64()
+	}
+	return out
+}

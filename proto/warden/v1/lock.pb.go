@@ -812,9 +812,10 @@ type ReleaseResponse struct {
 	// (already released, expired or replaced): nothing changed.
 	Released bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
 	// AlreadyReleased is set, with released false, when a Release of this
-	// lease id ended the lease earlier (kept as long as the request's
-	// dedup record, DESIGN.md §1 rule 3): this call changed nothing, but the
-	// unlock did take effect. A client treats it as a successful unlock.
+	// lease id ended the lease (kept as long as the request's dedup
+	// record, DESIGN.md §1 rule 3): an earlier call, or an attempt of this
+	// call whose answer the server never saw before it tried again. The
+	// unlock took effect; a client treats it as a successful unlock.
 	AlreadyReleased bool `protobuf:"varint,2,opt,name=already_released,json=alreadyReleased,proto3" json:"already_released,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache

@@ -418,9 +418,10 @@ export type ReleaseResponse = Message<"warden.v1.ReleaseResponse"> & {
 
   /**
    * AlreadyReleased is set, with released false, when a Release of this
-   * lease id ended the lease earlier (kept as long as the request's
-   * dedup record, DESIGN.md §1 rule 3): this call changed nothing, but the
-   * unlock did take effect. A client treats it as a successful unlock.
+   * lease id ended the lease (kept as long as the request's dedup
+   * record, DESIGN.md §1 rule 3): an earlier call, or an attempt of this
+   * call whose answer the server never saw before it tried again. The
+   * unlock took effect; a client treats it as a successful unlock.
    *
    * @generated from field: bool already_released = 2;
    */
