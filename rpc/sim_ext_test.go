@@ -3,6 +3,7 @@ package rpc_test
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/anishathalye/porcupine"
+	shardv1 "github.com/warden-dev/warden/proto/warden/shard/v1"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 	"github.com/warden-dev/warden/router/routertest"
@@ -90,6 +92,93 @@ func forwards(t *testing.T, c *routertest.Cluster) float64 {
 		}
 	}
 	return 0
+}
+
+// TestSimulatedQuotaAPI runs the oversell test's 200 reservers
+// (checkNeverOversold: three levels of small limits, retries with the
+// same reservation ids, commits and releases; then the ledger replayed
+// against what was acknowledged and what Query reports) against three
+// nodes' API layer over routertest's group while its leader changes
+// again and again, in virtual time, each call sent to a node drawn at
+// random. After every entry, on the first replica to apply it, no level
+// of the pool may be oversold (DESIGN.md §1 rule 7). -api.seed replays
+// a seed's faults.
+func TestSimulatedQuotaAPI(t *testing.T) {
+	seeds := routertest.Seeds(*apiSeed, *apiSeeds/2)
+	total := routertest.Run(t, seeds, runQuotaSimulation, func(*testing.T, uint64, struct{}) {})
+	routertest.Happened(t, total, len(seeds), 2, "leader change", "dropped", "answer lost", "hung", "forwarded")
+}
+
+func runQuotaSimulation(t *testing.T, seed uint64) (struct{}, map[string]int) {
+	g := routertest.NewGroup(t, shard.FirstShard, 3, seed, routertest.Faults{Drop: 0.04, LoseAnswer: 0.04, Hang: 0.03, DropRead: 0.04})
+	g.AfterApply(func(index uint64, lookup func(*shardv1.Query) (*shardv1.QueryResult, error)) {
+		for i := range 4 {
+			for j := range 3 {
+				key := fmt.Sprintf("o/t%d/p%d", i, j)
+				out, err := lookup(&shardv1.Query{NowUnixNano: time.Now().UnixNano(), Query: &shardv1.Query_Quota{Quota: &shardv1.QuotaQuery{Key: key}}})
+				if err != nil {
+					t.Errorf("entry %d: query %s: %v", index, key, err)
+					return
+				}
+				for _, lv := range out.GetLevels() {
+					if q := lv.GetRecord(); q.GetHasLimit() && q.GetCommitted()+q.GetReserved() > q.GetLimit() {
+						t.Errorf("entry %d: level %s oversold: committed %d + reserved %d > limit %d", index, q.GetKey(), q.GetCommitted(), q.GetReserved(), q.GetLimit())
+					}
+				}
+			}
+		}
+	})
+	c := routertest.NewCluster(g)
+	s := &spreadQuota{rng: rand.New(rand.NewPCG(seed, 2))}
+	for id, r := range c.Routers {
+		c.Serve(id, rpc.NewHandler(r))
+		s.nodes = append(s.nodes, wardenv1connect.NewQuotaServiceClient(c.Client(), "http://"+routertest.Addr(id)))
+	}
+	g.Elect()
+	before := forwards(t, c)
+	checkNeverOversold(t, s, func() { g.ChangeLeaders(3 * time.Second) })
+	counts := g.Counts()
+	counts["forwarded"] = int(forwards(t, c) - before)
+	return struct{}{}, counts
+}
+
+// spreadQuota is a QuotaService client that sends each call to a node
+// drawn at random.
+type spreadQuota struct {
+	wardenv1connect.QuotaServiceClient // the calls the reservers do not make
+	mu                                 sync.Mutex
+	rng                                *rand.Rand
+	nodes                              []wardenv1connect.QuotaServiceClient
+}
+
+func (s *spreadQuota) pick() wardenv1connect.QuotaServiceClient {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nodes[s.rng.IntN(len(s.nodes))]
+}
+
+func (s *spreadQuota) SetLimit(ctx context.Context, req *connect.Request[wardenv1.SetLimitRequest]) (*connect.Response[wardenv1.SetLimitResponse], error) {
+	return s.pick().SetLimit(ctx, req)
+}
+
+func (s *spreadQuota) Reserve(ctx context.Context, req *connect.Request[wardenv1.ReserveRequest]) (*connect.Response[wardenv1.ReserveResponse], error) {
+	return s.pick().Reserve(ctx, req)
+}
+
+func (s *spreadQuota) Commit(ctx context.Context, req *connect.Request[wardenv1.CommitRequest]) (*connect.Response[wardenv1.CommitResponse], error) {
+	return s.pick().Commit(ctx, req)
+}
+
+func (s *spreadQuota) Release(ctx context.Context, req *connect.Request[wardenv1.QuotaServiceReleaseRequest]) (*connect.Response[wardenv1.QuotaServiceReleaseResponse], error) {
+	return s.pick().Release(ctx, req)
+}
+
+func (s *spreadQuota) Query(ctx context.Context, req *connect.Request[wardenv1.QueryRequest]) (*connect.Response[wardenv1.QueryResponse], error) {
+	return s.pick().Query(ctx, req)
+}
+
+func (s *spreadQuota) ListLedger(ctx context.Context, req *connect.Request[wardenv1.ListLedgerRequest]) (*connect.Response[wardenv1.ListLedgerResponse], error) {
+	return s.pick().ListLedger(ctx, req)
 }
 
 // spreadLocks is a LockService client that sends each call to a node
