@@ -1,8 +1,10 @@
 package rpc_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"sync"
@@ -26,7 +28,7 @@ import (
 // and recorded as one operation from its first call to its last return.
 func TestLinearizableUnderLeaderChanges(t *testing.T) {
 	c := startCluster(t, server.DevConfig{})
-	h := runLinClients(t, c, []string{"lin/a", "lin/b", "lin/c"}, 6, 0)
+	h := runLinClients(t, c, []string{"lin/a", "lin/b", "lin/c"}, 6, 0, 0)
 	var leaderChanges int
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
 		time.Sleep(500 * time.Millisecond)
@@ -50,6 +52,31 @@ type linHistory struct {
 	done    chan struct{}
 	wg      sync.WaitGroup
 	dropped atomic.Int64
+	// waits counts the waiting Acquires by outcome ("wait granted",
+	// "wait timed out", "given up": a first try whose caller left).
+	waits counts
+}
+
+// counts is a concurrent count of events by kind.
+type counts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counts) Add(kind string, k int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[kind] += k
+}
+
+// Snapshot returns the counts so far.
+func (c *counts) Snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.n)
 }
 
 // runLinClients starts clients that run Acquire (alone or as a one-op
@@ -57,7 +84,7 @@ type linHistory struct {
 // record what they saw. A fraction drop of the answers is thrown away, as
 // if lost on the way back: the client retries with the same id, and the
 // operation spans both calls.
-func runLinClients(t *testing.T, c *cluster, resources []string, clients int, drop float64) *linHistory {
+func runLinClients(t *testing.T, c *cluster, resources []string, clients int, drop float64, wait time.Duration) *linHistory {
 	h := &linHistory{t: t, done: make(chan struct{})}
 	// Calls and returns are stamped in the order they happen, not by the
 	// clock: in a synctest bubble (TestSimulatedAPI) many happen at one
@@ -93,10 +120,32 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 				case k < 4 && mine[r] == "":
 					in := lockmodel.Input{Op: "acquire", Resource: r}
 					id := fmt.Sprintf("c%d-%d", cl, n)
-					if lost() {
-						tryAcquire(c, r, id, time.Minute, rng.IntN(2) == 0) // its answer never arrives
+					// A client waits only while it holds nothing: no two
+					// clients wait for each other's locks.
+					viaBatch, w := rng.IntN(2) == 0, time.Duration(0)
+					if wait > 0 && !viaBatch && len(mine) == 0 && rng.IntN(2) == 0 {
+						w = wait
 					}
-					out, ok := linAcquire(c, r, id, time.Minute, rng.IntN(2) == 0)
+					switch {
+					case lost() && w > 0:
+						// The caller gives up a third into its wait, as one
+						// whose deadline is short; then it retries.
+						gctx, cancel := context.WithTimeout(context.Background(), w/3)
+						_, err := c.acquireWait(gctx, r, id, time.Minute, w)
+						cancel()
+						if err != nil {
+							h.waits.Add("given up", 1)
+						}
+					case lost():
+						tryAcquire(c, r, id, time.Minute, viaBatch, w) // its answer never arrives
+					}
+					out, ok := linAcquire(c, r, id, time.Minute, viaBatch, w)
+					switch {
+					case w > 0 && out.TimedOut:
+						h.waits.Add("wait timed out", 1)
+					case w > 0 && out.Granted:
+						h.waits.Add("wait granted", 1)
+					}
 					if !ok {
 						t.Errorf("acquire %s: outcome never learned", r)
 						return
@@ -174,11 +223,12 @@ func checkLinearizable(t *testing.T, ops []porcupine.Operation) {
 }
 
 // linAcquire acquires, retrying the same request id while the outcome is
-// unknown, through Acquire or, with viaBatch, a one-op Batch (a BatchCmd
-// on the shard). ok is false if the outcome never became known.
-func linAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (lockmodel.Output, bool) {
+// unknown, through Acquire (waiting up to wait for the lock, if set) or,
+// with viaBatch, a one-op Batch (a BatchCmd on the shard). ok is false if
+// the outcome never became known.
+func linAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool, wait time.Duration) (lockmodel.Output, bool) {
 	for range 100 {
-		if out, known := tryAcquire(c, resource, requestID, ttl, viaBatch); known {
+		if out, known := tryAcquire(c, resource, requestID, ttl, viaBatch, wait); known {
 			return out, true
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -189,7 +239,7 @@ func linAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBa
 // tryAcquire sends one Acquire, alone or as a one-op Batch; known is false
 // when its outcome is unknown (or it was refused for another reason than
 // a held lock).
-func tryAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool) (out lockmodel.Output, known bool) {
+func tryAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBatch bool, wait time.Duration) (out lockmodel.Output, known bool) {
 	if viaBatch {
 		outcomes, err := c.batch(&wardenv1.BatchOp{Op: &wardenv1.BatchOp_Acquire{Acquire: &wardenv1.AcquireRequest{
 			Resource: resource, RequestId: requestID, LeaseTtl: durationpb.New(ttl)}}})
@@ -198,13 +248,18 @@ func tryAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBa
 		}
 		return acquireOutcome(c.t.(*testing.T), outcomes[0])
 	}
-	resp, err := c.acquire(resource, requestID, ttl)
+	resp, err := c.acquireWait(ctx(c.t), resource, requestID, ttl, wait)
 	if err == nil {
 		return lockmodel.Output{Granted: true, LeaseID: resp.GetLeaseId(), Token: resp.GetFencingToken()}, true
 	}
 	var ce *connect.Error
 	if connect.CodeOf(err) == connect.CodeAborted && errors.As(err, &ce) {
 		return lockmodel.Output{Token: detail[*wardenv1.LockHeld](c.t.(*testing.T), ce).GetFencingToken()}, true
+	}
+	if wait > 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded && errors.As(err, &ce) && connect.IsWireError(ce) {
+		// The server ended the wait: not granted, and a grant that raced
+		// its end was given back.
+		return lockmodel.Output{TimedOut: true}, true
 	}
 	return lockmodel.Output{}, false
 }

@@ -187,7 +187,7 @@ func TestLinearizableLeasesThroughSplitAndLeaderKill(t *testing.T) {
 				switch k := rng.IntN(10); {
 				case k < 3 && mine[r] == "":
 					in.op = "acquire"
-					o, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n), leaseTTL, rng.IntN(2) == 0)
+					o, ok := linAcquire(c, r, fmt.Sprintf("c%d-%d", cl, n), leaseTTL, rng.IntN(2) == 0, 0)
 					if !ok {
 						t.Errorf("acquire %s: outcome never learned", r)
 						return
@@ -353,7 +353,7 @@ func releaseAndAcquire(c *cluster, r, leaseID, r2, id string) (rel, acq lockmode
 		}
 	}
 	if !acqKnown {
-		if acq, ok = linAcquire(c, r2, id, leaseTTL, false); !ok {
+		if acq, ok = linAcquire(c, r2, id, leaseTTL, false, 0); !ok {
 			return rel, acq, false
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -47,7 +48,7 @@ func TestSimulatedAPI(t *testing.T) {
 		checkLinearizable(t, ops)
 	})
 	// The premises: the faults happened in the runs.
-	routertest.Happened(t, total, len(seeds), 2, "leader change", "dropped", "answer lost", "hung", "forwarded")
+	routertest.Happened(t, total, len(seeds), 2, "leader change", "dropped", "answer lost", "hung", "forwarded", "wait granted", "wait timed out", "given up")
 }
 
 // runAPISimulation runs one seed and returns its history: the group's
@@ -62,10 +63,11 @@ func runAPISimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[str
 	}
 	g.Elect()
 	before := forwards(t, c)
-	h := runLinClients(t, &cluster{t: t, locks: s}, []string{"sim/a", "sim/b"}, 4, 0.1)
+	h := runLinClients(t, &cluster{t: t, locks: s}, []string{"sim/a", "sim/b"}, 4, 0.1, 3*time.Second)
 	g.ChangeLeaders(6 * time.Second)
 	ops := h.end()
 	counts := g.Counts()
+	maps.Copy(counts, h.waits.Snapshot())
 	counts["forwarded"] = int(forwards(t, c) - before)
 	return ops, counts
 }

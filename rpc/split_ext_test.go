@@ -254,7 +254,7 @@ func TestCaseS2LinearizableAcrossSplits(t *testing.T) {
 	for i := range splits + 3 {
 		resources = append(resources, fmt.Sprintf("s2/r%d", i))
 	}
-	h := runLinClients(t, c, resources, 8, 0.01)
+	h := runLinClients(t, c, resources, 8, 0.01, 0)
 	done, crashed := 0, 0
 	for i := range splits {
 		time.Sleep(every)

@@ -16,6 +16,11 @@ import (
 type State struct {
 	Holder string // lease id, "" when free
 	Token  uint64
+	// Loose: Token is only a lower bound. A wait that ran out may have
+	// been granted the lock and released it in the same breath (a grant
+	// that raced the wait's end), raising the token unseen; the next
+	// token seen sets it again.
+	Loose bool
 }
 
 // Input is one call: Op is acquire, release or describe.
@@ -32,6 +37,10 @@ type Output struct {
 	Token    uint64 // acquire: the grant's; conflict: the holder's; describe: the lock's
 	Released *bool  // release: nil when the outcome was learned only through retries
 	Held     bool   // describe
+	// TimedOut: a waiting acquire's wait ran out (deadline_exceeded from
+	// the server): not granted, and nothing held by it: a grant that
+	// raced the wait's end was released with it (Token is unset).
+	TimedOut bool
 }
 
 // ByResource partitions a history by the resource each input names:
@@ -53,36 +62,52 @@ func ByResource(resource func(in any) string) func([]porcupine.Operation) [][]po
 
 // Model is the lock's porcupine model over Input and Output, partitioned
 // by resource.
-var Model = porcupine.Model{
+var Model = (&porcupine.NondeterministicModel{
 	Partition: ByResource(func(in any) string { return in.(Input).Resource }),
-	Init:      func() any { return State{} },
-	Step: func(s, in, out any) (bool, any) {
+	Init:      func() []any { return []any{State{}} },
+	Step: func(s, in, out any) []any {
 		st, i, o := s.(State), in.(Input), out.(Output)
+		// seen is whether token t may be the lock's last token.
+		seen := func(t uint64) bool { return t == st.Token || st.Loose && t > st.Token }
+		ok := func(cond bool, next State) []any {
+			if cond {
+				return []any{next}
+			}
+			return nil
+		}
 		switch i.Op {
 		case "acquire":
-			if o.Granted {
+			switch {
+			case o.Granted:
 				// Rules 1 and 2: only when free, with a strictly higher token.
-				return st.Holder == "" && o.Token > st.Token, State{o.LeaseID, o.Token}
+				return ok(st.Holder == "" && o.Token > st.Token, State{Holder: o.LeaseID, Token: o.Token})
+			case o.TimedOut:
+				// The waiter stayed queued behind a holder, or was handed a
+				// free lock as its wait ended and gave it back.
+				if st.Holder == "" {
+					return []any{st, State{Token: st.Token, Loose: true}}
+				}
+				return []any{st}
 			}
-			return st.Holder != "" && o.Token == st.Token, st
+			return ok(st.Holder != "" && seen(o.Token), State{Holder: st.Holder, Token: o.Token})
 		case "release":
 			isHolder := st.Holder == i.LeaseID
 			if o.Released != nil && *o.Released != isHolder {
-				return false, st
+				return nil
 			}
 			if isHolder {
-				return true, State{"", st.Token}
+				return []any{State{Token: st.Token}}
 			}
-			return true, st
+			return []any{st}
 		case "describe":
-			return o.Held == (st.Holder != "") && o.Token == st.Token, st
+			return ok(o.Held == (st.Holder != "") && seen(o.Token), State{Holder: st.Holder, Token: o.Token})
 		}
-		return false, st
+		return nil
 	},
 	DescribeOperation: func(in, out any) string {
 		return fmt.Sprintf("%+v -> %+v", in, out)
 	},
-}
+}).ToModel()
 
 // Explain logs, through logf, where a history that is not linearizable
 // stops: the end of each partition's longest linearization (at most 15

@@ -41,7 +41,7 @@ func Addr(id uint64) string { return fmt.Sprintf("node-%d.invalid:1", id) }
 
 // NewCluster returns a router for each of g's replicas, with a
 // placement map in which g's shard owns every key and replica i runs on
-// node i. Each node's Leadership listens to g; the routers count every
+// node i. Each node's Leadership and wait registry listen to g; the routers count every
 // term's clock as confirmed (router.TestingKnobs.OneClock: they share
 // one).
 func NewCluster(g *Group) *Cluster {
@@ -57,11 +57,11 @@ func NewCluster(g *Group) *Cluster {
 	c := &Cluster{Routers: map[uint64]*router.Router{}, handlers: map[uint64]http.Handler{}}
 	peers := router.NewPeersOver(c, Secret)
 	for id := uint64(1); id <= uint64(g.replicas); id++ {
-		l := router.NewLeadership(0)
-		g.Listen(id, l)
+		l, waits := router.NewLeadership(0), router.NewWaitRegistry()
+		g.Listen(id, l, waits.Observe)
 		cfg := router.Config{Logger: slog.New(slog.DiscardHandler), ClusterSecret: Secret, Knobs: router.TestingKnobs{OneClock: true}}
 		c.Routers[id] = router.New([]router.LocalNode{{Leadership: l, ID: id, Raft: g.Host(id)}}, Meta{State: st}, placement.NewMap(st),
-			router.NewWaitRegistry(), cfg, peers)
+			waits, cfg, peers)
 	}
 	return c
 }

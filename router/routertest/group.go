@@ -68,6 +68,7 @@ type Group struct {
 	mu          sync.Mutex
 	rng         *rand.Rand
 	leaderships map[uint64]*router.Leadership
+	observers   map[uint64]shard.ApplyObserver
 	term        uint64
 	leader      uint64
 	deposed     uint64   // the leader of the term before
@@ -90,11 +91,18 @@ type Group struct {
 // (Elect makes one) and faults drawn from seed.
 func NewGroup(t testing.TB, shardID uint64, replicas int, seed uint64, faults Faults) *Group {
 	g := &Group{t: t, shardID: shardID, replicas: replicas, faults: faults, rng: rand.New(rand.NewPCG(seed, 0)),
-		leaderships: map[uint64]*router.Leadership{}, applied: map[uint64]uint64{}, sms: map[uint64]sm.IOnDiskStateMachine{},
+		leaderships: map[uint64]*router.Leadership{}, observers: map[uint64]shard.ApplyObserver{}, applied: map[uint64]uint64{}, sms: map[uint64]sm.IOnDiskStateMachine{},
 		counts: map[string]int{}, views: map[uint64][2]uint64{}}
-	newSM := shard.NewStateMachine(t.TempDir(), shard.Hooks{})
+	dir := t.TempDir()
 	for id := uint64(1); id <= uint64(replicas); id++ {
-		s := newSM(shardID, id)
+		// Each replica reports what it applies to its node's observer
+		// (Listen), as a node's replicas report to its wait registry.
+		hooks := shard.Hooks{Applied: func(shardID uint64, res *shardv1.Result) {
+			if o := g.observers[id]; o != nil { // g.mu is held: Update runs in catchUp
+				o(shardID, res)
+			}
+		}}
+		s := shard.NewStateMachine(dir, hooks)(shardID, id)
 		if _, err := s.Open(make(chan struct{})); err != nil {
 			t.Fatal(err)
 		}
@@ -118,11 +126,13 @@ func (g *Group) AfterApply(f func(index uint64, lookup func(*shardv1.Query) (*sh
 }
 
 // Listen makes l, node replica's Leadership, hear the group's leader
-// changes.
-func (g *Group) Listen(replica uint64, l *router.Leadership) {
+// changes, and observe (its wait registry's Observe) what the replica
+// applies.
+func (g *Group) Listen(replica uint64, l *router.Leadership, observe shard.ApplyObserver) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.leaderships[replica] = l
+	g.observers[replica] = observe
 }
 
 // Host returns the Raft host of node replica: the router's seam to the
