@@ -52,8 +52,9 @@ type linHistory struct {
 	done    chan struct{}
 	wg      sync.WaitGroup
 	dropped atomic.Int64
-	// waits counts the waiting Acquires by outcome ("wait granted",
-	// "wait timed out", "given up": a first try whose caller left).
+	// waits counts Acquires by outcome: "wait granted" (after waiting),
+	// "ended" (no lease for the caller: a wait that ran out, or a grant
+	// given back) and "given up" (a first try whose caller left).
 	waits counts
 }
 
@@ -94,6 +95,11 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 	record := func(client int, in lockmodel.Input, out lockmodel.Output, call int64) {
 		h.mu.Lock()
 		h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: since()})
+		h.mu.Unlock()
+	}
+	recordEnded := func(client int, resource, id string, call int64) {
+		h.mu.Lock()
+		h.ops = append(h.ops, lockmodel.Ghost(client, resource, id, call, since())...)
 		h.mu.Unlock()
 	}
 	for cl := range clients {
@@ -141,8 +147,8 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 					}
 					out, ok := linAcquire(c, r, id, time.Minute, viaBatch, w)
 					switch {
-					case w > 0 && out.TimedOut:
-						h.waits.Add("wait timed out", 1)
+					case out.Ended:
+						h.waits.Add("ended", 1)
 					case w > 0 && out.Granted:
 						h.waits.Add("wait granted", 1)
 					}
@@ -150,10 +156,15 @@ func runLinClients(t *testing.T, c *cluster, resources []string, clients int, dr
 						t.Errorf("acquire %s: outcome never learned", r)
 						return
 					}
-					if out.Granted {
+					switch {
+					case out.Ended:
+						recordEnded(cl, r, id, call)
+					case out.Granted:
 						mine[r] = out.LeaseID
+						fallthrough
+					default:
+						record(cl, in, out, call)
 					}
-					record(cl, in, out, call)
 				case k < 7 && mine[r] != "" || k == 7 && len(old) > 0:
 					lease := mine[r]
 					if k == 7 {
@@ -256,10 +267,11 @@ func tryAcquire(c *cluster, resource, requestID string, ttl time.Duration, viaBa
 	if connect.CodeOf(err) == connect.CodeAborted && errors.As(err, &ce) {
 		return lockmodel.Output{Token: detail[*wardenv1.LockHeld](c.t.(*testing.T), ce).GetFencingToken()}, true
 	}
-	if wait > 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded && errors.As(err, &ce) && connect.IsWireError(ce) {
-		// The server ended the wait: not granted, and a grant that raced
-		// its end was given back.
-		return lockmodel.Output{TimedOut: true}, true
+	if errors.As(err, &ce) && connect.IsWireError(ce) && (wait > 0 && ce.Code() == connect.CodeDeadlineExceeded || ce.Code() == connect.CodeFailedPrecondition) {
+		// The server ended the wait, or the request's grant ended before
+		// this caller heard of it (an attempt whose caller left gave it
+		// back): no lease for the caller.
+		return lockmodel.Output{Ended: true}, true
 	}
 	return lockmodel.Output{}, false
 }

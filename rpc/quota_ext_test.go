@@ -141,12 +141,17 @@ func checkNeverOversold(t *testing.T, quota wardenv1connect.QuotaServiceClient, 
 			t.Fatalf("%q acknowledged %s: %d reserve and %d commit events", id, state, l.Reserves[id], l.Commits[id])
 		}
 	}
-	resp, err := quota.Query(ctx(t), connect.NewRequest(&wardenv1.QueryRequest{Key: "o"}))
+	query := func(key string) (*connect.Response[wardenv1.QueryResponse], error) {
+		return untilKnown(func() (*connect.Response[wardenv1.QueryResponse], error) {
+			return quota.Query(ctx(t), connect.NewRequest(&wardenv1.QueryRequest{Key: key}))
+		})
+	}
+	resp, err := query("o")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range append([]string{"o", "o/t0", "o/t3"}, keys...) {
-		q, err := quota.Query(ctx(t), connect.NewRequest(&wardenv1.QueryRequest{Key: k}))
+		q, err := query(k)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -48,7 +48,7 @@ func TestSimulatedAPI(t *testing.T) {
 		checkLinearizable(t, ops)
 	})
 	// The premises: the faults happened in the runs.
-	routertest.Happened(t, total, len(seeds), 2, "leader change", "dropped", "answer lost", "hung", "forwarded", "wait granted", "wait timed out", "given up")
+	routertest.Happened(t, total, len(seeds), 2, "leader change", "dropped", "answer lost", "hung", "forwarded", "wait granted", "ended", "given up")
 }
 
 // runAPISimulation runs one seed and returns its history: the group's

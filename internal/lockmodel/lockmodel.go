@@ -8,26 +8,29 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/anishathalye/porcupine"
 )
 
 // State is one resource's lock: who holds it and the last token.
 type State struct {
-	Holder string // lease id, "" when free
+	Holder string // lease id, "ghost:" and a request id for a ghost, "" when free
 	Token  uint64
-	// Loose: Token is only a lower bound. A wait that ran out may have
-	// been granted the lock and released it in the same breath (a grant
-	// that raced the wait's end), raising the token unseen; the next
-	// token seen sets it again.
+	// Loose: Token is only a lower bound: a ghost took the lock unseen
+	// (its token is learned when a call sees it).
 	Loose bool
+	// Gone lists the request ids (each followed by a NUL) whose ghosts
+	// have ended: a ghost never takes the lock after its end.
+	Gone string
 }
 
-// Input is one call: Op is acquire, release or describe.
+// Input is one call: Op is acquire, release or describe; ghost and
+// unghost are the two halves of an acquire that Ended (Ghost).
 type Input struct {
 	Op       string
 	Resource string
-	LeaseID  string // release
+	LeaseID  string // release; the request id for ghost and unghost
 }
 
 // Output is what the call answered.
@@ -37,10 +40,24 @@ type Output struct {
 	Token    uint64 // acquire: the grant's; conflict: the holder's; describe: the lock's
 	Released *bool  // release: nil when the outcome was learned only through retries
 	Held     bool   // describe
-	// TimedOut: a waiting acquire's wait ran out (deadline_exceeded from
-	// the server): not granted, and nothing held by it: a grant that
-	// raced the wait's end was released with it (Token is unset).
-	TimedOut bool
+	// Ended: an acquire that left the caller no lease: its wait ran out
+	// (deadline_exceeded from the server), or the request's grant ended
+	// before the caller heard of it (failed_precondition on a retry).
+	// Meanwhile the request may have held the lock, seen by others,
+	// until the server gave it back: record it with Ghost.
+	Ended bool
+}
+
+// Ghost returns the two operations that record an acquire of request id
+// on resource that Ended, over its call's interval [call, ret]: the
+// request may take the lock (a ghost: a grant its caller never heard
+// of, with a token nobody saw granted) and give it back, each at most
+// once and in that order, both within the interval.
+func Ghost(client int, resource, id string, call, ret int64) []porcupine.Operation {
+	op := func(kind string) porcupine.Operation {
+		return porcupine.Operation{ClientId: client, Input: Input{Op: kind, Resource: resource, LeaseID: id}, Output: Output{Ended: true}, Call: call, Return: ret}
+	}
+	return []porcupine.Operation{op("ghost"), op("unghost")}
 }
 
 // ByResource partitions a history by the resource each input names:
@@ -75,32 +92,39 @@ var Model = (&porcupine.NondeterministicModel{
 			}
 			return nil
 		}
+		ghost := "ghost:" + i.LeaseID
 		switch i.Op {
 		case "acquire":
-			switch {
-			case o.Granted:
+			if o.Granted {
 				// Rules 1 and 2: only when free, with a strictly higher token.
-				return ok(st.Holder == "" && o.Token > st.Token, State{Holder: o.LeaseID, Token: o.Token})
-			case o.TimedOut:
-				// The waiter stayed queued behind a holder, or was handed a
-				// free lock as its wait ended and gave it back.
-				if st.Holder == "" {
-					return []any{st, State{Token: st.Token, Loose: true}}
-				}
+				return ok(st.Holder == "" && o.Token > st.Token, State{Holder: o.LeaseID, Token: o.Token, Gone: st.Gone})
+			}
+			return ok(st.Holder != "" && seen(o.Token), State{Holder: st.Holder, Token: o.Token, Gone: st.Gone})
+		case "ghost":
+			if st.Holder != "" || strings.Contains(st.Gone, i.LeaseID+"\x00") {
 				return []any{st}
 			}
-			return ok(st.Holder != "" && seen(o.Token), State{Holder: st.Holder, Token: o.Token})
+			took := st
+			took.Holder, took.Loose = ghost, true
+			return []any{st, took}
+		case "unghost":
+			next := st
+			next.Gone += i.LeaseID + "\x00"
+			if st.Holder == ghost {
+				next.Holder = ""
+			}
+			return []any{next}
 		case "release":
 			isHolder := st.Holder == i.LeaseID
 			if o.Released != nil && *o.Released != isHolder {
 				return nil
 			}
 			if isHolder {
-				return []any{State{Token: st.Token}}
+				return []any{State{Token: st.Token, Gone: st.Gone}}
 			}
 			return []any{st}
 		case "describe":
-			return ok(o.Held == (st.Holder != "") && seen(o.Token), State{Holder: st.Holder, Token: o.Token})
+			return ok(o.Held == (st.Holder != "") && seen(o.Token), State{Holder: st.Holder, Token: o.Token, Gone: st.Gone})
 		}
 		return nil
 	},
@@ -121,8 +145,8 @@ func Explain(ops []porcupine.Operation, info porcupine.LinearizationInfo, window
 		if o.Released != nil {
 			rel = fmt.Sprint(*o.Released)
 		}
-		logf("c%d %d-%d %+v -> granted %v lease %s token %d released %s held %v", op.ClientId, op.Call, op.Return,
-			op.Input, o.Granted, o.LeaseID, o.Token%(1<<40), rel, o.Held)
+		logf("c%d %d-%d %+v -> granted %v ended %v lease %s token %d released %s held %v", op.ClientId, op.Call, op.Return,
+			op.Input, o.Granted, o.Ended, o.LeaseID, o.Token%(1<<40), rel, o.Held)
 	}
 	byCall := slices.Clone(ops)
 	slices.SortFunc(byCall, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
