@@ -371,8 +371,7 @@ func expand(t *testing.T, d *datadriven.TestData, vals []string) []string {
 // forward runs the router's Forward of a call about key, as a request
 // that came with hops hops, node 3 answering the script's answers in turn
 // (ok once they run out). The API layer's part (the request's hop header,
-// what a client is told when no node answered, a Release's settling) is
-// rpc's to test.
+// what a client is told when no node answered) is rpc's to test.
 func (f *routingFixture) forward(t *testing.T, key string, hops int) string {
 	calls := 0
 	last := ""

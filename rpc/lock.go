@@ -219,7 +219,8 @@ func (s *LockServer) renew(ctx context.Context, m *wardenv1.RenewRequest) (*conn
 }
 
 // Release implements LockService.Release here; the routing interceptor
-// sends it where it is served (serveRelease).
+// sends it where it is served. A retry of an unanswered attempt that
+// finds the lease ended answers already_released (DESIGN.md §1 rule 3).
 func (s *LockServer) Release(ctx context.Context, req *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
 	return s.release(ctx, req.Msg)
 }
