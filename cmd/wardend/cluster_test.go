@@ -291,14 +291,17 @@ func (n *node) renew(resource, leaseID string) error {
 	return err
 }
 
-func (n *node) release(resource, leaseID string) (bool, error) {
+// release releases leaseID's lease on resource; ok is whether the unlock
+// took effect: released, or already_released, which a Release the router
+// sent again after an unanswered attempt answers (DESIGN.md §1 rule 3).
+func (n *node) release(resource, leaseID string) (ok bool, err error) {
 	ctx, cancel := rpcCtx()
 	defer cancel()
 	resp, err := n.locks.Release(ctx, connect.NewRequest(&wardenv1.ReleaseRequest{Resource: resource, LeaseId: leaseID}))
 	if err != nil {
 		return false, err
 	}
-	return resp.Msg.GetReleased(), nil
+	return resp.Msg.GetReleased() || resp.Msg.GetAlreadyReleased(), nil
 }
 
 func (n *node) describe(resource string) (*wardenv1.DescribeResponse, error) {
