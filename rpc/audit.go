@@ -43,6 +43,9 @@ type auditEntry struct {
 	method, resource, requestID, leaseID, holder string
 	token                                        uint64
 	released                                     *bool // Release only
+	// alreadyReleased: a Release found the lease ended by a Release of
+	// its id (an earlier call, or an attempt a router retried).
+	alreadyReleased bool
 	// request is a quota, admin or auth change's request (requestText),
 	// tokenID the id of the token CreateToken made.
 	request, tokenID string
@@ -70,7 +73,7 @@ func releaseEntry(m *wardenv1.ReleaseRequest, resp *wardenv1.ReleaseResponse) *a
 	e := &auditEntry{method: "Release", resource: m.GetResource(), leaseID: m.GetLeaseId()}
 	if resp != nil {
 		released := resp.GetReleased()
-		e.released = &released
+		e.released, e.alreadyReleased = &released, resp.GetAlreadyReleased()
 	}
 	return e
 }
@@ -127,6 +130,9 @@ func audit(ctx context.Context, r *node, peer connect.Peer, e auditEntry, err er
 	}
 	if e.released != nil {
 		attrs = append(attrs, slog.Bool("released", *e.released))
+	}
+	if e.alreadyReleased {
+		attrs = append(attrs, slog.Bool("already_released", true))
 	}
 	if e.holder != "" {
 		attrs = append(attrs, slog.String("holder", shard.LogText(e.holder, router.MaxLogField)))

@@ -30,6 +30,10 @@ func TestAuditLog(t *testing.T) {
 	if ok, err := c.release("orders/42", a.GetLeaseId()); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
+	// A repeat of it says that a Release of the lease ended it.
+	if ok, err := c.release("orders/42", a.GetLeaseId()); err != nil || ok {
+		t.Fatal(ok, err)
+	}
 	// A Batch's ops are audited as the calls they are, with its caller.
 	got, err := c.batch(acquireOp("orders/42", "q3"))
 	if err != nil || got[0].GetCode() != "" {
@@ -57,13 +61,13 @@ func TestAuditLog(t *testing.T) {
 		}
 		lines = append(lines, m)
 	}
-	if len(lines) != 8 {
-		t.Fatalf("%d audit lines, want 8:\n%s", len(lines), out)
+	if len(lines) != 9 {
+		t.Fatalf("%d audit lines, want 9:\n%s", len(lines), out)
 	}
-	if l := lines[7]; l["method"] != "RevokeLease" || l["resource"] != "orders/43" || l["outcome"] != "ok" || l["released"] != true {
+	if l := lines[8]; l["method"] != "RevokeLease" || l["resource"] != "orders/43" || l["outcome"] != "ok" || l["released"] != true {
 		t.Fatalf("revoke line: %v", l)
 	}
-	want := []struct{ method, outcome string }{{"Acquire", "ok"}, {"Acquire", "conflict"}, {"Renew", "ok"}, {"Release", "ok"}, {"Acquire", "ok"}, {"Release", "ok"}}
+	want := []struct{ method, outcome string }{{"Acquire", "ok"}, {"Acquire", "conflict"}, {"Renew", "ok"}, {"Release", "ok"}, {"Release", "ok"}, {"Acquire", "ok"}, {"Release", "ok"}}
 	for i, w := range want {
 		l := lines[i]
 		if l["method"] != w.method || l["outcome"] != w.outcome || l["resource"] != "orders/42" || l["caller"] == "" {
@@ -73,7 +77,10 @@ func TestAuditLog(t *testing.T) {
 	if lines[0]["fencing_token"] != float64(a.GetFencingToken()) || lines[0]["lease_hash"] != lines[3]["lease_hash"] || lines[0]["lease_hash"] == nil {
 		t.Fatalf("grant and release lines do not identify the same lease: %v / %v", lines[0], lines[3])
 	}
-	if lines[3]["released"] != true {
+	if lines[3]["released"] != true || lines[3]["already_released"] != nil {
 		t.Fatalf("release line: %v", lines[3])
+	}
+	if lines[4]["released"] != false || lines[4]["already_released"] != true {
+		t.Fatalf("repeated release line: %v", lines[4])
 	}
 }

@@ -56,9 +56,14 @@ type Faults struct {
 // entry is checked against the first one's: replicas never diverge.
 //
 // Replica i runs on node i. Each node hears of a leader change up to
-// 200 ms late (Listen), the deposed leader 0.2-1 s late: cut off from
-// the others, it goes on believing it leads while a new leader commits,
-// and its host's own view of the leader (LeaderOf) lags with it.
+// 200 ms late (Listen), the deposed leader 0.2-1 s late: it goes on
+// believing it leads while a new leader commits, and its host's own view
+// of the leader (LeaderOf) lags with it. Its host refuses a proposal at
+// once (dropped, not proposed), where a partitioned Dragonboat leader
+// would take it and leave it hanging until its term's end; proposals
+// that hung before a leader change are modelled (Faults.Hang). All
+// applies and reads run under one lock, so the model shows no race
+// between a replica's reads and its applies.
 type Group struct {
 	t        testing.TB
 	shardID  uint64

@@ -305,7 +305,13 @@ func requestID() string {
 }
 
 // lease is the harness.Lease handle.
-type lease struct{ id string }
+// lease is a grant's handle: its id, and whether this target has had
+// a Release of it answered (a later one that finds it released is a
+// repeat, ErrLost).
+type lease struct {
+	id       string
+	released atomic.Bool
+}
 
 // Acquire implements harness.Target. Retries keep the request id, so an
 // acquire whose answer was lost returns the same lease.
@@ -334,7 +340,7 @@ func (t *Target) Acquire(ctx context.Context, resource string, ttl, wait time.Du
 	})
 	switch {
 	case err == nil:
-		return harness.Lease{Resource: resource, Token: resp.GetFencingToken(), TTL: resp.GetLeaseTtl().AsDuration(), Handle: lease{resp.GetLeaseId()}}, nil
+		return harness.Lease{Resource: resource, Token: resp.GetFencingToken(), TTL: resp.GetLeaseTtl().AsDuration(), Handle: &lease{id: resp.GetLeaseId()}}, nil
 	case errors.Is(err, harness.ErrHeld), connect.CodeOf(err) == connect.CodeAborted:
 		return harness.Lease{}, harness.ErrHeld
 	case wait > 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded && ctx.Err() == nil:
@@ -347,10 +353,10 @@ func (t *Target) Acquire(ctx context.Context, resource string, ttl, wait time.Du
 func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
 	err := t.call(ctx, l.Resource, func(c conn) error {
 		if !t.cfg.SingleRenewals {
-			_, _, err := c.renewer.Renew(ctx, l.Resource, l.Handle.(lease).id)
+			_, _, err := c.renewer.Renew(ctx, l.Resource, l.Handle.(*lease).id)
 			return err
 		}
-		_, err := c.lock.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: l.Resource, LeaseId: l.Handle.(lease).id}))
+		_, err := c.lock.Renew(ctx, connect.NewRequest(&wardenv1.RenewRequest{Resource: l.Resource, LeaseId: l.Handle.(*lease).id}))
 		return err
 	})
 	switch {
@@ -364,31 +370,36 @@ func (t *Target) Renew(ctx context.Context, l harness.Lease) error {
 
 // Release implements harness.Target: released=false is ErrLost, unless
 // an earlier attempt's outcome is unknown (it may have released the lease
-// itself, so the retry finds nothing to release).
+// itself, so the retry finds nothing to release) or the answer is
+// already_released for a lease this target had not released before: a
+// Release of its id ended it, an attempt the server retried after an
+// answer it never saw (DESIGN.md §1 rule 3).
 func (t *Target) Release(ctx context.Context, l harness.Lease) error {
-	var released bool
+	h := l.Handle.(*lease)
+	var released, already bool
 	attempts := 0
 	err := t.call(ctx, l.Resource, func(c conn) error {
 		attempts++
-		req := &wardenv1.ReleaseRequest{Resource: l.Resource, LeaseId: l.Handle.(lease).id}
+		req := &wardenv1.ReleaseRequest{Resource: l.Resource, LeaseId: h.id}
+		var r *wardenv1.ReleaseResponse
+		var err error
 		if t.cfg.SingleCalls {
-			r, err := c.lock.Release(ctx, connect.NewRequest(req))
-			if err == nil {
-				released = r.Msg.GetReleased()
+			var resp *connect.Response[wardenv1.ReleaseResponse]
+			if resp, err = c.lock.Release(ctx, connect.NewRequest(req)); err == nil {
+				r = resp.Msg
 			}
-			return err
+		} else {
+			r, err = c.batcher.Release(ctx, req)
 		}
-		r, err := c.batcher.Release(ctx, req)
-		if err == nil {
-			released = r.GetReleased()
-		}
+		released, already = r.GetReleased(), r.GetAlreadyReleased()
 		return err
 	})
 	switch {
 	case err != nil:
 		return codeErr(err)
-	case !released && attempts == 1:
+	case already && h.released.Load(), !released && !already && attempts == 1:
 		return harness.ErrLost
 	}
+	h.released.Store(true)
 	return nil
 }

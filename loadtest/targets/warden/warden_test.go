@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/warden-dev/warden/loadtest/harness"
 	wardenv1 "github.com/warden-dev/warden/proto/warden/v1"
 	"github.com/warden-dev/warden/proto/warden/v1/wardenv1connect"
 )
@@ -38,8 +39,12 @@ func (n *node) Renew(context.Context, *connect.Request[wardenv1.RenewRequest]) (
 	return nil, e
 }
 
-func serve(t *testing.T, n *node) string {
-	_, h := wardenv1connect.NewLockServiceHandler(n)
+func serve(t *testing.T, n *node) string { return serveHandler(t, n) }
+
+// serveHandler serves a LockService over h2c, as the target speaks, for
+// the test's life.
+func serveHandler(t *testing.T, svc wardenv1connect.LockServiceHandler) string {
+	_, h := wardenv1connect.NewLockServiceHandler(svc)
 	srv := httptest.NewUnstartedServer(h)
 	srv.Config.Protocols = new(http.Protocols) // h2c, as the target speaks
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
@@ -74,5 +79,35 @@ func TestUnavailableNamingTheLeaderReroutes(t *testing.T) {
 	}
 	if rs := *tg.routes.Load(); rs[0].endpoint != 1 {
 		t.Fatalf("routes %v: want the key's range on the leader's endpoint (1)", rs)
+	}
+}
+
+// releaser is a LockService whose Release answers already_released, as
+// a node does whose own retry of a Release (after an answer it never
+// saw) finds the lease released by the first attempt.
+type releaser struct {
+	wardenv1connect.UnimplementedLockServiceHandler
+}
+
+func (releaser) Release(context.Context, *connect.Request[wardenv1.ReleaseRequest]) (*connect.Response[wardenv1.ReleaseResponse], error) {
+	return connect.NewResponse(&wardenv1.ReleaseResponse{AlreadyReleased: true}), nil
+}
+
+// The first Release of a lease that answers already_released released
+// it (no lost lease for the checker); a second is a repeat (ErrLost).
+func TestAlreadyReleasedIsReleasedOnce(t *testing.T) {
+	tg, err := New(Config{Endpoints: []string{serveHandler(t, releaser{})}, ConnsPerEndpoint: 1, SingleCalls: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := harness.Lease{Resource: "orders/42", Handle: &lease{id: "00"}}
+	if err := tg.Release(ctx, l); err != nil {
+		t.Fatalf("first release: %v, want nil", err)
+	}
+	if err := tg.Release(ctx, l); !errors.Is(err, harness.ErrLost) {
+		t.Fatalf("second release: %v, want ErrLost", err)
 	}
 }
