@@ -56,7 +56,7 @@ func TestSimulatedAPI(t *testing.T) {
 func runAPISimulation(t *testing.T, seed uint64) ([]porcupine.Operation, map[string]int) {
 	g := routertest.NewGroup(t, shard.FirstShard, 3, seed, routertest.Faults{Drop: 0.04, LoseAnswer: 0.04, Hang: 0.03, DropRead: 0.04})
 	c := routertest.NewCluster(g)
-	s := &spreadLocks{rng: rand.New(rand.NewPCG(seed, 1))}
+	s := &spreadLocks{spread: spread[wardenv1connect.LockServiceClient]{rng: rand.New(rand.NewPCG(seed, 1))}}
 	for id, r := range c.Routers {
 		c.Serve(id, rpc.NewHandler(r))
 		s.nodes = append(s.nodes, wardenv1connect.NewLockServiceClient(c.Client(), "http://"+routertest.Addr(id)))
@@ -131,7 +131,7 @@ func runQuotaSimulation(t *testing.T, seed uint64) (struct{}, map[string]int) {
 		}
 	})
 	c := routertest.NewCluster(g)
-	s := &spreadQuota{rng: rand.New(rand.NewPCG(seed, 2))}
+	s := &spreadQuota{spread: spread[wardenv1connect.QuotaServiceClient]{rng: rand.New(rand.NewPCG(seed, 2))}}
 	for id, r := range c.Routers {
 		c.Serve(id, rpc.NewHandler(r))
 		s.nodes = append(s.nodes, wardenv1connect.NewQuotaServiceClient(c.Client(), "http://"+routertest.Addr(id)))
@@ -148,12 +148,17 @@ func runQuotaSimulation(t *testing.T, seed uint64) (struct{}, map[string]int) {
 // drawn at random.
 type spreadQuota struct {
 	wardenv1connect.QuotaServiceClient // the calls the reservers do not make
-	mu                                 sync.Mutex
-	rng                                *rand.Rand
-	nodes                              []wardenv1connect.QuotaServiceClient
+	spread[wardenv1connect.QuotaServiceClient]
 }
 
-func (s *spreadQuota) pick() wardenv1connect.QuotaServiceClient {
+// spread draws, for each call, one of the nodes' clients of type C.
+type spread[C any] struct {
+	mu    sync.Mutex
+	rng   *rand.Rand
+	nodes []C
+}
+
+func (s *spread[C]) pick() C {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.nodes[s.rng.IntN(len(s.nodes))]
@@ -187,15 +192,7 @@ func (s *spreadQuota) ListLedger(ctx context.Context, req *connect.Request[warde
 // drawn at random, as a client behind a load balancer does.
 type spreadLocks struct {
 	wardenv1connect.LockServiceClient // the calls the clients do not make
-	mu                                sync.Mutex
-	rng                               *rand.Rand
-	nodes                             []wardenv1connect.LockServiceClient
-}
-
-func (s *spreadLocks) pick() wardenv1connect.LockServiceClient {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.nodes[s.rng.IntN(len(s.nodes))]
+	spread[wardenv1connect.LockServiceClient]
 }
 
 func (s *spreadLocks) Acquire(ctx context.Context, req *connect.Request[wardenv1.AcquireRequest]) (*connect.Response[wardenv1.AcquireResponse], error) {

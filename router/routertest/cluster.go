@@ -19,9 +19,9 @@ import (
 )
 
 // Cluster is one router per node over a Group, as each process has its
-// own. Node N listens at Addr(N); calls to it go in memory, to the HTTP
-// surface Serve gave it, else to its router's node API (Propose and
-// Read, served from its own replica). The nodes share the cluster
+// own. Node N listens at Addr(N); calls to it go in memory, to its
+// router's node API (Propose and Read, served from its own replica)
+// until Serve gives it another HTTP surface. The nodes share the cluster
 // secret Secret.
 type Cluster struct {
 	// Routers are the nodes' routers, by node id.
@@ -41,9 +41,9 @@ func Addr(id uint64) string { return fmt.Sprintf("node-%d.invalid:1", id) }
 
 // NewCluster returns a router for each of g's replicas, with a
 // placement map in which g's shard owns every key and replica i runs on
-// node i. Each node's Leadership and wait registry listen to g; the routers count every
-// term's clock as confirmed (router.TestingKnobs.OneClock: they share
-// one).
+// node i. Each node's Leadership and wait registry listen to g; the
+// routers count every term's clock as confirmed
+// (router.TestingKnobs.OneClock: they share one).
 func NewCluster(g *Group) *Cluster {
 	st := &placementv1.State{
 		Generation: 1,
@@ -62,6 +62,7 @@ func NewCluster(g *Group) *Cluster {
 		cfg := router.Config{Logger: slog.New(slog.DiscardHandler), ClusterSecret: Secret, Knobs: router.TestingKnobs{OneClock: true}}
 		c.Routers[id] = router.New([]router.LocalNode{{Leadership: l, ID: id, Raft: g.Host(id)}}, Meta{State: st}, placement.NewMap(st),
 			waits, cfg, peers)
+		_, c.handlers[id] = placementv1connect.NewNodeServiceHandler(nodeAPI{r: c.Routers[id]})
 	}
 	return c
 }
@@ -86,9 +87,6 @@ func (c *Cluster) RoundTrip(req *http.Request) (*http.Response, error) {
 	c.mu.Lock()
 	h := c.handlers[id]
 	c.mu.Unlock()
-	if h == nil {
-		_, h = placementv1connect.NewNodeServiceHandler(nodeAPI{r: c.Routers[id]})
-	}
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, req)
 	return w.Result(), nil
