@@ -93,6 +93,7 @@ func auditLines(t *testing.T, path string, match func(map[string]any) bool) []ma
 // credentials for longer than the bound refuses rather than decide by an
 // old view; and SIGHUP reopens the audit log.
 func TestClusterAuth(t *testing.T) {
+	t.Parallel()
 	c := newSecureCluster(t)
 	p, adminToken, ordersToken, orders := c.pki, c.adminToken, c.ordersToken, c.orders
 	audits := make([]string, len(c.nodes))

@@ -162,6 +162,7 @@ func (c *procCluster) restore(dir string, extra ...string) {
 // backup file altered by one byte, or a restore into a directory that
 // holds anything, is refused naming the file and both digests.
 func TestClusterBackupRestore(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	seen := &tokens{leases: map[string]bool{}}
 	c.cycles(seen, "r", 300)
@@ -418,6 +419,7 @@ func TestClusterBackupRestore(t *testing.T) {
 // nor --allow-unsigned, any restore. --allow-unsigned restores the
 // unsigned copy.
 func TestDevBackupRestore(t *testing.T) {
+	t.Parallel()
 	src := startServer(t, t.TempDir())
 	held, err := src.acquire("dev/held", "held", 10*time.Minute)
 	if err != nil {
@@ -599,6 +601,7 @@ func poolFrozen(err error) *wardenv1.PoolFrozen {
 // on every start ("invalid commitTo index ..."), its log behind what the
 // leader had recorded for it.
 func TestClusterRestoreIntoRunningClusterRefused(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	leases := c.holdMany("held", 8, 10*time.Minute)
 	backupDir := filepath.Join(t.TempDir(), "backup")

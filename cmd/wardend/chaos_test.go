@@ -97,6 +97,7 @@ func (c *procCluster) totals(keys []string) map[string][2]int64 {
 // about 30 s; WARDEN_SOAK=1 (make soak) repeats the chaos for ten
 // minutes, as the case has it.
 func TestClusterCaseQ14CountersEqualTheLedger(t *testing.T) {
+	t.Parallel()
 	rounds := 1
 	if os.Getenv("WARDEN_SOAK") != "" {
 		rounds = 20 // about 30 s each

@@ -48,6 +48,7 @@ func exitCode(err error) int {
 // outcome it names, and --json errors as JSON on stderr with the Connect
 // code and typed details.
 func TestCLIExitStatuses(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, t.TempDir())
 	at := "--endpoints=" + s.addr
 	holder := "--request-id=exit-held"
@@ -109,6 +110,7 @@ func TestCLIExitStatuses(t *testing.T) {
 // warden lock revoke ends the lease with the token lock describe shows,
 // and only that lease: a stale token revokes nothing and says so.
 func TestCLIRevoke(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, t.TempDir())
 	at := "--endpoints=" + s.addr
 	code, out, errOut := cliStatus(t, at, "--json", "lock", "acquire", "revoke/cli", "--ttl", "10m", "--holder", "stuck")

@@ -28,6 +28,7 @@ func (c *procCluster) offsetOf(i int, peer string) (float64, bool) {
 // 3 s ahead: the others see it 3 s ahead, and when given the shard's
 // leadership it gives it back within a few seconds.
 func TestClusterNodeWithSkewedClockStepsDown(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t, map[int][]string{2: {"--debug-clock-offset", "3s"}})
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -85,6 +86,7 @@ func TestClusterNodeWithSkewedClockStepsDown(t *testing.T) {
 // stamped with the skewed clock: the held locks were granted at once to
 // other requesters, and shard time then stood still for 10 s.
 func TestClusterSkewedLeaderStampsNothing(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t, map[int][]string{2: {"--debug-clock-offset", "10s"}})
 	for { // node 3 knows its clock is off, and the others have read its version
 		if own, ok := c.offsetOf(2, "1"); ok && own < -9 {
@@ -168,6 +170,7 @@ func TestClusterSkewedLeaderStampsNothing(t *testing.T) {
 // the contender's Acquires were refused as held and Describe then
 // showed the same lease held again.
 func TestClusterDescribeHeldWhileGrantRefused(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t, map[int][]string{2: {"--debug-clock-offset", "2s"}})
 	deadline := time.Now().Add(30 * time.Second)
 	for { // node 3 knows its clock is off, and a node with a good clock leads

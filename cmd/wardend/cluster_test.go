@@ -96,33 +96,40 @@ var processHost = sync.OnceValue(func() string {
 	return "127.0.0.1"
 })
 
-// freeAddr returns an address on processHost whose port was free a moment
-// ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	a, err := server.FreeAddrOn(processHost())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
+// handedOut holds every address freeAddr has returned in this process.
+// The cluster tests run two at a time (t.Parallel): a node a test killed
+// has released its ports, and it binds them again when restarted, so no
+// other test may be handed them meanwhile.
+var handedOut struct {
+	sync.Mutex
+	addrs map[string]bool
 }
 
-// freeAddrs returns two addresses for a new node, distinct from each
-// other and from the cluster's nodes' (each pick was free a moment ago,
-// so two picks may be the same port).
-func (c *procCluster) freeAddrs() (raft, listen string) {
-	taken := map[string]bool{}
-	for _, n := range c.nodes {
-		taken[n.raft], taken[n.listen] = true, true
-	}
-	var out []string
-	for len(out) < 2 {
-		if a := freeAddr(c.t); !taken[a] {
-			taken[a] = true
-			out = append(out, a)
+// freeAddr returns an address on processHost whose port was free a moment
+// ago and that no earlier call in this process returned.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for {
+		a, err := server.FreeAddrOn(processHost())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !handedOut.addrs[a] {
+			if handedOut.addrs == nil {
+				handedOut.addrs = map[string]bool{}
+			}
+			handedOut.addrs[a] = true
+			return a
 		}
 	}
-	return out[0], out[1]
+}
+
+// freeAddrs returns two addresses for a new node (freeAddr never hands
+// out one twice).
+func (c *procCluster) freeAddrs() (raft, listen string) {
+	return freeAddr(c.t), freeAddr(c.t)
 }
 
 // newProcCluster lays out three nodes (addresses, data directories,

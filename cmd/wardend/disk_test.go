@@ -28,6 +28,7 @@ import (
 // left it exits with one line and code 28, never a stack trace, while
 // the others serve.
 func TestDiskReserve(t *testing.T) {
+	t.Parallel()
 	const reserve = 48 << 20
 	c := newProcCluster(t, map[int][]string{2: {"--disk-reserve", "48MiB"}})
 	n3 := c.nodes[2]
@@ -160,6 +161,7 @@ func placementLeader(n *node) uint64 {
 // It hands its leaderships to a node whose disk is fine, and the others
 // grant within seconds of the fill.
 func TestDiskReserveLeaderHandsOff(t *testing.T) {
+	t.Parallel()
 	const reserve = 16 << 20
 	c := newProcCluster(t, map[int][]string{2: {"--disk-reserve", "16MiB"}})
 	n3 := c.nodes[2]

@@ -43,6 +43,7 @@ func (n *node) grpcHealth() string {
 // turns not ready within 2 s, with a reason naming its replicas, and
 // ready again within 2 s of SIGCONT.
 func TestReadiness(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	n := c.nodes[0]
 	deadline := time.Now().Add(10 * time.Second)

@@ -16,6 +16,7 @@ import (
 // ranges cover the hash space exactly once, no lock was lost, and tokens
 // keep increasing.
 func TestClusterInterruptedSplit(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	leases := c.holdMany("kept", 300, 5*time.Minute)
 	for _, delay := range []time.Duration{0, 40 * time.Millisecond, 120 * time.Millisecond, 300 * time.Millisecond} {

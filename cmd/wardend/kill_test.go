@@ -20,6 +20,7 @@ import (
 // after a restart service resumes without manual repair and no
 // acknowledged lease is lost.
 func TestClusterSurvivesKills(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	leases := c.holdMany("kept", 100, 5*time.Minute)
 	split, err := c.nodes[0].admin.SplitShard(context.Background(), connect.NewRequest(&wardenv1.SplitShardRequest{ShardId: 1}))

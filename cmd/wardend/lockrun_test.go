@@ -51,6 +51,7 @@ func waitFile(t *testing.T, path string, d time.Duration) string {
 // lock run must kill the command and exit 124 before the last expiry it
 // saw (at most the real one). After SIGCONT the cluster serves again.
 func TestClusterLockRunStopsBeforeExpiry(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	dir := t.TempDir()
 	token := filepath.Join(dir, "token")
@@ -110,6 +111,7 @@ func TestClusterLockRunStopsBeforeExpiry(t *testing.T) {
 // the queue and runs its command after the first's ended, with a higher
 // token; each ends with its command's status.
 func TestClusterLockRunTakesTurns(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	dir := t.TempDir()
 	log := filepath.Join(dir, "log")

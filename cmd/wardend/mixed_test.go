@@ -361,6 +361,7 @@ func (c *procCluster) digests(ids ...uint64) (indexes map[uint64][]uint64, diges
 // applied the old entries by the new rule, or proposed version 4 to an
 // old replica, the digests would differ or node 3 would stop.
 func TestClusterMixedBinariesAgree(t *testing.T) {
+	t.Parallel()
 	old := buildBefore(t, "shard/apply.go", "const CommandVersion = 4")
 	c := newProcCluster(t)
 	c.bins = map[int]string{2: old}
@@ -504,6 +505,7 @@ func (c *procCluster) placementDigest() (string, *placementv1.State) {
 // beside the old binary (which would refuse it), the states would differ
 // or the split would not finish.
 func TestClusterMixedPlacementAgree(t *testing.T) {
+	t.Parallel()
 	old := buildBefore(t, "placement/meta.go", "MetaCommandVersion uint32 = 2")
 	c := newProcCluster(t)
 	c.bins = map[int]string{2: old}
@@ -563,6 +565,7 @@ func TestClusterMixedPlacementAgree(t *testing.T) {
 // entries, or principals been proposed beside the old binary, the
 // digests would differ.
 func TestClusterMixedReplayPrincipal(t *testing.T) {
+	t.Parallel()
 	old := buildBefore(t, "shard/apply.go", "VersionPrincipal = 8")
 	c := newSecureCluster(t)
 	c.bins = map[int]string{2: old}
@@ -633,6 +636,7 @@ func TestClusterMixedReplayPrincipal(t *testing.T) {
 // with no auth state. Node 3 upgraded in place (given the flag too), the
 // bootstrap commits, authentication holds, and the replicas agree again.
 func TestClusterMixedAuthPlacement(t *testing.T) {
+	t.Parallel()
 	old := buildBefore(t, "placement/meta.go", "MetaCommandVersion uint32 = 3")
 	c := newSecureCluster(t)
 	full := c.extra[2]
@@ -712,6 +716,7 @@ func TestClusterMixedAuthPlacement(t *testing.T) {
 // placement replicas agree); node 3 upgraded in place, the removal
 // goes through and every placement replica records it alike.
 func TestClusterMixedRemoveNode(t *testing.T) {
+	t.Parallel()
 	old := buildBefore(t, "placement/meta.go", "MetaCommandVersion uint32 = 5")
 	c := newProcCluster(t)
 	c.bins = map[int]string{2: old}
@@ -803,6 +808,7 @@ func (c *procCluster) upgradeNode3(v uint32) {
 // renewal fails, a stale token revokes nothing, and the three replicas
 // hold the same state.
 func TestClusterMixedRevokeLease(t *testing.T) {
+	t.Parallel()
 	old := buildBefore(t, "shard/apply.go", "VersionRevoke = 9")
 	c := newProcCluster(t)
 	c.bins = map[int]string{2: old}
@@ -896,6 +902,7 @@ func TestClusterMixedRevokeLease(t *testing.T) {
 // even one reserved before the upgrade, is refused on another key with
 // invalid_argument; the replicas again agree.
 func TestClusterMixedReleaseReplay(t *testing.T) {
+	t.Parallel()
 	old := buildBefore(t, "shard/apply.go", "VersionReleaseReplay = 10")
 	c := newProcCluster(t)
 	c.bins = map[int]string{2: old}
@@ -971,6 +978,7 @@ func TestClusterMixedReleaseReplay(t *testing.T) {
 // node 2 is upgraded in place, Reserve is refused with PoolFrozen until
 // Unfreeze, then granted, and the replicas again agree.
 func TestClusterMixedRestoredPools(t *testing.T) {
+	t.Parallel()
 	old := buildBefore(t, "shard/apply.go", "VersionRestoredPools = 11")
 	c := newProcCluster(t)
 	c.boot()

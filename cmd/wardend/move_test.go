@@ -25,6 +25,7 @@ import (
 // (membership changes never release locks), and requests through node 4,
 // which hosts no placement replica, are forwarded.
 func TestClusterMoveReplica(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	leases := c.holdMany("kept", 200, 5*time.Minute)
 	four := c.join("az1")
@@ -162,6 +163,7 @@ func (c *procCluster) resume(i int) {
 //     has a quorum throughout and the move completes (before, the shard
 //     had two live voters of four and stalled).
 func TestClusterMoveWithVoterDown(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	four, five := c.join("az3"), c.join("az2")
 	const ttl = 8 * time.Second

@@ -93,6 +93,7 @@ func (c *procCluster) wardenRetried(i int, args ...string) (string, error) {
 // ListNodes, and its process, started again, is refused for its removed
 // id.
 func TestClusterRemoveNode(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	held := c.holdMany("node-held", 200, 5*time.Minute)
 	four := c.join("az1")
@@ -206,6 +207,7 @@ func TestClusterRemoveNode(t *testing.T) {
 // placement replica and registers. A lease held throughout keeps its
 // token, 200 others are intact, and the placement replicas agree.
 func TestClusterReplacePlacementMember(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	held := c.holdMany("replace-held", 200, 5*time.Minute)
 	lease, err := c.nodes[0].acquire("held-throughout", "held", 5*time.Minute, 0)
@@ -316,6 +318,7 @@ func (c *procCluster) expectRemoved(i int, id uint64, within time.Duration) {
 // nodes 4 and 5). A lease held throughout keeps its token. Node 1,
 // removed while it ran, is refused when it starts again.
 func TestClusterJoinedVotersServe(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	lease, err := c.nodes[1].acquire("joined-voters", "held", 5*time.Minute, 0)
 	if err != nil {
@@ -377,6 +380,7 @@ func TestClusterJoinedVotersServe(t *testing.T) {
 // replica there. The lease keeps its token throughout, 100 others are
 // intact, and the placement replicas agree.
 func TestClusterForcedRemoval(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	if out, err := c.warden(0, "admin", "split", "1"); err != nil {
 		t.Fatalf("split: %v\n%s", err, out)

@@ -35,6 +35,7 @@ func (c *procCluster) waitOperation(i int, id, want string) string {
 // move shows its steps while it runs; warden admin operations lists
 // both, ended, with their ids.
 func TestClusterOperations(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	out, err := c.warden(0, "admin", "split", "1", "--request-id", "split-a", "--no-wait")
 	m := regexp.MustCompile(`operation (\d+): follow it`).FindStringSubmatch(out)
@@ -91,6 +92,7 @@ func TestClusterOperations(t *testing.T) {
 // and is kept on every placement replica alike, and so is a rebalance,
 // now an operation of its own.
 func TestClusterMixedOperations(t *testing.T) {
+	t.Parallel()
 	old := buildBefore(t, "placement/meta.go", "MetaCommandVersion uint32 = 6")
 	c := newProcCluster(t)
 	c.bins = map[int]string{2: old}

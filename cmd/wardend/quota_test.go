@@ -34,6 +34,7 @@ func (n *node) quota() wardenv1connect.QuotaServiceClient {
 // ns, and Query shows committed 4, reserved 1. Then, with two nodes
 // down, reserves fail closed: unavailable, not exhausted.
 func TestClusterQuotaLastUnit(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -107,6 +108,7 @@ func TestClusterQuotaLastUnit(t *testing.T) {
 // has one CORRECTION event of the report, and a different observed value
 // under the same report_id is invalid_argument and changes nothing.
 func TestClusterCaseQ13CorrectionExactlyOnce(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	const key = "q13"
 	if err := call(func(ctx context.Context) error {
@@ -249,6 +251,7 @@ type q11Outcome struct {
 // use; the ledger has r1's RESERVE and exactly one COMMIT or EXPIRE of
 // it, as the commit's answer says.
 func TestClusterCaseQ11CommitRacingExpiry(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	for round := range 2 {
 		var keys []string

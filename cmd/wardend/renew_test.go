@@ -118,6 +118,7 @@ func (w *rawRenewer) finish(t *testing.T) {
 // lock and the tokens never change, and the SDK's lease never closes
 // Done.
 func TestClusterCaseL20RenewalsRideThroughNodeLoss(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	const ttl = 6 * time.Second
 	C := c.notLeader("l20-raw")
@@ -192,6 +193,7 @@ const quorumLossBound = 6 * time.Second
 // caller's 20 s deadline: the node forwarded them to a stopped node,
 // whose kernel accepts the connection, and waited without a bound.
 func TestClusterCallsWithoutQuorumAnswerUnavailable(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	for _, survivorLeads := range []bool{true, false} {
 		name := map[bool]string{true: "leader", false: "follower"}[survivorLeads]

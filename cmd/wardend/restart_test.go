@@ -55,6 +55,7 @@ func (c *procCluster) restartEach(leases map[string]*wardenv1.AcquireResponse, l
 // a member list rebuilt from today's map (which made Dragonboat refuse:
 // "inconsistent node list"). Leases are held throughout.
 func TestClusterRestartAfterMove(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	leases := c.holdMany("held", 50, 10*time.Minute)
 	four := c.join("az1")
@@ -99,6 +100,7 @@ func TestClusterRestartAfterMove(t *testing.T) {
 // cluster keeps serving on nodes 1 and 3 throughout. Last, node 1 loses
 // only its write-ahead log, and is refused too.
 func TestClusterWipedNodeRefusesToRejoin(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	base := c.holdMany("before", 4, 10*time.Minute) // registered: every node has started and served
 
@@ -201,6 +203,7 @@ func (c *procCluster) waitLeaderNot(i int) {
 // Describe shows it, every new grant's token is above its resource's
 // recorded highest, and no new lease id matches one from before.
 func TestClusterCaseL19FullRestart(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	highest := map[string]uint64{}
 	leaseIDs := map[string]bool{}
@@ -261,6 +264,7 @@ func TestClusterCaseL19FullRestart(t *testing.T) {
 // probe after 3 s and started its empty placement replica, a voter that
 // forgot what it acknowledged.
 func TestClusterWipedNodeWaitsForPausedPeers(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	leases := c.holdMany("held", 8, 10*time.Minute)
 	wiped := c.nodes[2]

@@ -41,6 +41,7 @@ func (c *procCluster) replicaState(i int) string {
 // away (which deletes it) and back: the new replica catches up by a
 // snapshot.
 func TestReplicaRolledBack(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	n3 := c.nodes[2]
 	for i := range 20 {

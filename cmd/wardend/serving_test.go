@@ -187,6 +187,7 @@ func (c *procCluster) timeRestart(i int, held map[string]*wardenv1.AcquireRespon
 // the node served, run in parallel (placement
 // TestReconcileStartsReplicasAtOnce).
 func TestClusterRestartServingShards(t *testing.T) {
+	t.Parallel()
 	shards := 16
 	if s := os.Getenv("WARDEN_RESTART_SHARDS"); s != "" {
 		var err error

@@ -122,6 +122,7 @@ func (c *procCluster) splitFenceSeconds() (sum float64, count int) {
 // traffic saw only retryable errors, and the two shards each have a
 // replica in every zone.
 func TestClusterSplitUnderTraffic(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	const held, waited = 1000, 20
 	leases := c.holdMany("held", held, 3*time.Minute)
@@ -205,6 +206,7 @@ func TestClusterSplitUnderTraffic(t *testing.T) {
 // the new shard's leader) or answered unavailable (retryable): never
 // failed_precondition for a live lease, never the parent's old state.
 func TestClusterCaseS3StaleRouteAfterSplit(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	const at = uint64(1) << 63
 	var locks, pools []string
@@ -307,6 +309,7 @@ func (c *procCluster) leaderOfShard(id uint64) int {
 // shard's epoch is above its parent's. make test runs 20 s; WARDEN_SOAK=1
 // (make soak) five minutes, as the case has it.
 func TestClusterCaseS1TokensThroughChurn(t *testing.T) {
+	t.Parallel()
 	run := 20 * time.Second
 	if os.Getenv("WARDEN_SOAK") != "" {
 		run = 5 * time.Minute

@@ -23,6 +23,7 @@ import (
 // with authentication on, and the clients call as the admin token (the
 // cost of TLS and authentication beside the plain run).
 func TestClusterThroughput(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("WARDEN_BENCH") == "" {
 		t.Skip("a measurement: run with make bench (WARDEN_BENCH=1)")
 	}

@@ -139,6 +139,7 @@ func httpsClient(roots *x509.CertPool, cert *tls.Certificate, serverName string)
 // ignored; /metrics needs no client certificate; a rewritten client-API
 // certificate is served after SIGHUP, with leases from before intact.
 func TestClusterTLS(t *testing.T) {
+	t.Parallel()
 	c, p := newTLSCluster(t)
 	c.boot()
 
@@ -375,6 +376,7 @@ func raftHandshake(addr string, cert tls.Certificate) error {
 // A production node without TLS starts only with --insecure and the
 // cluster secret; TLS needs the peer material too.
 func TestInsecureIsExplicit(t *testing.T) {
+	t.Parallel()
 	base := []string{"--node-id", "1", "--zone", "az1", "--raft-addr", "127.0.0.1:1", "--initial-members", "1=127.0.0.1:1=127.0.0.1:2", "--data-dir", t.TempDir()}
 	for _, tc := range []struct {
 		extra []string
@@ -410,6 +412,7 @@ func raftSerial(t *testing.T, addr string, cert tls.Certificate) string {
 // then presents the new one, the cluster keeps its quorum throughout,
 // and a lease taken before renews after the last restart.
 func TestRaftCertRotation(t *testing.T) {
+	t.Parallel()
 	c, p := newTLSCluster(t)
 	c.boot()
 	held, err := c.nodes[0].acquire("rotate/held", "r1", 10*time.Minute, 0)

@@ -163,6 +163,7 @@ func (c *procCluster) notLeader(resource string) int {
 // moves the resource to a new shard, and a move of the leader's replica
 // to another node, each with no unavailable answer.
 func TestClusterWaitersRideThroughLeaderChanges(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 
 	// (a) Five transfers, 1 s apart, while the holder's 8 s run out.

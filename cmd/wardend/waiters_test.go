@@ -75,6 +75,7 @@ func (r *resettable) reset() {
 // entry), r is never held by nobody, and B's retry with its request id
 // learns that its attempt ended.
 func TestClusterCaseL16GaveUpWaiterIsNoGhost(t *testing.T) {
+	t.Parallel()
 	c := startProcCluster(t)
 	for _, variant := range []string{"deadline", "sigkill", "reset"} {
 		r := "l16-" + variant
@@ -164,6 +165,7 @@ func (c *procCluster) describeOf(resource string) *wardenv1.DescribeResponse {
 // clients and 5 kills; WARDEN_SOAK=1 (make soak) at the case's scale, 60
 // s with 100 clients and 20 kills.
 func TestClusterCaseL17ChurningWaiters(t *testing.T) {
+	t.Parallel()
 	clients, kills, run := 30, 5, 10*time.Second
 	if os.Getenv("WARDEN_SOAK") != "" {
 		clients, kills, run = 100, 20, 60*time.Second

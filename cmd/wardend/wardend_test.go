@@ -150,6 +150,7 @@ func (s *devProc) describe(resource string) *wardenv1.DescribeResponse {
 // SIGKILL the whole dev cluster: every acknowledged lease, its token and
 // its dedup entry survive the crash.
 func TestKillLosesNothingAcknowledged(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := startServer(t, dir)
 	leases := map[string]*wardenv1.AcquireResponse{}
@@ -186,6 +187,7 @@ func TestKillLosesNothingAcknowledged(t *testing.T) {
 // SIGCONT the lease is over — Renew fails and the lock goes to the next
 // acquirer with a higher token. A pause never extends a lease.
 func TestPausedClusterDoesNotExtendLeases(t *testing.T) {
+	t.Parallel()
 	s := startServer(t, t.TempDir())
 	a, err := s.acquire("pause/r", "a", 2*time.Second)
 	if err != nil {
@@ -215,6 +217,7 @@ func TestPausedClusterDoesNotExtendLeases(t *testing.T) {
 // SIGTERM shuts down gracefully (exit status 0), and the gRPC protocol over
 // cleartext HTTP/2 works like Connect's.
 func TestGRPCAndGracefulShutdown(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := startServer(t, dir)
 	tr := &http.Transport{Protocols: new(http.Protocols)}
