@@ -22,6 +22,11 @@ type replica struct {
 	// version, when set, is the envelope version of every proposal
 	// (CommandVersion otherwise): scripts replay older rules with it.
 	version uint32
+	// events are the lock events the replica reported (Hooks.Events)
+	// since it was opened, and reported the index its history is
+	// complete through.
+	events   []LockEvent
+	reported uint64
 }
 
 // fataler is the part of testing.TB (and *rapid.T) the harness needs.
@@ -55,12 +60,44 @@ func openReplica(t fataler, dir string, shardID uint64) *replica {
 
 func (r *replica) open() {
 	r.t.Helper()
-	r.sm = NewStateMachine(r.dir, Hooks{})(r.shardID, 1).(*StateMachine)
+	r.events = nil
+	r.sm = NewStateMachine(r.dir, Hooks{Events: r.heard, Reset: func(_, applied uint64) { r.reported = applied }})(r.shardID, 1).(*StateMachine)
 	idx, err := r.sm.Open(nil)
 	if err != nil {
 		r.t.Fatalf("open: %v", err)
 	}
+	if r.reported != idx {
+		r.t.Fatalf("open: Reset heard index %d, Open returned %d", r.reported, idx)
+	}
 	r.index = idx
+}
+
+// heard keeps a batch's events, checking what a watcher relies on: the
+// reports cover every applied index once, in order, and positions
+// increase strictly.
+func (r *replica) heard(shardID, applied uint64, evs []LockEvent) {
+	r.t.Helper()
+	if shardID != r.shardID || applied <= r.reported {
+		r.t.Fatalf("events of shard %d through index %d, after a report through %d", shardID, applied, r.reported)
+	}
+	for _, e := range evs {
+		if e.Index <= r.reported || e.Index > applied {
+			r.t.Fatalf("event %+v outside the batch's indexes (%d, %d]", e, r.reported, applied)
+		}
+		var prev LockEvent
+		if n := len(r.events); n > 0 {
+			prev = r.events[n-1]
+		}
+		seq := uint32(0) // the entry's first event
+		if prev.Index == e.Index {
+			seq = prev.Seq + 1
+		}
+		if e.Index < prev.Index || e.Seq != seq {
+			r.t.Fatalf("event %+v after %+v", e, prev)
+		}
+		r.events = append(r.events, e)
+	}
+	r.reported = applied
 }
 
 func (r *replica) proposeRaw(cmds ...[]byte) []*shardv1.Result {

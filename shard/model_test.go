@@ -314,6 +314,11 @@ type modelRun struct {
 	requests  []*request
 	maxToken  map[string]uint64 // every token ever granted, never forgotten
 	resources []string
+	// holders is the replica's lock events folded into each lock's
+	// holder (its GRANTED event), as a watcher would; folded counts the
+	// events read.
+	holders map[string]LockEvent
+	folded  int
 }
 
 func newModelRun(t *rapid.T, rep *replica) *modelRun {
@@ -323,6 +328,7 @@ func newModelRun(t *rapid.T, rep *replica) *modelRun {
 		m:         &model{skew: testSkew, window: 5 * second, locks: map[string]*mLock{}, dedup: map[dedupID]*mDedup{}},
 		maxToken:  map[string]uint64{},
 		resources: []string{"a", "b", "c/d", "é"},
+		holders:   map[string]LockEvent{},
 	}
 	w := r.m.window
 	res := r.propose(setConfigCmd(&shardv1.SetConfigCmd{DedupWindowNanos: &w}))
@@ -719,6 +725,7 @@ func (r *modelRun) setConfig(t *rapid.T) {
 // check compares every resource's lock as Describe reads it with the model,
 // and the shard's counts of held locks and waiters.
 func (r *modelRun) check(t *rapid.T) {
+	r.checkEvents(t)
 	meta := r.rep.query(0, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}}).GetMeta()
 	var held, queued uint64
 	for _, l := range r.m.locks {
@@ -749,6 +756,50 @@ func (r *modelRun) check(t *rapid.T) {
 		// A free lock has no queue: every release or expiry hands it on.
 		if ml != nil && ml.cur == nil && len(ml.queue) > 0 {
 			t.Fatalf("%s: free with %d waiters", res, len(ml.queue))
+		}
+	}
+}
+
+// checkEvents folds the lock events applied since the last check into
+// each lock's holder, as a watcher does, and checks the fold against the
+// model: an event ends only the lease the fold holds, a grant comes only
+// to a free lock, an end is EXPIRED exactly when the shard's time had
+// reached the lease's expiry, and every lock's holder and token are the
+// model's current lease (held until a command ends it, expired or not).
+func (r *modelRun) checkEvents(t *rapid.T) {
+	for _, e := range r.rep.events[r.folded:] {
+		h, held := r.holders[e.Resource]
+		switch e.Kind {
+		case EventGranted:
+			if held {
+				t.Fatalf("event %+v while the fold holds %+v", e, h)
+			}
+			r.holders[e.Resource] = e
+		case EventReleased, EventExpired:
+			if !held || h.FencingToken != e.FencingToken || h.Holder != e.Holder {
+				t.Fatalf("event %+v ends a lease the fold does not hold (%+v)", e, h)
+			}
+			if expired := e.AtUnixNano >= e.ExpiresAtUnixNano; expired != (e.Kind == EventExpired) {
+				t.Fatalf("event %+v: at %d, expires %d", e, e.AtUnixNano, e.ExpiresAtUnixNano)
+			}
+			delete(r.holders, e.Resource)
+		default:
+			t.Fatalf("event %+v: no command here revokes", e)
+		}
+	}
+	r.folded = len(r.rep.events)
+	for _, res := range r.resources {
+		h, held := r.holders[res]
+		var cur *mLease
+		if l := r.m.locks[res]; l != nil {
+			cur = l.cur
+		}
+		switch {
+		case cur == nil && held:
+			t.Fatalf("%s: the events leave %+v holding it, the model no lease", res, h)
+		case cur == nil:
+		case !held || h.FencingToken != cur.token || h.Holder != cur.holder:
+			t.Fatalf("%s: the events leave %+v holding it (held %v), the model %+v", res, h, held, cur)
 		}
 	}
 }

@@ -191,6 +191,11 @@ func TestMoveRangeKeepsEveryRecord(t *testing.T) {
 			rt.Fatalf("the new shard holds other records than the moved ones:\n%v\n%v", frozen, got)
 		}
 		checkCounts(rt, "new shard", dst)
+		// Moving records changes no holder: no lock events (a watch
+		// follows the range and reads the imported holders as state).
+		if len(dst.events) > 0 {
+			rt.Fatalf("the import reported lock events: %+v", dst.events)
+		}
 
 		// A retry of a moved, current lease replays it from the new shard.
 		for _, l := range frozen.GetLocks() {
@@ -205,6 +210,7 @@ func TestMoveRangeKeepsEveryRecord(t *testing.T) {
 
 		keep := &shardv1.RangeDescriptor{ShardId: 1, End: split, Generation: 2}
 		src.generation = 2 // the map that moved the range is committed
+		heard := len(src.events)
 		for range rapid.IntRange(1, 2).Draw(rt, "releases") {
 			if res := src.propose(now, releaseRangeCmd(op, keep)); res.GetCode() != shardv1.Code_CODE_OK {
 				rt.Fatalf("release: %v %s", res.GetCode(), res.GetReason())
@@ -214,6 +220,9 @@ func TestMoveRangeKeepsEveryRecord(t *testing.T) {
 			rt.Fatalf("the source kept moved records: %v", got)
 		}
 		checkCounts(rt, "source", src)
+		if evs := src.events[heard:]; len(evs) > 0 {
+			rt.Fatalf("the release of the moved range reported lock events: %+v", evs)
+		}
 		for _, res := range resources {
 			if Serves(src.meta(), res) == Serves(dst.meta(), res) {
 				rt.Fatalf("%s (hash %#x) served by both or neither shard (split at %#x)", res, keyspace.Hash(res), split)

@@ -31,6 +31,7 @@ import (
 //	forget [dedup=RES/REQ,...] [idle=RES,...] [res=KEY:ID,...]
 //	set skew=D window=D min_ttl=D max_ttl=D default_ttl=D
 //	describe RES                           the stored record
+//	events                                 the lock events applied since the last events step
 //	scan expired|forgettable|timed_out
 //	limit KEY N [weight=W]                 SetLimit
 //	reserve KEY AMOUNT ID [ttl=D]
@@ -75,6 +76,7 @@ type script struct {
 	rep     *replica
 	now     int64
 	expires map[string]int64 // lease name → last expiry seen
+	seen    int              // lock events printed so far
 }
 
 func (s *script) dur(v string) int64 {
@@ -304,6 +306,14 @@ func (s *script) step(f []string) string {
 			parts = append(parts, p)
 		}
 		return "[" + strings.Join(parts, " ") + "]"
+	case "events":
+		var out []string
+		for _, e := range s.rep.events[s.seen:] {
+			out = append(out, fmt.Sprintf("%d.%d %s %s holder=%s token=%d expires=%s at=%s",
+				e.Index, e.Seq, e.Kind, e.Resource, e.Holder, rev(e.FencingToken), at(e.ExpiresAtUnixNano), at(e.AtUnixNano)))
+		}
+		s.seen = len(s.rep.events)
+		return strings.Join(out, "\n")
 	case "describe":
 		l := s.rep.query(s.now, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: f[1]}}}).GetLock()
 		switch {

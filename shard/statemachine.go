@@ -40,6 +40,8 @@ type StateMachine struct {
 	replicaID uint64
 	dir       string
 	observe   ApplyObserver
+	events    func(shardID, applied uint64, evs []LockEvent)
+	reset     func(shardID, applied uint64)
 	storage   func(kind string, d time.Duration)
 	fatal     func(msg string)
 
@@ -87,6 +89,15 @@ func ReplicaDir(dataDir string, shardID, replicaID uint64) string {
 type Hooks struct {
 	// Applied sees hand-offs to waiters.
 	Applied ApplyObserver
+	// Events hears, after each batch of entries is committed, the lock
+	// events of its entries in commit order (none, often) and the index
+	// of its last entry: the replica's history of them is complete
+	// through applied. It never affects state.
+	Events func(shardID, applied uint64, evs []LockEvent)
+	// Reset hears that the replica's state was loaded at index applied
+	// (Open, RecoverFromSnapshot): the events of entries up to applied
+	// are not reported, and a history kept from before ends there.
+	Reset func(shardID, applied uint64)
 	// Storage is told how long each of a replica's database flushes
 	// (kind "flush": a memtable written to a table) and compactions (kind
 	// "compaction") took, from Pebble's events.
@@ -107,6 +118,8 @@ func NewStateMachine(dataDir string, h Hooks) sm.CreateOnDiskStateMachineFunc {
 			replicaID: replicaID,
 			dir:       ReplicaDir(dataDir, shardID, replicaID),
 			observe:   h.Applied,
+			events:    h.Events,
+			reset:     h.Reset,
 			storage:   h.Storage,
 			fatal:     h.Fatal,
 		}
@@ -334,6 +347,9 @@ func (s *StateMachine) setDB(db *pebble.DB, name string, flushAt uint64, cache *
 			err = cerr
 		}
 	}
+	if err == nil && s.reset != nil {
+		s.reset(s.shardID, s.applied)
+	}
 	return err
 }
 
@@ -409,11 +425,16 @@ func (s *StateMachine) Update(entries []sm.Entry) ([]sm.Entry, error) {
 	defer b.Close()
 	view := &records{g: b, meta: s.upd.meta, initial: s.upd.initial}
 	var handOffs []*shardv1.Result
+	var events []LockEvent
 	for i := range entries {
-		res, err := s.applyEntry(view, b, entries[i].Cmd)
+		res, evs, err := s.applyEntry(view, b, entries[i].Cmd)
 		if err != nil {
 			return nil, fmt.Errorf("shard %d replica %d: entry %d: %w", s.shardID, s.replicaID, entries[i].Index, err)
 		}
+		for seq := range evs {
+			evs[seq].Index, evs[seq].Seq = entries[i].Index, uint32(seq)
+		}
+		events = append(events, evs...)
 		if len(res.GetGranted())+len(res.GetDropped()) > 0 {
 			handOffs = append(handOffs, res)
 		}
@@ -453,6 +474,9 @@ func (s *StateMachine) Update(entries []sm.Entry) ([]sm.Entry, error) {
 		for _, res := range handOffs {
 			s.observe(s.shardID, res)
 		}
+	}
+	if s.events != nil {
+		s.events(s.shardID, last, events)
 	}
 	return entries, nil
 }
@@ -502,24 +526,51 @@ func (s *StateMachine) compact() {
 	}
 }
 
-func (s *StateMachine) applyEntry(view *records, b writeBatch, cmd []byte) (*shardv1.Result, error) {
+func (s *StateMachine) applyEntry(view *records, b writeBatch, cmd []byte) (*shardv1.Result, []LockEvent, error) {
 	env, err := DecodeCommand(cmd)
 	if err != nil {
 		if errors.Is(err, ErrUnsupportedVersion) {
-			return nil, err
+			return nil, nil, err
 		}
-		return invalid("command", err.Error()), nil
+		return invalid("command", err.Error()), nil, nil
 	}
 	res, changes, err := Apply(view, env)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	// The lock records each change replaces, read before it is written
+	// (through the batch, so after the entry's earlier changes).
+	type lockChange struct{ old, next *shardv1.LockRecord }
+	var locks []lockChange
+	watch := s.events != nil && !movesRecords(env)
 	for _, c := range changes {
+		if watch {
+			var resource string
+			var next *shardv1.LockRecord
+			switch c := c.(type) {
+			case putLock:
+				resource, next = c.lock.GetResource(), c.lock
+			case deleteLock:
+				resource = c.resource
+			}
+			if resource != "" {
+				old, err := view.Lock(resource)
+				if err != nil {
+					return nil, nil, err
+				}
+				locks = append(locks, lockChange{old, next})
+			}
+		}
 		if err := c.write(view, b); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return res, nil
+	var evs []LockEvent
+	for _, l := range locks {
+		// The shard's time as this entry left it.
+		evs = append(evs, lockEvents(l.old, l.next, view.meta.GetLastNowUnixNano(), env.GetRevoke() != nil)...)
+	}
+	return res, evs, nil
 }
 
 // DecodeCommand decodes a proposed command. It never panics; a malformed
