@@ -36,9 +36,13 @@ describe("three-process cluster", { timeout: 600_000 }, () => {
     const ttl = 3_000;
     const sent = Date.now();
     const lease = await c.lock(r, { ttl });
-    // The local deadline starts from the send time, so it is not after
-    // the server's expiry (commit time + TTL).
-    assert.ok(lease.expiresAt.getTime() <= sent + ttl + 5);
+    const got = Date.now();
+    // The local deadline starts from the send time (between sent and got,
+    // however long a busy machine took), so it is not after the server's
+    // expiry (commit time + TTL). 5 ms: expiresAt maps the monotonic
+    // clock onto the wall clock.
+    const local = lease.expiresAt.getTime();
+    assert.ok(sent + ttl - 5 <= local && local <= got + ttl + 5, `local deadline ${local}: sent ${sent}, answered ${got}, TTL ${ttl}`);
     // Let one renewal happen, then freeze the cluster.
     await waitFor("a renewal", () => lease.expiresAt.getTime() > sent + ttl + 200, 10_000);
     const before = await c.describe(r);
