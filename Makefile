@@ -111,6 +111,7 @@ fuzz:
 	$(GO) test ./shard -run '^$$' -fuzz '^FuzzDecodeAndApply$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./shard -run '^$$' -fuzz '^FuzzLoadSnapshot$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzValidate$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./rpc -run '^$$' -fuzz '^FuzzDecodeCursor$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./placement -run '^$$' -fuzz '^FuzzMetaUpdate$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./placement -run '^$$' -fuzz '^FuzzJobCommands$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./auth -run '^$$' -fuzz '^FuzzParseToken$$' -fuzztime $(FUZZTIME)

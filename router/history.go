@@ -23,6 +23,9 @@ type History struct {
 	mu   sync.Mutex
 	// shards holds the history of each shard that has a replica here.
 	shards map[uint64]*shardHistory
+	// opening holds, per shard not kept yet, a channel closed when its
+	// replica opens (Opened).
+	opening map[uint64]chan struct{}
 }
 
 // shardHistory holds every event of the entries after index floor up to
@@ -35,9 +38,15 @@ type shardHistory struct {
 	changed chan struct{}
 }
 
+// HistoryKeep is how many lock events a node keeps per shard: at an
+// estimated 150 bytes each (an 80-byte LockEvent and the strings it
+// keeps), about 150 KB a shard. A watcher whose stream was cut resumes
+// without reading the state again while fewer changes came meanwhile.
+const HistoryKeep = 1024
+
 // NewHistory returns a History that keeps up to keep events per shard.
 func NewHistory(keep int) *History {
-	return &History{keep: max(keep, 1), shards: map[uint64]*shardHistory{}}
+	return &History{keep: max(keep, 1), shards: map[uint64]*shardHistory{}, opening: map[uint64]chan struct{}{}}
 }
 
 // ErrHistoryGone: the events after a cursor are no longer (or never
@@ -50,6 +59,31 @@ var ErrHistoryGone = errors.New("router: the events after this position are no l
 // replica of it, or the replica has not opened yet).
 var ErrNoHistory = errors.New("router: no history of this shard here")
 
+// Has reports whether the history of shardID is kept here (its replica
+// here has opened).
+func (h *History) Has(shardID uint64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.shards[shardID] != nil
+}
+
+// Opened returns a channel closed once the history of shardID is kept
+// here (its replica here has opened).
+func (h *History) Opened(shardID uint64) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ch := h.opening[shardID]
+	if ch == nil {
+		ch = make(chan struct{})
+		if h.shards[shardID] != nil {
+			close(ch)
+			return ch
+		}
+		h.opening[shardID] = ch
+	}
+	return ch
+}
+
 // Reset is shard.Hooks.Reset: the replica of shardID loaded its state at
 // index applied, so the history restarts there, empty.
 func (h *History) Reset(shardID, applied uint64) {
@@ -59,6 +93,10 @@ func (h *History) Reset(shardID, applied uint64) {
 	if s == nil {
 		s = &shardHistory{changed: make(chan struct{})}
 		h.shards[shardID] = s
+		if ch := h.opening[shardID]; ch != nil {
+			close(ch)
+			delete(h.opening, shardID)
+		}
 	}
 	s.floor, s.through, s.events = applied, applied, nil
 	close(s.changed)

@@ -106,11 +106,24 @@ func TestHistoryServesEveryEventOnce(t *testing.T) {
 	})
 }
 
-// TestHistoryWakesWatchers: Since's channel closes when the replica
-// applies more, and when its history restarts.
+// TestHistoryWakesWatchers: Opened's channel closes when the replica
+// opens, and Since's when it applies more and when its history restarts.
 func TestHistoryWakesWatchers(t *testing.T) {
 	h := NewHistory(10)
+	opened := h.Opened(1)
+	select {
+	case <-opened:
+		t.Fatal("Opened is closed before the replica opened")
+	default:
+	}
 	h.Reset(1, 4)
+	for _, ch := range []<-chan struct{}{opened, h.Opened(1)} {
+		select {
+		case <-ch:
+		default:
+			t.Fatal("Opened is not closed once the replica opened")
+		}
+	}
 	_, next, changed, err := h.Since(1, Through(4), 10)
 	if err != nil || next != Through(4) {
 		t.Fatalf("at the replica's index: next %v, %v", next, err)

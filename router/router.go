@@ -31,6 +31,9 @@ type LocalNode struct {
 	// routertest's modelled group, and leave Node nil).
 	ID   uint64
 	Raft RaftHost
+	// History holds the lock events the node's replicas applied: the
+	// source of the watches it serves (nil: none kept).
+	History *History
 }
 
 // leaderOf is the node's view of shardID's leader (replica id, term,

@@ -259,6 +259,33 @@ func TestAuthorization(t *testing.T) {
 	if n < 4 {
 		t.Fatalf("admin's backup sent %d messages", n)
 	}
+	// A watch needs lock or read on its resource, checked on the request
+	// before anything is sent.
+	watch := func(who caller, resource string) (*wardenv1.WatchResponse, error) {
+		wctx, cancel := context.WithCancel(ctx(t))
+		defer cancel()
+		stream, err := who.locks.Watch(wctx, connect.NewRequest(&wardenv1.WatchRequest{Resource: resource}))
+		if err != nil {
+			return nil, err
+		}
+		defer stream.Close()
+		if stream.Receive() {
+			return stream.Msg(), nil
+		}
+		return nil, stream.Err()
+	}
+	first, err := watch(orders, "orders/1")
+	must("orders watches orders/1", err)
+	if !first.GetInitial() || first.GetFencingToken() != resp.Msg.GetFencingToken() {
+		t.Fatalf("orders' watch of orders/1 began with %v", first)
+	}
+	got, err := watch(orders, "payments/1")
+	wantDenied(t, "orders watches payments/1", err, `"orders"`, "lock", `"payments/1"`)
+	if got != nil {
+		t.Fatalf("a denied watch sent %v", got)
+	}
+	_, err = watch(anon, "orders/1")
+	wantCode(t, err, connect.CodeUnauthenticated)
 	_, err = orders.auth.CreateToken(ctx(t), connect.NewRequest(&wardenv1.CreateTokenRequest{Principal: "admin"}))
 	wantDenied(t, "orders mints an admin token", err, "admin")
 	_, err = admin.admin.SetShardConfig(ctx(t), connect.NewRequest(&wardenv1.SetShardConfigRequest{ShardId: 0, MaxClockSkew: durationpb.New(time.Millisecond)}))

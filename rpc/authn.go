@@ -50,6 +50,8 @@ func requirement(msg any) (perm, alt auth.Permission, resource string, whole boo
 		return auth.Lock, "", m.GetResource(), true
 	case *wardenv1.DescribeRequest:
 		return auth.Lock, auth.Read, m.GetResource(), true
+	case *wardenv1.WatchRequest:
+		return auth.Lock, auth.Read, m.GetResource(), true
 	case *wardenv1.BatchRequest, *wardenv1.RenewBatchRequest:
 		return "", "", "", false
 	case *wardenv1.ReserveRequest, *wardenv1.CommitRequest, *wardenv1.QuotaServiceReleaseRequest:
@@ -89,15 +91,51 @@ func (authorizer) WrapStreamingClient(next connect.StreamingClientFunc) connect.
 	return next
 }
 
-// WrapStreamingHandler: a streaming RPC (AdminService.Backup, whose
-// stream holds every lease id) needs the admin permission.
+// WrapStreamingHandler checks a streaming call's permission
+// (requirement) on its request as the handler receives it: Watch needs
+// lock or read on its resource; AdminService.Backup, whose stream holds
+// every lease id, admin. Nothing is sent before the check.
 func (a authorizer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		if err := authorize(ctx, a.r, auth.Admin, "", ""); err != nil {
-			return err
-		}
-		return next(ctx, conn)
+		return next(ctx, &authorizedConn{StreamingHandlerConn: conn, ctx: ctx, r: a.r})
 	}
+}
+
+// authorizedConn is a server-streaming call's connection that authorizes
+// the call on its one request when it is received, and refuses to send
+// before that.
+type authorizedConn struct {
+	connect.StreamingHandlerConn
+	ctx     context.Context
+	r       *node
+	checked error // nil until Receive checked; then errChecked or the refusal
+}
+
+// errChecked marks an authorized stream.
+var errChecked = errors.New("authorized")
+
+func (c *authorizedConn) Receive(m any) error {
+	if err := c.StreamingHandlerConn.Receive(m); err != nil {
+		return err
+	}
+	if c.checked == nil {
+		perm, alt, resource, _ := requirement(m)
+		c.checked = errChecked
+		if err := authorize(c.ctx, c.r, perm, alt, resource); err != nil {
+			c.checked = err
+		}
+	}
+	if c.checked != errChecked {
+		return c.checked
+	}
+	return nil
+}
+
+func (c *authorizedConn) Send(m any) error {
+	if c.checked != errChecked {
+		return connect.NewError(connect.CodePermissionDenied, errors.New("a stream sends nothing before its request is authorized"))
+	}
+	return c.StreamingHandlerConn.Send(m)
 }
 
 // authorize returns nil if the call ctx serves may use perm on resource

@@ -51,6 +51,7 @@ var codeLabels = map[connect.Code]string{
 	connect.CodeCanceled:           "canceled",
 	connect.CodePermissionDenied:   "denied",
 	connect.CodeUnauthenticated:    "unauthenticated",
+	connect.CodeOutOfRange:         "stale",
 }
 
 // classify is the one place where Warden's errors get their Connect code
@@ -90,7 +91,9 @@ func classify(err error) class {
 		return class{connect.CodeUnavailable, "unknown"}
 	case errors.Is(err, router.ErrMembershipChanged):
 		return class{connect.CodeAborted, "conflict"}
-	case errors.Is(err, router.ErrNoLeader), errors.Is(err, router.ErrClockUnconfirmed), errors.As(err, new(*placement.DiskLowError)):
+	case errors.Is(err, router.ErrHistoryGone):
+		return class{connect.CodeOutOfRange, "stale"}
+	case errors.Is(err, router.ErrNoLeader), errors.Is(err, router.ErrClockUnconfirmed), errors.Is(err, router.ErrNoHistory), errors.As(err, new(*placement.DiskLowError)):
 		return class{connect.CodeUnavailable, "unavailable"}
 	}
 	return class{connect.CodeInternal, "error"}

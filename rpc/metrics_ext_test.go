@@ -91,6 +91,20 @@ func TestEveryProcedureIsObserved(t *testing.T) {
 					name = string(sd.Methods().Get(j).Name())
 				}
 				before := c.outcomes(name)
+				if proc == "/warden.v1.LockService/Watch" { // refused: no resource
+					stream, err := c.locks.Watch(context.Background(), connect.NewRequest(&wardenv1.WatchRequest{}))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if stream.Receive() || connect.CodeOf(stream.Err()) != connect.CodeInvalidArgument {
+						t.Errorf("%s without a resource: %v, want invalid_argument", proc, stream.Err())
+					}
+					stream.Close()
+					if got := c.outcomes(name) - before; got != 1 {
+						t.Errorf("%s: %v outcomes counted under %q, want 1", proc, got, name)
+					}
+					continue
+				}
 				if sd.Methods().Get(j).IsStreamingServer() { // Backup: a whole backup of the dev cluster
 					stream, err := wardenv1connect.NewAdminServiceClient(c.srv.Client(), c.srv.URL).Backup(context.Background(), connect.NewRequest(&wardenv1.BackupRequest{}))
 					if err != nil {

@@ -34,6 +34,9 @@ type core interface {
 	AwaitGrant(ctx context.Context, sub *router.Subscription, resource, requestID string, attempt []byte, seq uint64, deadline, placeDeadline int64) (*shardv1.LeaseInfo, error)
 	CancelWait(resource, requestID string, attempt []byte) error
 	EndWait(resource, requestID string, attempt []byte) error
+	// WatchLock follows a resource's lock events on a replica here
+	// (router/watch.go).
+	WatchLock(ctx context.Context, resource string, fromShard uint64, from *router.Cursor, emit func(router.WatchItem) error) error
 	// Acquires estimates the busiest resources' Acquire rates.
 	Acquires() *router.RateTracker
 	// Map is the placement map routed by; IsLocal says whether a node

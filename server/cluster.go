@@ -236,16 +236,17 @@ func (c *Cluster) startNode(i int, p *router.Peers) (placement.Identity, error) 
 		cfg.Status.set(StatusRunning)
 	}
 	lead := router.NewLeadership(cfg.Router.Knobs.ClockOffset)
+	hist := router.NewHistory(router.HistoryKeep)
 	n, err := placement.StartNode(placement.NodeConfig{
 		ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, RaftListenAddr: spec.RaftListenAddr, DataDir: spec.DataDir,
 		RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
-		Listener: lead, Observer: c.observe, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage, OnFsync: router.ObserveFsync,
+		Listener: lead, Observer: c.observe, Events: hist.Heard, EventsReset: hist.Reset, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage, OnFsync: router.ObserveFsync,
 		DiskReserve: cfg.DiskReserve,
 	})
 	if err != nil {
 		return id, err
 	}
-	c.Nodes = append(c.Nodes, router.LocalNode{Node: n, Leadership: lead})
+	c.Nodes = append(c.Nodes, router.LocalNode{Node: n, Leadership: lead, History: hist})
 	c.agents = append(c.agents, placement.NewAgent(n))
 	switch {
 	case c.initial(spec.ID):

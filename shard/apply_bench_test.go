@@ -15,10 +15,21 @@ import (
 // (ns/commit), CPU time on all threads, Pebble's included
 // (cpu-ns/commit), and allocs/op ÷ 30, with the database's memtable,
 // value cache and flushes as in production: the apply side of a node's
-// CPU per commit.
+// CPU per commit. Sub-benchmark events=on derives the lock events too,
+// as a node's replicas do for its History (events=off: Hooks.Events nil).
 func BenchmarkApplyReference(b *testing.B) {
+	b.Run("events=off", func(b *testing.B) { benchmarkApply(b, false) })
+	b.Run("events=on", func(b *testing.B) { benchmarkApply(b, true) })
+}
+
+func benchmarkApply(b *testing.B, events bool) {
 	const held, resources, each = 20_000, 100_000, 10
 	r := newReplica(b)
+	r.sm.events = nil // the harness's checks keep every event
+	if events {
+		heard := 0
+		r.sm.events = func(_, _ uint64, evs []LockEvent) { heard += len(evs) }
+	}
 	now := int64(1_700_000_000) * second
 	type lease struct {
 		res string

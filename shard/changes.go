@@ -61,6 +61,9 @@ func (c putLock) write(s *records, b writeBatch) error {
 	if err != nil {
 		return err
 	}
+	if s.lockWritten != nil {
+		s.lockWritten(old, c.lock)
+	}
 	if err := unindexLock(b, old); err != nil {
 		return err
 	}
@@ -74,6 +77,9 @@ func (c deleteLock) write(s *records, b writeBatch) error {
 	old, err := s.Lock(c.resource)
 	if err != nil {
 		return err
+	}
+	if s.lockWritten != nil {
+		s.lockWritten(old, nil)
 	}
 	if err := unindexLock(b, old); err != nil {
 		return err

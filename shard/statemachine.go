@@ -538,29 +538,16 @@ func (s *StateMachine) applyEntry(view *records, b writeBatch, cmd []byte) (*sha
 	if err != nil {
 		return nil, nil, err
 	}
-	// The lock records each change replaces, read before it is written
-	// (through the batch, so after the entry's earlier changes).
+	// The lock records each change replaces (putLock and deleteLock read
+	// them before they write, through the batch, so after the entry's
+	// earlier changes).
 	type lockChange struct{ old, next *shardv1.LockRecord }
 	var locks []lockChange
-	watch := s.events != nil && !movesRecords(env)
+	if s.events != nil && !movesRecords(env) {
+		view.lockWritten = func(old, next *shardv1.LockRecord) { locks = append(locks, lockChange{old, next}) }
+		defer func() { view.lockWritten = nil }()
+	}
 	for _, c := range changes {
-		if watch {
-			var resource string
-			var next *shardv1.LockRecord
-			switch c := c.(type) {
-			case putLock:
-				resource, next = c.lock.GetResource(), c.lock
-			case deleteLock:
-				resource = c.resource
-			}
-			if resource != "" {
-				old, err := view.Lock(resource)
-				if err != nil {
-					return nil, nil, err
-				}
-				locks = append(locks, lockChange{old, next})
-			}
-		}
 		if err := c.write(view, b); err != nil {
 			return nil, nil, err
 		}
@@ -619,6 +606,9 @@ func (s *StateMachine) Lookup(q any) (any, error) {
 	switch qq := query.GetQuery().(type) {
 	case *shardv1.Query_Describe:
 		out.Lock, err = r.Lock(qq.Describe.GetResource())
+		if err == nil { // the index the answer is current at: a watch's start
+			out.AppliedIndex, err = appliedIndex(snap)
+		}
 	case *shardv1.Query_Dedup:
 		out.Dedup, err = r.Dedup(qq.Dedup.GetResource(), qq.Dedup.GetRequestId())
 	case *shardv1.Query_Expired:

@@ -35,6 +35,10 @@ type records struct {
 	metaDirty bool
 	// initial is the meta of a shard that has no stored meta yet.
 	initial func() *shardv1.ShardMeta
+	// lockWritten, if set, hears each lock record a change replaces (old
+	// is the record before it, next nil for a delete): the source of lock
+	// events (applyEntry), from the read the change makes anyway.
+	lockWritten func(old, next *shardv1.LockRecord)
 }
 
 // writeMeta stores meta in b if it changed since it was last stored.

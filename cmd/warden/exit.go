@@ -24,13 +24,13 @@ const (
 	exitUnavailable  = 3   // unavailable, unreachable, the call's own deadline: retry with the same request id
 	exitHeld         = 4   // the lock is held (aborted), or a --wait ended without it
 	exitExhausted    = 5   // resource_exhausted: quota, a full wait queue, a request too large
-	exitPrecondition = 6   // failed_precondition, not_found: lease not current, reservation ended, unknown shard
+	exitPrecondition = 6   // failed_precondition, not_found, out_of_range: lease not current, reservation ended, unknown shard, a watch cursor no longer served
 	exitDenied       = 7   // unauthenticated, permission_denied
 	exitInterrupted  = 130 // SIGINT (128 + 2, as shells report it)
 )
 
 // exitHelp is the exit status table warden --help shows.
-const exitHelp = `Exit status: 0 ok; 1 internal or unknown error; 2 bad usage or invalid_argument; 3 unavailable, unreachable or --timeout passed (retry with the same --request-id); 4 the lock is held (or a --wait ended without it); 5 resource_exhausted (quota, a full wait queue, a request too large); 6 failed_precondition or not_found (a lease no longer current, a reservation ended, an unknown shard); 7 unauthenticated or permission_denied; 130 interrupted. warden lock run: the command's own status, 124 when the lease was lost and the command stopped, 125 when lock run failed before starting it, 126 not executable, 127 not found. With --json, an error is also JSON on stderr: {"code", "message", "details"}.`
+const exitHelp = `Exit status: 0 ok; 1 internal or unknown error; 2 bad usage or invalid_argument; 3 unavailable, unreachable or --timeout passed (retry with the same --request-id); 4 the lock is held (or a --wait ended without it); 5 resource_exhausted (quota, a full wait queue, a request too large); 6 failed_precondition, not_found or out_of_range (a lease no longer current, a reservation ended, an unknown shard, a watch cursor no longer served); 7 unauthenticated or permission_denied; 130 interrupted. warden lock run: the command's own status, 124 when the lease was lost and the command stopped, 125 when lock run failed before starting it, 126 not executable, 127 not found. With --json, an error is also JSON on stderr: {"code", "message", "details"}.`
 
 // exitError is an error with the exit status it ends warden with (err
 // nil: a status that says all, printed as nothing).
@@ -80,7 +80,7 @@ func exitStatus(err error) int {
 		return exitHeld
 	case connect.CodeResourceExhausted:
 		return exitExhausted
-	case connect.CodeFailedPrecondition, connect.CodeNotFound:
+	case connect.CodeFailedPrecondition, connect.CodeNotFound, connect.CodeOutOfRange:
 		return exitPrecondition
 	case connect.CodeUnauthenticated, connect.CodePermissionDenied:
 		return exitDenied

@@ -4,6 +4,7 @@
 //	warden lock renew orders/42 LEASE_ID
 //	warden lock release orders/42 LEASE_ID
 //	warden lock describe orders/42
+//	warden watch orders/42
 //	warden admin shards
 //	warden admin split 1
 //
@@ -116,6 +117,7 @@ func (b bearerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 type cli struct {
 	globals
 	Lock  lockCmd  `cmd:"" help:"Exclusive locks with leases and fencing tokens."`
+	Watch watchCmd `cmd:"" help:"Print a lock's events as they happen, one line each (GRANTED, RELEASED, EXPIRED, REVOKED with the token), beginning with its holder; runs until SIGINT."`
 	Quota quotaCmd `cmd:"" help:"Reserve, commit and release capacity against hierarchical limits."`
 	Admin adminCmd `cmd:"" help:"Operator commands."`
 	Auth  authCmd  `cmd:"" help:"Authentication and roles: turn it on, roles and bindings, tokens."`

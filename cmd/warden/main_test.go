@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http/httptest"
 	"os"
@@ -226,5 +229,75 @@ func TestRevokeTokenNotFromEnvironment(t *testing.T) {
 	_, err := run(context.Background(), []string{"lock", "revoke", "orders/42"}, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "--fencing-token") {
 		t.Fatalf("lock revoke without --fencing-token, WARDEN_FENCING_TOKEN set: %v, want a usage error naming the flag", err)
+	}
+}
+
+// warden watch prints the holder, then one line per change naming its
+// type, the resource and the token, and ends with status 0 when
+// interrupted; --cursor resumes after a printed event.
+func TestWatchCLI(t *testing.T) {
+	cli := devCLI(t)
+	out, err := cli("lock", "acquire", "jobs/w", "--ttl", "20s", "--holder", "w1", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held struct {
+		LeaseID      string `json:"lease_id"`
+		FencingToken string `json:"fencing_token"`
+	}
+	if err := json.Unmarshal([]byte(out), &held); err != nil {
+		t.Fatal(err)
+	}
+	watch := func(args ...string) (lines *bufio.Scanner, stop func() error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		pr, pw := io.Pipe()
+		done := make(chan error, 1)
+		go func() {
+			_, err := run(ctx, append([]string{"watch", "jobs/w"}, args...), pw)
+			pw.Close()
+			done <- err
+		}()
+		return bufio.NewScanner(pr), func() error {
+			cancel()
+			go io.Copy(io.Discard, pr)
+			return <-done
+		}
+	}
+	line := func(s *bufio.Scanner) string {
+		t.Helper()
+		if !s.Scan() {
+			t.Fatalf("the watch printed no more lines: %v", s.Err())
+		}
+		return s.Text()
+	}
+	lines, stop := watch("--json")
+	var first struct {
+		Type, Cursor string
+		Token        uint64 `json:"fencing_token"`
+		Initial      bool
+	}
+	if err := json.Unmarshal([]byte(line(lines)), &first); err != nil || first.Type != "GRANTED" || !first.Initial || fmt.Sprint(first.Token) != held.FencingToken {
+		t.Fatalf("first line %+v (%v), want the holder with token %s", first, err, held.FencingToken)
+	}
+	if _, err := cli("lock", "release", "jobs/w", held.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if l := line(lines); !strings.Contains(l, `"type":"RELEASED"`) || !strings.Contains(l, `"fencing_token":`+held.FencingToken) {
+		t.Fatalf("after the release: %s", l)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("an interrupted watch: %v, want status 0", err)
+	}
+
+	// Resumed after the holder's line, the release comes first.
+	lines, stop = watch("--cursor", first.Cursor)
+	if l := line(lines); !strings.HasPrefix(l, "RELEASED jobs/w token="+held.FencingToken) {
+		t.Fatalf("resumed: %s", l)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli("watch", "jobs/w", "--cursor", "nonsense"); connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("a bad cursor: %v, want invalid_argument", err)
 	}
 }

@@ -27,6 +27,250 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// LockEventType says what a watched lock event reports.
+type LockEventType int32
+
+const (
+	LockEventType_LOCK_EVENT_TYPE_UNSPECIFIED LockEventType = 0
+	// A lease was granted: to an Acquire, or to the head waiter.
+	LockEventType_LOCK_EVENT_TYPE_GRANTED LockEventType = 1
+	// The holder released its lease before it expired.
+	LockEventType_LOCK_EVENT_TYPE_RELEASED LockEventType = 2
+	// The lease expired and the server ended it.
+	LockEventType_LOCK_EVENT_TYPE_EXPIRED LockEventType = 3
+	// An operator revoked the lease (AdminService.RevokeLease).
+	LockEventType_LOCK_EVENT_TYPE_REVOKED LockEventType = 4
+)
+
+// Enum value maps for LockEventType.
+var (
+	LockEventType_name = map[int32]string{
+		0: "LOCK_EVENT_TYPE_UNSPECIFIED",
+		1: "LOCK_EVENT_TYPE_GRANTED",
+		2: "LOCK_EVENT_TYPE_RELEASED",
+		3: "LOCK_EVENT_TYPE_EXPIRED",
+		4: "LOCK_EVENT_TYPE_REVOKED",
+	}
+	LockEventType_value = map[string]int32{
+		"LOCK_EVENT_TYPE_UNSPECIFIED": 0,
+		"LOCK_EVENT_TYPE_GRANTED":     1,
+		"LOCK_EVENT_TYPE_RELEASED":    2,
+		"LOCK_EVENT_TYPE_EXPIRED":     3,
+		"LOCK_EVENT_TYPE_REVOKED":     4,
+	}
+)
+
+func (x LockEventType) Enum() *LockEventType {
+	p := new(LockEventType)
+	*p = x
+	return p
+}
+
+func (x LockEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LockEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_warden_v1_lock_proto_enumTypes[0].Descriptor()
+}
+
+func (LockEventType) Type() protoreflect.EnumType {
+	return &file_warden_v1_lock_proto_enumTypes[0]
+}
+
+func (x LockEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LockEventType.Descriptor instead.
+func (LockEventType) EnumDescriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{0}
+}
+
+// WatchRequest asks for the lock events of one resource.
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Resource names the lock watched, as in Acquire.
+	Resource string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// Cursor, if set, resumes the watch just after the event that carried
+	// it (WatchResponse.cursor): opaque, valid on any node of the cluster.
+	Cursor        string `protobuf:"bytes,2,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_warden_v1_lock_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *WatchRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
+// WatchResponse is one lock event: the lease it concerns (holder, fencing
+// token, expiry) and where it happened.
+type WatchResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Type     LockEventType          `protobuf:"varint,1,opt,name=type,proto3,enum=warden.v1.LockEventType" json:"type,omitempty"`
+	Resource string                 `protobuf:"bytes,2,opt,name=resource,proto3" json:"resource,omitempty"`
+	Holder   string                 `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	// FencingToken is the lease's: the granted one, or the one that ended.
+	FencingToken uint64 `protobuf:"varint,4,opt,name=fencing_token,json=fencingToken,proto3" json:"fencing_token,omitempty"`
+	// ExpiresAt is the lease's expiry as the event left it (for an ended
+	// lease, when it was to expire).
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Initial is set on the first event of a watch begun without a cursor:
+	// the holder at that moment, not a change.
+	Initial bool `protobuf:"varint,6,opt,name=initial,proto3" json:"initial,omitempty"`
+	// ShardId, index and seq are the commit position that produced the
+	// event: the Raft index of its shard's log entry and the event's place
+	// among that entry's events (for the initial holder, the index the read
+	// was current at). Positions increase in commit order.
+	ShardId uint64 `protobuf:"varint,7,opt,name=shard_id,json=shardId,proto3" json:"shard_id,omitempty"`
+	Index   uint64 `protobuf:"varint,8,opt,name=index,proto3" json:"index,omitempty"`
+	Seq     uint32 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Cursor resumes a watch just after this event (WatchRequest.cursor).
+	Cursor        string `protobuf:"bytes,10,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_warden_v1_lock_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_warden_v1_lock_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WatchResponse) GetType() LockEventType {
+	if x != nil {
+		return x.Type
+	}
+	return LockEventType_LOCK_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *WatchResponse) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *WatchResponse) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *WatchResponse) GetFencingToken() uint64 {
+	if x != nil {
+		return x.FencingToken
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetInitial() bool {
+	if x != nil {
+		return x.Initial
+	}
+	return false
+}
+
+func (x *WatchResponse) GetShardId() uint64 {
+	if x != nil {
+		return x.ShardId
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetSeq() uint32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetCursor() string {
+	if x != nil {
+		return x.Cursor
+	}
+	return ""
+}
+
 // AcquireRequest asks for the lock on one resource.
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -58,7 +302,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[0]
+	mi := &file_warden_v1_lock_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -70,7 +314,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[0]
+	mi := &file_warden_v1_lock_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -83,7 +327,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{0}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AcquireRequest) GetResource() string {
@@ -147,7 +391,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[1]
+	mi := &file_warden_v1_lock_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -159,7 +403,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[1]
+	mi := &file_warden_v1_lock_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -172,7 +416,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{1}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AcquireResponse) GetLeaseId() string {
@@ -214,7 +458,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[2]
+	mi := &file_warden_v1_lock_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -226,7 +470,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[2]
+	mi := &file_warden_v1_lock_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -239,7 +483,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{2}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RenewRequest) GetResource() string {
@@ -266,7 +510,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[3]
+	mi := &file_warden_v1_lock_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -278,7 +522,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[3]
+	mi := &file_warden_v1_lock_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -291,7 +535,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{3}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RenewResponse) GetExpiresAt() *timestamppb.Timestamp {
@@ -311,7 +555,7 @@ type RenewBatchRequest struct {
 
 func (x *RenewBatchRequest) Reset() {
 	*x = RenewBatchRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[4]
+	mi := &file_warden_v1_lock_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -323,7 +567,7 @@ func (x *RenewBatchRequest) String() string {
 func (*RenewBatchRequest) ProtoMessage() {}
 
 func (x *RenewBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[4]
+	mi := &file_warden_v1_lock_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -336,7 +580,7 @@ func (x *RenewBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewBatchRequest.ProtoReflect.Descriptor instead.
 func (*RenewBatchRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{4}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewBatchRequest) GetRenewals() []*RenewRequest {
@@ -356,7 +600,7 @@ type RenewBatchResponse struct {
 
 func (x *RenewBatchResponse) Reset() {
 	*x = RenewBatchResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[5]
+	mi := &file_warden_v1_lock_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +612,7 @@ func (x *RenewBatchResponse) String() string {
 func (*RenewBatchResponse) ProtoMessage() {}
 
 func (x *RenewBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[5]
+	mi := &file_warden_v1_lock_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +625,7 @@ func (x *RenewBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewBatchResponse.ProtoReflect.Descriptor instead.
 func (*RenewBatchResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{5}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RenewBatchResponse) GetOutcomes() []*RenewOutcome {
@@ -411,7 +655,7 @@ type RenewOutcome struct {
 
 func (x *RenewOutcome) Reset() {
 	*x = RenewOutcome{}
-	mi := &file_warden_v1_lock_proto_msgTypes[6]
+	mi := &file_warden_v1_lock_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +667,7 @@ func (x *RenewOutcome) String() string {
 func (*RenewOutcome) ProtoMessage() {}
 
 func (x *RenewOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[6]
+	mi := &file_warden_v1_lock_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +680,7 @@ func (x *RenewOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewOutcome.ProtoReflect.Descriptor instead.
 func (*RenewOutcome) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{6}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RenewOutcome) GetCode() string {
@@ -470,7 +714,7 @@ type BatchRequest struct {
 
 func (x *BatchRequest) Reset() {
 	*x = BatchRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[7]
+	mi := &file_warden_v1_lock_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +726,7 @@ func (x *BatchRequest) String() string {
 func (*BatchRequest) ProtoMessage() {}
 
 func (x *BatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[7]
+	mi := &file_warden_v1_lock_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +739,7 @@ func (x *BatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRequest.ProtoReflect.Descriptor instead.
 func (*BatchRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{7}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BatchRequest) GetOps() []*BatchOp {
@@ -520,7 +764,7 @@ type BatchOp struct {
 
 func (x *BatchOp) Reset() {
 	*x = BatchOp{}
-	mi := &file_warden_v1_lock_proto_msgTypes[8]
+	mi := &file_warden_v1_lock_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +776,7 @@ func (x *BatchOp) String() string {
 func (*BatchOp) ProtoMessage() {}
 
 func (x *BatchOp) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[8]
+	mi := &file_warden_v1_lock_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +789,7 @@ func (x *BatchOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchOp.ProtoReflect.Descriptor instead.
 func (*BatchOp) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{8}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BatchOp) GetOp() isBatchOp_Op {
@@ -599,7 +843,7 @@ type BatchResponse struct {
 
 func (x *BatchResponse) Reset() {
 	*x = BatchResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[9]
+	mi := &file_warden_v1_lock_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +855,7 @@ func (x *BatchResponse) String() string {
 func (*BatchResponse) ProtoMessage() {}
 
 func (x *BatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[9]
+	mi := &file_warden_v1_lock_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +868,7 @@ func (x *BatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResponse.ProtoReflect.Descriptor instead.
 func (*BatchResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{9}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BatchResponse) GetOutcomes() []*BatchOutcome {
@@ -662,7 +906,7 @@ type BatchOutcome struct {
 
 func (x *BatchOutcome) Reset() {
 	*x = BatchOutcome{}
-	mi := &file_warden_v1_lock_proto_msgTypes[10]
+	mi := &file_warden_v1_lock_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +918,7 @@ func (x *BatchOutcome) String() string {
 func (*BatchOutcome) ProtoMessage() {}
 
 func (x *BatchOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[10]
+	mi := &file_warden_v1_lock_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +931,7 @@ func (x *BatchOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchOutcome.ProtoReflect.Descriptor instead.
 func (*BatchOutcome) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{10}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *BatchOutcome) GetCode() string {
@@ -763,7 +1007,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[11]
+	mi := &file_warden_v1_lock_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -775,7 +1019,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[11]
+	mi := &file_warden_v1_lock_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -788,7 +1032,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{11}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReleaseRequest) GetResource() string {
@@ -823,7 +1067,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[12]
+	mi := &file_warden_v1_lock_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +1079,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[12]
+	mi := &file_warden_v1_lock_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +1092,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{12}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -875,7 +1119,7 @@ type DescribeRequest struct {
 
 func (x *DescribeRequest) Reset() {
 	*x = DescribeRequest{}
-	mi := &file_warden_v1_lock_proto_msgTypes[13]
+	mi := &file_warden_v1_lock_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +1131,7 @@ func (x *DescribeRequest) String() string {
 func (*DescribeRequest) ProtoMessage() {}
 
 func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[13]
+	mi := &file_warden_v1_lock_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +1144,7 @@ func (x *DescribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeRequest.ProtoReflect.Descriptor instead.
 func (*DescribeRequest) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{13}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DescribeRequest) GetResource() string {
@@ -929,7 +1173,7 @@ type DescribeResponse struct {
 
 func (x *DescribeResponse) Reset() {
 	*x = DescribeResponse{}
-	mi := &file_warden_v1_lock_proto_msgTypes[14]
+	mi := &file_warden_v1_lock_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -941,7 +1185,7 @@ func (x *DescribeResponse) String() string {
 func (*DescribeResponse) ProtoMessage() {}
 
 func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[14]
+	mi := &file_warden_v1_lock_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -954,7 +1198,7 @@ func (x *DescribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeResponse.ProtoReflect.Descriptor instead.
 func (*DescribeResponse) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{14}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DescribeResponse) GetHeld() bool {
@@ -1003,7 +1247,7 @@ type LockHeld struct {
 
 func (x *LockHeld) Reset() {
 	*x = LockHeld{}
-	mi := &file_warden_v1_lock_proto_msgTypes[15]
+	mi := &file_warden_v1_lock_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1259,7 @@ func (x *LockHeld) String() string {
 func (*LockHeld) ProtoMessage() {}
 
 func (x *LockHeld) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[15]
+	mi := &file_warden_v1_lock_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1272,7 @@ func (x *LockHeld) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LockHeld.ProtoReflect.Descriptor instead.
 func (*LockHeld) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{15}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LockHeld) GetFencingToken() uint64 {
@@ -1057,7 +1301,7 @@ type FieldViolation struct {
 
 func (x *FieldViolation) Reset() {
 	*x = FieldViolation{}
-	mi := &file_warden_v1_lock_proto_msgTypes[16]
+	mi := &file_warden_v1_lock_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1313,7 @@ func (x *FieldViolation) String() string {
 func (*FieldViolation) ProtoMessage() {}
 
 func (x *FieldViolation) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[16]
+	mi := &file_warden_v1_lock_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1326,7 @@ func (x *FieldViolation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FieldViolation.ProtoReflect.Descriptor instead.
 func (*FieldViolation) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{16}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *FieldViolation) GetField() string {
@@ -1121,7 +1365,7 @@ type NotLeader struct {
 
 func (x *NotLeader) Reset() {
 	*x = NotLeader{}
-	mi := &file_warden_v1_lock_proto_msgTypes[17]
+	mi := &file_warden_v1_lock_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1377,7 @@ func (x *NotLeader) String() string {
 func (*NotLeader) ProtoMessage() {}
 
 func (x *NotLeader) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[17]
+	mi := &file_warden_v1_lock_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1390,7 @@ func (x *NotLeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotLeader.ProtoReflect.Descriptor instead.
 func (*NotLeader) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{17}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *NotLeader) GetShardId() uint64 {
@@ -1202,7 +1446,7 @@ type RangeMoved struct {
 
 func (x *RangeMoved) Reset() {
 	*x = RangeMoved{}
-	mi := &file_warden_v1_lock_proto_msgTypes[18]
+	mi := &file_warden_v1_lock_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1458,7 @@ func (x *RangeMoved) String() string {
 func (*RangeMoved) ProtoMessage() {}
 
 func (x *RangeMoved) ProtoReflect() protoreflect.Message {
-	mi := &file_warden_v1_lock_proto_msgTypes[18]
+	mi := &file_warden_v1_lock_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1471,7 @@ func (x *RangeMoved) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeMoved.ProtoReflect.Descriptor instead.
 func (*RangeMoved) Descriptor() ([]byte, []int) {
-	return file_warden_v1_lock_proto_rawDescGZIP(), []int{18}
+	return file_warden_v1_lock_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RangeMoved) GetShardId() uint64 {
@@ -1276,7 +1520,23 @@ var File_warden_v1_lock_proto protoreflect.FileDescriptor
 
 const file_warden_v1_lock_proto_rawDesc = "" +
 	"\n" +
-	"\x14warden/v1/lock.proto\x12\twarden.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf1\x01\n" +
+	"\x14warden/v1/lock.proto\x12\twarden.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"B\n" +
+	"\fWatchRequest\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x16\n" +
+	"\x06cursor\x18\x02 \x01(\tR\x06cursor\"\xc6\x02\n" +
+	"\rWatchResponse\x12,\n" +
+	"\x04type\x18\x01 \x01(\x0e2\x18.warden.v1.LockEventTypeR\x04type\x12\x1a\n" +
+	"\bresource\x18\x02 \x01(\tR\bresource\x12\x16\n" +
+	"\x06holder\x18\x03 \x01(\tR\x06holder\x12#\n" +
+	"\rfencing_token\x18\x04 \x01(\x04R\ffencingToken\x129\n" +
+	"\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x18\n" +
+	"\ainitial\x18\x06 \x01(\bR\ainitial\x12\x19\n" +
+	"\bshard_id\x18\a \x01(\x04R\ashardId\x12\x14\n" +
+	"\x05index\x18\b \x01(\x04R\x05index\x12\x10\n" +
+	"\x03seq\x18\t \x01(\rR\x03seq\x12\x16\n" +
+	"\x06cursor\x18\n" +
+	" \x01(\tR\x06cursor\"\xf1\x01\n" +
 	"\x0eAcquireRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +
@@ -1358,7 +1618,13 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\x12$\n" +
 	"\x0eleader_node_id\x18\x05 \x01(\x04R\fleaderNodeId\x12%\n" +
-	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress2\x9e\x03\n" +
+	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress*\xa5\x01\n" +
+	"\rLockEventType\x12\x1f\n" +
+	"\x1bLOCK_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17LOCK_EVENT_TYPE_GRANTED\x10\x01\x12\x1c\n" +
+	"\x18LOCK_EVENT_TYPE_RELEASED\x10\x02\x12\x1b\n" +
+	"\x17LOCK_EVENT_TYPE_EXPIRED\x10\x03\x12\x1b\n" +
+	"\x17LOCK_EVENT_TYPE_REVOKED\x10\x042\xe1\x03\n" +
 	"\vLockService\x12@\n" +
 	"\aAcquire\x12\x19.warden.v1.AcquireRequest\x1a\x1a.warden.v1.AcquireResponse\x12:\n" +
 	"\x05Renew\x12\x17.warden.v1.RenewRequest\x1a\x18.warden.v1.RenewResponse\x12I\n" +
@@ -1366,7 +1632,8 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"RenewBatch\x12\x1c.warden.v1.RenewBatchRequest\x1a\x1d.warden.v1.RenewBatchResponse\x12@\n" +
 	"\aRelease\x12\x19.warden.v1.ReleaseRequest\x1a\x1a.warden.v1.ReleaseResponse\x12:\n" +
 	"\x05Batch\x12\x17.warden.v1.BatchRequest\x1a\x18.warden.v1.BatchResponse\x12H\n" +
-	"\bDescribe\x12\x1a.warden.v1.DescribeRequest\x1a\x1b.warden.v1.DescribeResponse\"\x03\x90\x02\x01B7Z5github.com/warden-dev/warden/proto/warden/v1;wardenv1b\x06proto3"
+	"\bDescribe\x12\x1a.warden.v1.DescribeRequest\x1a\x1b.warden.v1.DescribeResponse\"\x03\x90\x02\x01\x12A\n" +
+	"\x05Watch\x12\x17.warden.v1.WatchRequest\x1a\x18.warden.v1.WatchResponse\"\x03\x90\x02\x010\x01B7Z5github.com/warden-dev/warden/proto/warden/v1;wardenv1b\x06proto3"
 
 var (
 	file_warden_v1_lock_proto_rawDescOnce sync.Once
@@ -1380,66 +1647,74 @@ func file_warden_v1_lock_proto_rawDescGZIP() []byte {
 	return file_warden_v1_lock_proto_rawDescData
 }
 
-var file_warden_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_warden_v1_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_warden_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_warden_v1_lock_proto_goTypes = []any{
-	(*AcquireRequest)(nil),        // 0: warden.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 1: warden.v1.AcquireResponse
-	(*RenewRequest)(nil),          // 2: warden.v1.RenewRequest
-	(*RenewResponse)(nil),         // 3: warden.v1.RenewResponse
-	(*RenewBatchRequest)(nil),     // 4: warden.v1.RenewBatchRequest
-	(*RenewBatchResponse)(nil),    // 5: warden.v1.RenewBatchResponse
-	(*RenewOutcome)(nil),          // 6: warden.v1.RenewOutcome
-	(*BatchRequest)(nil),          // 7: warden.v1.BatchRequest
-	(*BatchOp)(nil),               // 8: warden.v1.BatchOp
-	(*BatchResponse)(nil),         // 9: warden.v1.BatchResponse
-	(*BatchOutcome)(nil),          // 10: warden.v1.BatchOutcome
-	(*ReleaseRequest)(nil),        // 11: warden.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 12: warden.v1.ReleaseResponse
-	(*DescribeRequest)(nil),       // 13: warden.v1.DescribeRequest
-	(*DescribeResponse)(nil),      // 14: warden.v1.DescribeResponse
-	(*LockHeld)(nil),              // 15: warden.v1.LockHeld
-	(*FieldViolation)(nil),        // 16: warden.v1.FieldViolation
-	(*NotLeader)(nil),             // 17: warden.v1.NotLeader
-	(*RangeMoved)(nil),            // 18: warden.v1.RangeMoved
-	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
-	(*anypb.Any)(nil),             // 21: google.protobuf.Any
+	(LockEventType)(0),            // 0: warden.v1.LockEventType
+	(*WatchRequest)(nil),          // 1: warden.v1.WatchRequest
+	(*WatchResponse)(nil),         // 2: warden.v1.WatchResponse
+	(*AcquireRequest)(nil),        // 3: warden.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 4: warden.v1.AcquireResponse
+	(*RenewRequest)(nil),          // 5: warden.v1.RenewRequest
+	(*RenewResponse)(nil),         // 6: warden.v1.RenewResponse
+	(*RenewBatchRequest)(nil),     // 7: warden.v1.RenewBatchRequest
+	(*RenewBatchResponse)(nil),    // 8: warden.v1.RenewBatchResponse
+	(*RenewOutcome)(nil),          // 9: warden.v1.RenewOutcome
+	(*BatchRequest)(nil),          // 10: warden.v1.BatchRequest
+	(*BatchOp)(nil),               // 11: warden.v1.BatchOp
+	(*BatchResponse)(nil),         // 12: warden.v1.BatchResponse
+	(*BatchOutcome)(nil),          // 13: warden.v1.BatchOutcome
+	(*ReleaseRequest)(nil),        // 14: warden.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 15: warden.v1.ReleaseResponse
+	(*DescribeRequest)(nil),       // 16: warden.v1.DescribeRequest
+	(*DescribeResponse)(nil),      // 17: warden.v1.DescribeResponse
+	(*LockHeld)(nil),              // 18: warden.v1.LockHeld
+	(*FieldViolation)(nil),        // 19: warden.v1.FieldViolation
+	(*NotLeader)(nil),             // 20: warden.v1.NotLeader
+	(*RangeMoved)(nil),            // 21: warden.v1.RangeMoved
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
+	(*anypb.Any)(nil),             // 24: google.protobuf.Any
 }
 var file_warden_v1_lock_proto_depIdxs = []int32{
-	19, // 0: warden.v1.AcquireRequest.lease_ttl:type_name -> google.protobuf.Duration
-	19, // 1: warden.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
-	20, // 2: warden.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 3: warden.v1.AcquireResponse.lease_ttl:type_name -> google.protobuf.Duration
-	20, // 4: warden.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
-	2,  // 5: warden.v1.RenewBatchRequest.renewals:type_name -> warden.v1.RenewRequest
-	6,  // 6: warden.v1.RenewBatchResponse.outcomes:type_name -> warden.v1.RenewOutcome
-	20, // 7: warden.v1.RenewOutcome.expires_at:type_name -> google.protobuf.Timestamp
-	8,  // 8: warden.v1.BatchRequest.ops:type_name -> warden.v1.BatchOp
-	0,  // 9: warden.v1.BatchOp.acquire:type_name -> warden.v1.AcquireRequest
-	11, // 10: warden.v1.BatchOp.release:type_name -> warden.v1.ReleaseRequest
-	10, // 11: warden.v1.BatchResponse.outcomes:type_name -> warden.v1.BatchOutcome
-	1,  // 12: warden.v1.BatchOutcome.acquire:type_name -> warden.v1.AcquireResponse
-	12, // 13: warden.v1.BatchOutcome.release:type_name -> warden.v1.ReleaseResponse
-	21, // 14: warden.v1.BatchOutcome.details:type_name -> google.protobuf.Any
-	20, // 15: warden.v1.DescribeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	20, // 16: warden.v1.LockHeld.expires_at:type_name -> google.protobuf.Timestamp
-	0,  // 17: warden.v1.LockService.Acquire:input_type -> warden.v1.AcquireRequest
-	2,  // 18: warden.v1.LockService.Renew:input_type -> warden.v1.RenewRequest
-	4,  // 19: warden.v1.LockService.RenewBatch:input_type -> warden.v1.RenewBatchRequest
-	11, // 20: warden.v1.LockService.Release:input_type -> warden.v1.ReleaseRequest
-	7,  // 21: warden.v1.LockService.Batch:input_type -> warden.v1.BatchRequest
-	13, // 22: warden.v1.LockService.Describe:input_type -> warden.v1.DescribeRequest
-	1,  // 23: warden.v1.LockService.Acquire:output_type -> warden.v1.AcquireResponse
-	3,  // 24: warden.v1.LockService.Renew:output_type -> warden.v1.RenewResponse
-	5,  // 25: warden.v1.LockService.RenewBatch:output_type -> warden.v1.RenewBatchResponse
-	12, // 26: warden.v1.LockService.Release:output_type -> warden.v1.ReleaseResponse
-	9,  // 27: warden.v1.LockService.Batch:output_type -> warden.v1.BatchResponse
-	14, // 28: warden.v1.LockService.Describe:output_type -> warden.v1.DescribeResponse
-	23, // [23:29] is the sub-list for method output_type
-	17, // [17:23] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	0,  // 0: warden.v1.WatchResponse.type:type_name -> warden.v1.LockEventType
+	22, // 1: warden.v1.WatchResponse.expires_at:type_name -> google.protobuf.Timestamp
+	23, // 2: warden.v1.AcquireRequest.lease_ttl:type_name -> google.protobuf.Duration
+	23, // 3: warden.v1.AcquireRequest.wait_timeout:type_name -> google.protobuf.Duration
+	22, // 4: warden.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	23, // 5: warden.v1.AcquireResponse.lease_ttl:type_name -> google.protobuf.Duration
+	22, // 6: warden.v1.RenewResponse.expires_at:type_name -> google.protobuf.Timestamp
+	5,  // 7: warden.v1.RenewBatchRequest.renewals:type_name -> warden.v1.RenewRequest
+	9,  // 8: warden.v1.RenewBatchResponse.outcomes:type_name -> warden.v1.RenewOutcome
+	22, // 9: warden.v1.RenewOutcome.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 10: warden.v1.BatchRequest.ops:type_name -> warden.v1.BatchOp
+	3,  // 11: warden.v1.BatchOp.acquire:type_name -> warden.v1.AcquireRequest
+	14, // 12: warden.v1.BatchOp.release:type_name -> warden.v1.ReleaseRequest
+	13, // 13: warden.v1.BatchResponse.outcomes:type_name -> warden.v1.BatchOutcome
+	4,  // 14: warden.v1.BatchOutcome.acquire:type_name -> warden.v1.AcquireResponse
+	15, // 15: warden.v1.BatchOutcome.release:type_name -> warden.v1.ReleaseResponse
+	24, // 16: warden.v1.BatchOutcome.details:type_name -> google.protobuf.Any
+	22, // 17: warden.v1.DescribeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 18: warden.v1.LockHeld.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 19: warden.v1.LockService.Acquire:input_type -> warden.v1.AcquireRequest
+	5,  // 20: warden.v1.LockService.Renew:input_type -> warden.v1.RenewRequest
+	7,  // 21: warden.v1.LockService.RenewBatch:input_type -> warden.v1.RenewBatchRequest
+	14, // 22: warden.v1.LockService.Release:input_type -> warden.v1.ReleaseRequest
+	10, // 23: warden.v1.LockService.Batch:input_type -> warden.v1.BatchRequest
+	16, // 24: warden.v1.LockService.Describe:input_type -> warden.v1.DescribeRequest
+	1,  // 25: warden.v1.LockService.Watch:input_type -> warden.v1.WatchRequest
+	4,  // 26: warden.v1.LockService.Acquire:output_type -> warden.v1.AcquireResponse
+	6,  // 27: warden.v1.LockService.Renew:output_type -> warden.v1.RenewResponse
+	8,  // 28: warden.v1.LockService.RenewBatch:output_type -> warden.v1.RenewBatchResponse
+	15, // 29: warden.v1.LockService.Release:output_type -> warden.v1.ReleaseResponse
+	12, // 30: warden.v1.LockService.Batch:output_type -> warden.v1.BatchResponse
+	17, // 31: warden.v1.LockService.Describe:output_type -> warden.v1.DescribeResponse
+	2,  // 32: warden.v1.LockService.Watch:output_type -> warden.v1.WatchResponse
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_warden_v1_lock_proto_init() }
@@ -1447,11 +1722,11 @@ func file_warden_v1_lock_proto_init() {
 	if File_warden_v1_lock_proto != nil {
 		return
 	}
-	file_warden_v1_lock_proto_msgTypes[8].OneofWrappers = []any{
+	file_warden_v1_lock_proto_msgTypes[10].OneofWrappers = []any{
 		(*BatchOp_Acquire)(nil),
 		(*BatchOp_Release)(nil),
 	}
-	file_warden_v1_lock_proto_msgTypes[10].OneofWrappers = []any{
+	file_warden_v1_lock_proto_msgTypes[12].OneofWrappers = []any{
 		(*BatchOutcome_Acquire)(nil),
 		(*BatchOutcome_Release)(nil),
 	}
@@ -1460,13 +1735,14 @@ func file_warden_v1_lock_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_warden_v1_lock_proto_rawDesc), len(file_warden_v1_lock_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   19,
+			NumEnums:      1,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_warden_v1_lock_proto_goTypes,
 		DependencyIndexes: file_warden_v1_lock_proto_depIdxs,
+		EnumInfos:         file_warden_v1_lock_proto_enumTypes,
 		MessageInfos:      file_warden_v1_lock_proto_msgTypes,
 	}.Build()
 	File_warden_v1_lock_proto = out.File

@@ -5304,8 +5304,8 @@ type QueryResult struct {
 	// Digest is the SHA-256 of every stored key and value, as of
 	// applied_index (DigestQuery only).
 	Digest []byte `protobuf:"bytes,6,opt,name=digest,proto3" json:"digest,omitempty"`
-	// AppliedIndex is the last Raft index the replica applied (DigestQuery
-	// and MetaQuery).
+	// AppliedIndex is the last Raft index the replica applied (DigestQuery,
+	// MetaQuery and DescribeQuery).
 	AppliedIndex uint64          `protobuf:"varint,7,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	Drop         *DropWaitersCmd `protobuf:"bytes,8,opt,name=drop,proto3" json:"drop,omitempty"`
 	Hot          []*LockRecord   `protobuf:"bytes,9,rep,name=hot,proto3" json:"hot,omitempty"`

@@ -47,6 +47,8 @@ const (
 	LockServiceBatchProcedure = "/warden.v1.LockService/Batch"
 	// LockServiceDescribeProcedure is the fully-qualified name of the LockService's Describe RPC.
 	LockServiceDescribeProcedure = "/warden.v1.LockService/Describe"
+	// LockServiceWatchProcedure is the fully-qualified name of the LockService's Watch RPC.
+	LockServiceWatchProcedure = "/warden.v1.LockService/Watch"
 )
 
 // LockServiceClient is a client for the warden.v1.LockService service.
@@ -84,6 +86,19 @@ type LockServiceClient interface {
 	// Describe reports the lock's state with a linearizable read. It never
 	// returns the lease id, which is a bearer secret.
 	Describe(context.Context, *connect.Request[v1.DescribeRequest]) (*connect.Response[v1.DescribeResponse], error)
+	// Watch streams the lock events of one resource. Without a cursor it
+	// begins with the current holder (an event with initial set, when the
+	// lock is held), read linearizably; then every grant, release, expiry
+	// and revocation follows in commit order, each once, with no gap. With
+	// the cursor of an event it resumes just after that event. Where the
+	// node no longer keeps the events a cursor needs (they were trimmed,
+	// the nodes restarted, the resource's range moved to another shard) it
+	// answers OUT_OF_RANGE with the current state as a DescribeResponse
+	// detail, and never starts later silently. A node with no replica of
+	// the resource's shard answers UNAVAILABLE. Events never carry lease
+	// ids. Needs the lock or the read permission on the resource, as
+	// Describe does. (Prefix watches are still to come.)
+	Watch(context.Context, *connect.Request[v1.WatchRequest]) (*connect.ServerStreamForClient[v1.WatchResponse], error)
 }
 
 // NewLockServiceClient constructs a client for the warden.v1.LockService service. By default, it
@@ -134,6 +149,13 @@ func NewLockServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		watch: connect.NewClient[v1.WatchRequest, v1.WatchResponse](
+			httpClient,
+			baseURL+LockServiceWatchProcedure,
+			connect.WithSchema(lockServiceMethods.ByName("Watch")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -145,6 +167,7 @@ type lockServiceClient struct {
 	release    *connect.Client[v1.ReleaseRequest, v1.ReleaseResponse]
 	batch      *connect.Client[v1.BatchRequest, v1.BatchResponse]
 	describe   *connect.Client[v1.DescribeRequest, v1.DescribeResponse]
+	watch      *connect.Client[v1.WatchRequest, v1.WatchResponse]
 }
 
 // Acquire calls warden.v1.LockService.Acquire.
@@ -175,6 +198,11 @@ func (c *lockServiceClient) Batch(ctx context.Context, req *connect.Request[v1.B
 // Describe calls warden.v1.LockService.Describe.
 func (c *lockServiceClient) Describe(ctx context.Context, req *connect.Request[v1.DescribeRequest]) (*connect.Response[v1.DescribeResponse], error) {
 	return c.describe.CallUnary(ctx, req)
+}
+
+// Watch calls warden.v1.LockService.Watch.
+func (c *lockServiceClient) Watch(ctx context.Context, req *connect.Request[v1.WatchRequest]) (*connect.ServerStreamForClient[v1.WatchResponse], error) {
+	return c.watch.CallServerStream(ctx, req)
 }
 
 // LockServiceHandler is an implementation of the warden.v1.LockService service.
@@ -212,6 +240,19 @@ type LockServiceHandler interface {
 	// Describe reports the lock's state with a linearizable read. It never
 	// returns the lease id, which is a bearer secret.
 	Describe(context.Context, *connect.Request[v1.DescribeRequest]) (*connect.Response[v1.DescribeResponse], error)
+	// Watch streams the lock events of one resource. Without a cursor it
+	// begins with the current holder (an event with initial set, when the
+	// lock is held), read linearizably; then every grant, release, expiry
+	// and revocation follows in commit order, each once, with no gap. With
+	// the cursor of an event it resumes just after that event. Where the
+	// node no longer keeps the events a cursor needs (they were trimmed,
+	// the nodes restarted, the resource's range moved to another shard) it
+	// answers OUT_OF_RANGE with the current state as a DescribeResponse
+	// detail, and never starts later silently. A node with no replica of
+	// the resource's shard answers UNAVAILABLE. Events never carry lease
+	// ids. Needs the lock or the read permission on the resource, as
+	// Describe does. (Prefix watches are still to come.)
+	Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error
 }
 
 // NewLockServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -258,6 +299,13 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	lockServiceWatchHandler := connect.NewServerStreamHandler(
+		LockServiceWatchProcedure,
+		svc.Watch,
+		connect.WithSchema(lockServiceMethods.ByName("Watch")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/warden.v1.LockService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case LockServiceAcquireProcedure:
@@ -272,6 +320,8 @@ func NewLockServiceHandler(svc LockServiceHandler, opts ...connect.HandlerOption
 			lockServiceBatchHandler.ServeHTTP(w, r)
 		case LockServiceDescribeProcedure:
 			lockServiceDescribeHandler.ServeHTTP(w, r)
+		case LockServiceWatchProcedure:
+			lockServiceWatchHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -303,4 +353,8 @@ func (UnimplementedLockServiceHandler) Batch(context.Context, *connect.Request[v
 
 func (UnimplementedLockServiceHandler) Describe(context.Context, *connect.Request[v1.DescribeRequest]) (*connect.Response[v1.DescribeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.LockService.Describe is not implemented"))
+}
+
+func (UnimplementedLockServiceHandler) Watch(context.Context, *connect.Request[v1.WatchRequest], *connect.ServerStream[v1.WatchResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("warden.v1.LockService.Watch is not implemented"))
 }

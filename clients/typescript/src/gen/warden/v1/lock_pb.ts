@@ -5,8 +5,8 @@
 // Package warden.v1 is Warden's public API, served over Connect (gRPC,
 // gRPC-Web and the Connect protocol; JSON works with plain curl).
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Any, Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
@@ -15,7 +15,116 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file warden/v1/lock.proto.
  */
 export const file_warden_v1_lock: GenFile = /*@__PURE__*/
-  fileDesc("ChR3YXJkZW4vdjEvbG9jay5wcm90bxIJd2FyZGVuLnYxIrUBCg5BY3F1aXJlUmVxdWVzdBIQCghyZXNvdXJjZRgBIAEoCRISCgpyZXF1ZXN0X2lkGAIgASgJEiwKCWxlYXNlX3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIvCgx3YWl0X3RpbWVvdXQYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SDgoGaG9sZGVyGAUgASgJEg4KBnRlbmFudBgGIAEoCSKYAQoPQWNxdWlyZVJlc3BvbnNlEhAKCGxlYXNlX2lkGAEgASgJEhUKDWZlbmNpbmdfdG9rZW4YAiABKAQSLgoKZXhwaXJlc19hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoJbGVhc2VfdHRsGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIjIKDFJlbmV3UmVxdWVzdBIQCghyZXNvdXJjZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCSI/Cg1SZW5ld1Jlc3BvbnNlEi4KCmV4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIj4KEVJlbmV3QmF0Y2hSZXF1ZXN0EikKCHJlbmV3YWxzGAEgAygLMhcud2FyZGVuLnYxLlJlbmV3UmVxdWVzdCI/ChJSZW5ld0JhdGNoUmVzcG9uc2USKQoIb3V0Y29tZXMYASADKAsyFy53YXJkZW4udjEuUmVuZXdPdXRjb21lIl0KDFJlbmV3T3V0Y29tZRIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSLgoKZXhwaXJlc19hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiLwoMQmF0Y2hSZXF1ZXN0Eh8KA29wcxgBIAMoCzISLndhcmRlbi52MS5CYXRjaE9wImsKB0JhdGNoT3ASLAoHYWNxdWlyZRgBIAEoCzIZLndhcmRlbi52MS5BY3F1aXJlUmVxdWVzdEgAEiwKB3JlbGVhc2UYAiABKAsyGS53YXJkZW4udjEuUmVsZWFzZVJlcXVlc3RIAEIECgJvcCI6Cg1CYXRjaFJlc3BvbnNlEikKCG91dGNvbWVzGAEgAygLMhcud2FyZGVuLnYxLkJhdGNoT3V0Y29tZSK8AQoMQmF0Y2hPdXRjb21lEgwKBGNvZGUYASABKAkSDwoHbWVzc2FnZRgCIAEoCRItCgdhY3F1aXJlGAMgASgLMhoud2FyZGVuLnYxLkFjcXVpcmVSZXNwb25zZUgAEi0KB3JlbGVhc2UYBCABKAsyGi53YXJkZW4udjEuUmVsZWFzZVJlc3BvbnNlSAASJQoHZGV0YWlscxgFIAMoCzIULmdvb2dsZS5wcm90b2J1Zi5BbnlCCAoGcmVzdWx0IjQKDlJlbGVhc2VSZXF1ZXN0EhAKCHJlc291cmNlGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJIj0KD1JlbGVhc2VSZXNwb25zZRIQCghyZWxlYXNlZBgBIAEoCBIYChBhbHJlYWR5X3JlbGVhc2VkGAIgASgIIiMKD0Rlc2NyaWJlUmVxdWVzdBIQCghyZXNvdXJjZRgBIAEoCSKIAQoQRGVzY3JpYmVSZXNwb25zZRIMCgRoZWxkGAEgASgIEg4KBmhvbGRlchgCIAEoCRIVCg1mZW5jaW5nX3Rva2VuGAMgASgEEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB3dhaXRlcnMYBSABKA0iUQoITG9ja0hlbGQSFQoNZmVuY2luZ190b2tlbhgBIAEoBBIuCgpleHBpcmVzX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI0Cg5GaWVsZFZpb2xhdGlvbhINCgVmaWVsZBgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCSJbCglOb3RMZWFkZXISEAoIc2hhcmRfaWQYASABKAQSFgoObGVhZGVyX25vZGVfaWQYAiABKAQSFgoObGVhZGVyX2FkZHJlc3MYAyABKAkSDAoEdGVybRgEIAEoBCKKAQoKUmFuZ2VNb3ZlZBIQCghzaGFyZF9pZBgBIAEoBBITCgtyYW5nZV9zdGFydBgCIAEoBBIRCglyYW5nZV9lbmQYAyABKAQSEgoKZ2VuZXJhdGlvbhgEIAEoBBIWCg5sZWFkZXJfbm9kZV9pZBgFIAEoBBIWCg5sZWFkZXJfYWRkcmVzcxgGIAEoCTKeAwoLTG9ja1NlcnZpY2USQAoHQWNxdWlyZRIZLndhcmRlbi52MS5BY3F1aXJlUmVxdWVzdBoaLndhcmRlbi52MS5BY3F1aXJlUmVzcG9uc2USOgoFUmVuZXcSFy53YXJkZW4udjEuUmVuZXdSZXF1ZXN0Ghgud2FyZGVuLnYxLlJlbmV3UmVzcG9uc2USSQoKUmVuZXdCYXRjaBIcLndhcmRlbi52MS5SZW5ld0JhdGNoUmVxdWVzdBodLndhcmRlbi52MS5SZW5ld0JhdGNoUmVzcG9uc2USQAoHUmVsZWFzZRIZLndhcmRlbi52MS5SZWxlYXNlUmVxdWVzdBoaLndhcmRlbi52MS5SZWxlYXNlUmVzcG9uc2USOgoFQmF0Y2gSFy53YXJkZW4udjEuQmF0Y2hSZXF1ZXN0Ghgud2FyZGVuLnYxLkJhdGNoUmVzcG9uc2USSAoIRGVzY3JpYmUSGi53YXJkZW4udjEuRGVzY3JpYmVSZXF1ZXN0Ghsud2FyZGVuLnYxLkRlc2NyaWJlUmVzcG9uc2UiA5ACAUI3WjVnaXRodWIuY29tL3dhcmRlbi1kZXYvd2FyZGVuL3Byb3RvL3dhcmRlbi92MTt3YXJkZW52MWIGcHJvdG8z", [file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChR3YXJkZW4vdjEvbG9jay5wcm90bxIJd2FyZGVuLnYxIjAKDFdhdGNoUmVxdWVzdBIQCghyZXNvdXJjZRgBIAEoCRIOCgZjdXJzb3IYAiABKAki7wEKDVdhdGNoUmVzcG9uc2USJgoEdHlwZRgBIAEoDjIYLndhcmRlbi52MS5Mb2NrRXZlbnRUeXBlEhAKCHJlc291cmNlGAIgASgJEg4KBmhvbGRlchgDIAEoCRIVCg1mZW5jaW5nX3Rva2VuGAQgASgEEi4KCmV4cGlyZXNfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2luaXRpYWwYBiABKAgSEAoIc2hhcmRfaWQYByABKAQSDQoFaW5kZXgYCCABKAQSCwoDc2VxGAkgASgNEg4KBmN1cnNvchgKIAEoCSK1AQoOQWNxdWlyZVJlcXVlc3QSEAoIcmVzb3VyY2UYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRIsCglsZWFzZV90dGwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLwoMd2FpdF90aW1lb3V0GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEg4KBmhvbGRlchgFIAEoCRIOCgZ0ZW5hbnQYBiABKAkimAEKD0FjcXVpcmVSZXNwb25zZRIQCghsZWFzZV9pZBgBIAEoCRIVCg1mZW5jaW5nX3Rva2VuGAIgASgEEi4KCmV4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCWxlYXNlX3R0bBgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIyCgxSZW5ld1JlcXVlc3QSEAoIcmVzb3VyY2UYASABKAkSEAoIbGVhc2VfaWQYAiABKAkiPwoNUmVuZXdSZXNwb25zZRIuCgpleHBpcmVzX2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI+ChFSZW5ld0JhdGNoUmVxdWVzdBIpCghyZW5ld2FscxgBIAMoCzIXLndhcmRlbi52MS5SZW5ld1JlcXVlc3QiPwoSUmVuZXdCYXRjaFJlc3BvbnNlEikKCG91dGNvbWVzGAEgAygLMhcud2FyZGVuLnYxLlJlbmV3T3V0Y29tZSJdCgxSZW5ld091dGNvbWUSDAoEY29kZRgBIAEoCRIPCgdtZXNzYWdlGAIgASgJEi4KCmV4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIi8KDEJhdGNoUmVxdWVzdBIfCgNvcHMYASADKAsyEi53YXJkZW4udjEuQmF0Y2hPcCJrCgdCYXRjaE9wEiwKB2FjcXVpcmUYASABKAsyGS53YXJkZW4udjEuQWNxdWlyZVJlcXVlc3RIABIsCgdyZWxlYXNlGAIgASgLMhkud2FyZGVuLnYxLlJlbGVhc2VSZXF1ZXN0SABCBAoCb3AiOgoNQmF0Y2hSZXNwb25zZRIpCghvdXRjb21lcxgBIAMoCzIXLndhcmRlbi52MS5CYXRjaE91dGNvbWUivAEKDEJhdGNoT3V0Y29tZRIMCgRjb2RlGAEgASgJEg8KB21lc3NhZ2UYAiABKAkSLQoHYWNxdWlyZRgDIAEoCzIaLndhcmRlbi52MS5BY3F1aXJlUmVzcG9uc2VIABItCgdyZWxlYXNlGAQgASgLMhoud2FyZGVuLnYxLlJlbGVhc2VSZXNwb25zZUgAEiUKB2RldGFpbHMYBSADKAsyFC5nb29nbGUucHJvdG9idWYuQW55QggKBnJlc3VsdCI0Cg5SZWxlYXNlUmVxdWVzdBIQCghyZXNvdXJjZRgBIAEoCRIQCghsZWFzZV9pZBgCIAEoCSI9Cg9SZWxlYXNlUmVzcG9uc2USEAoIcmVsZWFzZWQYASABKAgSGAoQYWxyZWFkeV9yZWxlYXNlZBgCIAEoCCIjCg9EZXNjcmliZVJlcXVlc3QSEAoIcmVzb3VyY2UYASABKAkiiAEKEERlc2NyaWJlUmVzcG9uc2USDAoEaGVsZBgBIAEoCBIOCgZob2xkZXIYAiABKAkSFQoNZmVuY2luZ190b2tlbhgDIAEoBBIuCgpleHBpcmVzX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgd3YWl0ZXJzGAUgASgNIlEKCExvY2tIZWxkEhUKDWZlbmNpbmdfdG9rZW4YASABKAQSLgoKZXhwaXJlc19hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiNAoORmllbGRWaW9sYXRpb24SDQoFZmllbGQYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkiWwoJTm90TGVhZGVyEhAKCHNoYXJkX2lkGAEgASgEEhYKDmxlYWRlcl9ub2RlX2lkGAIgASgEEhYKDmxlYWRlcl9hZGRyZXNzGAMgASgJEgwKBHRlcm0YBCABKAQiigEKClJhbmdlTW92ZWQSEAoIc2hhcmRfaWQYASABKAQSEwoLcmFuZ2Vfc3RhcnQYAiABKAQSEQoJcmFuZ2VfZW5kGAMgASgEEhIKCmdlbmVyYXRpb24YBCABKAQSFgoObGVhZGVyX25vZGVfaWQYBSABKAQSFgoObGVhZGVyX2FkZHJlc3MYBiABKAkqpQEKDUxvY2tFdmVudFR5cGUSHwobTE9DS19FVkVOVF9UWVBFX1VOU1BFQ0lGSUVEEAASGwoXTE9DS19FVkVOVF9UWVBFX0dSQU5URUQQARIcChhMT0NLX0VWRU5UX1RZUEVfUkVMRUFTRUQQAhIbChdMT0NLX0VWRU5UX1RZUEVfRVhQSVJFRBADEhsKF0xPQ0tfRVZFTlRfVFlQRV9SRVZPS0VEEAQy4QMKC0xvY2tTZXJ2aWNlEkAKB0FjcXVpcmUSGS53YXJkZW4udjEuQWNxdWlyZVJlcXVlc3QaGi53YXJkZW4udjEuQWNxdWlyZVJlc3BvbnNlEjoKBVJlbmV3Ehcud2FyZGVuLnYxLlJlbmV3UmVxdWVzdBoYLndhcmRlbi52MS5SZW5ld1Jlc3BvbnNlEkkKClJlbmV3QmF0Y2gSHC53YXJkZW4udjEuUmVuZXdCYXRjaFJlcXVlc3QaHS53YXJkZW4udjEuUmVuZXdCYXRjaFJlc3BvbnNlEkAKB1JlbGVhc2USGS53YXJkZW4udjEuUmVsZWFzZVJlcXVlc3QaGi53YXJkZW4udjEuUmVsZWFzZVJlc3BvbnNlEjoKBUJhdGNoEhcud2FyZGVuLnYxLkJhdGNoUmVxdWVzdBoYLndhcmRlbi52MS5CYXRjaFJlc3BvbnNlEkgKCERlc2NyaWJlEhoud2FyZGVuLnYxLkRlc2NyaWJlUmVxdWVzdBobLndhcmRlbi52MS5EZXNjcmliZVJlc3BvbnNlIgOQAgESQQoFV2F0Y2gSFy53YXJkZW4udjEuV2F0Y2hSZXF1ZXN0Ghgud2FyZGVuLnYxLldhdGNoUmVzcG9uc2UiA5ACATABQjdaNWdpdGh1Yi5jb20vd2FyZGVuLWRldi93YXJkZW4vcHJvdG8vd2FyZGVuL3YxO3dhcmRlbnYxYgZwcm90bzM", [file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+
+/**
+ * WatchRequest asks for the lock events of one resource.
+ *
+ * @generated from message warden.v1.WatchRequest
+ */
+export type WatchRequest = Message<"warden.v1.WatchRequest"> & {
+  /**
+   * Resource names the lock watched, as in Acquire.
+   *
+   * @generated from field: string resource = 1;
+   */
+  resource: string;
+
+  /**
+   * Cursor, if set, resumes the watch just after the event that carried
+   * it (WatchResponse.cursor): opaque, valid on any node of the cluster.
+   *
+   * @generated from field: string cursor = 2;
+   */
+  cursor: string;
+};
+
+/**
+ * Describes the message warden.v1.WatchRequest.
+ * Use `create(WatchRequestSchema)` to create a new message.
+ */
+export const WatchRequestSchema: GenMessage<WatchRequest> = /*@__PURE__*/
+  messageDesc(file_warden_v1_lock, 0);
+
+/**
+ * WatchResponse is one lock event: the lease it concerns (holder, fencing
+ * token, expiry) and where it happened.
+ *
+ * @generated from message warden.v1.WatchResponse
+ */
+export type WatchResponse = Message<"warden.v1.WatchResponse"> & {
+  /**
+   * @generated from field: warden.v1.LockEventType type = 1;
+   */
+  type: LockEventType;
+
+  /**
+   * @generated from field: string resource = 2;
+   */
+  resource: string;
+
+  /**
+   * @generated from field: string holder = 3;
+   */
+  holder: string;
+
+  /**
+   * FencingToken is the lease's: the granted one, or the one that ended.
+   *
+   * @generated from field: uint64 fencing_token = 4;
+   */
+  fencingToken: bigint;
+
+  /**
+   * ExpiresAt is the lease's expiry as the event left it (for an ended
+   * lease, when it was to expire).
+   *
+   * @generated from field: google.protobuf.Timestamp expires_at = 5;
+   */
+  expiresAt?: Timestamp | undefined;
+
+  /**
+   * Initial is set on the first event of a watch begun without a cursor:
+   * the holder at that moment, not a change.
+   *
+   * @generated from field: bool initial = 6;
+   */
+  initial: boolean;
+
+  /**
+   * ShardId, index and seq are the commit position that produced the
+   * event: the Raft index of its shard's log entry and the event's place
+   * among that entry's events (for the initial holder, the index the read
+   * was current at). Positions increase in commit order.
+   *
+   * @generated from field: uint64 shard_id = 7;
+   */
+  shardId: bigint;
+
+  /**
+   * @generated from field: uint64 index = 8;
+   */
+  index: bigint;
+
+  /**
+   * @generated from field: uint32 seq = 9;
+   */
+  seq: number;
+
+  /**
+   * Cursor resumes a watch just after this event (WatchRequest.cursor).
+   *
+   * @generated from field: string cursor = 10;
+   */
+  cursor: string;
+};
+
+/**
+ * Describes the message warden.v1.WatchResponse.
+ * Use `create(WatchResponseSchema)` to create a new message.
+ */
+export const WatchResponseSchema: GenMessage<WatchResponse> = /*@__PURE__*/
+  messageDesc(file_warden_v1_lock, 1);
 
 /**
  * AcquireRequest asks for the lock on one resource.
@@ -81,7 +190,7 @@ export type AcquireRequest = Message<"warden.v1.AcquireRequest"> & {
  * Use `create(AcquireRequestSchema)` to create a new message.
  */
 export const AcquireRequestSchema: GenMessage<AcquireRequest> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 0);
+  messageDesc(file_warden_v1_lock, 2);
 
 /**
  * AcquireResponse describes the granted lease.
@@ -125,7 +234,7 @@ export type AcquireResponse = Message<"warden.v1.AcquireResponse"> & {
  * Use `create(AcquireResponseSchema)` to create a new message.
  */
 export const AcquireResponseSchema: GenMessage<AcquireResponse> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 1);
+  messageDesc(file_warden_v1_lock, 3);
 
 /**
  * RenewRequest extends a lease.
@@ -149,7 +258,7 @@ export type RenewRequest = Message<"warden.v1.RenewRequest"> & {
  * Use `create(RenewRequestSchema)` to create a new message.
  */
 export const RenewRequestSchema: GenMessage<RenewRequest> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 2);
+  messageDesc(file_warden_v1_lock, 4);
 
 /**
  * RenewResponse carries the lease's new expiry.
@@ -168,7 +277,7 @@ export type RenewResponse = Message<"warden.v1.RenewResponse"> & {
  * Use `create(RenewResponseSchema)` to create a new message.
  */
 export const RenewResponseSchema: GenMessage<RenewResponse> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 3);
+  messageDesc(file_warden_v1_lock, 5);
 
 /**
  * RenewBatchRequest lists the leases to renew: 1 to 1,000 of them.
@@ -187,7 +296,7 @@ export type RenewBatchRequest = Message<"warden.v1.RenewBatchRequest"> & {
  * Use `create(RenewBatchRequestSchema)` to create a new message.
  */
 export const RenewBatchRequestSchema: GenMessage<RenewBatchRequest> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 4);
+  messageDesc(file_warden_v1_lock, 6);
 
 /**
  * RenewBatchResponse has one outcome per renewal, in the request's order.
@@ -206,7 +315,7 @@ export type RenewBatchResponse = Message<"warden.v1.RenewBatchResponse"> & {
  * Use `create(RenewBatchResponseSchema)` to create a new message.
  */
 export const RenewBatchResponseSchema: GenMessage<RenewBatchResponse> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 5);
+  messageDesc(file_warden_v1_lock, 7);
 
 /**
  * RenewOutcome is what one renewal of a RenewBatch came to.
@@ -246,7 +355,7 @@ export type RenewOutcome = Message<"warden.v1.RenewOutcome"> & {
  * Use `create(RenewOutcomeSchema)` to create a new message.
  */
 export const RenewOutcomeSchema: GenMessage<RenewOutcome> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 6);
+  messageDesc(file_warden_v1_lock, 8);
 
 /**
  * BatchRequest lists the ops of a Batch: 1 to 1,000 of them.
@@ -265,7 +374,7 @@ export type BatchRequest = Message<"warden.v1.BatchRequest"> & {
  * Use `create(BatchRequestSchema)` to create a new message.
  */
 export const BatchRequestSchema: GenMessage<BatchRequest> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 7);
+  messageDesc(file_warden_v1_lock, 9);
 
 /**
  * BatchOp is one op of a Batch. An Acquire in a batch must not wait: its
@@ -297,7 +406,7 @@ export type BatchOp = Message<"warden.v1.BatchOp"> & {
  * Use `create(BatchOpSchema)` to create a new message.
  */
 export const BatchOpSchema: GenMessage<BatchOp> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 8);
+  messageDesc(file_warden_v1_lock, 10);
 
 /**
  * BatchResponse has one outcome per op, in the request's order.
@@ -316,7 +425,7 @@ export type BatchResponse = Message<"warden.v1.BatchResponse"> & {
  * Use `create(BatchResponseSchema)` to create a new message.
  */
 export const BatchResponseSchema: GenMessage<BatchResponse> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 9);
+  messageDesc(file_warden_v1_lock, 11);
 
 /**
  * BatchOutcome is what one op of a Batch came to.
@@ -376,7 +485,7 @@ export type BatchOutcome = Message<"warden.v1.BatchOutcome"> & {
  * Use `create(BatchOutcomeSchema)` to create a new message.
  */
 export const BatchOutcomeSchema: GenMessage<BatchOutcome> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 10);
+  messageDesc(file_warden_v1_lock, 12);
 
 /**
  * ReleaseRequest ends a lease.
@@ -400,7 +509,7 @@ export type ReleaseRequest = Message<"warden.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 11);
+  messageDesc(file_warden_v1_lock, 13);
 
 /**
  * ReleaseResponse says whether this call ended the current lease.
@@ -433,7 +542,7 @@ export type ReleaseResponse = Message<"warden.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 12);
+  messageDesc(file_warden_v1_lock, 14);
 
 /**
  * DescribeRequest names the lock to describe.
@@ -452,7 +561,7 @@ export type DescribeRequest = Message<"warden.v1.DescribeRequest"> & {
  * Use `create(DescribeRequestSchema)` to create a new message.
  */
 export const DescribeRequestSchema: GenMessage<DescribeRequest> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 13);
+  messageDesc(file_warden_v1_lock, 15);
 
 /**
  * DescribeResponse is the lock's state at a linearizable point.
@@ -499,7 +608,7 @@ export type DescribeResponse = Message<"warden.v1.DescribeResponse"> & {
  * Use `create(DescribeResponseSchema)` to create a new message.
  */
 export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 14);
+  messageDesc(file_warden_v1_lock, 16);
 
 /**
  * LockHeld is the detail of an ABORTED Acquire: the lock is held.
@@ -523,7 +632,7 @@ export type LockHeld = Message<"warden.v1.LockHeld"> & {
  * Use `create(LockHeldSchema)` to create a new message.
  */
 export const LockHeldSchema: GenMessage<LockHeld> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 15);
+  messageDesc(file_warden_v1_lock, 17);
 
 /**
  * FieldViolation is the detail of an INVALID_ARGUMENT answer: which request
@@ -548,7 +657,7 @@ export type FieldViolation = Message<"warden.v1.FieldViolation"> & {
  * Use `create(FieldViolationSchema)` to create a new message.
  */
 export const FieldViolationSchema: GenMessage<FieldViolation> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 16);
+  messageDesc(file_warden_v1_lock, 18);
 
 /**
  * NotLeader is a detail of an UNAVAILABLE answer from a node that could
@@ -594,7 +703,7 @@ export type NotLeader = Message<"warden.v1.NotLeader"> & {
  * Use `create(NotLeaderSchema)` to create a new message.
  */
 export const NotLeaderSchema: GenMessage<NotLeader> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 17);
+  messageDesc(file_warden_v1_lock, 19);
 
 /**
  * RangeMoved is a detail of an UNAVAILABLE answer for a resource whose
@@ -651,7 +760,53 @@ export type RangeMoved = Message<"warden.v1.RangeMoved"> & {
  * Use `create(RangeMovedSchema)` to create a new message.
  */
 export const RangeMovedSchema: GenMessage<RangeMoved> = /*@__PURE__*/
-  messageDesc(file_warden_v1_lock, 18);
+  messageDesc(file_warden_v1_lock, 20);
+
+/**
+ * LockEventType says what a watched lock event reports.
+ *
+ * @generated from enum warden.v1.LockEventType
+ */
+export enum LockEventType {
+  /**
+   * @generated from enum value: LOCK_EVENT_TYPE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A lease was granted: to an Acquire, or to the head waiter.
+   *
+   * @generated from enum value: LOCK_EVENT_TYPE_GRANTED = 1;
+   */
+  GRANTED = 1,
+
+  /**
+   * The holder released its lease before it expired.
+   *
+   * @generated from enum value: LOCK_EVENT_TYPE_RELEASED = 2;
+   */
+  RELEASED = 2,
+
+  /**
+   * The lease expired and the server ended it.
+   *
+   * @generated from enum value: LOCK_EVENT_TYPE_EXPIRED = 3;
+   */
+  EXPIRED = 3,
+
+  /**
+   * An operator revoked the lease (AdminService.RevokeLease).
+   *
+   * @generated from enum value: LOCK_EVENT_TYPE_REVOKED = 4;
+   */
+  REVOKED = 4,
+}
+
+/**
+ * Describes the enum warden.v1.LockEventType.
+ */
+export const LockEventTypeSchema: GenEnum<LockEventType> = /*@__PURE__*/
+  enumDesc(file_warden_v1_lock, 0);
 
 /**
  * LockService grants exclusive locks on named resources. A lock is held
@@ -743,6 +898,27 @@ export const LockService: GenService<{
     methodKind: "unary";
     input: typeof DescribeRequestSchema;
     output: typeof DescribeResponseSchema;
+  },
+  /**
+   * Watch streams the lock events of one resource. Without a cursor it
+   * begins with the current holder (an event with initial set, when the
+   * lock is held), read linearizably; then every grant, release, expiry
+   * and revocation follows in commit order, each once, with no gap. With
+   * the cursor of an event it resumes just after that event. Where the
+   * node no longer keeps the events a cursor needs (they were trimmed,
+   * the nodes restarted, the resource's range moved to another shard) it
+   * answers OUT_OF_RANGE with the current state as a DescribeResponse
+   * detail, and never starts later silently. A node with no replica of
+   * the resource's shard answers UNAVAILABLE. Events never carry lease
+   * ids. Needs the lock or the read permission on the resource, as
+   * Describe does. (Prefix watches are still to come.)
+   *
+   * @generated from rpc warden.v1.LockService.Watch
+   */
+  watch: {
+    methodKind: "server_streaming";
+    input: typeof WatchRequestSchema;
+    output: typeof WatchResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_warden_v1_lock, 0);
