@@ -60,11 +60,13 @@ type NodeConfig struct {
 	Listener raftio.IRaftEventListener
 	// Observer sees hand-offs to waiters as replicas apply them.
 	Observer shard.ApplyObserver
-	// Events and EventsReset, if set, hear the data-shard replicas' lock
-	// events and where each replica's state was loaded
-	// (shard.Hooks.Events, Reset): a router.History's Heard and Reset.
-	Events      func(shardID, applied uint64, evs []shard.LockEvent)
-	EventsReset func(shardID, applied uint64)
+	// Events, EventsReset and EventsClosed, if set, hear the data-shard
+	// replicas' lock events, where each replica's state was loaded and
+	// that it stopped (shard.Hooks Events, Reset, Closed): a
+	// router.History's Heard, Reset and Close.
+	Events       func(shardID, applied uint64, evs []shard.LockEvent)
+	EventsReset  func(shardID, applied uint64)
+	EventsClosed func(shardID uint64)
 	// RaftTLS, if set, makes the Raft transport mutual TLS.
 	RaftTLS *RaftTLS
 	// OnSnapshot, if set, is told how long each data-shard replica took
@@ -448,7 +450,7 @@ func (n *Node) StartDataShard(s *placementv1.Shard, members map[uint64]string) e
 	}
 	r := s.GetReplicas()[i]
 	shardID, replicaID := s.GetId(), r.GetReplicaId()
-	create := timedSnapshots(shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), shard.Hooks{Applied: n.cfg.Observer, Events: n.cfg.Events, Reset: n.cfg.EventsReset, Storage: n.cfg.OnStorage, Fatal: ExitIfOutOfSpace}), n.cfg.OnSnapshot)
+	create := timedSnapshots(shard.NewStateMachine(filepath.Join(n.cfg.DataDir, "sm"), shard.Hooks{Applied: n.cfg.Observer, Events: n.cfg.Events, Reset: n.cfg.EventsReset, Closed: n.cfg.EventsClosed, Storage: n.cfg.OnStorage, Fatal: ExitIfOutOfSpace}), n.cfg.OnSnapshot)
 	rc := n.raftConfig(shardID, replicaID)
 	rc.IsNonVoting = r.GetNonVoting()
 	rc.OrderedConfigChange = s.GetOrderedConfigChange()

@@ -103,6 +103,18 @@ func (h *History) Reset(shardID, applied uint64) {
 	s.changed = make(chan struct{})
 }
 
+// Close is shard.Hooks.Closed: the replica of shardID stopped (a move
+// took it from this node, or the node stops), so its history is dropped
+// and its watchers woken, to find ErrNoHistory.
+func (h *History) Close(shardID uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s := h.shards[shardID]; s != nil {
+		close(s.changed)
+		delete(h.shards, shardID)
+	}
+}
+
 // Heard is shard.Hooks.Events: the replica of shardID applied the entries
 // through index applied, with events evs (in position order). It drops
 // the oldest entries' events past keep (and up to a quarter more). It

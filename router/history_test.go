@@ -107,7 +107,8 @@ func TestHistoryServesEveryEventOnce(t *testing.T) {
 }
 
 // TestHistoryWakesWatchers: Opened's channel closes when the replica
-// opens, and Since's when it applies more and when its history restarts.
+// opens, and Since's when it applies more, when its history restarts and
+// when it stops.
 func TestHistoryWakesWatchers(t *testing.T) {
 	h := NewHistory(10)
 	opened := h.Opened(1)
@@ -143,5 +144,15 @@ func TestHistoryWakesWatchers(t *testing.T) {
 	}
 	if _, _, _, err := h.Since(1, Through(5), 10); !errors.Is(err, ErrHistoryGone) {
 		t.Fatalf("a cursor before the restart: %v, want ErrHistoryGone", err)
+	}
+	_, _, changed, _ = h.Since(1, Through(9), 10)
+	h.Close(1)
+	select {
+	case <-changed:
+	default:
+		t.Fatal("the replica's stop did not wake the watcher")
+	}
+	if _, _, _, err := h.Since(1, Through(9), 10); !errors.Is(err, ErrNoHistory) || h.Has(1) {
+		t.Fatalf("after the replica stopped: %v, kept %v; want ErrNoHistory", err, h.Has(1))
 	}
 }

@@ -41,9 +41,9 @@ const watchBatch = 256
 // in order until ctx ends or emit fails (its error is returned). With a
 // nil from it begins with the current holder; otherwise it resumes after
 // *from on shard fromShard. Errors: ErrNoHistory (no replica of the shard
-// here), ErrHistoryGone (the events after the cursor are not kept here,
-// or another shard has the resource now: read the state again), a read's
-// error.
+// here, or it stopped), ErrHistoryGone (the events after the cursor are
+// not kept here, or another shard has the resource now: read the state
+// again), a read's error.
 func (r *Router) WatchLock(ctx context.Context, resource string, fromShard uint64, from *Cursor, emit func(WatchItem) error) error {
 	rg, err := r.Map().ShardFor(resource)
 	if err != nil {
@@ -97,8 +97,8 @@ func (r *Router) WatchLock(ctx context.Context, resource string, fromShard uint6
 		case <-changed:
 		case <-look.C:
 			meta, err := n.Raft.StaleRead(shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
-			if err != nil {
-				return err
+			if err != nil { // the replica stopped: watch again elsewhere
+				return fmt.Errorf("%w: shard %d's replica here: %w", ErrNoHistory, shardID, err)
 			}
 			if !shard.Serves(meta.GetMeta(), resource) {
 				return fmt.Errorf("%w: shard %d no longer serves it", ErrWatchMoved, shardID)

@@ -252,3 +252,64 @@ func TestWatchOverConnect(t *testing.T) {
 		t.Fatalf("out_of_range's state %v, want held with token %d", state, b.GetFencingToken())
 	}
 }
+
+// A watch ends when the replica serving it stops (router.History.Close:
+// a move took it away, or its node stops), and its cursor resumes on
+// another replica, which derived the same events: nothing lost.
+func TestWatchResumesOnAnotherReplica(t *testing.T) {
+	c := startCluster(t, server.DevConfig{})
+	const resource = "events/replica"
+	a := c.mustAcquire(resource, "a", 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	items := make(chan router.WatchItem, 16)
+	watch := func(shardID uint64, from *router.Cursor) chan error {
+		done := make(chan error, 1)
+		go func() {
+			done <- c.dev.Router.WatchLock(ctx, resource, shardID, from, func(it router.WatchItem) error {
+				items <- it
+				return nil
+			})
+		}()
+		return done
+	}
+	done := watch(0, nil)
+	var first router.WatchItem
+	select {
+	case first = <-items:
+	case err := <-done:
+		t.Fatalf("the watch ended: %v", err)
+	}
+	// The first local node with a history serves it: node 1's replica.
+	c.stopReplica(0)
+	select {
+	case err := <-done:
+		if !errors.Is(err, router.ErrNoHistory) {
+			t.Fatalf("the watch ended with %v, want ErrNoHistory when its replica stopped", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the watch went on after its replica stopped")
+	}
+	if ok, err := c.release(resource, a.GetLeaseId()); !ok || err != nil {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	b := c.mustAcquire(resource, "b", 10*time.Second)
+	done = watch(first.ShardID, &first.Cursor)
+	var got []router.WatchItem
+	for len(got) < 2 {
+		select {
+		case it := <-items:
+			got = append(got, it)
+		case err := <-done:
+			t.Fatalf("the resumed watch ended: %v", err)
+		case <-ctx.Done():
+			t.Fatalf("resumed on another replica: %v after 20 s", kinds(got))
+		}
+	}
+	want := []string{fmt.Sprintf("RELEASED %d", a.GetFencingToken()), fmt.Sprintf("GRANTED %d", b.GetFencingToken())}
+	if !slices.Equal(kinds(got), want) {
+		t.Fatalf("resumed on another replica: %v, want %v", kinds(got), want)
+	}
+	cancel()
+	<-done
+}

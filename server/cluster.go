@@ -240,7 +240,7 @@ func (c *Cluster) startNode(i int, p *router.Peers) (placement.Identity, error) 
 	n, err := placement.StartNode(placement.NodeConfig{
 		ID: spec.ID, Zone: spec.Zone, RaftAddr: spec.RaftAddr, RaftListenAddr: spec.RaftListenAddr, DataDir: spec.DataDir,
 		RTT: cfg.RTT, SnapshotEntries: cfg.SnapshotEntries, CompactionOverhead: cfg.CompactionOverhead,
-		Listener: lead, Observer: c.observe, Events: hist.Heard, EventsReset: hist.Reset, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage, OnFsync: router.ObserveFsync,
+		Listener: lead, Observer: c.observe, Events: hist.Heard, EventsReset: hist.Reset, EventsClosed: hist.Close, RaftTLS: raftTLS(cfg.TLS), OnSnapshot: router.ObserveSnapshot, OnStorage: router.ObserveStorage, OnFsync: router.ObserveFsync,
 		DiskReserve: cfg.DiskReserve,
 	})
 	if err != nil {

@@ -42,6 +42,7 @@ type StateMachine struct {
 	observe   ApplyObserver
 	events    func(shardID, applied uint64, evs []LockEvent)
 	reset     func(shardID, applied uint64)
+	closed    func(shardID uint64)
 	storage   func(kind string, d time.Duration)
 	fatal     func(msg string)
 
@@ -98,6 +99,8 @@ type Hooks struct {
 	// (Open, RecoverFromSnapshot): the events of entries up to applied
 	// are not reported, and a history kept from before ends there.
 	Reset func(shardID, applied uint64)
+	// Closed hears that the replica stopped (Close): its events end.
+	Closed func(shardID uint64)
 	// Storage is told how long each of a replica's database flushes
 	// (kind "flush": a memtable written to a table) and compactions (kind
 	// "compaction") took, from Pebble's events.
@@ -120,6 +123,7 @@ func NewStateMachine(dataDir string, h Hooks) sm.CreateOnDiskStateMachineFunc {
 			observe:   h.Applied,
 			events:    h.Events,
 			reset:     h.Reset,
+			closed:    h.Closed,
 			storage:   h.Storage,
 			fatal:     h.Fatal,
 		}
@@ -911,6 +915,9 @@ func (s *StateMachine) Close() error {
 	}
 	s.mu.db = nil
 	s.release()
+	if s.closed != nil {
+		s.closed(s.shardID)
+	}
 	return err
 }
 
