@@ -75,6 +75,10 @@ func (c *Client) Watch(ctx context.Context, resource, cursor string) iter.Seq2[E
 			defer st.Close()
 			for st.Receive() {
 				m := st.Msg()
+				if m.GetProgress() { // no event: only a newer place to resume from
+					cursor = m.GetCursor()
+					continue
+				}
 				ev := Event{Type: eventTypes[m.GetType()], Resource: m.GetResource(), Holder: m.GetHolder(), Token: m.GetFencingToken(),
 					Initial: m.GetInitial(), Cursor: m.GetCursor()}
 				if m.GetExpiresAt() != nil {

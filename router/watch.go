@@ -18,16 +18,26 @@ import (
 // once, with no gap. Where that cannot be promised it ends with
 // ErrHistoryGone, never by starting later.
 
-// WatchItem is one message of a lock watch: an event of the watched
-// resource, or, first when a watch begins without a cursor, its current
-// holder (Initial, kind EventGranted, position of the read's index), with
-// the shard and the cursor past it.
+// WatchItem is one message of a lock watch, with the shard and the
+// cursor past it: an event of the watched resource; first when a watch
+// begins without a cursor, its current holder (Initial, kind
+// EventGranted, position of the read's index), or Progress if the lock
+// is free; and Progress (no event) whenever watchProgressEvents events
+// of other resources passed since the last item, so that the watcher's
+// cursor stays within the history.
 type WatchItem struct {
-	Event   shard.LockEvent
-	Initial bool
-	ShardID uint64
-	Cursor  Cursor
+	Event    shard.LockEvent
+	Initial  bool
+	Progress bool
+	ShardID  uint64
+	Cursor   Cursor
 }
+
+// watchProgressEvents is how many events of other resources a watch lets
+// pass before it sends a Progress item: well within HistoryKeep, so a
+// watcher whose stream breaks resumes without a gap unless that many
+// more came meanwhile.
+const watchProgressEvents = 256
 
 // ErrWatchMoved: the watched resource's hash range moved to another
 // shard (a split or a move); the watch ends as ErrHistoryGone does, with
@@ -63,17 +73,21 @@ func (r *Router) WatchLock(ctx context.Context, resource string, fromShard uint6
 		if err != nil {
 			return err
 		}
-		if item.Event.Kind != 0 {
-			if err := emit(item); err != nil {
-				return err
-			}
+		// Sent either way: a watch that breaks before the lock's first
+		// change resumes from this cursor, not from a later read.
+		item.Progress = item.Event.Kind == 0
+		if err := emit(item); err != nil {
+			return err
 		}
 		cur = &item.Cursor
+	} else if err := r.watchCursorKnown(ctx, n, shardID, *cur); err != nil {
+		return err
 	}
 	// The replica's meta is looked at every watchMovedLook: once a move
 	// fences the resource's range, its events come from another shard.
 	look := time.NewTicker(watchMovedLook)
 	defer look.Stop()
+	passed := 0 // events of other resources since the last item
 	for c := *cur; ; {
 		evs, next, changed, err := n.History.Since(shardID, c, watchBatch)
 		if err != nil {
@@ -81,14 +95,22 @@ func (r *Router) WatchLock(ctx context.Context, resource string, fromShard uint6
 		}
 		for _, e := range evs {
 			if e.Resource != resource {
+				passed++
 				continue
 			}
+			passed = 0
 			if err := emit(WatchItem{Event: e, ShardID: shardID, Cursor: After(e)}); err != nil {
 				return err
 			}
 		}
 		if next != c {
 			c = next
+			if passed >= watchProgressEvents {
+				passed = 0
+				if err := emit(WatchItem{Progress: true, ShardID: shardID, Cursor: c}); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		select {
@@ -105,6 +127,30 @@ func (r *Router) WatchLock(ctx context.Context, resource string, fromShard uint6
 			}
 		}
 	}
+}
+
+// watchCursorKnown refuses (ErrHistoryGone) a cursor ahead of the shard's
+// log: no watch of this cluster was sent it (another cluster's, one
+// recreated or restored since, or forged), and waiting for the log to
+// reach it would serve events from a point the client never saw. The
+// read is linearizable, so the local replica has applied every entry a
+// cursor could have come from.
+func (r *Router) watchCursorKnown(ctx context.Context, n *LocalNode, shardID uint64, c Cursor) error {
+	var out *shardv1.QueryResult
+	err := r.retryDropped(ctx, func() error {
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
+		defer cancel()
+		var err error
+		out, err = n.Raft.Read(rctx, shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if c.Index >= out.GetAppliedIndex() && (c.Index > out.GetAppliedIndex() || c.Next > 0) {
+		return fmt.Errorf("%w: the cursor (index %d) is ahead of shard %d's log (index %d): it is not of this cluster's history", ErrHistoryGone, c.Index, shardID, out.GetAppliedIndex())
+	}
+	return nil
 }
 
 // watchMovedLook is how often a watch looks whether its resource's range

@@ -2,6 +2,8 @@ package rpc_test
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -312,4 +314,92 @@ func TestWatchResumesOnAnotherReplica(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// A watcher of a quiet lock on a busy shard gets progress messages, so
+// its cursor stays within what the node keeps: after 1,500 events of
+// other resources it resumes from its last message, while its first
+// cursor is gone by then (the premise: without progress it would have
+// had to start again). An attack found such a watcher lost after three
+// batches of other resources.
+func TestWatchProgressKeepsCursorsResumable(t *testing.T) {
+	c := startCluster(t, server.DevConfig{})
+	const resource = "events/quiet"
+	a := c.mustAcquire(resource, "a", time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := c.locks.Watch(ctx, connect.NewRequest(&wardenv1.WatchRequest{Resource: resource}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Receive() || !st.Msg().GetInitial() {
+		t.Fatalf("no initial holder: %v", st.Err())
+	}
+	first := st.Msg().GetCursor()
+	for b := range 3 {
+		req := &wardenv1.BatchRequest{}
+		for i := range 500 {
+			req.Ops = append(req.Ops, acquireOp(fmt.Sprintf("events/busy-%d-%d", b, i), fmt.Sprintf("q-%d-%d", b, i)))
+		}
+		if _, err := c.locks.Batch(ctx, connect.NewRequest(req)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last, progress := first, 0
+	for progress < 1500/256 {
+		if !st.Receive() {
+			t.Fatalf("after %d progress messages: %v", progress, st.Err())
+		}
+		m := st.Msg()
+		if !m.GetProgress() || m.GetType() != wardenv1.LockEventType_LOCK_EVENT_TYPE_UNSPECIFIED || m.GetResource() != resource {
+			t.Fatalf("a message of a quiet lock: %v, want progress", m)
+		}
+		last, progress = m.GetCursor(), progress+1
+	}
+	st.Close()
+
+	resumed, err := c.locks.Watch(ctx, connect.NewRequest(&wardenv1.WatchRequest{Resource: resource, Cursor: last}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resumed.Close()
+	if ok, err := c.release(resource, a.GetLeaseId()); !ok || err != nil {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	for resumed.Receive() && resumed.Msg().GetProgress() {
+	}
+	if m := resumed.Msg(); resumed.Err() != nil || m.GetType() != wardenv1.LockEventType_LOCK_EVENT_TYPE_RELEASED || m.GetFencingToken() != a.GetFencingToken() {
+		t.Fatalf("resumed after the last progress: %v %v, want the release", m, resumed.Err())
+	}
+	gone, err := c.locks.Watch(ctx, connect.NewRequest(&wardenv1.WatchRequest{Resource: resource, Cursor: first}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	if gone.Receive() || connect.CodeOf(gone.Err()) != connect.CodeOutOfRange {
+		t.Fatalf("the first cursor, 1,500 events back: %v, want out_of_range", gone.Err())
+	}
+}
+
+// A cursor ahead of the shard's log (another cluster's, one recreated
+// since, or forged) is refused with out_of_range at once, never waited
+// on until the log reaches it and then served from there.
+func TestWatchRefusesACursorAheadOfTheLog(t *testing.T) {
+	c := startCluster(t, server.DevConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, pos := range [][2]uint64{{1_000_000, 0}, {1<<64 - 1, 0}} {
+		b := binary.AppendUvarint(nil, shardID)
+		b = binary.AppendUvarint(b, pos[0])
+		b = binary.AppendUvarint(b, pos[1])
+		cursor := "w1." + base64.RawURLEncoding.EncodeToString(b)
+		st, err := c.locks.Watch(ctx, connect.NewRequest(&wardenv1.WatchRequest{Resource: "events/ahead", Cursor: cursor}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Receive() || connect.CodeOf(st.Err()) != connect.CodeOutOfRange {
+			t.Fatalf("cursor at index %d: %v, want out_of_range", pos[0], st.Err())
+		}
+		st.Close()
+	}
 }

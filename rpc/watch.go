@@ -34,7 +34,7 @@ func (s *LockServer) Watch(ctx context.Context, req *connect.Request[wardenv1.Wa
 		from, fromShard = &c, shardID
 	}
 	err := s.r.WatchLock(ctx, m.GetResource(), fromShard, from, func(it router.WatchItem) error {
-		return stream.Send(watchResponse(it))
+		return stream.Send(watchResponse(m.GetResource(), it))
 	})
 	if errors.Is(err, router.ErrHistoryGone) {
 		return s.historyGone(ctx, m.GetResource(), err)
@@ -52,8 +52,11 @@ func (s *LockServer) historyGone(ctx context.Context, resource string, gone erro
 	return e
 }
 
-// watchResponse is a watch item as the API sends it.
-func watchResponse(it router.WatchItem) *wardenv1.WatchResponse {
+// watchResponse is a watch item of resource as the API sends it.
+func watchResponse(resource string, it router.WatchItem) *wardenv1.WatchResponse {
+	if it.Progress {
+		return &wardenv1.WatchResponse{Resource: resource, Progress: true, ShardId: it.ShardID, Cursor: encodeCursor(it.ShardID, it.Cursor)}
+	}
 	e := it.Event
 	return &wardenv1.WatchResponse{
 		Type: eventTypes[e.Kind], Resource: e.Resource, Holder: e.Holder, FencingToken: e.FencingToken,

@@ -155,8 +155,8 @@ type WatchResponse struct {
 	// ExpiresAt is the lease's expiry as the event left it (for an ended
 	// lease, when it was to expire).
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	// Initial is set on the first event of a watch begun without a cursor:
-	// the holder at that moment, not a change.
+	// Initial is set on the first event of a watch begun without a cursor
+	// on a held lock: the holder at that moment, not a change.
 	Initial bool `protobuf:"varint,6,opt,name=initial,proto3" json:"initial,omitempty"`
 	// ShardId, index and seq are the commit position that produced the
 	// event: the Raft index of its shard's log entry and the event's place
@@ -166,7 +166,14 @@ type WatchResponse struct {
 	Index   uint64 `protobuf:"varint,8,opt,name=index,proto3" json:"index,omitempty"`
 	Seq     uint32 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Cursor resumes a watch just after this event (WatchRequest.cursor).
-	Cursor        string `protobuf:"bytes,10,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	Cursor string `protobuf:"bytes,10,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Progress marks a message with no event (type unspecified), only a
+	// newer cursor: every event of the resource up to it was sent. A watch
+	// sends one first when it begins without a cursor on a free lock, and
+	// one whenever 256 events of other resources of its shard passed since
+	// its last message, so that a client's cursor stays within what the
+	// node keeps.
+	Progress      bool `protobuf:"varint,11,opt,name=progress,proto3" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -269,6 +276,13 @@ func (x *WatchResponse) GetCursor() string {
 		return x.Cursor
 	}
 	return ""
+}
+
+func (x *WatchResponse) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
 }
 
 // AcquireRequest asks for the lock on one resource.
@@ -1523,7 +1537,7 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"\x14warden/v1/lock.proto\x12\twarden.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"B\n" +
 	"\fWatchRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x16\n" +
-	"\x06cursor\x18\x02 \x01(\tR\x06cursor\"\xc6\x02\n" +
+	"\x06cursor\x18\x02 \x01(\tR\x06cursor\"\xe2\x02\n" +
 	"\rWatchResponse\x12,\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x18.warden.v1.LockEventTypeR\x04type\x12\x1a\n" +
 	"\bresource\x18\x02 \x01(\tR\bresource\x12\x16\n" +
@@ -1536,7 +1550,8 @@ const file_warden_v1_lock_proto_rawDesc = "" +
 	"\x05index\x18\b \x01(\x04R\x05index\x12\x10\n" +
 	"\x03seq\x18\t \x01(\rR\x03seq\x12\x16\n" +
 	"\x06cursor\x18\n" +
-	" \x01(\tR\x06cursor\"\xf1\x01\n" +
+	" \x01(\tR\x06cursor\x12\x1a\n" +
+	"\bprogress\x18\v \x01(\bR\bprogress\"\xf1\x01\n" +
 	"\x0eAcquireRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x1d\n" +
 	"\n" +

@@ -88,11 +88,13 @@ type LockServiceClient interface {
 	Describe(context.Context, *connect.Request[v1.DescribeRequest]) (*connect.Response[v1.DescribeResponse], error)
 	// Watch streams the lock events of one resource. Without a cursor it
 	// begins with the current holder (an event with initial set, when the
-	// lock is held), read linearizably; then every grant, release, expiry
+	// lock is held; a progress message when it is free), read
+	// linearizably; then every grant, release, expiry
 	// and revocation follows in commit order, each once, with no gap. With
 	// the cursor of an event it resumes just after that event. Where the
 	// node no longer keeps the events a cursor needs (they were trimmed,
-	// the nodes restarted, the resource's range moved to another shard) it
+	// the nodes restarted, the resource's range moved to another shard, a
+	// cursor ahead of the shard's log: another cluster's) it
 	// answers OUT_OF_RANGE with the current state as a DescribeResponse
 	// detail, and never starts later silently. A node with no replica of
 	// the resource's shard answers UNAVAILABLE. Events never carry lease
@@ -242,11 +244,13 @@ type LockServiceHandler interface {
 	Describe(context.Context, *connect.Request[v1.DescribeRequest]) (*connect.Response[v1.DescribeResponse], error)
 	// Watch streams the lock events of one resource. Without a cursor it
 	// begins with the current holder (an event with initial set, when the
-	// lock is held), read linearizably; then every grant, release, expiry
+	// lock is held; a progress message when it is free), read
+	// linearizably; then every grant, release, expiry
 	// and revocation follows in commit order, each once, with no gap. With
 	// the cursor of an event it resumes just after that event. Where the
 	// node no longer keeps the events a cursor needs (they were trimmed,
-	// the nodes restarted, the resource's range moved to another shard) it
+	// the nodes restarted, the resource's range moved to another shard, a
+	// cursor ahead of the shard's log: another cluster's) it
 	// answers OUT_OF_RANGE with the current state as a DescribeResponse
 	// detail, and never starts later silently. A node with no replica of
 	// the resource's shard answers UNAVAILABLE. Events never carry lease
