@@ -76,6 +76,7 @@ func (r *Router) WatchLock(ctx context.Context, resource string, fromShard uint6
 		// Sent either way: a watch that breaks before the lock's first
 		// change resumes from this cursor, not from a later read.
 		item.Progress = item.Event.Kind == 0
+		item.Initial = !item.Progress
 		if err := emit(item); err != nil {
 			return err
 		}

@@ -126,7 +126,7 @@ func TestWatchLockFollowsAndResumes(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	done := watch(wctx, 0, nil)
 	first := next("initial holder")
-	if !first.Initial || first.Event.Kind != shard.EventGranted || first.Event.FencingToken != a.GetFencingToken() {
+	if !first.Initial || first.Progress || first.Event.Kind != shard.EventGranted || first.Event.FencingToken != a.GetFencingToken() {
 		t.Fatalf("first item %+v, want the holder with token %d", first, a.GetFencingToken())
 	}
 	if ok, err := c.release(resource, a.GetLeaseId()); !ok || err != nil {
@@ -401,5 +401,15 @@ func TestWatchRefusesACursorAheadOfTheLog(t *testing.T) {
 			t.Fatalf("cursor at index %d: %v, want out_of_range", pos[0], st.Err())
 		}
 		st.Close()
+	}
+	// Without a cursor, the free lock's watch begins with a progress
+	// message: a cursor, no event.
+	st, err := c.locks.Watch(ctx, connect.NewRequest(&wardenv1.WatchRequest{Resource: "events/ahead"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() || !st.Msg().GetProgress() || st.Msg().GetInitial() || st.Msg().GetCursor() == "" {
+		t.Fatalf("a watch of a free lock began with %v (%v), want progress with a cursor", st.Msg(), st.Err())
 	}
 }
