@@ -108,26 +108,19 @@ func (c *Client) Watch(ctx context.Context, resource, cursor string) iter.Seq2[E
 }
 
 // resumable returns err as an Unavailable error (which retry retries)
-// when a watch may resume after it: a watch reads only, so any failure
-// of the stream is worth resuming from the cursor (a connection cut
-// mid-message is a protocol error, invalid_argument), except the answers
-// that are final: the history is gone, the call is refused (credentials,
-// permission, a field of the request), or the caller's context ended.
+// when a watch may resume after it. A watch reads only, so a stream that
+// failed on the client's side (a connection cut mid-message, which
+// Connect reports as a protocol error, not as an answer of the server)
+// resumes from its cursor, as after an Unavailable answer. The server's
+// own answers (the history is gone, the call refused) and the caller's
+// end are final.
 func resumable(err error) error {
-	switch connect.CodeOf(err) {
-	case connect.CodeOutOfRange, connect.CodePermissionDenied, connect.CodeUnauthenticated, connect.CodeUnimplemented,
-		connect.CodeCanceled, connect.CodeDeadlineExceeded:
+	ce := new(connect.Error)
+	if Retryable(err) || !errors.As(err, &ce) || connect.IsWireError(ce) {
 		return err
-	case connect.CodeInvalidArgument:
-		if ce := new(connect.Error); errors.As(err, &ce) {
-			for _, d := range ce.Details() {
-				if d.Type() == "warden.v1.FieldViolation" {
-					return err // the server refused a field
-				}
-			}
-		}
 	}
-	if Retryable(err) {
+	switch ce.Code() {
+	case connect.CodeCanceled, connect.CodeDeadlineExceeded:
 		return err
 	}
 	return connect.NewError(connect.CodeUnavailable, err)

@@ -137,14 +137,7 @@ func (r *Router) WatchLock(ctx context.Context, resource string, fromShard uint6
 // read is linearizable, so the local replica has applied every entry a
 // cursor could have come from.
 func (r *Router) watchCursorKnown(ctx context.Context, n *LocalNode, shardID uint64, c Cursor) error {
-	var out *shardv1.QueryResult
-	err := r.retryDropped(ctx, func() error {
-		rctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
-		defer cancel()
-		var err error
-		out, err = n.Raft.Read(rctx, shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
-		return err
-	})
+	out, err := r.readOn(ctx, n, shardID, &shardv1.Query{Query: &shardv1.Query_Meta{Meta: &shardv1.MetaQuery{}}})
 	if err != nil {
 		return err
 	}
@@ -152,6 +145,21 @@ func (r *Router) watchCursorKnown(ctx context.Context, n *LocalNode, shardID uin
 		return fmt.Errorf("%w: the cursor (index %d) is ahead of shard %d's log (index %d): it is not of this cluster's history", ErrHistoryGone, c.Index, shardID, out.GetAppliedIndex())
 	}
 	return nil
+}
+
+// readOn reads shardID linearizably on n's replica (a follower's read
+// asks its leader for the commit index), retrying while Dragonboat drops
+// the request.
+func (r *Router) readOn(ctx context.Context, n *LocalNode, shardID uint64, q *shardv1.Query) (*shardv1.QueryResult, error) {
+	var out *shardv1.QueryResult
+	err := r.retryDropped(ctx, func() error {
+		rctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
+		defer cancel()
+		var err error
+		out, err = n.Raft.Read(rctx, shardID, q)
+		return err
+	})
+	return out, err
 }
 
 // watchMovedLook is how often a watch looks whether its resource's range
@@ -162,14 +170,7 @@ const watchMovedLook = 250 * time.Millisecond
 // linearizably, with the index the answer is current at: the holder, if
 // any, as an initial item, and the cursor past that index.
 func (r *Router) watchStart(ctx context.Context, n *LocalNode, shardID uint64, resource string) (WatchItem, error) {
-	var out *shardv1.QueryResult
-	err := r.retryDropped(ctx, func() error {
-		rctx, cancel := context.WithTimeout(ctx, r.cfg.ProposeTimeout)
-		defer cancel()
-		var err error
-		out, err = n.Raft.Read(rctx, shardID, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: resource}}})
-		return err
-	})
+	out, err := r.readOn(ctx, n, shardID, &shardv1.Query{Query: &shardv1.Query_Describe{Describe: &shardv1.DescribeQuery{Resource: resource}}})
 	if err != nil {
 		return WatchItem{}, err
 	}

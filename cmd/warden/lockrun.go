@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -110,11 +109,7 @@ func (l *lockRunCmd) Run(g *globals) error {
 	case err != nil:
 		return &exitError{status: runNotExecutable, err: fmt.Errorf("lock run: %w", err)}
 	}
-	var endpoints []string
-	for _, u := range g.endpoints {
-		endpoints = append(endpoints, u.String())
-	}
-	c, err := client.NewWithConfig(client.Config{Endpoints: endpoints, HTTPClient: &http.Client{Transport: g.transport}})
+	c, err := g.sdk()
 	if err != nil {
 		return failed(err)
 	}

@@ -20,11 +20,7 @@ type watchCmd struct {
 // which end it with status 0. A cursor the cluster can no longer resume
 // from fails (client.ErrWatchGap): watch again without one.
 func (w *watchCmd) Run(g *globals) error {
-	var endpoints []string
-	for _, u := range g.endpoints {
-		endpoints = append(endpoints, u.String())
-	}
-	c, err := client.NewWithConfig(client.Config{Endpoints: endpoints, HTTPClient: &http.Client{Transport: g.transport}})
+	c, err := g.sdk()
 	if err != nil {
 		return err
 	}
@@ -40,6 +36,17 @@ func (w *watchCmd) Run(g *globals) error {
 		}
 	}
 	return nil
+}
+
+// sdk is a Go SDK client of --endpoints with the global flags' TLS and
+// credentials: it fails over between the endpoints by itself (lock run,
+// watch).
+func (g *globals) sdk() (*client.Client, error) {
+	var endpoints []string
+	for _, u := range g.endpoints {
+		endpoints = append(endpoints, u.String())
+	}
+	return client.NewWithConfig(client.Config{Endpoints: endpoints, HTTPClient: &http.Client{Transport: g.transport}})
 }
 
 // printEvent prints one event: its type, resource and fencing token
